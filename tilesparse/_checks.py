@@ -1,0 +1,55 @@
+"""Input validation shared by the public functions: every message names the argument."""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import BlockLayout
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_layout(layout, name: str = "layout") -> BlockLayout:
+    if not isinstance(layout, BlockLayout):
+        raise TypeError(f"{name} must be a tilesparse.BlockLayout, got {type(layout).__name__}")
+    return layout
+
+
+def check_tensor(t, name: str, *, dim: int | None = None, min_dim: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
+    if min_dim is not None and t.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dims, got shape {tuple(t.shape)}")
+    return t
+
+
+def check_same(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    """``t`` must share ``ref``'s dtype and device."""
+    if t.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; they must match")
+
+
+def check_values(values, layout: BlockLayout, name: str = "weight") -> torch.Tensor:
+    """``values`` must be [layout.nnz, b, b] for the layout's block size."""
+    check_tensor(values, name, dim=3)
+    b = layout.block_size
+    if values.shape[1] != values.shape[2]:
+        raise ValueError(f"{name} must hold square blocks [nnz, b, b], got shape {tuple(values.shape)}")
+    if values.shape[1] != b:
+        raise ValueError(
+            f"{name} holds {values.shape[1]}x{values.shape[2]} blocks but the layout has block_size={b}"
+        )
+    if values.shape[0] != layout.nnz:
+        raise ValueError(f"{name} has {values.shape[0]} blocks but the layout has nnz={layout.nnz}")
+    return values
+
+
+def check_dim(actual: int, expected: int, what: str) -> None:
+    if actual != expected:
+        raise ValueError(f"{what} is {actual} but the layout needs {expected}")

@@ -1,0 +1,237 @@
+"""Triton kernels for block-sparse matrix products, and their launchers.
+
+Two kernels close over all three products of a linear layer (Gray et al. 2017):
+
+* ``dds``: C[M, n*b] = A[M, k*b] @ op(S) (+ bias), S block-sparse [R*b, Cb*b].
+  - fprop  Y  = X @ W^T  -> dds with op = transpose, walking W's row table;
+  - bprop  dX = dY @ W   -> dds with op = identity, walking W's column table.
+* ``sdd``: values[z] = (A @ B)[block z], A [R*b, M], B [M, Cb*b]  (sampled product).
+  - updat  dW = dY^T @ X on the layout's blocks only.
+
+Every output element is written by exactly one program, in a fixed order: the
+results are bitwise deterministic. Row offsets are computed in int64, so tensors
+past 2**31 elements index safely. Block sizes under 16 run on 16-wide tiles with
+masked loads (tl.dot needs every dimension >= 16).
+
+The launchers take raw tables (see :mod:`tilesparse.layout`) and do no argument
+checking beyond what they need; the registered ops in :mod:`tilesparse.ops.bsmm`
+check user input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..layout import split_meta
+
+
+@triton.jit
+def _dds_kernel(
+    a_ptr, v_ptr, bias_ptr, c_ptr,
+    ptr_ptr, idx_ptr, slot_ptr,
+    M, n_out_blocks,
+    stride_am, stride_ak, stride_cm, stride_cn,
+    B: tl.constexpr, TILE_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """One program computes C[m-tile, block-column j] = sum over the table entries e of
+    column j: A[m-tile, idx[e]-block] @ op(V[slot[e]]).
+
+    a [M, *] strided; v [nnz, B, B] contiguous; c [M, n_out_blocks * B] strided.
+    ptr [n_out_blocks + 1], idx [nnz], slot [nnz] int32 (slot[e] = e when not HAS_SLOT).
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    # Grouped order: GROUP_M consecutive m-tiles sweep all block-columns, so the A rows
+    # and the weight blocks they use stay in L2.
+    pids_per_group = GROUP_M * n_out_blocks
+    group = pid // pids_per_group
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % pids_per_group) % group_rows
+    pid_n = (pid % pids_per_group) // group_rows
+
+    start = tl.load(ptr_ptr + pid_n)
+    end = tl.load(ptr_ptr + pid_n + 1)
+
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, TILE_B)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    acc = tl.zeros((BLOCK_M, TILE_B), dtype=tl.float32)
+
+    K_STEPS: tl.constexpr = TILE_B // BLOCK_K
+    for t in range(start * K_STEPS, end * K_STEPS):
+        e = t // K_STEPS
+        k_in = (t % K_STEPS) * BLOCK_K + offs_k
+        blk = tl.load(idx_ptr + e).to(tl.int64)
+        if HAS_SLOT:
+            slot = tl.load(slot_ptr + e).to(tl.int64)
+        else:
+            slot = e.to(tl.int64)
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + (blk * B + k_in)[None, :] * stride_ak
+        v_base = v_ptr + slot * (B * B)
+        if TRANS_V:  # op(V)[k, n] = V[n, k]
+            v_ptrs = v_base + offs_n[None, :] * B + k_in[:, None]
+        else:
+            v_ptrs = v_base + k_in[:, None] * B + offs_n[None, :]
+        if TILE_B == B:
+            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & (k_in < B)[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=(k_in < B)[:, None] & (offs_n < B)[None, :], other=0.0)
+        acc = tl.dot(a, v, acc, input_precision=INPUT_PRECISION)
+
+    cols = pid_n.to(tl.int64) * B + offs_n
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=offs_n < B, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < B)[None, :])
+
+
+@triton.jit
+def _sdd_kernel(
+    a_ptr, b_ptr, v_ptr, rows_ptr, cols_ptr,
+    M,
+    stride_ar, stride_am, stride_bm, stride_bc,
+    B: tl.constexpr, TILE_B: tl.constexpr, BLOCK_M: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """One program computes values[z] = A[rows[z]-block, :] @ B[:, cols[z]-block],
+    reducing over all M in BLOCK_M steps.
+
+    a [R*B, M] strided, b [M, C*B] strided, v [nnz, B, B] contiguous.
+    """
+    z = tl.program_id(0)
+    r = tl.load(rows_ptr + z).to(tl.int64)
+    c = tl.load(cols_ptr + z).to(tl.int64)
+    offs_i = tl.arange(0, TILE_B)
+    offs_m = tl.arange(0, BLOCK_M)
+    i_ok = offs_i < B
+    a_ptrs = a_ptr + (r * B + offs_i)[:, None] * stride_ar + offs_m[None, :].to(tl.int64) * stride_am
+    b_ptrs = b_ptr + offs_m[:, None].to(tl.int64) * stride_bm + (c * B + offs_i)[None, :] * stride_bc
+    acc = tl.zeros((TILE_B, TILE_B), dtype=tl.float32)
+    for m0 in range(0, M, BLOCK_M):
+        m_ok = (m0 + offs_m) < M
+        a = tl.load(a_ptrs, mask=i_ok[:, None] & m_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=m_ok[:, None] & i_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += BLOCK_M * stride_am
+        b_ptrs += BLOCK_M * stride_bm
+    v_ptrs = v_ptr + z.to(tl.int64) * (B * B) + offs_i[:, None] * B + offs_i[None, :]
+    tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=i_ok[:, None] & i_ok[None, :])
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_m: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def _tile(block_size: int) -> int:
+    return max(16, block_size)
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    """fp32 operands use TF32 unless PyTorch is set to 'highest' float32 matmul precision,
+    the same switch that governs dense cuBLAS."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
+    """Deterministic heuristic config for dds (autotuning comes with the speed work)."""
+    tile = _tile(block_size)
+    block_m = 128 if m >= 128 else max(16, triton.next_power_of_2(m))
+    block_k = min(tile, 32 if dtype == torch.float32 else 64)
+    num_warps = 8 if block_m * tile >= 128 * 128 else 4
+    return KernelConfig(block_m, block_k, num_warps, 3)
+
+
+def sdd_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
+    tile = _tile(block_size)
+    block_m = 32 if dtype == torch.float32 else 64
+    num_warps = 8 if tile >= 128 else 4
+    return KernelConfig(block_m, tile, num_warps, 3)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def dds(
+    a: torch.Tensor,
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    bias: torch.Tensor | None,
+    block_rows: int,
+    block_cols: int,
+    trans: bool,
+) -> torch.Tensor:
+    """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
+
+    trans=True:  C [M, block_rows*b] = A [M, block_cols*b] @ S^T   (fprop)
+    trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)
+    """
+    b = values.shape[-1]
+    tables = split_meta(meta, block_rows, block_cols)
+    if trans:
+        ptr, idx, slot, n_out = tables.row_ptr, tables.row_cols, None, block_rows
+    else:
+        ptr, idx, slot, n_out = tables.col_ptr, tables.col_rows, tables.col_slot, block_cols
+    m = a.shape[0]
+    c = torch.empty(m, n_out * b, dtype=a.dtype, device=a.device)
+    if c.numel() == 0:
+        return c
+    cfg = dds_config(m, b, a.dtype)
+    grid = (triton.cdiv(m, cfg.block_m) * n_out,)
+    _dds_kernel[grid](
+        a, values, bias if bias is not None else c, c,
+        ptr, idx, slot if slot is not None else ptr,
+        m, n_out,
+        a.stride(0), a.stride(1), c.stride(0), c.stride(1),
+        B=b, TILE_B=_tile(b), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+        GROUP_M=8, INPUT_PRECISION=_input_precision(a.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return c
+
+
+def sdd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    meta: torch.Tensor,
+    block_size: int,
+    block_rows: int,
+    block_cols: int,
+) -> torch.Tensor:
+    """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b]."""
+    tables = split_meta(meta, block_rows, block_cols)
+    nnz = tables.row_cols.numel()
+    m = a.shape[1]
+    values = torch.empty(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
+    if nnz == 0:
+        return values
+    cfg = sdd_config(m, block_size, a.dtype)
+    _sdd_kernel[(nnz,)](
+        a, b, values, tables.row_of, tables.row_cols,
+        m,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
+        INPUT_PRECISION=_input_precision(a.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return values

@@ -1,0 +1,243 @@
+"""BlockLayout: which b x b blocks of a [rows, cols] matrix are stored, and the
+lookup tables the kernels walk.
+
+Storage order is row-major over blocks (block-row, then block-col), the order of
+``mask.nonzero()``. A block-sparse matrix is a pair (values [nnz, b, b], layout):
+block ``i`` of ``values`` covers rows ``coords[i, 0] * b ...`` and columns
+``coords[i, 1] * b ...`` of the dense matrix.
+
+The kernels take every table in one packed int32 tensor, ``meta`` (see
+:func:`split_meta`), so that a registered op has one tensor argument for the
+layout and backward needs no copies: the row table serves ``A @ S^T`` and the
+column table ``A @ S``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BlockLayout", "LayoutTables", "split_meta", "meta_numel"]
+
+
+@dataclass(frozen=True)
+class LayoutTables:
+    """Named views into a packed ``meta`` tensor (all int32).
+
+    row_ptr  [R+1]  CSR offsets: blocks of block-row r are storage slots row_ptr[r]:row_ptr[r+1]
+    row_cols [nnz]  block-col of each stored block (storage order)
+    row_of   [nnz]  block-row of each stored block (storage order)
+    col_ptr  [C+1]  CSC offsets into the column-ordered lists below
+    col_rows [nnz]  block-row of each block, column-major order
+    col_slot [nnz]  storage slot of each block, column-major order
+    """
+
+    row_ptr: torch.Tensor
+    row_cols: torch.Tensor
+    row_of: torch.Tensor
+    col_ptr: torch.Tensor
+    col_rows: torch.Tensor
+    col_slot: torch.Tensor
+
+
+def meta_numel(block_rows: int, block_cols: int, nnz: int) -> int:
+    """Length of the packed ``meta`` tensor for a layout of this size."""
+    return (block_rows + 1) + (block_cols + 1) + 4 * nnz
+
+
+def split_meta(meta: torch.Tensor, block_rows: int, block_cols: int) -> LayoutTables:
+    """Slice a packed ``meta`` tensor into its tables (views, no copies)."""
+    nnz = (meta.numel() - block_rows - block_cols - 2) // 4
+    sizes = [block_rows + 1, nnz, nnz, block_cols + 1, nnz, nnz]
+    return LayoutTables(*torch.split(meta, sizes))
+
+
+def _build_meta(mask: torch.Tensor) -> torch.Tensor:
+    """Build the packed tables from a bool mask, on the mask's device, with no host sync
+    beyond what ``nonzero`` needs."""
+    coords = mask.nonzero()  # row-major: sorted by (row, col)
+    rows, cols = coords[:, 0], coords[:, 1]
+    row_counts = mask.sum(dim=1)
+    col_counts = mask.sum(dim=0)
+    zero = torch.zeros(1, dtype=torch.long, device=mask.device)
+    row_ptr = torch.cat([zero, row_counts.cumsum(0)])
+    col_ptr = torch.cat([zero, col_counts.cumsum(0)])
+    # Column-major order of the same blocks; stable sort keeps rows ascending within a column.
+    n_rows = mask.shape[0]
+    col_slot = torch.argsort(cols * n_rows + rows, stable=True)
+    col_rows = rows[col_slot]
+    return torch.cat([row_ptr, cols, rows, col_ptr, col_rows, col_slot]).to(torch.int32)
+
+
+class BlockLayout:
+    """Which ``block_size`` x ``block_size`` blocks of a matrix are nonzero.
+
+    Args:
+        mask: bool (or 0/1) tensor [rows / b, cols / b]; True marks a stored block.
+        block_size: b, the side of a square block (>= 1).
+
+    Attributes:
+        block_size, shape (rows, cols in elements), mask, nnz, density, coords [nnz, 2].
+    """
+
+    def __init__(self, mask: torch.Tensor, block_size: int):
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if mask.dim() != 2:
+            raise ValueError(f"mask must be 2-D [block_rows, block_cols], got shape {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            if mask.dtype.is_floating_point or mask.dtype.is_complex:
+                raise TypeError(f"mask must be bool or integer 0/1, got {mask.dtype}")
+            if bool(((mask != 0) & (mask != 1)).any()):
+                raise ValueError("mask must hold only 0 and 1")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.mask = mask.to(torch.bool).contiguous()
+        self.block_size = block_size
+        self._meta_by_device: dict[torch.device, torch.Tensor] = {}
+        self._coords: torch.Tensor | None = None
+        self._nnz: int | None = None
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_coords(cls, coords, block_rows: int, block_cols: int, block_size: int) -> "BlockLayout":
+        """Build from (block-row, block-col) pairs. Storage order is always row-major:
+        values for this layout must follow ``layout.coords``, not the input order."""
+        coords = torch.as_tensor(coords, dtype=torch.long)
+        if coords.numel() == 0:
+            coords = coords.reshape(0, 2)
+        if coords.dim() != 2 or coords.shape[1] != 2:
+            raise ValueError(f"coords must be [nnz, 2], got shape {tuple(coords.shape)}")
+        if coords.numel() and (
+            coords.min() < 0 or coords[:, 0].max() >= block_rows or coords[:, 1].max() >= block_cols
+        ):
+            raise ValueError(f"coords out of range for a {block_rows}x{block_cols} block grid")
+        mask = torch.zeros(block_rows, block_cols, dtype=torch.bool, device=coords.device)
+        mask[coords[:, 0], coords[:, 1]] = True
+        if int(mask.sum()) != coords.shape[0]:
+            raise ValueError("coords contain duplicate blocks")
+        return cls(mask, block_size)
+
+    @classmethod
+    def dense(cls, rows: int, cols: int, block_size: int, device=None) -> "BlockLayout":
+        """A full layout (every block stored)."""
+        _check_divisible(rows, cols, block_size)
+        return cls(torch.ones(rows // block_size, cols // block_size, dtype=torch.bool, device=device), block_size)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def block_rows(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def block_cols(self) -> int:
+        return self.mask.shape[1]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.block_rows * self.block_size, self.block_cols * self.block_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.mask.device
+
+    @property
+    def nnz(self) -> int:
+        if self._nnz is None:
+            self._nnz = int(self.mask.sum())
+        return self._nnz
+
+    @property
+    def density(self) -> float:
+        total = self.mask.numel()
+        return self.nnz / total if total else 0.0
+
+    @property
+    def coords(self) -> torch.Tensor:
+        """[nnz, 2] int64 (block-row, block-col) of each stored block, in storage order."""
+        if self._coords is None:
+            self._coords = self.mask.nonzero()
+        return self._coords
+
+    @property
+    def meta(self) -> torch.Tensor:
+        """Packed int32 lookup tables on the layout's device (built once, cached)."""
+        return self.meta_on(self.device)
+
+    def meta_on(self, device) -> torch.Tensor:
+        """The packed tables on ``device``, built once per device and cached."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        meta = self._meta_by_device.get(device)
+        if meta is None:
+            source = next(iter(self._meta_by_device.values()), None)
+            meta = source.to(device) if source is not None else _build_meta(self.mask.to(device))
+            self._meta_by_device[device] = meta
+        return meta
+
+    @property
+    def tables(self) -> LayoutTables:
+        return split_meta(self.meta, self.block_rows, self.block_cols)
+
+    # ----------------------------------------------------------------- transforms
+    def to(self, device) -> "BlockLayout":
+        """The same layout on another device (tables are rebuilt there lazily)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        moved = BlockLayout(self.mask.to(device), self.block_size)
+        moved._nnz = self._nnz
+        moved._meta_by_device = self._meta_by_device  # share the per-device cache
+        return moved
+
+    def transpose(self) -> "BlockLayout":
+        """Layout of the transposed matrix. Its storage order differs: values of W^T are
+        ``values[self.tables.col_slot].transpose(1, 2)``."""
+        return BlockLayout(self.mask.t(), self.block_size)
+
+    def to_dense(self, values: torch.Tensor) -> torch.Tensor:
+        """Scatter ``values`` [nnz, b, b] into a dense [rows, cols] tensor (for tests and
+        inspection; the kernels never do this)."""
+        b = self.block_size
+        if values.shape != (self.nnz, b, b):
+            raise ValueError(f"values must have shape {(self.nnz, b, b)}, got {tuple(values.shape)}")
+        dense = values.new_zeros(self.block_rows, self.block_cols, b, b)
+        coords = self.coords.to(values.device)
+        dense[coords[:, 0], coords[:, 1]] = values
+        return dense.permute(0, 2, 1, 3).reshape(self.shape)
+
+    def gather(self, dense: torch.Tensor) -> torch.Tensor:
+        """The stored blocks of a dense [rows, cols] tensor, as values [nnz, b, b]."""
+        if tuple(dense.shape) != self.shape:
+            raise ValueError(f"dense must have shape {self.shape}, got {tuple(dense.shape)}")
+        b = self.block_size
+        blocks = dense.reshape(self.block_rows, b, self.block_cols, b).permute(0, 2, 1, 3)
+        coords = self.coords.to(dense.device)
+        return blocks[coords[:, 0], coords[:, 1]].contiguous()
+
+    # ----------------------------------------------------------------- comparisons
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, BlockLayout):
+            return NotImplemented
+        return (
+            self.block_size == other.block_size
+            and self.mask.shape == other.mask.shape
+            and bool(torch.equal(self.mask.cpu(), other.mask.cpu()))
+        )
+
+    __hash__ = None  # mutable tensors inside: not hashable
+
+    def __repr__(self) -> str:
+        rows, cols = self.shape
+        return (
+            f"BlockLayout(shape=({rows}, {cols}), block_size={self.block_size}, "
+            f"nnz={self.nnz}, density={self.density:.3f}, device={self.device})"
+        )
+
+
+def _check_divisible(rows: int, cols: int, block_size: int) -> None:
+    for name, value in (("rows", rows), ("cols", cols)):
+        if value % block_size:
+            raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")

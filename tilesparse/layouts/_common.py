@@ -1,0 +1,26 @@
+"""Argument checks shared by the layout generators."""
+
+from __future__ import annotations
+
+
+def block_grid(rows: int, cols: int, block_size: int) -> tuple[int, int]:
+    """(block_rows, block_cols) of a [rows, cols] matrix; rows and cols must divide by b."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    for name, value in (("rows", rows), ("cols", cols)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if value % block_size:
+            raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")
+    return rows // block_size, cols // block_size
+
+
+def check_density(density: float) -> float:
+    if not 0.0 <= float(density) <= 1.0:
+        raise ValueError(f"density must be in [0, 1], got {density!r}")
+    return float(density)
+
+
+def keep_count(density: float, total: int) -> int:
+    """Number of blocks to keep: the nearest whole count to density * total."""
+    return int(round(check_density(density) * total))

@@ -1,0 +1,149 @@
+"""BlockSparseLinear: a drop-in nn.Linear whose weight is block-sparse."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import layouts as layout_generators
+from ..layout import BlockLayout
+from ..ops.bsmm import block_sparse_linear
+
+
+class BlockSparseLinear(nn.Module):
+    """y = x W^T + b, with W [out_features, in_features] stored as blocks.
+
+    Give either ``density`` (a random layout with that fraction of blocks) or an explicit
+    ``layout`` of shape (out_features, in_features). ``weight`` is a Parameter
+    [nnz, b, b]: block i covers rows ``coords[i, 0] * b ...`` and columns
+    ``coords[i, 1] * b ...`` of the dense weight. The layout is saved in the state_dict
+    as the buffer ``layout_mask``; its lookup tables are built once per device and cached
+    on the layout object.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        block_size: int,
+        density: float | None = None,
+        layout: BlockLayout | None = None,
+        bias: bool = True,
+        seed: int = 0,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if value % block_size:
+                raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")
+        if layout is None:
+            if density is None:
+                raise ValueError("give either density or layout")
+            layout = layout_generators.random(out_features, in_features, block_size, density, seed=seed)
+        else:
+            if density is not None:
+                raise ValueError("give density or layout, not both")
+            if not isinstance(layout, BlockLayout):
+                raise TypeError(f"layout must be a tilesparse.BlockLayout, got {type(layout).__name__}")
+            if layout.shape != (out_features, in_features):
+                raise ValueError(
+                    f"layout has shape {layout.shape} but (out_features, in_features) is "
+                    f"{(out_features, in_features)}"
+                )
+            if layout.block_size != block_size:
+                raise ValueError(f"layout has block_size={layout.block_size} but block_size={block_size}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.block_size = block_size
+        factory = {"device": device, "dtype": dtype}
+        layout = layout.to(device if device is not None else "cpu")
+        self._layout = layout
+        self.register_buffer("layout_mask", layout.mask.clone())
+        self.weight = nn.Parameter(torch.empty(layout.nnz, block_size, block_size, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    # ----------------------------------------------------------------- layout
+    @property
+    def layout(self) -> BlockLayout:
+        """The layout, on the module's current device."""
+        if self._layout.device != self.layout_mask.device:
+            self._layout = self._layout.to(self.layout_mask.device)
+        return self._layout
+
+    def _fan_in_per_row(self) -> torch.Tensor:
+        """Actual fan-in of every output row: stored blocks in its block-row times b."""
+        blocks_per_row = self.layout_mask.sum(dim=1).clamp(min=1)
+        return (blocks_per_row * self.block_size).repeat_interleave(self.block_size)
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's init (uniform, bound 1/sqrt(fan_in)) with each row's actual fan-in,
+        so the output variance matches a dense layer of the same fan-in."""
+        with torch.no_grad():
+            bound = self._fan_in_per_row().to(self.weight.device, torch.float32).rsqrt()  # [out]
+            rows = self.layout.coords[:, 0].to(self.weight.device)
+            row_bound = bound.view(-1, self.block_size)[rows]  # [nnz, b]
+            noise = torch.rand(self.weight.shape, device=self.weight.device, dtype=torch.float32) * 2 - 1
+            self.weight.copy_(noise * row_bound[:, :, None])
+            if self.bias is not None:
+                noise = torch.rand(self.out_features, device=self.bias.device, dtype=torch.float32) * 2 - 1
+                self.bias.copy_(noise * bound)
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return block_sparse_linear(x, self.weight, self.layout, self.bias)
+
+    # ----------------------------------------------------------------- conversions
+    def to_dense(self) -> torch.Tensor:
+        """The dense [out_features, in_features] weight (a copy, for inspection)."""
+        return self.layout.to_dense(self.weight.detach())
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, *, block_size: int, density: float) -> "BlockSparseLinear":
+        """Prune an nn.Linear to its ``density`` fraction of blocks with the largest L2 norm."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        layout = layout_generators.from_dense(weight, block_size, density)
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            block_size=block_size,
+            layout=layout,
+            bias=linear.bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        with torch.no_grad():
+            module.weight.copy_(module.layout.gather(weight))
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach())
+        return module
+
+    # ----------------------------------------------------------------- state_dict
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "layout_mask"
+        if key in state_dict:
+            loaded = state_dict[key]
+            if loaded.shape != self.layout_mask.shape or not torch.equal(
+                loaded.to(self.layout_mask.device, torch.bool), self.layout_mask
+            ):
+                raise ValueError(
+                    f"{key}: the checkpoint's block layout differs from this module's "
+                    f"({int(loaded.sum())} vs {int(self.layout_mask.sum())} blocks of "
+                    f"{tuple(loaded.shape)} vs {tuple(self.layout_mask.shape)}); build the module "
+                    "with the checkpoint's layout (BlockLayout(mask, block_size)) before loading"
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        layout = self._layout
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"block_size={self.block_size}, density={layout.density:.3f}, nnz_blocks={layout.nnz}, "
+            f"bias={self.bias is not None}"
+        )

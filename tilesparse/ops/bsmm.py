@@ -1,0 +1,236 @@
+"""Registered block-sparse matmul ops, their autograd, and the public functions.
+
+Layers: Triton kernels (:mod:`tilesparse.kernels.bsmm`) -> ``torch.library`` custom
+ops ``tilesparse::dds`` and ``tilesparse::sdd`` (a CUDA kernel, a CPU reference
+kernel and a fake, so ``torch.compile(fullgraph=True)`` traces them) -> autograd
+that closes over the same two ops -> public functions below.
+
+Names follow stk: the letters give the density of output, lhs and rhs
+(s = block-sparse, d = dense).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import _checks
+from ..kernels import bsmm as kernels
+from ..layout import BlockLayout
+from ..reference import dds_reference, sdd_reference
+
+__all__ = ["block_sparse_linear", "dds", "dsd", "sdd"]
+
+
+# --------------------------------------------------------------------------- registered ops
+
+
+@torch.library.custom_op("tilesparse::dds", mutates_args=())
+def _dds_op(
+    a: torch.Tensor,
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    block_rows: int,
+    block_cols: int,
+    trans: bool,
+) -> torch.Tensor:
+    """C = A @ op(S) (+ bias), S = (values, meta) on a [block_rows, block_cols] grid."""
+    values = values.contiguous()
+    if a.dtype == torch.float64:  # no fp64 tensor-core path: use the reference
+        return dds_reference(a, values, meta, bias, block_rows, block_cols, trans)
+    return kernels.dds(a, values, meta, bias, block_rows, block_cols, trans)
+
+
+@_dds_op.register_kernel("cpu")
+def _dds_cpu(a, values, meta, bias, block_rows, block_cols, trans):
+    return dds_reference(a, values, meta, bias, block_rows, block_cols, trans)
+
+
+@_dds_op.register_fake
+def _dds_fake(a, values, meta, bias, block_rows, block_cols, trans):
+    b = values.shape[-1]
+    return a.new_empty(a.shape[0], (block_rows if trans else block_cols) * b)
+
+
+@torch.library.custom_op("tilesparse::sdd", mutates_args=())
+def _sdd_op(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    meta: torch.Tensor,
+    block_size: int,
+    block_rows: int,
+    block_cols: int,
+) -> torch.Tensor:
+    """values[z] = (A @ B)[block z] on the layout's blocks; A [R*b, M], B [M, C*b]."""
+    if a.dtype == torch.float64:
+        return sdd_reference(a, b, meta, block_size, block_rows, block_cols)
+    return kernels.sdd(a, b, meta, block_size, block_rows, block_cols)
+
+
+@_sdd_op.register_kernel("cpu")
+def _sdd_cpu(a, b, meta, block_size, block_rows, block_cols):
+    return sdd_reference(a, b, meta, block_size, block_rows, block_cols)
+
+
+@_sdd_op.register_fake
+def _sdd_fake(a, b, meta, block_size, block_rows, block_cols):
+    nnz = (meta.shape[0] - block_rows - block_cols - 2) // 4
+    return a.new_empty(nnz, block_size, block_size)
+
+
+# --------------------------------------------------------------------------- autograd
+# The backward of each op is two calls of the same family (Gray et al.'s fprop /
+# bprop / updat), so gradients of gradients work too.
+
+
+def _dds_setup(ctx, inputs, output):
+    a, values, meta, bias, block_rows, block_cols, trans = inputs
+    ctx.save_for_backward(a, values, meta)
+    ctx.grid = (block_rows, block_cols)
+    ctx.trans = trans
+    ctx.has_bias = bias is not None
+
+
+def _dds_backward(ctx, grad):
+    a, values, meta = ctx.saved_tensors
+    block_rows, block_cols = ctx.grid
+    b = values.shape[-1]
+    grad_a = grad_values = grad_bias = None
+    if ctx.needs_input_grad[0]:  # bprop: dA = dC @ op(S)^T
+        grad_a = _dds_op(grad, values, meta, None, block_rows, block_cols, not ctx.trans)
+    if ctx.needs_input_grad[1]:  # updat: dS sampled on the layout
+        if ctx.trans:  # C = A S^T  ->  dS = dC^T A
+            grad_values = _sdd_op(grad.t(), a, meta, b, block_rows, block_cols)
+        else:  # C = A S  ->  dS = A^T dC
+            grad_values = _sdd_op(a.t(), grad, meta, b, block_rows, block_cols)
+    if ctx.has_bias and ctx.needs_input_grad[3]:
+        grad_bias = grad.sum(0)
+    return grad_a, grad_values, None, grad_bias, None, None, None
+
+
+_dds_op.register_autograd(_dds_backward, setup_context=_dds_setup)
+
+
+def _sdd_setup(ctx, inputs, output):
+    a, b, meta, block_size, block_rows, block_cols = inputs
+    ctx.save_for_backward(a, b, meta)
+    ctx.grid = (block_rows, block_cols)
+
+
+def _sdd_backward(ctx, grad_values):
+    a, b, meta = ctx.saved_tensors
+    block_rows, block_cols = ctx.grid
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:  # dA = S @ B^T = (B @ S^T)^T
+        grad_a = _dds_op(b, grad_values, meta, None, block_rows, block_cols, True).t()
+    if ctx.needs_input_grad[1]:  # dB = A^T @ S
+        grad_b = _dds_op(a.t(), grad_values, meta, None, block_rows, block_cols, False)
+    return grad_a, grad_b, None, None, None, None
+
+
+_sdd_op.register_autograd(_sdd_backward, setup_context=_sdd_setup)
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _autocast(*tensors):
+    """Cast floating inputs to the autocast dtype when autocast is on (nn.Linear semantics)."""
+    first = tensors[0]
+    device_type = first.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
+def block_sparse_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    layout: BlockLayout,
+    bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Y = X W^T + bias with W [out, in] block-sparse: ``weight`` [nnz, b, b] in
+    ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]."""
+    _checks.check_layout(layout)
+    _checks.check_tensor(x, "x", min_dim=1)
+    _checks.check_values(weight, layout, "weight")
+    out_features, in_features = layout.shape
+    _checks.check_dim(x.shape[-1], in_features, "x.shape[-1] (in_features)")
+    if bias is not None:
+        _checks.check_tensor(bias, "bias", dim=1)
+        _checks.check_dim(bias.shape[0], out_features, "bias.shape[0] (out_features)")
+    x, weight, bias = _autocast(x, weight, bias)
+    _checks.check_same(weight, "weight", x, "x")
+    if bias is not None:
+        _checks.check_same(bias, "bias", x, "x")
+    meta = layout.meta_on(x.device)
+    y = _dds_op(x.reshape(-1, in_features), weight, meta, bias, layout.block_rows, layout.block_cols, True)
+    return y.reshape(*x.shape[:-1], out_features)
+
+
+def _check_sparse_operand(values, layout, ref, ref_name):
+    _checks.check_layout(layout)
+    _checks.check_values(values, layout, "values")
+    _checks.check_same(values, "values", ref, ref_name)
+
+
+def dds(
+    a: torch.Tensor,
+    values: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+) -> torch.Tensor:
+    """Dense = op(A) @ op(S), S = (values, layout) block-sparse."""
+    _checks.check_tensor(a, "a", dim=2)
+    _check_sparse_operand(values, layout, a, "a")
+    a = a.t() if trans_a else a
+    rows, cols = layout.shape
+    _checks.check_dim(a.shape[1], cols if trans_b else rows, "the inner dimension of op(a)")
+    return _dds_op(a, values, layout.meta_on(a.device), None, layout.block_rows, layout.block_cols, trans_b)
+
+
+def dsd(
+    values: torch.Tensor,
+    layout: BlockLayout,
+    b: torch.Tensor,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+) -> torch.Tensor:
+    """Dense = op(S) @ op(B), S = (values, layout). Computed as (op(B)^T @ op(S)^T)^T on the
+    dds kernel, so the result may be a transposed (column-major) view."""
+    _checks.check_tensor(b, "b", dim=2)
+    _check_sparse_operand(values, layout, b, "b")
+    b = b.t() if trans_b else b
+    rows, cols = layout.shape
+    _checks.check_dim(b.shape[0], rows if trans_a else cols, "the inner dimension of op(b)")
+    meta = layout.meta_on(b.device)
+    return _dds_op(b.t(), values, meta, None, layout.block_rows, layout.block_cols, not trans_a).t()
+
+
+def sdd(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
+) -> torch.Tensor:
+    """Block-sparse = op(A) @ op(B), computed only on the layout's blocks: values [nnz, b, b]."""
+    _checks.check_layout(layout)
+    _checks.check_tensor(a, "a", dim=2)
+    _checks.check_tensor(b, "b", dim=2)
+    _checks.check_same(b, "b", a, "a")
+    a = a.t() if trans_a else a
+    b = b.t() if trans_b else b
+    rows, cols = layout.shape
+    _checks.check_dim(a.shape[0], rows, "op(a).shape[0]")
+    _checks.check_dim(b.shape[1], cols, "op(b).shape[1]")
+    _checks.check_dim(b.shape[0], a.shape[1], "op(b).shape[0] (must equal op(a).shape[1]); it")
+    meta = layout.meta_on(a.device)
+    return _sdd_op(a, b, meta, layout.block_size, layout.block_rows, layout.block_cols)
