@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..layout import split_meta
+from ._alloc import new_output
 
 
 @triton.jit
@@ -192,7 +193,7 @@ def dds(
     else:
         ptr, idx, slot, n_out = tables.col_ptr, tables.col_rows, tables.col_slot, block_cols
     m = a.shape[0]
-    c = torch.empty(m, n_out * b, dtype=a.dtype, device=a.device)
+    c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
     cfg = dds_config(m, b, a.dtype)
@@ -222,7 +223,7 @@ def sdd(
     tables = split_meta(meta, block_rows, block_cols)
     nnz = tables.row_cols.numel()
     m = a.shape[1]
-    values = torch.empty(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
+    values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
     cfg = sdd_config(m, block_size, a.dtype)
