@@ -99,35 +99,41 @@ def _dds_kernel(
 
 @triton.jit
 def _sdd_kernel(
-    a_ptr, b_ptr, v_ptr, rows_ptr, cols_ptr,
-    M,
+    a_ptr, b_ptr, out_ptr, rows_ptr, cols_ptr,
+    M, m_per_split, nnz,
     stride_ar, stride_am, stride_bm, stride_bc,
     B: tl.constexpr, TILE_B: tl.constexpr, BLOCK_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """One program computes values[z] = A[rows[z]-block, :] @ B[:, cols[z]-block],
-    reducing over all M in BLOCK_M steps.
+    """Program (z, s) computes A[rows[z]-block, M-slice s] @ B[M-slice s, cols[z]-block]
+    and writes it to out[s, z] (out [splits, nnz, B, B]; with one split, out is the
+    values tensor itself and the result is cast to its dtype).
 
-    a [R*B, M] strided, b [M, C*B] strided, v [nnz, B, B] contiguous.
+    a [R*B, M] strided, b [M, C*B] strided.
     """
     z = tl.program_id(0)
+    split = tl.program_id(1)
     r = tl.load(rows_ptr + z).to(tl.int64)
     c = tl.load(cols_ptr + z).to(tl.int64)
     offs_i = tl.arange(0, TILE_B)
     offs_m = tl.arange(0, BLOCK_M)
     i_ok = offs_i < B
-    a_ptrs = a_ptr + (r * B + offs_i)[:, None] * stride_ar + offs_m[None, :].to(tl.int64) * stride_am
-    b_ptrs = b_ptr + offs_m[:, None].to(tl.int64) * stride_bm + (c * B + offs_i)[None, :] * stride_bc
+    m_start = split.to(tl.int64) * m_per_split
+    m_end = tl.minimum(m_start + m_per_split, M)
+    rows_m = m_start + offs_m
+    a_ptrs = a_ptr + (r * B + offs_i)[:, None] * stride_ar + rows_m[None, :] * stride_am
+    b_ptrs = b_ptr + rows_m[:, None] * stride_bm + (c * B + offs_i)[None, :] * stride_bc
     acc = tl.zeros((TILE_B, TILE_B), dtype=tl.float32)
-    for m0 in range(0, M, BLOCK_M):
-        m_ok = (m0 + offs_m) < M
+    for m0 in range(m_start, m_end, BLOCK_M):
+        m_ok = (m0 + offs_m) < m_end
         a = tl.load(a_ptrs, mask=i_ok[:, None] & m_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=m_ok[:, None] & i_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_M * stride_am
         b_ptrs += BLOCK_M * stride_bm
-    v_ptrs = v_ptr + z.to(tl.int64) * (B * B) + offs_i[:, None] * B + offs_i[None, :]
-    tl.store(v_ptrs, acc.to(v_ptr.dtype.element_ty), mask=i_ok[:, None] & i_ok[None, :])
+    slot = split.to(tl.int64) * nnz + z
+    out_ptrs = out_ptr + slot * (B * B) + offs_i[:, None] * B + offs_i[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=i_ok[:, None] & i_ok[None, :])
 
 
 # --------------------------------------------------------------------------- configs
@@ -135,10 +141,15 @@ def _sdd_kernel(
 
 @dataclass(frozen=True)
 class KernelConfig:
+    """Launch parameters. ``block_k`` is the reduction step of dds (unused by sdd);
+    ``splits`` cuts sdd's M reduction into that many slices (1 for dds)."""
+
     block_m: int
     block_k: int
     num_warps: int
     num_stages: int
+    group_m: int = 8
+    splits: int = 1
 
 
 def _tile(block_size: int) -> int:
@@ -153,8 +164,14 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
-    """Deterministic heuristic config for dds (autotuning comes with the speed work)."""
+    """Deterministic heuristic config for dds."""
     tile = _tile(block_size)
     block_m = 128 if m >= 128 else max(16, triton.next_power_of_2(m))
     block_k = min(tile, 32 if dtype == torch.float32 else 64)
@@ -162,11 +179,15 @@ def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     return KernelConfig(block_m, block_k, num_warps, 3)
 
 
-def sdd_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
+def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: torch.device) -> KernelConfig:
+    """Deterministic heuristic config for sdd: split the M reduction until the grid
+    covers the GPU about twice, but keep every slice at least 8 steps long."""
     tile = _tile(block_size)
     block_m = 32 if dtype == torch.float32 else 64
     num_warps = 8 if tile >= 128 else 4
-    return KernelConfig(block_m, tile, num_warps, 3)
+    wanted = triton.cdiv(2 * _sm_count(device), max(1, nnz))
+    splits = max(1, min(wanted, m // (8 * block_m)))
+    return KernelConfig(block_m, tile, num_warps, 3, splits=splits)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -180,6 +201,7 @@ def dds(
     block_rows: int,
     block_cols: int,
     trans: bool,
+    config: KernelConfig | None = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
 
@@ -196,7 +218,7 @@ def dds(
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
-    cfg = dds_config(m, b, a.dtype)
+    cfg = config or dds_config(m, b, a.dtype)
     grid = (triton.cdiv(m, cfg.block_m) * n_out,)
     _dds_kernel[grid](
         a, values, bias if bias is not None else c, c,
@@ -205,7 +227,7 @@ def dds(
         a.stride(0), a.stride(1), c.stride(0), c.stride(1),
         B=b, TILE_B=_tile(b), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-        GROUP_M=8, INPUT_PRECISION=_input_precision(a.dtype),
+        GROUP_M=cfg.group_m, INPUT_PRECISION=_input_precision(a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return c
@@ -218,21 +240,33 @@ def sdd(
     block_size: int,
     block_rows: int,
     block_cols: int,
+    config: KernelConfig | None = None,
 ) -> torch.Tensor:
-    """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b]."""
+    """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
+
+    With several M slices, partial products go to an fp32 workspace and are summed in a
+    fixed order (no atomics), so the result stays bitwise deterministic.
+    """
     tables = split_meta(meta, block_rows, block_cols)
     nnz = tables.row_cols.numel()
     m = a.shape[1]
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
-    cfg = sdd_config(m, block_size, a.dtype)
-    _sdd_kernel[(nnz,)](
-        a, b, values, tables.row_of, tables.row_cols,
-        m,
+    cfg = config or sdd_config(m, block_size, nnz, a.dtype, a.device)
+    splits = max(1, min(cfg.splits, triton.cdiv(max(m, 1), cfg.block_m)))
+    m_per_split = triton.cdiv(triton.cdiv(max(m, 1), splits), cfg.block_m) * cfg.block_m
+    out = values if splits == 1 else new_output(
+        splits, nnz, block_size, block_size, dtype=torch.float32, device=a.device
+    )
+    _sdd_kernel[(nnz, splits)](
+        a, b, out, tables.row_of, tables.row_cols,
+        m, m_per_split, nnz,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
         INPUT_PRECISION=_input_precision(a.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if splits > 1:
+        torch.sum(out, dim=0, out=values) if a.dtype == torch.float32 else values.copy_(out.sum(dim=0))
     return values

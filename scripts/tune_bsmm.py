@@ -1,0 +1,112 @@
+"""Sweep launch configs of the dds/sdd kernels on a GPU and print the best per case.
+
+Used to build the config tables in tilesparse.kernels.bsmm; not part of the library.
+Each case times dense cuBLAS in the same process, so ratios are same-run.
+
+    python scripts/tune_bsmm.py --blocks 128 32 --densities 0.5 0.1 --budget 240 --out $OUT/tune.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import triton
+import triton.testing
+
+import tilesparse as ts
+from tilesparse.kernels import bsmm as K
+
+
+def dds_space(tile: int):
+    for bm, bk, warps, stages in itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (3, 4)):
+        if bk > tile or (bm == 256 and warps == 4) or (bm == 64 and warps == 8 and tile <= 32):
+            continue
+        yield K.KernelConfig(bm, bk, warps, stages)
+
+
+def sdd_space(tile: int, nnz: int, sms: int):
+    for bm, warps, stages in itertools.product((32, 64, 128), (4, 8), (3, 4)):
+        for splits in sorted({1, triton.cdiv(sms, nnz), triton.cdiv(2 * sms, nnz), triton.cdiv(4 * sms, nnz)}):
+            yield K.KernelConfig(bm, tile, warps, stages, splits=splits)
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="8192x4096x4096", help="MxNxK: X [M, K], W [N, K]")
+    p.add_argument("--blocks", type=int, nargs="+", default=[128, 64, 32, 16])
+    p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.1])
+    p.add_argument("--ops", nargs="+", default=["fprop", "bprop", "updat"])
+    p.add_argument("--budget", type=float, default=240.0, help="seconds in all, shared evenly by the cases")
+    p.add_argument("--out", default="tune.json")
+    args = p.parse_args()
+    m, n, k = map(int, args.shape.split("x"))
+    dev = torch.device("cuda")
+    dtype = torch.bfloat16
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    x = torch.randn(m, k, device=dev, dtype=dtype)
+    dy = torch.randn(m, n, device=dev, dtype=dtype)
+    w_dense = torch.randn(n, k, device=dev, dtype=dtype)
+    dense_ms = {
+        "fprop": bench(lambda: x @ w_dense.t()),
+        "bprop": bench(lambda: dy @ w_dense),
+        "updat": bench(lambda: dy.t() @ x),
+    }
+    print("dense ms", {k_: round(v, 4) for k_, v in dense_ms.items()}, flush=True)
+    results = []
+    cases = list(itertools.product(args.blocks, args.densities, args.ops))
+    per_case = args.budget / len(cases)
+    for b, density, op in cases:
+        t0 = time.time()
+        layout = ts.layouts.random(n, k, b, density, seed=0, device=dev)
+        values = torch.randn(layout.nnz, b, b, device=dev, dtype=dtype)
+        meta, R, C = layout.meta, layout.block_rows, layout.block_cols
+        tile = max(16, b)
+        if op == "fprop":
+            space = dds_space(tile)
+            call = lambda cfg: K.dds(x, values, meta, None, R, C, True, cfg)  # noqa: E731
+        elif op == "bprop":
+            space = dds_space(tile)
+            call = lambda cfg: K.dds(dy, values, meta, None, R, C, False, cfg)  # noqa: E731
+        else:
+            space = sdd_space(tile, layout.nnz, sms)
+            call = lambda cfg: K.sdd(dy.t(), x, meta, b, R, C, cfg)  # noqa: E731
+        default_ms = bench(lambda: call(None))
+        best = (default_ms, "default")
+        for cfg in space:
+            if time.time() - t0 > per_case:
+                break
+            try:
+                ms = bench(lambda: call(cfg))
+            except Exception as exc:  # out of shared memory etc.
+                print("  skip", cfg, type(exc).__name__, flush=True)
+                continue
+            if ms < best[0]:
+                best = (ms, cfg)
+        flops = 2.0 * m * layout.nnz * b * b
+        row = {
+            "op": op, "block": b, "density": density, "default_ms": default_ms, "best_ms": best[0],
+            "best_cfg": str(best[1]), "dense_ms": dense_ms[op],
+            "speedup_best": dense_ms[op] / best[0],
+            "rate_vs_dense_best": (flops / best[0]) / (2.0 * m * n * k / dense_ms[op]),
+            "rate_vs_dense_default": (flops / default_ms) / (2.0 * m * n * k / dense_ms[op]),
+        }
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "rows": results}, f, indent=1)
+    print("\nop     b   dens  default  best    dense   speedup  rate(best)  cfg")
+    for r in results:
+        print(f"{r['op']:6} {r['block']:3} {r['density']:5.2f} {r['default_ms']:.4f} {r['best_ms']:.4f} "
+              f"{r['dense_ms']:.4f} {r['speedup_best']:6.2f}x {r['rate_vs_dense_best']:6.2f}  {r['best_cfg']}")
+
+
+if __name__ == "__main__":
+    main()
