@@ -21,17 +21,30 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 
 
+# Most promising first: the per-case budget cuts the tail.
+DDS_VARIANTS = (
+    dict(tma=True, programs_per_sm=1, flatten=True),
+    dict(tma=True),
+    dict(),
+    dict(tma=True, programs_per_sm=2, flatten=False),
+)
+
+
 def dds_space(tile: int):
-    for bm, bk, warps, stages in itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (3, 4)):
+    for bm, bk, stages, warps in itertools.product((128, 256, 64), (64, 128, 32), (3, 4), (8, 4)):
         if bk > tile or (bm == 256 and warps == 4) or (bm == 64 and warps == 8 and tile <= 32):
             continue
-        yield K.KernelConfig(bm, bk, warps, stages)
+        if bm * tile > 256 * 128:
+            continue
+        for variant in DDS_VARIANTS:
+            yield K.KernelConfig(bm, bk, warps, stages, **variant)
 
 
 def sdd_space(tile: int, nnz: int, sms: int):
-    for bm, warps, stages in itertools.product((32, 64, 128), (4, 8), (3, 4)):
+    for bm, warps, stages in itertools.product((64, 128, 32), (8, 4), (3, 4)):
         for splits in sorted({1, triton.cdiv(sms, nnz), triton.cdiv(2 * sms, nnz), triton.cdiv(4 * sms, nnz)}):
-            yield K.KernelConfig(bm, tile, warps, stages, splits=splits)
+            for tma in (True, False):
+                yield K.KernelConfig(bm, tile, warps, stages, splits=splits, tma=tma)
 
 
 def bench(fn) -> float:

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from ..layout import split_meta
+from . import bsmm_tma
 from ._alloc import new_output
 
 
@@ -142,7 +143,10 @@ def _sdd_kernel(
 @dataclass(frozen=True)
 class KernelConfig:
     """Launch parameters. ``block_k`` is the reduction step of dds (unused by sdd);
-    ``splits`` cuts sdd's M reduction into that many slices (1 for dds)."""
+    ``splits`` cuts sdd's M reduction into that many slices (1 for dds). ``tma`` picks
+    the Hopper TMA kernels where the operands allow; ``programs_per_sm`` > 0 makes dds
+    persistent with that many programs per SM, and ``flatten`` lets the compiler fuse
+    its tile and reduction loops."""
 
     block_m: int
     block_k: int
@@ -150,6 +154,9 @@ class KernelConfig:
     num_stages: int
     group_m: int = 8
     splits: int = 1
+    tma: bool = False
+    programs_per_sm: int = 0
+    flatten: bool = False
 
 
 def _tile(block_size: int) -> int:
@@ -193,6 +200,14 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
 # --------------------------------------------------------------------------- launchers
 
 
+def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
+    """TMA when asked for, on sm90+, for b >= 16 and TMA-addressable row-major operands."""
+    if not cfg.tma or block_size < 16 or not bsmm_tma.tma_supported(operands[0].device):
+        return False
+    matrices = [t.view(-1, t.shape[-1]) if t.dim() == 3 else t for t in operands if t is not None]
+    return all(bsmm_tma.row_major_tma_ok(t) for t in matrices if t.dim() == 2)
+
+
 def dds(
     a: torch.Tensor,
     values: torch.Tensor,
@@ -219,8 +234,16 @@ def dds(
     if c.numel() == 0:
         return c
     cfg = config or dds_config(m, b, a.dtype)
-    grid = (triton.cdiv(m, cfg.block_m) * n_out,)
-    _dds_kernel[grid](
+    num_tiles = triton.cdiv(m, cfg.block_m) * n_out
+    if _use_tma(cfg, b, a, values, c, bias):
+        programs = num_tiles
+        if cfg.programs_per_sm:
+            programs = min(num_tiles, cfg.programs_per_sm * _sm_count(a.device))
+        bsmm_tma.launch_dds(
+            a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, _input_precision(a.dtype), programs, cfg.flatten
+        )
+        return c
+    _dds_kernel[(num_tiles,)](
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,
         m, n_out,
@@ -259,14 +282,20 @@ def sdd(
     out = values if splits == 1 else new_output(
         splits, nnz, block_size, block_size, dtype=torch.float32, device=a.device
     )
-    _sdd_kernel[(nnz, splits)](
-        a, b, out, tables.row_of, tables.row_cols,
-        m, m_per_split, nnz,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
-        INPUT_PRECISION=_input_precision(a.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    if _use_tma(cfg, block_size, a.t(), b):
+        bsmm_tma.launch_sdd(
+            a.t(), b, out, tables.row_of, tables.row_cols, m, m_per_split, nnz, splits, cfg, block_size,
+            _input_precision(a.dtype),
+        )
+    else:
+        _sdd_kernel[(nnz, splits)](
+            a, b, out, tables.row_of, tables.row_cols,
+            m, m_per_split, nnz,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
+            INPUT_PRECISION=_input_precision(a.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if splits > 1:
         torch.sum(out, dim=0, out=values) if a.dtype == torch.float32 else values.copy_(out.sum(dim=0))
     return values

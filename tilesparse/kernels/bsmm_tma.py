@@ -1,0 +1,144 @@
+"""Hopper (sm90+) variants of the block-sparse kernels: tensor-memory-accelerator
+(TMA) tile loads through host-built tensor descriptors, and a persistent grid.
+
+Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring); these
+need 16-byte-aligned, row-major operands and b >= 16, and the launchers there fall
+back to the pointer kernels otherwise. TMA zero-fills rows past M on load and clips
+them on store, so odd M needs no masks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@triton.jit
+def _dds_tma_kernel(
+    a_desc, v_desc, c_desc, bias_ptr,
+    ptr_ptr, idx_ptr, slot_ptr,
+    M, n_out_blocks,
+    B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Persistent dds: program p handles output tiles p, p + NUM_PROGRAMS, ...; each tile
+    is C[m-tile, block-column j] = sum_e A[m-tile, idx[e]-block] @ op(V[slot[e]])."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_tiles = num_pid_m * n_out_blocks
+    pids_per_group = GROUP_M * n_out_blocks
+    K_STEPS: tl.constexpr = B // BLOCK_K
+    offs_n = tl.arange(0, B)
+    for tile in tl.range(pid, num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        group = tile // pids_per_group
+        first_m = group * GROUP_M
+        group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % pids_per_group) % group_rows
+        pid_n = (tile % pids_per_group) // group_rows
+        start = tl.load(ptr_ptr + pid_n)
+        end = tl.load(ptr_ptr + pid_n + 1)
+        row0 = pid_m * BLOCK_M
+        acc = tl.zeros((BLOCK_M, B), dtype=tl.float32)
+        for t in range(start * K_STEPS, end * K_STEPS):
+            e = t // K_STEPS
+            kk = (t % K_STEPS) * BLOCK_K
+            blk = tl.load(idx_ptr + e)
+            if HAS_SLOT:
+                slot = tl.load(slot_ptr + e)
+            else:
+                slot = e
+            a = a_desc.load([row0, blk * B + kk])
+            if TRANS_V:  # V[n, k] rows of the stored block, used transposed
+                v = v_desc.load([slot * B, kk]).T
+            else:
+                v = v_desc.load([slot * B + kk, 0])
+            acc = tl.dot(a, v, acc, input_precision=INPUT_PRECISION)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + pid_n * B + offs_n).to(tl.float32)[None, :]
+        c_desc.store([row0, pid_n * B], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _sdd_tma_kernel(
+    at_desc, b_desc, out_ptr, rows_ptr, cols_ptr,
+    M, m_per_split, nnz,
+    B: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Program (z, s): out[s, z] = A^T[M-slice s, rows[z]-block]^T @ B[M-slice s, cols[z]-block]
+    where A^T is the row-major [M, R*B] matrix whose transpose is the sdd lhs."""
+    z = tl.program_id(0)
+    split = tl.program_id(1)
+    r = tl.load(rows_ptr + z)
+    c = tl.load(cols_ptr + z)
+    m_start = split * m_per_split
+    m_end = tl.minimum(m_start + m_per_split, M)
+    acc = tl.zeros((B, B), dtype=tl.float32)
+    for m0 in range(m_start, m_end, BLOCK_M):
+        a = at_desc.load([m0, r * B])
+        b = b_desc.load([m0, c * B])
+        acc = tl.dot(a.T, b, acc, input_precision=INPUT_PRECISION)
+    offs = tl.arange(0, B)
+    slot = split.to(tl.int64) * nnz + z
+    out_ptrs = out_ptr + slot * (B * B) + offs[:, None] * B + offs[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
+
+
+# --------------------------------------------------------------------------- eligibility
+
+
+def tma_supported(device: torch.device) -> bool:
+    """TMA needs a Hopper-class GPU (compute capability >= 9)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def row_major_tma_ok(t: torch.Tensor) -> bool:
+    """A 2-D tensor a TMA descriptor can address: unit inner stride, 16-byte aligned base
+    and row pitch."""
+    size = t.element_size()
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and t.data_ptr() % 16 == 0
+        and (t.stride(0) * size) % 16 == 0
+        and t.shape[0] > 0
+        and t.shape[1] > 0
+    )
+
+
+def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block_shape)
+
+
+def launch_dds(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, precision, num_programs, flatten):
+    b = values.shape[-1]
+    m = a.shape[0]
+    v2d = values.view(-1, b)
+    a_desc = descriptor(a, [cfg.block_m, cfg.block_k])
+    v_desc = descriptor(v2d, [b, cfg.block_k] if trans else [cfg.block_k, b])
+    c_desc = descriptor(c, [cfg.block_m, b])
+    _dds_tma_kernel[(num_programs,)](
+        a_desc, v_desc, c_desc, bias if bias is not None else c,
+        ptr, idx, slot if slot is not None else ptr,
+        m, n_out,
+        B=b, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+        GROUP_M=cfg.group_m, NUM_PROGRAMS=num_programs, FLATTEN=flatten,
+        INPUT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def launch_sdd(a_t, b, out, rows, cols, m, m_per_split, nnz, splits, cfg, block_size, precision):
+    at_desc = descriptor(a_t, [cfg.block_m, block_size])
+    b_desc = descriptor(b, [cfg.block_m, block_size])
+    _sdd_tma_kernel[(nnz, splits)](
+        at_desc, b_desc, out, rows, cols,
+        m, m_per_split, nnz,
+        B=block_size, BLOCK_M=cfg.block_m, INPUT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
