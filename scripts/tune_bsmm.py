@@ -91,12 +91,18 @@ def main() -> None:
         else:
             space = sdd_space(tile, layout.nnz, sms)
             call = lambda cfg: K.sdd(dy.t(), x, meta, b, R, C, cfg)  # noqa: E731
+        expected = call(None).float()
         default_ms = bench(lambda: call(None))
         best = (default_ms, "default")
         for cfg in space:
             if time.time() - t0 > per_case:
                 break
             try:
+                got = call(cfg).float()
+                err = ((got - expected).norm() / expected.norm()).item()
+                if not err < 1e-2:  # catches NaN too
+                    print("  WRONG", cfg, f"rel_err={err:.3e}", flush=True)
+                    continue
                 ms = bench(lambda: call(cfg))
             except Exception as exc:  # out of shared memory etc.
                 print("  skip", cfg, type(exc).__name__, flush=True)
