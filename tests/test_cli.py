@@ -1,0 +1,102 @@
+"""The `tilesparse` command, run in-process through ``main([...])``.
+
+Without a GPU, `bench` runs the small CPU reference suite; the checks below are the
+ones a result file must pass on any machine: the CSV's fixed leading columns, positive
+times, a speedup on every tilesparse row, the JSON sidecar and the PNG.
+"""
+
+import csv
+import json
+
+import pytest
+import torch
+
+from tilesparse.bench import COLUMNS
+from tilesparse.cli import main
+
+# Two blocks, one density, two ops: enough to cover every writer on the CPU in ~1 s.
+SMALL = ["--block", "32", "64", "--density", "0.5", "--ops", "fprop", "updat"]
+
+
+def _read_csv(path):
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+def test_info_prints_versions(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert torch.__version__ in out
+    assert "triton" in out and "numpy" in out
+    assert ("triton kernels (CUDA)" if torch.cuda.is_available() else "PyTorch reference (CPU)") in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+def test_bench_cpu_writes_csv_json_png(tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path)] + SMALL) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA device" in out
+
+    csvs = list(tmp_path.glob("*-cpu-cpu-reference.csv"))
+    assert len(csvs) == 1
+    header, rows = _read_csv(csvs[0])
+    assert header[: len(COLUMNS)] == COLUMNS
+    assert "rel_err" in header
+    assert {r["suite"] for r in rows} == {"cpu-reference"}
+    assert {r["method"] for r in rows} == {"dense", "tilesparse"}
+    assert {r["dtype"] for r in rows} == {"fp32"}
+    assert {(r["op"], r["block"]) for r in rows if r["method"] == "tilesparse"} == {
+        ("fprop", "32"), ("fprop", "64"), ("updat", "32"), ("updat", "64")
+    }
+    for r in rows:
+        assert float(r["ms"]) > 0
+        assert float(r["tflops_nnz"]) > 0
+        assert r["gpu"] == "cpu" and r["torch"] == torch.__version__ and r["commit"]
+        assert float(r["rel_err"]) < 1e-4
+    for r in rows:
+        if r["method"] == "tilesparse":
+            assert float(r["speedup_vs_dense"]) > 0
+            assert float(r["density"]) == 0.5
+        else:
+            assert float(r["speedup_vs_dense"]) == 1.0
+
+    sidecar = json.loads(csvs[0].with_suffix(".json").read_text())
+    assert sidecar["gpu"] == "cpu" and sidecar["torch"] == torch.__version__
+    assert sidecar["suite"] == "cpu-reference" and sidecar["rows"] == len(rows)
+    png = csvs[0].with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+def test_bench_no_plot_and_step(tmp_path):
+    assert main(["bench", "--out", str(tmp_path), "--no-plot", "--shape", "64x128x256",
+                 "--block", "32", "--density", "0.25", "--ops", "step"]) == 0
+    assert not list(tmp_path.glob("*.png"))
+    (path,) = tmp_path.glob("*.csv")
+    _, rows = _read_csv(path)
+    assert [(r["method"], r["op"], r["M"], r["N"], r["K"]) for r in rows] == [
+        ("dense", "step", "64", "128", "256"), ("tilesparse", "step", "64", "128", "256")
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],  # no subcommand
+        ["frobnicate"],
+        ["bench", "--block", "abc"],
+        ["bench", "--density", "0"],
+        ["bench", "--density", "1.5"],
+        ["bench", "--shape", "12x34"],
+        ["bench", "--dtype", "fp8"],
+        ["bench", "--ops", "backward"],
+        ["bench", "--suite", "nope"],
+        ["bench", "--block", "48", "--shape", "64x128x128"],  # 48 does not divide W
+    ],
+)
+def test_argument_errors_exit_nonzero(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv + (["--out", str(tmp_path)] if argv[:1] == ["bench"] else []))
+    assert info.value.code not in (0, None)
+    assert not list(tmp_path.iterdir())  # nothing written before the arguments are checked

@@ -1,0 +1,1 @@
+"""Case tables of the benchmark suites (JSON data, read with importlib.resources)."""

@@ -1,0 +1,123 @@
+"""The environment a benchmark ran in: device, versions, commit, copy bandwidth.
+
+Every result row carries the GPU name, versions and commit, so CSVs from different
+machines and days can be compared (or refused) without guessing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
+    "copy_bandwidth_gbs", "environment", "paths",
+]
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The GPU's marketing name (e.g. 'NVIDIA H200'), or 'cpu'."""
+    return torch.cuda.get_device_name() if has_cuda() else "cpu"
+
+
+def device_slug(name: str | None = None) -> str:
+    """A file-name-safe form of the device name: 'NVIDIA H200' -> 'nvidia-h200'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (name or device_name()).lower()).strip("-")
+    return slug or "unknown"
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import triton
+
+    from .. import __version__
+
+    return {
+        "tilesparse": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "numpy": numpy.__version__,
+    }
+
+
+def repo_root() -> Path | None:
+    """The source checkout tilesparse runs from (the folder holding pyproject.toml), if any."""
+    root = _PACKAGE_DIR.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def _git(*args: str) -> str:
+    root = repo_root()
+    if root is None:
+        raise FileNotFoundError("not a source checkout")
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
+    ).stdout.strip()
+
+
+def commit() -> str:
+    """`git rev-parse --short HEAD`, with '+dirty' when tracked files changed; 'unknown'
+    without git. Untracked files (e.g. fresh results) do not count as dirty."""
+    try:
+        sha = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{sha}+dirty" if dirty else sha
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float | None:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written per second), timed
+    with do_bench; the roofline against which memory-bound cases are judged. None on CPU."""
+    if not has_cuda():
+        return None
+    from .timing import bench_ms
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), cuda=True)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def paths() -> dict[str, str | bool]:
+    """Which compute paths and peers are available (for `tilesparse info`)."""
+    from .peers import stk_available, torch_bsr_available
+
+    bsr_ok, bsr_why = torch_bsr_available()
+    stk_ok, stk_why = stk_available()
+    return {
+        "compute path": "triton kernels (CUDA)" if has_cuda() else "PyTorch reference (CPU)",
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "unset"),
+        "torch BSR (bsr_dense_mm)": "importable" if bsr_ok else f"not importable ({bsr_why})",
+        "stk": "importable" if stk_ok else f"not importable ({stk_why})",
+    }
+
+
+def environment(bandwidth: bool = True) -> dict:
+    """Everything the JSON sidecar records."""
+    env = {"date": _dt.datetime.now().isoformat(timespec="seconds"), "gpu": device_name()}
+    env.update(versions())
+    env["commit"] = commit()
+    if has_cuda():
+        props = torch.cuda.get_device_properties(0)
+        env["sm_count"] = props.multi_processor_count
+        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        env["cuda"] = torch.version.cuda
+        env["copy_bandwidth_gbs"] = copy_bandwidth_gbs() if bandwidth else None
+    env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    return env

@@ -1,0 +1,189 @@
+"""The methods a suite times, as adapters: each takes an op name and the operands and
+returns ``(fn, None)``, a zero-argument callable that runs the op and returns its
+result, or ``(None, reason)`` when the method cannot express the op here.
+
+Ops of a linear layer Y = X W^T, W [N, K] block-sparse (Gray et al. 2017 names):
+  fprop  Y  = X W^T      [M, N]
+  bprop  dX = dY W       [M, K]
+  updat  dW = dY^T X     on W's blocks ([nnz, b, b]; dense: all of [N, K])
+  step   fprop + bprop + updat, returned as (Y, dX, dW)
+
+How 'step' is run, per method: tilesparse and dense through autograd
+(``torch.autograd.grad`` of block_sparse_linear / F.linear, which is what training
+runs, and does not accumulate into .grad); stk as its three ops called in turn;
+torch BSR has no sampled product, so no updat and no step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops as ts_ops
+from ..layout import BlockLayout
+
+__all__ = ["Operands", "ADAPTERS", "torch_bsr_available", "stk_available"]
+
+Result = tuple[Optional[Callable[[], object]], Optional[str]]
+
+
+@dataclass
+class Operands:
+    """One case's inputs: x [M, K], dy [M, N], W = (values, layout) [N, K], and a dense
+    weight of the same shape for cuBLAS (its values do not change cuBLAS's time)."""
+
+    x: torch.Tensor
+    dy: torch.Tensor
+    layout: BlockLayout
+    values: torch.Tensor
+    w_dense: torch.Tensor
+
+
+# --------------------------------------------------------------------------- tilesparse
+
+
+def tilesparse(op: str, o: Operands) -> Result:
+    x, dy, values, layout = o.x, o.dy, o.values, o.layout
+    if op == "fprop":
+        return (lambda: ts_ops.dds(x, values, layout, trans_b=True)), None
+    if op == "bprop":
+        return (lambda: ts_ops.dds(dy, values, layout)), None
+    if op == "updat":
+        return (lambda: ts_ops.sdd(dy, x, layout, trans_a=True)), None
+    if op == "step":
+        xg = x.detach().requires_grad_(True)
+        wg = values.detach().requires_grad_(True)
+
+        def step():
+            y = ts_ops.block_sparse_linear(xg, wg, layout)
+            dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+            return y, dx, dw
+
+        return step, None
+    return None, f"unknown op {op!r}"
+
+
+# --------------------------------------------------------------------------- dense cuBLAS
+
+
+def dense(op: str, o: Operands) -> Result:
+    x, dy, w = o.x, o.dy, o.w_dense
+    if op == "fprop":
+        return (lambda: torch.matmul(x, w.t())), None
+    if op == "bprop":
+        return (lambda: torch.matmul(dy, w)), None
+    if op == "updat":
+        return (lambda: torch.matmul(dy.t(), x)), None
+    if op == "step":
+        xg = x.detach().requires_grad_(True)
+        wg = w.detach().requires_grad_(True)
+
+        def step():
+            y = F.linear(xg, wg)
+            dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+            return y, dx, dw
+
+        return step, None
+    return None, f"unknown op {op!r}"
+
+
+# --------------------------------------------------------------------------- torch BSR
+
+
+def torch_bsr_available() -> tuple[bool, str]:
+    try:
+        from torch.sparse._triton_ops import bsr_dense_mm
+    except Exception as exc:  # private module: any import failure means "absent"
+        return False, f"{type(exc).__name__}: {exc}"
+    if bsr_dense_mm is None:  # defined as None when torch sees no usable triton / GPU
+        return False, "torch.sparse._triton_ops.bsr_dense_mm is None (no triton/GPU for torch)"
+    return True, ""
+
+
+def _bsr(layout: BlockLayout, values: torch.Tensor) -> torch.Tensor:
+    """A torch BSR tensor holding the same blocks (storage order is row-major in both)."""
+    tables = layout.tables
+    device = values.device
+    crow = tables.row_ptr.to(device=device, dtype=torch.int64)
+    col = tables.row_cols.to(device=device, dtype=torch.int64)
+    return torch.sparse_bsr_tensor(crow, col, values, size=layout.shape)
+
+
+def torch_bsr(op: str, o: Operands) -> Result:
+    if op not in ("fprop", "bprop"):
+        return None, f"torch BSR has no {op} (no sampled dense-dense product)"
+    if not o.x.is_cuda:
+        return None, "torch BSR kernels need CUDA"
+    ok, why = torch_bsr_available()
+    if not ok:
+        return None, why
+    from torch.sparse._triton_ops import bsr_dense_mm
+
+    layout, values = o.layout, o.values
+    if op == "fprop":  # Y^T = W @ X^T
+        w_bsr, rhs = _bsr(layout, values), o.x
+    else:  # dX^T = W^T @ dY^T; W^T's blocks, in its own row-major order
+        slot = layout.tables.col_slot.to(values.device).long()
+        w_bsr, rhs = _bsr(layout.transpose(), values[slot].transpose(1, 2).contiguous()), o.dy
+    return (lambda: bsr_dense_mm(w_bsr, rhs.t()).t()), None
+
+
+# --------------------------------------------------------------------------- stk
+
+
+def stk_available() -> tuple[bool, str]:
+    try:
+        import stk  # noqa: F401
+        import stk.ops  # noqa: F401
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return True, ""
+
+
+def _stk_matrix(layout: BlockLayout, values: torch.Tensor):
+    """stk.Matrix of W: BCSR with int16 block indices, data in row-major block order."""
+    import stk
+
+    device = values.device
+    coords = layout.coords.to(device)
+    rows = coords[:, 0].to(torch.int16).contiguous()
+    cols = coords[:, 1].to(torch.int16).contiguous()
+    offsets = layout.tables.row_ptr.to(device=device, dtype=torch.int32)
+    return stk.Matrix(torch.Size(layout.shape), values, rows, cols, offsets)
+
+
+def stk(op: str, o: Operands) -> Result:
+    if not o.x.is_cuda:
+        return None, "stk needs CUDA"
+    ok, why = stk_available()
+    if not ok:
+        return None, why
+    if o.layout.block_size != 128:
+        return None, "stk supports block 128 only"
+    m = o.x.shape[0]
+    n, k = o.layout.shape
+    if m % 128 or n % 128 or k % 128:
+        return None, "stk needs M, N, K multiples of 128"
+    import stk as stk_lib
+
+    w = _stk_matrix(o.layout, o.values)
+    w_t = w.t()
+    x, dy = o.x, o.dy
+    fprop = lambda: stk_lib.ops.dds(x, w_t)  # noqa: E731  Y = X W^T
+    bprop = lambda: stk_lib.ops.dds(dy, w)  # noqa: E731  dX = dY W
+    updat = lambda: stk_lib.ops.sdd(dy.t(), x, w).data  # noqa: E731  dW = dY^T X on W's blocks
+    if op == "step":
+        return (lambda: (fprop(), bprop(), updat())), None
+    fn = {"fprop": fprop, "bprop": bprop, "updat": updat}.get(op)
+    return (fn, None) if fn is not None else (None, f"unknown op {op!r}")
+
+
+ADAPTERS: dict[str, Callable[[str, Operands], Result]] = {
+    "tilesparse": tilesparse,
+    "dense": dense,
+    "torch_bsr": torch_bsr,
+    "stk": stk,
+}
