@@ -1,0 +1,108 @@
+"""Shared builders for the block-sparse matmul tests: layouts of each shape class,
+inputs of each memory layout, and float64 dense references built with
+``layout.to_dense`` (never with the library's reference kernels).
+
+Used by test_bsmm_reference.py (CPU path), test_bsmm_interpreter.py (Triton launchers
+under the interpreter) and test_bsmm_gpu.py (CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilesparse import BlockLayout, layouts
+
+# Layout classes that stress different table shapes:
+#   empty            nnz = 0: every ptr range is empty, outputs are bias only
+#   full             every block stored: the dense case
+#   random           uniform random, density 1/2
+#   empty_rows_cols  random, with one whole block-row and one whole block-col empty
+#                    (exercises repeated ptr entries in both the row and column table)
+LAYOUT_KINDS = ["empty", "full", "random", "empty_rows_cols"]
+
+
+def _seed() -> int:
+    # Drawn from the global generator, which the autouse fixture seeds per test.
+    return int(torch.randint(0, 2**31 - 1, ()))
+
+
+def make_layout(kind: str, block_rows: int, block_cols: int, block_size: int) -> BlockLayout:
+    if kind == "empty":
+        return BlockLayout(torch.zeros(block_rows, block_cols, dtype=torch.bool), block_size)
+    if kind == "full":
+        return BlockLayout(torch.ones(block_rows, block_cols, dtype=torch.bool), block_size)
+    if kind == "random":
+        layout = layouts.random(block_rows * block_size, block_cols * block_size, block_size, 0.5, seed=_seed())
+        assert layout.nnz > 0
+        return layout
+    if kind == "empty_rows_cols":
+        assert block_rows >= 2 and block_cols >= 2, "need room for an empty row and column"
+        mask = torch.rand(block_rows, block_cols) < 0.6
+        mask[block_rows // 2, :] = False  # an empty block-row in the middle
+        mask[:, 0] = False  # the first block-col empty
+        mask[0, block_cols - 1] = True  # at least one block
+        return BlockLayout(mask, block_size)
+    raise ValueError(kind)
+
+
+# Memory layouts of a 2-D (or 3-D) activation [..., features]:
+#   contiguous   plain row-major
+#   transposed   a column-major view (stride along features != 1)
+#   sliced       every other column of a wider tensor (inner stride 2)
+#   3d           [2, m, features] batch
+#   3d_strided   [2, m, features] that is a transposed view of [m, 2, features]
+INPUT_KINDS = ["contiguous", "transposed", "sliced", "3d", "3d_strided"]
+
+
+def make_input(kind: str, m: int, features: int, dtype: torch.dtype, device="cpu") -> torch.Tensor:
+    """A leaf tensor (requires_grad) of logical shape [m, features] (or [2, m, features])
+    with the given memory layout."""
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.float32).to(dtype)
+
+    if kind == "contiguous":
+        x = rand(m, features)
+    elif kind == "transposed":
+        x = rand(features, m).t()
+    elif kind == "sliced":
+        x = rand(m, 2 * features)[:, ::2]
+    elif kind == "3d":
+        x = rand(2, m, features)
+    elif kind == "3d_strided":
+        x = rand(m, 2, features).transpose(0, 1)
+    else:
+        raise ValueError(kind)
+    if kind in ("transposed", "sliced", "3d_strided") and m > 1:
+        assert not x.is_contiguous()
+    return x.detach().requires_grad_()
+
+
+def random_values(layout: BlockLayout, dtype: torch.dtype, device="cpu", scale: float | None = None) -> torch.Tensor:
+    """Block values scaled so outputs stay O(1) whatever the fan-in (keeps fp16 in range)."""
+    b = layout.block_size
+    if scale is None:
+        scale = 1.0 / max(1.0, (layout.block_cols * b * max(layout.density, 1e-3)) ** 0.5)
+    values = torch.randn(layout.nnz, b, b, device=device, dtype=torch.float32) * scale
+    return values.to(dtype)
+
+
+def linear_reference(x, weight, layout: BlockLayout, bias, grad_y):
+    """float64 CPU (y, dx, dweight, dbias) of y = x W^T + bias with W = to_dense(weight)."""
+    out_features, in_features = layout.shape
+    xd = x.detach().double().cpu()
+    w = layout.to_dense(weight.detach().double().cpu())
+    y = xd @ w.t()
+    if bias is not None:
+        y = y + bias.detach().double().cpu()
+    g = grad_y.detach().double().cpu()
+    dx = g @ w
+    g2 = g.reshape(-1, out_features)
+    x2 = xd.reshape(-1, in_features)
+    dweight = layout.gather(g2.t() @ x2)
+    dbias = g2.sum(0) if bias is not None else None
+    return y, dx, dweight, dbias
+
+
+def dense_of(values, layout: BlockLayout) -> torch.Tensor:
+    """The dense float64 CPU matrix of a block-sparse operand."""
+    return layout.to_dense(values.detach().double().cpu())
