@@ -1,0 +1,248 @@
+"""The Triton launchers ``tilesparse.kernels.bsmm.dds`` / ``.sdd`` called directly on CPU
+tensors, so they run under the Triton interpreter (TRITON_INTERPRET=1, set by conftest
+when there is no GPU), against float64 dense references.
+
+TILESPARSE_POISON=1 makes every kernel output start as NaN, so an element a kernel
+forgets to write fails the finiteness check in ``assert_close``.
+
+Dtypes: fp32 and fp16 only. The interpreter's ``tl.dot`` on bfloat16 is wrong (it
+multiplies the raw 16-bit patterns, giving relative errors ~1e9), so bf16 kernel
+numerics can only be checked on a GPU (test_bsmm_gpu.py).
+
+Block sizes 8-64 across the grid; 128 gets one small case each, because the interpreter
+runs every program in Python and a 128-wide tile is slow.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from triton.runtime.errors import InterpreterError
+
+from bsmm_cases import LAYOUT_KINDS, dense_of, make_layout, random_values
+from tilesparse import BlockLayout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels._alloc import poison_enabled
+from tolerances import assert_close
+
+pytestmark = [
+    pytest.mark.interpreter,
+    # triton's interpreter trips a NumPy 1.25 deprecation on every scalar index; not ours.
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+]
+
+BLOCK_SIZES = [8, 16, 32, 64]  # 8 runs on masked 16-wide tiles; 128 below, once
+DTYPES = [torch.float32, torch.float16]  # no bf16: see the module docstring
+DTYPE_IDS = ["fp32", "fp16"]
+GRID = (3, 4)  # block-rows x block-cols; out != in so a transposition slip changes shapes
+
+
+def run_dds(layout, a, values, bias, trans, config=None):
+    return kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans, config=config)
+
+
+def run_sdd(layout, a, b, config=None):
+    return kernels.sdd(a, b, layout.meta, layout.block_size, layout.block_rows, layout.block_cols, config=config)
+
+
+def dds_expected(layout, a, values, bias, trans):
+    s = dense_of(values, layout)
+    out = a.double() @ (s.t() if trans else s)
+    if bias is not None:
+        out = out + bias.double()
+    return out
+
+
+def dds_inputs(layout, m, dtype, trans, with_bias):
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows).to(dtype)
+    values = random_values(layout, dtype)
+    n_out = rows if trans else cols
+    bias = torch.randn(n_out).to(dtype) if with_bias else None
+    return a, values, bias
+
+
+def check_dds(layout, a, values, bias, trans, dtype, config=None):
+    out = run_dds(layout, a, values, bias, trans, config)
+    assert out.dtype == dtype
+    assert_close(out, dds_expected(layout, a, values, bias, trans), dtype, "dds")
+
+
+def check_sdd(layout, a, b, dtype, config=None):
+    out = run_sdd(layout, a, b, config)
+    assert out.dtype == dtype and out.shape == (layout.nnz, layout.block_size, layout.block_size)
+    assert_close(out, layout.gather(a.double() @ b.double()), dtype, "sdd")
+
+
+def test_poisoning_is_on():
+    # The finiteness checks below only catch unwritten elements if outputs start as NaN.
+    assert poison_enabled()
+
+
+# --------------------------------------------------------------------------- dds
+
+
+# trans=True is fprop (row table), trans=False is bprop (column table + slot indirection).
+# M=1 (one partial 16-row tile) and M=37 (a partial 64-row tile).
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("m", [1, 37], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES, ids=lambda b: f"b{b}")
+def test_dds(block_size, dtype, trans, m, with_bias):
+    layout = make_layout("empty_rows_cols", *GRID, block_size)
+    a, values, bias = dds_inputs(layout, m, dtype, trans, with_bias)
+    check_dds(layout, a, values, bias, trans, dtype)
+
+
+# Every layout class (empty: bias-only output from zero-length ptr ranges; full; random;
+# empty rows/cols), both table directions, at one block size.
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_dds_layouts(layout_kind, trans):
+    layout = make_layout(layout_kind, *GRID, 16)
+    a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+    check_dds(layout, a, values, bias, trans, torch.float32)
+
+
+def test_dds_empty_layout_without_bias_is_zero():
+    layout = make_layout("empty", *GRID, 16)
+    a, values, _ = dds_inputs(layout, 37, torch.float32, True, False)
+    out = run_dds(layout, a, values, None, True)
+    assert torch.equal(out, torch.zeros(37, layout.shape[0]))
+
+
+# Strided A: a column-major view (stride_ak = M) and a column slice (stride_ak = 2).
+@pytest.mark.parametrize("a_kind", ["transposed", "sliced"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dds_strided_a(dtype, trans, a_kind):
+    layout = make_layout("random", *GRID, 16)
+    rows, cols = layout.shape
+    k = cols if trans else rows
+    if a_kind == "transposed":
+        a = torch.randn(k, 37).to(dtype).t()
+    else:
+        a = torch.randn(37, 2 * k).to(dtype)[:, ::2]
+    assert not a.is_contiguous()
+    values = random_values(layout, dtype)
+    check_dds(layout, a, values, None, trans, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dds_block_128(dtype):
+    layout = make_layout("random", 2, 2, 128)
+    for trans in (True, False):
+        a, values, bias = dds_inputs(layout, 5, dtype, trans, True)
+        check_dds(layout, a, values, bias, trans, dtype)
+
+
+# M = 1100 is 9 tiles of 128 rows: with group_m 1, 4 and 8 the last group is partial,
+# which exercises the grouped program-to-tile mapping; block_k 16 on b=32 gives two
+# reduction steps per block.
+@pytest.mark.parametrize("group_m, block_k", [(1, 32), (4, 16), (8, 32)], ids=["g1", "g4-k16", "g8"])
+def test_dds_grouped_tile_order(group_m, block_k):
+    layout = make_layout("empty_rows_cols", 3, 2, 32)
+    for trans in (True, False):
+        a, values, bias = dds_inputs(layout, 1100, torch.float32, trans, True)
+        config = dataclasses.replace(kernels.dds_config(1100, 32, torch.float32), group_m=group_m, block_k=block_k)
+        check_dds(layout, a, values, bias, trans, torch.float32, config)
+
+
+def test_dds_zero_rows():
+    layout = make_layout("random", *GRID, 16)
+    a, values, bias = dds_inputs(layout, 0, torch.float32, True, True)
+    out = run_dds(layout, a, values, bias, True)
+    assert out.shape == (0, layout.shape[0])
+
+
+# --------------------------------------------------------------------------- sdd
+
+
+# M=1 and 37 (one partial reduction step), 300 (several steps with a partial last one).
+# A as stored contiguously, or as the transposed view the backward passes (grad.t()).
+@pytest.mark.parametrize("a_kind", ["contiguous", "transposed"])
+@pytest.mark.parametrize("m", [1, 37, 300], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES, ids=lambda b: f"b{b}")
+def test_sdd(block_size, dtype, m, a_kind):
+    layout = make_layout("empty_rows_cols", *GRID, block_size)
+    rows, cols = layout.shape
+    a = torch.randn(rows, m).to(dtype) if a_kind == "contiguous" else torch.randn(m, rows).to(dtype).t()
+    b = torch.randn(m, cols).to(dtype)
+    check_sdd(layout, a, b, dtype)
+
+
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_sdd_layouts(layout_kind):
+    layout = make_layout(layout_kind, *GRID, 16)
+    rows, cols = layout.shape
+    check_sdd(layout, torch.randn(rows, 37), torch.randn(37, cols), torch.float32)
+
+
+def test_sdd_strided_b():
+    layout = make_layout("random", *GRID, 16)
+    rows, cols = layout.shape
+    b = torch.randn(cols, 37).t()  # column-major B
+    check_sdd(layout, torch.randn(rows, 37), b, torch.float32)
+    b = torch.randn(37, 2 * cols)[:, 1::2]  # column slice
+    check_sdd(layout, torch.randn(rows, 37), b, torch.float32)
+
+
+# Split M reductions (fp32 workspace summed in a fixed order). M=300 is 10 steps of 32
+# (fp32) or 5 of 64 (fp16): splits 2 and 3 give uneven slices, 7 leaves some slices
+# empty after rounding to whole steps, 64 is clipped to the step count.
+@pytest.mark.parametrize("splits", [2, 3, 7, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sdd_split_reduction(dtype, splits):
+    layout = make_layout("random", *GRID, 16)
+    rows, cols = layout.shape
+    a, b = torch.randn(rows, 300).to(dtype), torch.randn(300, cols).to(dtype)
+    config = dataclasses.replace(kernels.sdd_config(300, 16, layout.nnz, dtype, a.device), splits=splits)
+    check_sdd(layout, a, b, dtype, config)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sdd_block_128(dtype):
+    layout = make_layout("random", 2, 2, 128)
+    check_sdd(layout, torch.randn(256, 20).to(dtype), torch.randn(20, 256).to(dtype), dtype)
+
+
+def test_sdd_zero_reduction_length_is_zero():
+    layout = make_layout("random", *GRID, 16)
+    rows, cols = layout.shape
+    out = run_sdd(layout, torch.randn(rows, 0), torch.randn(0, cols))
+    assert torch.equal(out, torch.zeros(layout.nnz, 16, 16))
+
+
+# --------------------------------------------------------------------------- known bugs
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="BUG: ops/bsmm.py _dds_op hands a non-contiguous bias to kernels.dds, whose "
+    "kernel reads bias_ptr + column (unit stride assumed); the GPU path returns wrong sums",
+)
+def test_op_cuda_body_with_non_contiguous_bias():
+    # _dds_op's own body is the CUDA implementation (the CPU one is the registered
+    # reference); calling it on CPU tensors runs the Triton kernel under the interpreter.
+    from tilesparse.ops import bsmm as ops
+
+    layout = make_layout("random", *GRID, 16)
+    a, values, _ = dds_inputs(layout, 37, torch.float32, True, False)
+    bias = torch.randn(2 * layout.shape[0])[::2]
+    out = ops._dds_op._init_fn(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, True)
+    assert_close(out, dds_expected(layout, a, values, bias, True), torch.float32, "dds with strided bias")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=InterpreterError,
+    reason="BUG: BlockLayout accepts any block_size but kernels/bsmm.py _tile() returns "
+    "max(16, b), and tl.arange needs a power of 2: b=24 fails to compile (the CPU path works)",
+)
+def test_dds_non_power_of_two_block_size():
+    layout = make_layout("random", 2, 2, 24)
+    a, values, bias = dds_inputs(layout, 5, torch.float32, True, True)
+    check_dds(layout, a, values, bias, True, torch.float32)
