@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="the suite's small subset (~2 GPU minutes)")
     b.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
     b.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    b.add_argument("--cuda-graph", action="store_true",
+                   help="time CUDA graph replays (kernel time without host launch overhead, no L2 flush); "
+                   "the suite label gets '-graph'")
     return parser
 
 
@@ -95,10 +98,19 @@ def cmd_info(console) -> int:
 # --------------------------------------------------------------------------- bench
 
 
+def _timing_description(cuda: bool, graph: bool) -> str:
+    if not cuda:
+        return "time.perf_counter median of 5 calls after 1 warm-up"
+    if graph:
+        return "triton.testing.do_bench_cudagraph median (rep 100 ms; no L2 flush, no host overhead)"
+    return "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed; host launch overhead included)"
+
+
 def cmd_bench(args, parser, console) -> int:
     from . import bench
     from .bench import env, report
     from .bench.matmul import RunContext
+    from .bench.peers import DESCRIPTIONS
 
     cuda = env.has_cuda()
     suite_name = args.suite
@@ -116,7 +128,8 @@ def cmd_bench(args, parser, console) -> int:
         table = suite.prepare(suite_name, quick=args.quick, overrides=overrides)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2
-    label = suite_name + ("-quick" if args.quick and suite_name != CPU_SUITE else "")
+    graph = bool(args.cuda_graph and cuda)
+    label = suite_name + ("-quick" if args.quick and suite_name != CPU_SUITE else "") + ("-graph" if graph else "")
 
     versions = env.versions()
     stamp = {"gpu": env.device_name(), "torch": versions["torch"], "triton": versions["triton"],
@@ -126,7 +139,7 @@ def cmd_bench(args, parser, console) -> int:
     stem = f"{_dt.date.today().isoformat()}-{env.device_slug(stamp['gpu'])}-{label}"
     csv_path, json_path, png_path = (out_dir / f"{stem}{ext}" for ext in (".csv", ".json", ".png"))
 
-    ctx = RunContext(cuda=cuda, stamp=stamp, log=lambda text: console.print(text, soft_wrap=True, highlight=False),
+    ctx = RunContext(cuda=cuda, stamp=stamp, graph=graph, log=lambda text: console.print(text, soft_wrap=True, highlight=False),
                      checkpoint=lambda rows: report.write_csv(rows, csv_path))
     console.print(f"suite {label} on {stamp['gpu']}: dtypes {table['dtypes']}, shapes "
                   f"{[f'{m}x{n}x{k}' for m, n, k in table['shapes']]}, blocks {table['blocks']}, "
@@ -135,9 +148,8 @@ def cmd_bench(args, parser, console) -> int:
     report.write_csv(rows, csv_path)
     info = env.environment()
     info.update({"suite": label, "argv": sys.argv[1:], "cases": table, "rows": len(rows),
-                 "skipped_peers": ctx.skipped, "csv": csv_path.name,
-                 "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed)"
-                 if cuda else "time.perf_counter median of 5 calls after 1 warm-up"})
+                 "skipped_peers": ctx.skipped, "csv": csv_path.name, "methods": DESCRIPTIONS,
+                 "timing": _timing_description(cuda, graph)})
     report.write_json(info, json_path)
     report.print_table(rows, console, title=f"{label} on {stamp['gpu']} (speedup = dense ms / method ms)")
     for key, why in ctx.skipped.items():

@@ -63,20 +63,43 @@ def _git(*args: str) -> str:
     root = repo_root()
     if root is None:
         raise FileNotFoundError("not a source checkout")
-    return subprocess.run(
-        ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
+    return subprocess.run(  # safe.directory: a copied tree may belong to another user
+        ["git", "-c", "safe.directory=*", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
     ).stdout.strip()
 
 
 def commit() -> str:
     """`git rev-parse --short HEAD`, with '+dirty' when tracked files changed; 'unknown'
-    without git. Untracked files (e.g. fresh results) do not count as dirty."""
+    without git. Untracked files (e.g. fresh results) do not count as dirty.
+    TILESPARSE_COMMIT overrides it, for copies of the tree that travel without .git."""
+    if os.environ.get("TILESPARSE_COMMIT"):
+        return os.environ["TILESPARSE_COMMIT"]
     try:
         sha = _git("rev-parse", "--short", "HEAD")
         dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        sha = _head_from_files()
+        return f"{sha}+?" if sha else "unknown"  # no git program: cannot tell if dirty
     return f"{sha}+dirty" if dirty else sha
+
+
+def _head_from_files() -> str | None:
+    """HEAD's short sha read from .git directly (machines without the git program)."""
+    root = repo_root()
+    git_dir = root / ".git" if root else None
+    try:
+        head = (git_dir / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head[:7]
+        ref = head[5:]
+        if (git_dir / ref).is_file():
+            return (git_dir / ref).read_text().strip()[:7]
+        for line in (git_dir / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0][:7]
+    except (OSError, TypeError):
+        return None
+    return None
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float | None:

@@ -36,6 +36,7 @@ class RunContext:
 
     cuda: bool
     stamp: dict  # gpu, torch, triton, commit
+    graph: bool = False  # time from CUDA graph replays (kernel time, no host overhead)
     log: Callable[[str], None] = print
     checkpoint: Callable[[list], None] = lambda rows: None  # called after every shape
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
@@ -122,7 +123,15 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext) -> 
         del out
         if not math.isfinite(err):
             return {"ms": None, "rel_err": err, "note": "error: NaN/Inf in the result; not timed"}
-        ms = bench_ms(fn, cuda=ctx.cuda)
+        note = ""
+        try:
+            ms = bench_ms(fn, cuda=ctx.cuda, graph=ctx.graph)
+        except Exception as exc:
+            if not ctx.graph:
+                raise
+            note = f"graph capture failed ({type(exc).__name__}); timed with do_bench"
+            torch.cuda.synchronize()
+            ms = bench_ms(fn, cuda=ctx.cuda)
     except Exception as exc:  # a peer that fails here is skipped, tilesparse gets an error row
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":
@@ -130,7 +139,8 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext) -> 
             ctx.log(f"  [yellow]skip {method} {op}: {msg}[/]")
             return None
         return {"ms": None, "rel_err": None, "note": f"error: {msg}"}
-    note = "suspect: rel_err above %.0e" % SUSPECT_REL_ERR if err > SUSPECT_REL_ERR else ""
+    if err > SUSPECT_REL_ERR:
+        note = "; ".join(filter(None, [note, f"suspect: rel_err above {SUSPECT_REL_ERR:.0e}"]))
     return {"ms": ms, "rel_err": err, "note": note}
 
 

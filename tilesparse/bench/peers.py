@@ -16,6 +16,7 @@ torch BSR has no sampled product, so no updat and no step.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from .. import ops as ts_ops
 from ..layout import BlockLayout
 
-__all__ = ["Operands", "ADAPTERS", "torch_bsr_available", "stk_available"]
+__all__ = ["Operands", "ADAPTERS", "DESCRIPTIONS", "torch_bsr_available", "stk_available"]
 
 Result = tuple[Optional[Callable[[], object]], Optional[str]]
 
@@ -109,7 +110,10 @@ def _bsr(layout: BlockLayout, values: torch.Tensor) -> torch.Tensor:
     device = values.device
     crow = tables.row_ptr.to(device=device, dtype=torch.int64)
     col = tables.row_cols.to(device=device, dtype=torch.int64)
-    return torch.sparse_bsr_tensor(crow, col, values, size=layout.shape)
+    with warnings.catch_warnings():  # "beta" and "invariant checks disabled": noise, once per case
+        warnings.filterwarnings("ignore", message=".*[Ss]parse BSR tensor support is in beta.*")
+        warnings.filterwarnings("ignore", message=".*[Ss]parse invariant checks are implicitly disabled.*")
+        return torch.sparse_bsr_tensor(crow, col, values, size=layout.shape, check_invariants=False)
 
 
 def torch_bsr(op: str, o: Operands) -> Result:
@@ -186,4 +190,30 @@ ADAPTERS: dict[str, Callable[[str, Operands], Result]] = {
     "dense": dense,
     "torch_bsr": torch_bsr,
     "stk": stk,
+}
+
+# What each method runs, for the JSON sidecar (so a CSV row can be read without this file).
+DESCRIPTIONS = {
+    "tilesparse": {
+        "fprop": "tilesparse.dds(x, values, layout, trans_b=True)",
+        "bprop": "tilesparse.dds(dy, values, layout)",
+        "updat": "tilesparse.sdd(dy, x, layout, trans_a=True)",
+        "step": "autograd: y = block_sparse_linear(x, w, layout); torch.autograd.grad(y, (x, w), dy)",
+    },
+    "dense": {
+        "fprop": "torch.matmul(x, w.t())",
+        "bprop": "torch.matmul(dy, w)",
+        "updat": "torch.matmul(dy.t(), x) (all of [N, K])",
+        "step": "autograd: y = F.linear(x, w); torch.autograd.grad(y, (x, w), dy)",
+    },
+    "torch_bsr": {
+        "fprop": "bsr_dense_mm(W_bsr, x.t()).t()",
+        "bprop": "bsr_dense_mm(WT_bsr, dy.t()).t()",
+    },
+    "stk": {
+        "fprop": "stk.ops.dds(x, W.t())",
+        "bprop": "stk.ops.dds(dy, W)",
+        "updat": "stk.ops.sdd(dy.t(), x, W).data",
+        "step": "the three ops above called in turn (no autograd)",
+    },
 }

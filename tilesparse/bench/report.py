@@ -98,7 +98,7 @@ def plot(rows: list[dict], path: Path, title: str = "") -> Path | None:
     shapes = list(dict.fromkeys((r["dtype"], r["M"], r["N"], r["K"]) for r in sparse))
     ops = list(dict.fromkeys(r["op"] for r in sparse))
     blocks = sorted({r["block"] for r in sparse})
-    colors = {b: plt.cm.viridis(i / max(1, len(blocks) - 1)) for i, b in enumerate(blocks)}
+    colors = {b: plt.cm.tab10(i % 10) for i, b in enumerate(blocks)}
     styles = {"tilesparse": ("-", "o"), "torch_bsr": ("--", "s"), "stk": (":", "^")}
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
