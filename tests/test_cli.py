@@ -63,7 +63,7 @@ def test_bench_cpu_writes_csv_json_png(tmp_path, capsys):
 
     sidecar = json.loads(csvs[0].with_suffix(".json").read_text())
     assert sidecar["gpu"] == "cpu" and sidecar["torch"] == torch.__version__
-    assert sidecar["suite"] == "cpu-reference" and sidecar["rows"] == len(rows)
+    assert sidecar["suite"] == "cpu-reference" and sidecar["rows"] == len(rows) and sidecar["complete"]
     png = csvs[0].with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -106,7 +106,7 @@ def _timing_description(cuda: bool, graph: bool) -> str:
     return "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed; host launch overhead included)"
 
 
-def cmd_bench(args, parser, console) -> int:
+def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     from . import bench
     from .bench import env, report
     from .bench.matmul import RunContext
@@ -144,12 +144,14 @@ def cmd_bench(args, parser, console) -> int:
     console.print(f"suite {label} on {stamp['gpu']}: dtypes {table['dtypes']}, shapes "
                   f"{[f'{m}x{n}x{k}' for m, n, k in table['shapes']]}, blocks {table['blocks']}, "
                   f"densities {table['densities']}, ops {table['ops']}")
+    info = env.environment()  # measures copy bandwidth before the suite, on an idle GPU
+    info.update({"suite": label, "argv": sys.argv[1:] if argv is None else argv, "cases": table,
+                 "complete": False, "rows": None, "csv": csv_path.name, "methods": DESCRIPTIONS,
+                 "timing": _timing_description(cuda, graph)})
+    report.write_json(info, json_path)  # so a run cut short still leaves its environment
     rows = suite.run(label, table, ctx)
     report.write_csv(rows, csv_path)
-    info = env.environment()
-    info.update({"suite": label, "argv": sys.argv[1:], "cases": table, "rows": len(rows),
-                 "skipped_peers": ctx.skipped, "csv": csv_path.name, "methods": DESCRIPTIONS,
-                 "timing": _timing_description(cuda, graph)})
+    info.update({"complete": True, "rows": len(rows), "skipped_peers": ctx.skipped})
     report.write_json(info, json_path)
     report.print_table(rows, console, title=f"{label} on {stamp['gpu']} (speedup = dense ms / method ms)")
     for key, why in ctx.skipped.items():
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=180)
     if args.command == "info":
         return cmd_info(console)
-    return cmd_bench(args, parser, console)
+    return cmd_bench(args, parser, console, argv)
 
 
 if __name__ == "__main__":

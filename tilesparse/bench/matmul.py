@@ -11,6 +11,7 @@ table; flops count the layout's actual blocks.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,7 +39,7 @@ class RunContext:
     stamp: dict  # gpu, torch, triton, commit
     graph: bool = False  # time from CUDA graph replays (kernel time, no host overhead)
     log: Callable[[str], None] = print
-    checkpoint: Callable[[list], None] = lambda rows: None  # called after every shape
+    checkpoint: Callable[[list], None] = lambda rows: None  # called after every case
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
 
 
@@ -172,7 +173,8 @@ def _progress(row: dict) -> str:
 # --------------------------------------------------------------------------- the suite
 
 
-def _run_shape(suite: str, table: dict, dtype_name: str, shape, ctx: RunContext) -> list[dict]:
+def _run_shape(suite: str, table: dict, dtype_name: str, shape, ctx: RunContext, rows: list[dict]) -> None:
+    """Append the rows of one (dtype, shape) to ``rows``, checkpointing after every case."""
     m, n, k = shape
     dtype = DTYPES[dtype_name]
     device = torch.device("cuda" if ctx.cuda else "cpu")
@@ -182,7 +184,7 @@ def _run_shape(suite: str, table: dict, dtype_name: str, shape, ctx: RunContext)
     w_dense = (torch.randn(n, k, generator=gen, device=device, dtype=torch.float32) * k**-0.5).to(dtype)
     x32, dy32, w32 = x.float(), dy.float(), w_dense.float()
     ctx.log(f"[bold]{suite} {dtype_name} M={m} N={n} K={k}[/]")
-    rows, dense_ms = [], {}
+    dense_ms = {}
     dense_ops = Operands(x, dy, None, None, w_dense)
     refs = _references(table["ops"], x32, dy32, w32, lambda d: d)
     for op in table["ops"]:  # dense first: every sparse row's speedup needs it
@@ -214,7 +216,7 @@ def _run_shape(suite: str, table: dict, dtype_name: str, shape, ctx: RunContext)
                     rows.append(row)
                     ctx.log(_progress(row))
             del operands, values, w_sparse32, layout, refs
-    return rows
+            ctx.checkpoint(rows)
 
 
 def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
@@ -222,8 +224,9 @@ def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
     rows: list[dict] = []
     for dtype_name in table["dtypes"]:
         for shape in table["shapes"]:
-            rows.extend(_run_shape(suite, table, dtype_name, shape, ctx))
-            ctx.checkpoint(rows)
+            start = time.perf_counter()
+            _run_shape(suite, table, dtype_name, shape, ctx, rows)
+            ctx.log(f"  ({time.perf_counter() - start:.0f} s)")
             if ctx.cuda:
                 torch.cuda.empty_cache()
     return rows
