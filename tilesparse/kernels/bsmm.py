@@ -160,7 +160,9 @@ class KernelConfig:
 
 
 def _tile(block_size: int) -> int:
-    return max(16, block_size)
+    """Tile side for a block: a power of two (tl.arange needs one) and >= 16 (tl.dot
+    needs every dimension >= 16). Blocks narrower than their tile use masked loads."""
+    return max(16, triton.next_power_of_2(block_size))
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -201,8 +203,9 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
 
 
 def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
-    """TMA when asked for, on sm90+, for b >= 16 and TMA-addressable row-major operands."""
-    if not cfg.tma or block_size < 16 or not bsmm_tma.tma_supported(operands[0].device):
+    """TMA when asked for, on sm90+, for power-of-two b >= 16 and TMA-addressable
+    row-major operands."""
+    if not cfg.tma or _tile(block_size) != block_size or not bsmm_tma.tma_supported(operands[0].device):
         return False
     matrices = [t.view(-1, t.shape[-1]) if t.dim() == 3 else t for t in operands if t is not None]
     return all(bsmm_tma.row_major_tma_ok(t) for t in matrices if t.dim() == 2)

@@ -38,6 +38,7 @@ def _dds_op(
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias), S = (values, meta) on a [block_rows, block_cols] grid."""
     values = values.contiguous()
+    bias = bias.contiguous() if bias is not None else None
     if a.dtype == torch.float64:  # no fp64 tensor-core path: use the reference
         return dds_reference(a, values, meta, bias, block_rows, block_cols, trans)
     return kernels.dds(a, values, meta, bias, block_rows, block_cols, trans)
