@@ -18,7 +18,6 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
-from triton.errors import TritonError
 
 import tilesparse
 from bsmm_cases import LAYOUT_KINDS, dense_of, linear_reference, make_input, make_layout, random_values
@@ -357,36 +356,36 @@ def test_large_index_rows():
     assert torch.equal(y[m // 2], bias.detach())
 
 
-# --------------------------------------------------------------------------- known bugs
+# --------------------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: ops/bsmm.py _dds_op passes a non-contiguous bias to the kernel, which "
-    "reads bias_ptr + column (unit stride assumed)",
-)
 def test_non_contiguous_bias():
+    # Regression: a strided bias was once read with unit stride by the kernel.
     layout, x, weight, _ = _linear_inputs(32, torch.float32, "random", "contiguous", 37)
     bias = torch.randn(2 * OUT_FEATURES, device=DEVICE)[::2]
+    assert not bias.is_contiguous()
     y = tilesparse.block_sparse_linear(x, weight, layout, bias)
     ref_y, *_ = linear_reference(x, weight, layout, bias, torch.zeros_like(y))
     assert_close(y, ref_y, torch.float32, "y with strided bias")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TritonError,
-    reason="BUG: kernels/bsmm.py _tile() is max(16, b); tl.arange needs a power of 2, so "
-    "block sizes like 24 or 48 (accepted by BlockLayout, fine on CPU) fail to compile",
-)
-def test_non_power_of_two_block_size():
-    b, features = 48, 768  # 768 = 16 * 48
-    layout = tilesparse.layouts.random(features, features, b, 0.25, seed=0)
-    x = torch.randn(37, features, device=DEVICE)
-    weight = random_values(layout, torch.float32, DEVICE)
-    y = tilesparse.block_sparse_linear(x, weight, layout)
-    assert_close(y, x.double().cpu() @ dense_of(weight, layout).t(), torch.float32, "b=48")
+# Regression: block sizes that are not powers of two (accepted by BlockLayout) once
+# failed to compile; they run on the next power-of-two tile, masked. 12 < 16; 24 and 48
+# between powers of two. Features 768 divide by all three.
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [12, 24, 48], ids=lambda b: f"b{b}")
+def test_non_power_of_two_block_sizes(block_size, dtype):
+    features = 768
+    layout = make_layout("empty_rows_cols", features // block_size, features // block_size, block_size)
+    x = make_input("contiguous", 1000, features, dtype, DEVICE)
+    weight = random_values(layout, dtype, DEVICE).requires_grad_()
+    bias = torch.randn(features, device=DEVICE).to(dtype).requires_grad_()
+    y = tilesparse.block_sparse_linear(x, weight, layout, bias)
+    grad_y = torch.randn(y.shape, device=DEVICE).to(dtype)
+    dx, dw, db = torch.autograd.grad(y, (x, weight, bias), grad_y)
+    ref = linear_reference(x, weight, layout, bias, grad_y)
+    for name, got, want in zip(("y", "dx", "dweight", "dbias"), (y, dx, dw, db), ref):
+        assert_close(got, want, dtype, name)
 
 
 def test_block_layout_from_cuda_mask():

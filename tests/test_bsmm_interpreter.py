@@ -17,7 +17,6 @@ import dataclasses
 
 import pytest
 import torch
-from triton.runtime.errors import InterpreterError
 
 from bsmm_cases import LAYOUT_KINDS, dense_of, make_layout, random_values
 from tilesparse import BlockLayout
@@ -215,34 +214,31 @@ def test_sdd_zero_reduction_length_is_zero():
     assert torch.equal(out, torch.zeros(layout.nnz, 16, 16))
 
 
-# --------------------------------------------------------------------------- known bugs
+# --------------------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: ops/bsmm.py _dds_op hands a non-contiguous bias to kernels.dds, whose "
-    "kernel reads bias_ptr + column (unit stride assumed); the GPU path returns wrong sums",
-)
 def test_op_cuda_body_with_non_contiguous_bias():
-    # _dds_op's own body is the CUDA implementation (the CPU one is the registered
-    # reference); calling it on CPU tensors runs the Triton kernel under the interpreter.
+    # Regression: _dds_op once handed a strided bias to the kernel, which reads
+    # bias_ptr + column. _dds_op's own body is the CUDA implementation (the CPU one is
+    # the registered reference); calling it on CPU tensors runs the Triton kernel here.
     from tilesparse.ops import bsmm as ops
 
     layout = make_layout("random", *GRID, 16)
     a, values, _ = dds_inputs(layout, 37, torch.float32, True, False)
     bias = torch.randn(2 * layout.shape[0])[::2]
+    assert not bias.is_contiguous()
     out = ops._dds_op._init_fn(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, True)
     assert_close(out, dds_expected(layout, a, values, bias, True), torch.float32, "dds with strided bias")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InterpreterError,
-    reason="BUG: BlockLayout accepts any block_size but kernels/bsmm.py _tile() returns "
-    "max(16, b), and tl.arange needs a power of 2: b=24 fails to compile (the CPU path works)",
-)
-def test_dds_non_power_of_two_block_size():
-    layout = make_layout("random", 2, 2, 24)
-    a, values, bias = dds_inputs(layout, 5, torch.float32, True, True)
-    check_dds(layout, a, values, bias, True, torch.float32)
+# Regression: block sizes that are not powers of two once failed to compile (tl.arange
+# needs a power of two); they now run on the next power-of-two tile, masked. 12 (< 16),
+# 24 and 48 (between powers of two).
+@pytest.mark.parametrize("block_size", [12, 24, 48], ids=lambda b: f"b{b}")
+def test_non_power_of_two_block_sizes(block_size):
+    layout = make_layout("empty_rows_cols", 3, 2, block_size)
+    rows, cols = layout.shape
+    for trans in (True, False):
+        a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+        check_dds(layout, a, values, bias, trans, torch.float32)
+    check_sdd(layout, torch.randn(rows, 37), torch.randn(37, cols), torch.float32)

@@ -82,6 +82,13 @@ def test_linear_without_bias(dtype, layout_kind):
     _check_linear(layout, x, weight, bias, dtype)
 
 
+# Block sizes that are not powers of two are valid layouts: the CPU path takes any b.
+@pytest.mark.parametrize("block_size", [1, 3, 12, 24], ids=lambda b: f"b{b}")
+def test_linear_odd_block_sizes(block_size):
+    layout, x, weight, bias = _linear_case(block_size, torch.float64, "empty_rows_cols", "contiguous", 37)
+    _check_linear(layout, x, weight, bias, torch.float64)
+
+
 def test_linear_empty_layout_is_bias_broadcast():
     layout = make_layout("empty", *GRID, 8)
     x = torch.randn(4, layout.shape[1])
