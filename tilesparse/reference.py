@@ -49,14 +49,16 @@ def dds_reference(
     in_blocks, out_blocks, n_in, n_out = (
         (cols, rows, block_cols, block_rows) if trans else (rows, cols, block_rows, block_cols)
     )
-    a_blocks = a.to(cd).reshape(m, n_in, b)
-    out = torch.zeros(m, n_out, b, dtype=cd, device=a.device)
+    # Block-major copies, so that each gather below reads contiguous [m, b] slabs.
+    a_blocks = a.to(cd).reshape(m, n_in, b).transpose(0, 1).contiguous()  # [n_in, m, b]
+    out = torch.zeros(n_out, m, b, dtype=cd, device=a.device)
     for part in _chunks(values.shape[0], m * b):
         v = values[part].to(cd)
         if trans:
             v = v.transpose(1, 2)
-        out.index_add_(1, out_blocks[part], torch.einsum("mzk,zkn->mzn", a_blocks[:, in_blocks[part]], v))
-    out = out.reshape(m, n_out * b)
+        # torch.bmm, not einsum: einsum is ~30x slower on small CPU batches (torch 2.13).
+        out.index_add_(0, out_blocks[part], torch.bmm(a_blocks[in_blocks[part]], v))
+    out = out.transpose(0, 1).reshape(m, n_out * b)
     if bias is not None:
         out += bias.to(cd)
     return out.to(a.dtype)
@@ -76,8 +78,8 @@ def sdd_reference(
     m = a.shape[1]
     cd = _compute_dtype(a.dtype)
     a_blocks = a.to(cd).reshape(block_rows, block_size, m)
-    b_blocks = b.to(cd).reshape(m, block_cols, block_size)
+    b_blocks = b.to(cd).reshape(m, block_cols, block_size).transpose(0, 1).contiguous()  # [C, m, b]
     out = torch.empty(rows.numel(), block_size, block_size, dtype=cd, device=a.device)
     for part in _chunks(rows.numel(), m * block_size):
-        out[part] = torch.einsum("zim,mzj->zij", a_blocks[rows[part]], b_blocks[:, cols[part]])
+        out[part] = torch.bmm(a_blocks[rows[part]], b_blocks[cols[part]])
     return out.to(a.dtype)
