@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call: GPU tests (sharded over processes so kernels compile in parallel),
+# host-overhead profile, config sweep. Everything lands under $OUT (at most 8 files).
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+SHARDS=${SHARDS:-8}
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  start=$(date +%s)
+  for i in $(seq 0 $((SHARDS - 1))); do
+    TILESPARSE_SHARD=$i/$SHARDS python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > /tmp/gpu_tests_$i.log 2>&1 &
+  done
+  wait
+  cat /tmp/gpu_tests_*.log > "$OUT/gpu_tests.log"
+  echo "GPU tests: $(( $(date +%s) - start )) s"; grep -hE "passed|failed|error" /tmp/gpu_tests_*.log | tail -n $SHARDS
+fi
+[ "${PROFILE:-1}" = 1 ] && python3 scripts/profile_host.py > "$OUT/profile.txt" 2>&1 && head -3 "$OUT/profile.txt"
+[ -n "${TUNE_ARGS:-}" ] && python3 scripts/tune_bsmm.py $TUNE_ARGS --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | tail -n 30
+exit 0
