@@ -217,17 +217,16 @@ def test_sdd_zero_reduction_length_is_zero():
 # --------------------------------------------------------------------------- regressions
 
 
-def test_op_cuda_body_with_non_contiguous_bias():
-    # Regression: _dds_op once handed a strided bias to the kernel, which reads
-    # bias_ptr + column. _dds_op's own body is the CUDA implementation (the CPU one is
-    # the registered reference); calling it on CPU tensors runs the Triton kernel here.
-    from tilesparse.ops import bsmm as ops
+def test_launcher_with_non_contiguous_bias():
+    # Regression: a strided bias once reached the kernel, which reads bias_ptr + column;
+    # the launcher now makes bias (and values) contiguous.
+    from tilesparse.kernels import bsmm as kernels
 
     layout = make_layout("random", *GRID, 16)
     a, values, _ = dds_inputs(layout, 37, torch.float32, True, False)
     bias = torch.randn(2 * layout.shape[0])[::2]
     assert not bias.is_contiguous()
-    out = ops._dds_op._init_fn(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, True)
+    out = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, True)
     assert_close(out, dds_expected(layout, a, values, bias, True), torch.float32, "dds with strided bias")
 
 

@@ -157,12 +157,8 @@ def test_sdd_errors(f, call, exc, pattern):
         call(f)
 
 
-@pytest.mark.skip(
-    reason="x on 'meta' cannot simulate a device mismatch: block_sparse_linear's autocast "
-    "probe, torch.is_autocast_enabled('meta'), raises RuntimeError before the device "
-    "check runs; real devices (cpu/cuda) are fine, and the weight/bias cases cover the check"
-)
 def test_block_sparse_linear_x_on_other_device(f):
+    # Devices are checked before the autocast probe (which has no 'meta' device type).
     with pytest.raises(ValueError, match=r"weight is on cpu but x is on meta"):
         linear(f, x=meta(f.x))
 

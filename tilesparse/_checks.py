@@ -27,12 +27,16 @@ def check_tensor(t, name: str, *, dim: int | None = None, min_dim: int | None = 
     return t
 
 
+def check_same_device(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; they must match")
+
+
 def check_same(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> None:
     """``t`` must share ``ref``'s dtype and device."""
     if t.dtype != ref.dtype:
         raise TypeError(f"{name} has dtype {t.dtype} but {ref_name} has {ref.dtype}; they must match")
-    if t.device != ref.device:
-        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}; they must match")
+    check_same_device(t, name, ref, ref_name)
 
 
 def check_values(values, layout: BlockLayout, name: str = "weight") -> torch.Tensor:

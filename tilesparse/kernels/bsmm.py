@@ -227,6 +227,8 @@ def dds(
     trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)
     """
     b = values.shape[-1]
+    values = values.contiguous()  # the kernels address blocks as slot * b * b
+    bias = bias.contiguous() if bias is not None else None  # and bias as bias_ptr + column
     tables = split_meta(meta, block_rows, block_cols)
     if trans:
         ptr, idx, slot, n_out = tables.row_ptr, tables.row_cols, None, block_rows
