@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..layout import split_meta
+from ..layout import table_views
 from . import bsmm_tma
 from ._alloc import new_output
 
@@ -180,30 +180,31 @@ def _sm_count(device: torch.device) -> int:
 
 
 def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
-    """Deterministic heuristic config for dds, from the H200 sweep of 2026-11-29
-    (docs/performance.md): TMA tiles of 128 rows for blocks >= 32 in 16-bit types."""
+    """Deterministic heuristic config for dds, from the H200 sweeps of 2026-11-29
+    (docs/performance.md): 128-row tiles, 4 warps, 4 stages for 16-bit types; TMA only
+    at b = 128 (at b = 64 the pointer kernel was as fast at density 0.5 and faster at 0.05)."""
     tile = _tile(block_size)
     block_m = 128 if m >= 128 else max(16, triton.next_power_of_2(m))
     wide = dtype != torch.float32
     block_k = min(tile, 64 if wide else 32)  # fp32 tiles are twice the bytes: halve k
     num_warps = 8 if block_m * tile >= 128 * 128 and not wide else 4
     stages = 4 if wide and tile >= 64 else 3
-    return KernelConfig(block_m, block_k, num_warps, stages, tma=wide and tile >= 32)
+    return KernelConfig(block_m, block_k, num_warps, stages, tma=wide and tile >= 128)
 
 
 def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: torch.device) -> KernelConfig:
     """Deterministic heuristic config for sdd. The M reduction is split only when the
-    layout has fewer blocks than the GPU has SMs: on the H200, splitting 102 blocks of
-    128 three ways cost 0.099 ms against 0.059 ms unsplit (the fp32 workspace traffic)."""
+    layout has far fewer blocks than the GPU has SMs: on the H200, splitting 51 blocks
+    of 128 three ways ran at 0.060 ms against 0.054 ms unsplit (fp32 workspace traffic)."""
     tile = _tile(block_size)
     wide = dtype != torch.float32
     block_m = 128 if tile == 32 and wide else (64 if wide else 32)
-    num_warps = 8 if tile >= 128 else 4
+    stages = 4 if wide and tile >= 64 else 3
     sms = _sm_count(device)
     splits = 1
-    if nnz < sms:
+    if 4 * nnz < sms:
         splits = max(1, min(triton.cdiv(sms, max(1, nnz)), m // (8 * block_m)))
-    return KernelConfig(block_m, tile, num_warps, 3, splits=splits, tma=wide)
+    return KernelConfig(block_m, tile, 4, stages, splits=splits, tma=wide)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -236,11 +237,11 @@ def dds(
     b = values.shape[-1]
     values = values.contiguous()  # the kernels address blocks as slot * b * b
     bias = bias.contiguous() if bias is not None else None  # and bias as bias_ptr + column
-    tables = split_meta(meta, block_rows, block_cols)
     if trans:
-        ptr, idx, slot, n_out = tables.row_ptr, tables.row_cols, None, block_rows
+        (ptr, idx), slot, n_out = table_views(meta, block_rows, block_cols, "row_ptr", "row_cols"), None, block_rows
     else:
-        ptr, idx, slot, n_out = tables.col_ptr, tables.col_rows, tables.col_slot, block_cols
+        ptr, idx, slot = table_views(meta, block_rows, block_cols, "col_ptr", "col_rows", "col_slot")
+        n_out = block_cols
     m = a.shape[0]
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
@@ -282,8 +283,8 @@ def sdd(
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
     """
-    tables = split_meta(meta, block_rows, block_cols)
-    nnz = tables.row_cols.numel()
+    row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
+    nnz = row_cols.numel()
     m = a.shape[1]
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
@@ -296,12 +297,12 @@ def sdd(
     )
     if _use_tma(cfg, block_size, a.t(), b):
         bsmm_tma.launch_sdd(
-            a.t(), b, out, tables.row_of, tables.row_cols, m, m_per_split, nnz, splits, cfg, block_size,
+            a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size,
             _input_precision(a.dtype),
         )
     else:
         _sdd_kernel[(nnz, splits)](
-            a, b, out, tables.row_of, tables.row_cols,
+            a, b, out, row_of, row_cols,
             m, m_per_split, nnz,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
