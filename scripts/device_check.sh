@@ -21,5 +21,13 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "GPU tests: $(( $(date +%s) - start )) s"; grep -hE "passed|failed|error" /tmp/gpu_tests_*.log | tail -n $SHARDS
 fi
 [ "${PROFILE:-1}" = 1 ] && python3 scripts/profile_host.py > "$OUT/profile.txt" 2>&1 && head -3 "$OUT/profile.txt"
+if [ "${BENCH:-0}" = 1 ]; then
+  # The suite (eager timing, peers side by side), then kernel-only timing of the main
+  # shape by CUDA-graph replay. TILESPARSE_COMMIT names the commit (the copy has no history).
+  timeout "${BENCH_TIMEOUT:-330}" python3 -m tilesparse bench --out "$OUT" > /tmp/bench.log 2>&1
+  echo "bench rc=$?"; tail -n 25 /tmp/bench.log
+  timeout "${GRAPH_TIMEOUT:-150}" python3 -m tilesparse bench --cuda-graph --shape 8192x4096x4096 --no-plot --out "$OUT" > /tmp/bench_graph.log 2>&1
+  echo "graph bench rc=$?"; tail -n 25 /tmp/bench_graph.log
+fi
 [ -n "${TUNE_ARGS:-}" ] && python3 scripts/tune_bsmm.py $TUNE_ARGS --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | tail -n 30
 exit 0
