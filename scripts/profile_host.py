@@ -33,6 +33,38 @@ def host_us(fn, n: int = 200) -> float:
     return host
 
 
+def breakdown(dev, dt) -> None:
+    """Host cost of each layer on a problem too small to keep the GPU busy, so the loop
+    time is the host's."""
+    from tilesparse.kernels import bsmm as K
+    from tilesparse.ops import bsmm as O
+
+    layout = ts.layouts.random(1024, 1024, 128, 0.25, device=dev)
+    w = torch.randn(layout.nnz, 128, 128, device=dev, dtype=dt, requires_grad=True)
+    x = torch.randn(256, 1024, device=dev, dtype=dt, requires_grad=True)
+    dy = torch.randn(256, 1024, device=dev, dtype=dt)
+    wd = torch.randn(1024, 1024, device=dev, dtype=dt, requires_grad=True)
+    meta, r, c = layout.meta, layout.block_rows, layout.block_cols
+    ptr_cfg = K.KernelConfig(128, 64, 4, 4)
+    tma_cfg = K.KernelConfig(128, 64, 4, 4, tma=True)
+    xd, wdt = x.detach(), w.detach()
+    cases = {
+        "empty_like (floor)": lambda: torch.empty_like(xd),
+        "dense matmul": lambda: xd @ wd.detach().t(),
+        "kernels.dds pointer": lambda: K.dds(xd, wdt, meta, None, r, c, True, ptr_cfg),
+        "kernels.dds tma": lambda: K.dds(xd, wdt, meta, None, r, c, True, tma_cfg),
+        "kernels.dds default": lambda: K.dds(xd, wdt, meta, None, r, c, True),
+        "kernels.sdd default": lambda: K.sdd(dy.t(), xd, meta, 128, r, c),
+        "Function.apply (no grad)": lambda: O._dds_eager(xd, wdt, meta, None, r, c, True),
+        "custom op (no grad)": lambda: O._dds_op(xd, wdt, meta, None, r, c, True),
+        "block_sparse_linear": lambda: ts.block_sparse_linear(x, w, layout),
+        "sparse step": lambda: torch.autograd.grad(ts.block_sparse_linear(x, w, layout), (x, w), dy),
+        "dense step": lambda: torch.autograd.grad(torch.nn.functional.linear(x, wd), (x, wd), dy),
+    }
+    for name, fn in cases.items():
+        print(f"  host {name:26s} {host_us(fn, 500):8.1f} us/call")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="8192x4096x4096")
@@ -56,6 +88,7 @@ def main() -> None:
     for name, fn in (("fprop", fprop), ("step", step)):
         gpu_ms = triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
         print(f"{name}: host {host_us(fn):8.1f} us/call, graph-replayed GPU time {gpu_ms * 1e3:8.1f} us")
+    breakdown(dev, dt)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(100):

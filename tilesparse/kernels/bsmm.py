@@ -29,6 +29,7 @@ import triton.language as tl
 from ..layout import table_views
 from . import bsmm_tma
 from ._alloc import new_output
+from ._device import sm_count
 
 
 @triton.jit
@@ -173,12 +174,6 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     """Deterministic heuristic config for dds, from the H200 sweeps of 2026-11-29
     (docs/performance.md): 128-row tiles, 4 warps, 4 stages for 16-bit types; TMA only
@@ -200,7 +195,7 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
     wide = dtype != torch.float32
     block_m = 128 if tile == 32 and wide else (64 if wide else 32)
     stages = 4 if wide and tile >= 64 else 3
-    sms = _sm_count(device)
+    sms = sm_count(device)
     splits = 1
     if 4 * nnz < sms:
         splits = max(1, min(triton.cdiv(sms, max(1, nnz)), m // (8 * block_m)))
@@ -251,7 +246,7 @@ def dds(
     if _use_tma(cfg, b, a, values, c, bias):
         programs = num_tiles
         if cfg.programs_per_sm:
-            programs = min(num_tiles, cfg.programs_per_sm * _sm_count(a.device))
+            programs = min(num_tiles, cfg.programs_per_sm * sm_count(a.device))
         bsmm_tma.launch_dds(
             a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, _input_precision(a.dtype), programs, cfg.flatten
         )

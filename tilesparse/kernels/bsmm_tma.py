@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._device import capability_major
+
 
 @triton.jit
 def _dds_tma_kernel(
@@ -92,7 +94,7 @@ def _sdd_tma_kernel(
 
 def tma_supported(device: torch.device) -> bool:
     """TMA needs a Hopper-class GPU (compute capability >= 9)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return capability_major(device) >= 9
 
 
 def row_major_tma_ok(t: torch.Tensor) -> bool:

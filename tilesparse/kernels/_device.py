@@ -1,0 +1,31 @@
+"""Device facts the launchers consult on every call, read once per device.
+
+torch.cuda.get_device_capability / get_device_properties cost microseconds per call;
+on a launch path that runs three times per training step that adds up (see
+docs/performance.md, host overhead)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_facts(index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.major, props.multi_processor_count
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 for any other device)."""
+    return _cuda_facts(_index(device))[1] if device.type == "cuda" else 1
+
+
+def capability_major(device: torch.device) -> int:
+    """Major compute capability of a CUDA device (0 for any other device)."""
+    return _cuda_facts(_index(device))[0] if device.type == "cuda" else 0
