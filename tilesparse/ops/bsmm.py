@@ -1,9 +1,11 @@
 """Registered block-sparse matmul ops, their autograd, and the public functions.
 
-Layers: Triton kernels (:mod:`tilesparse.kernels.bsmm`) -> ``torch.library`` custom
-ops ``tilesparse::dds`` and ``tilesparse::sdd`` (a CUDA kernel, a CPU reference
-kernel and a fake, so ``torch.compile(fullgraph=True)`` traces them) -> autograd
-that closes over the same two ops -> public functions below.
+Layers: Triton kernels (:mod:`tilesparse.kernels.bsmm`) or the PyTorch reference,
+picked by device -> ``torch.library`` custom ops ``tilesparse::dds`` and
+``tilesparse::sdd`` with fakes, so ``torch.compile(fullgraph=True)`` traces them ->
+autograd that closes over the same two products -> public functions below. In eager
+mode the same impls and gradients run through plain ``autograd.Function``s, which cost
+less host time per call than the custom-op dispatch.
 
 Names follow stk: the letters give the density of output, lhs and rhs
 (s = block-sparse, d = dense).
