@@ -4,8 +4,8 @@ Layers: Triton kernels (:mod:`tilesparse.kernels.bsmm`) or the PyTorch reference
 picked by device -> ``torch.library`` custom ops ``tilesparse::dds`` and
 ``tilesparse::sdd`` with fakes, so ``torch.compile(fullgraph=True)`` traces them ->
 autograd that closes over the same two products -> public functions below. In eager
-mode the same impls and gradients run through plain ``autograd.Function``s, which cost
-less host time per call than the custom-op dispatch.
+mode the same impls and gradients run through plain ``autograd.Function``s instead of
+the custom-op dispatch (see _DdsFunction for what was measured).
 
 Names follow stk: the letters give the density of output, lhs and rhs
 (s = block-sparse, d = dense).
@@ -146,8 +146,11 @@ _sdd_op.register_autograd(
 class _DdsFunction(torch.autograd.Function):
     """Eager twin of tilesparse::dds: the same impl and gradients without the custom-op
     dispatch. Old-style forward(ctx, ...): the new style binds arguments with
-    inspect.signature on every call. Together these cost ~0.3 ms of host time per call
-    (torch 2.11, measured on the H200)."""
+    inspect.signature on every call. Why a twin: a cProfile of the step on the H200
+    charged ~0.3 ms per call to the custom-op layer; a later direct timing (no grad,
+    scripts/profile_host.py) did not confirm it (111 µs via the op, 154 µs via this
+    Function, noisy). Kept because it keeps eager backward off the dispatcher; to be
+    re-measured with the host-overhead work (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, a, values, meta, bias, block_rows, block_cols, trans):
@@ -177,7 +180,7 @@ _sdd_eager = _SddFunction.apply
 
 
 def _dds(a, values, meta, bias, block_rows, block_cols, trans):
-    """The registered op under torch.compile; the cheaper autograd.Function in eager mode."""
+    """The registered op under torch.compile; the autograd.Function in eager mode."""
     if torch.compiler.is_compiling():
         return _dds_op(a, values, meta, bias, block_rows, block_cols, trans)
     return _dds_eager(a, values, meta, bias, block_rows, block_cols, trans)
