@@ -1,8 +1,19 @@
-"""Sparsity recipes on top of the block-sparse modules: per-block gates for learned sparsity."""
+"""Sparsity recipes on top of the block-sparse modules: converting dense models
+(:func:`sparsify`), block group lasso, and per-block gates for learned sparsity."""
 
+from .convert import ConvertedModule, SparsifyReport, convertible_linears, sparsify
 from .gates import GatedBlockSparseLinear, HardConcreteGate, gated_block_sparse_linear, l0_penalty
+from .group_lasso import block_norms, dense_block_norms, dense_group_lasso, group_lasso
 
 __all__ = [
+    "sparsify",
+    "SparsifyReport",
+    "ConvertedModule",
+    "convertible_linears",
+    "group_lasso",
+    "block_norms",
+    "dense_group_lasso",
+    "dense_block_norms",
     "GatedBlockSparseLinear",
     "HardConcreteGate",
     "gated_block_sparse_linear",
