@@ -39,11 +39,13 @@ def dense_reference(x, weight, gates, layout, bias):
 
 class TestGatedProduct:
     def test_gradcheck(self):
-        layout = layouts.random(OUT, IN, B, 0.5, seed=2)
-        x = torch.randn(3, IN, dtype=F64, requires_grad=True)
-        weight = torch.randn(layout.nnz, B, B, dtype=F64, requires_grad=True)
+        # Smaller than the other cases (a 3 x 2 grid of 4 x 4 blocks): gradcheck perturbs
+        # every input element, and one block left out still covers the sparse case.
+        layout = layouts.random(12, 8, 4, 5 / 6, seed=2)
+        x = torch.randn(3, 8, dtype=F64, requires_grad=True)
+        weight = torch.randn(layout.nnz, 4, 4, dtype=F64, requires_grad=True)
         gates = torch.rand(layout.nnz, dtype=F64, requires_grad=True)
-        bias = torch.randn(OUT, dtype=F64, requires_grad=True)
+        bias = torch.randn(12, dtype=F64, requires_grad=True)
         fn = lambda x, w, g, b: gated_block_sparse_linear(x, w, g, layout, b)  # noqa: E731
         assert torch.autograd.gradcheck(fn, (x, weight, gates, bias))
 
