@@ -467,4 +467,8 @@ def test_generators_reject_bad_block_size(generator, block_size):
 
 def test_public_namespace():
     assert tilesparse.layouts is layouts
-    assert set(layouts.__all__) == {"random", "balanced", "from_dense"}
+    assert set(layouts.__all__) == {
+        "random", "balanced", "from_dense", "small_world", "barabasi_albert", "banded", "block_diagonal", "plot",
+    }
+    for name in layouts.__all__:
+        assert callable(getattr(layouts, name))

@@ -1,10 +1,14 @@
 """tilesparse: GPU kernels for block-sparse weights in PyTorch, written in Triton."""
 
-from . import layouts
+from . import layouts, sparsity
 from .layout import BlockLayout
 from .nn import BlockSparseLinear
 from .ops import block_sparse_linear, dds, dsd, sdd
+from .sparsity import sparsify
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockLayout", "BlockSparseLinear", "block_sparse_linear", "dds", "dsd", "sdd", "layouts", "__version__"]
+__all__ = [
+    "BlockLayout", "BlockSparseLinear", "block_sparse_linear", "dds", "dsd", "sdd", "sparsify",
+    "layouts", "sparsity", "__version__",
+]

@@ -1,5 +1,6 @@
-"""The `tilesparse` command: `info` (versions, device, active paths) and `bench`
-(timing suites against dense cuBLAS and other block-sparse libraries).
+"""The `tilesparse` command: `info` (versions, device, active paths), `bench`
+(timing suites against dense cuBLAS and other block-sparse libraries) and `demo`
+(dense vs wider block-sparse language model at equal parameters).
 
     tilesparse info
     tilesparse bench                         # 'large' suite on a GPU; a CPU smoke run without one
@@ -71,7 +72,43 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cuda-graph", action="store_true",
                    help="time CUDA graph replays (kernel time without host launch overhead, no L2 flush); "
                    "the suite label gets '-graph'")
+    d = sub.add_parser("demo", help="dense vs wider block-sparse byte-level LM at equal parameters",
+                       description="Train a dense byte-level GPT and one whose MLPs are block-sparse and wider "
+                       "by 1/density (equal stored parameters), on the same bytes for the same steps, and "
+                       "compare validation bits per byte.")
+    d.add_argument("--model", default="gpt", choices=["gpt"],
+                   help="gpt: block-sparse MLPs (an LSTM comes with the block-sparse LSTM cell)")
+    d.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
+                   help="cpu: a few minutes on 2 cores (default); gpu: the real comparison on one GPU")
+    d.add_argument("--data", default=None, help="a text or bytes file (default: the Python stdlib sources)")
+    d.add_argument("--steps", type=_positive_int, default=None, help="override the preset's training steps")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
+    d.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def cmd_demo(args, parser, console) -> int:
+    from .demo import run_demo
+
+    if args.preset == "gpu" and not __import__("torch").cuda.is_available():
+        parser.error("--preset gpu needs a CUDA device")
+    try:
+        run_demo(preset=args.preset, data=args.data, steps=args.steps, seed=args.seed, out=args.out,
+                 plot=not args.no_plot, console=console)
+    except (FileNotFoundError, ValueError) as exc:
+        parser.error(str(exc))
+    return 0
 
 
 # --------------------------------------------------------------------------- info
@@ -179,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(width=180)
     if args.command == "info":
         return cmd_info(console)
+    if args.command == "demo":
+        return cmd_demo(args, parser, console)
     return cmd_bench(args, parser, console, argv)
 
 

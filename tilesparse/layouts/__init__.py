@@ -17,6 +17,4 @@ from .magnitude import from_dense
 from .plotting import plot
 from .uniform import balanced, random
 
-# TODO: add "small_world", "barabasi_albert", "banded", "block_diagonal", "plot" together
-# with tests/test_layout.py::test_public_namespace, which pins this list.
-__all__ = ["random", "balanced", "from_dense"]
+__all__ = ["random", "balanced", "from_dense", "small_world", "barabasi_albert", "banded", "block_diagonal", "plot"]

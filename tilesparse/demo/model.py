@@ -1,0 +1,82 @@
+"""A small byte-level GPT whose MLPs are dense or block-sparse.
+
+At equal parameter count the sparse variant keeps the model width and attention, and
+widens each MLP's hidden layer by 1 / density, so its stored (nonzero) MLP weights
+match the dense model's: the paper's "wider but sparse" at the MLPs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..nn import BlockSparseLinear
+
+
+def sparse_hidden(dense_hidden: int, density: float, block_size: int) -> int:
+    """Hidden width whose ``density`` fraction equals ``dense_hidden``, in whole blocks."""
+    return max(block_size, round(dense_hidden / density / block_size) * block_size)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, hidden: int, *, block_size: int | None, density: float | None, seed: int):
+        super().__init__()
+        if density is None:
+            self.up, self.down = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
+        else:
+            self.up = BlockSparseLinear(d_model, hidden, block_size=block_size, density=density, seed=seed)
+            self.down = BlockSparseLinear(hidden, d_model, block_size=block_size, density=density, seed=seed + 1)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, mlp: MLP):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = mlp
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class ByteGPT(nn.Module):
+    """Next-byte model over 256 symbols with learned positions and a tied output layer."""
+
+    def __init__(self, *, d_model: int, n_layers: int, n_heads: int, context: int, mlp_hidden: int,
+                 block_size: int | None = None, density: float | None = None, seed: int = 0):
+        super().__init__()
+        self.embed = nn.Embedding(256, d_model)
+        self.pos = nn.Parameter(torch.zeros(context, d_model))
+        self.blocks = nn.ModuleList(
+            Block(d_model, n_heads, MLP(d_model, mlp_hidden, block_size=block_size, density=density, seed=seed + 2 * i))
+            for i in range(n_layers)
+        )
+        self.ln_f = nn.LayerNorm(d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+
+    def forward(self, idx):
+        x = self.embed(idx) + self.pos[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x) @ self.embed.weight.t()
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(dense-equivalent parameters, stored parameters). A block-sparse layer stores only
+    its blocks; its dense equivalent is in_features x out_features."""
+    stored = sum(p.numel() for p in model.parameters())
+    dense_equivalent = stored
+    for module in model.modules():
+        if isinstance(module, BlockSparseLinear):
+            dense_equivalent += module.in_features * module.out_features - module.weight.numel()
+    return dense_equivalent, stored

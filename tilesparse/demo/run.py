@@ -1,0 +1,127 @@
+"""Run the demo: train a dense and a sparse-wide model with equal stored parameters on
+the same bytes for the same steps, and report validation bits per byte."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as _dt
+import json
+from pathlib import Path
+
+import torch
+
+from . import corpus as corpus_mod
+from .model import ByteGPT, parameter_counts, sparse_hidden
+from .presets import PRESETS
+from .train import train
+
+COLUMNS = ["suite", "model", "variant", "params", "nonzero_params", "hidden", "density", "block", "steps",
+           "wall_s", "val_bpc", "tokens_per_s", "device"]
+
+
+def _models(cfg: dict, seed: int):
+    dense_hidden = 4 * cfg["d_model"]
+    common = dict(d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], context=cfg["context"])
+    wide = sparse_hidden(dense_hidden, cfg["density"], cfg["block_size"])
+    torch.manual_seed(seed)
+    dense = ByteGPT(mlp_hidden=dense_hidden, seed=seed, **common)
+    torch.manual_seed(seed)
+    sparse = ByteGPT(mlp_hidden=wide, block_size=cfg["block_size"], density=cfg["density"], seed=seed, **common)
+    return [("dense", dense, dense_hidden, 1.0, 0), ("sparse", sparse, wide, cfg["density"], cfg["block_size"])]
+
+
+def _plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_step, ax_wall) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in results:
+        label = f"{r['variant']} (hidden {r['hidden']}, density {r['density']:g})"
+        ax_step.plot(r["curve"]["steps"], r["curve"]["val_bpc"], marker="o", label=label)
+        ax_wall.plot(r["curve"]["wall_s"], r["curve"]["val_bpc"], marker="o", label=label)
+    ax_step.set_xlabel("step")
+    ax_wall.set_xlabel("training wall time (s)")
+    for ax in (ax_step, ax_wall):
+        ax.set_ylabel("validation bits per byte")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_demo(*, preset: str = "cpu", data: str | None = None, steps: int | None = None, seed: int = 0,
+             out: Path | None = None, plot: bool = True, console=None) -> list[dict]:
+    """Train both variants and write <date>-<device>-demo.{csv,json,png} under ``out``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ..bench import env
+
+    console = console or Console()
+    cfg = dict(PRESETS[preset])
+    if steps is not None:
+        cfg["steps"] = steps
+        cfg["eval_every"] = min(cfg["eval_every"], steps)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    else:
+        autocast = contextlib.nullcontext
+    if preset != "gpu":
+        console.print("[yellow]Preset 'cpu': a small run that shows both models learning. The real "
+                      "comparison needs a GPU: tilesparse demo --preset gpu[/]")
+    text = corpus_mod.load(data, cfg["corpus_bytes"])
+    console.print(f"corpus: {text.description}; train {len(text.train)} / val {len(text.val)} bytes; "
+                  f"device {env.device_name()}; both models train {cfg['steps']} steps on the same batches")
+    results = []
+    columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        for variant, model, hidden, density, block in _models(cfg, seed):
+            model.to(device)
+            curve = train(model, text, cfg, device, autocast, progress, f"{variant:6s}", seed)
+            params, nonzero = parameter_counts(model)
+            tokens = cfg["steps"] * cfg["batch_size"] * cfg["context"]
+            results.append({
+                "suite": "demo", "model": "gpt", "variant": variant, "params": params, "nonzero_params": nonzero,
+                "hidden": hidden, "density": density, "block": block, "steps": cfg["steps"],
+                "wall_s": round(curve.wall_s[-1], 3), "val_bpc": round(curve.val_bpc[-1], 4),
+                "tokens_per_s": round(tokens / max(curve.wall_s[-1], 1e-9), 1), "device": env.device_name(),
+                "curve": curve.__dict__,
+            })
+    table = Table(title=f"demo ({preset}): equal stored parameters, same steps and batches")
+    for name in ("variant", "hidden", "density", "block", "params", "nonzero_params", "val_bpc", "wall_s",
+                 "tokens_per_s"):
+        table.add_column(name, justify="right")
+    for r in results:
+        table.add_row(*(str(r[c]) for c in ("variant", "hidden", "density", "block", "params", "nonzero_params",
+                                             "val_bpc", "wall_s", "tokens_per_s")))
+    console.print(table)
+    first, last = results[0]["curve"]["val_bpc"], results[-1]["curve"]["val_bpc"]
+    console.print(f"validation bits/byte: dense {first[0]:.3f} -> {first[-1]:.3f}, sparse {last[0]:.3f} -> {last[-1]:.3f}")
+
+    root = env.repo_root() or Path.cwd()
+    out = Path(out) if out is not None else root / "bench" / "results"
+    stem = f"{_dt.date.today().isoformat()}-{env.device_slug()}-demo-{preset}"
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"{stem}.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({c: r[c] for c in COLUMNS} for r in results)
+    info = env.environment(bandwidth=False)
+    info.update({"suite": "demo", "preset": preset, "config": cfg, "corpus": text.description, "seed": seed,
+                 "comparison": "same steps and batches; params = dense-equivalent, nonzero_params = stored",
+                 "results": results})
+    (out / f"{stem}.json").write_text(json.dumps(info, indent=1))
+    written = [out / f"{stem}.csv", out / f"{stem}.json"]
+    if plot:
+        _plot(results, out / f"{stem}.png", f"byte-level GPT, {preset} preset, {env.device_name()}")
+        written.append(out / f"{stem}.png")
+    console.print("wrote " + ", ".join(str(p) for p in written))
+    return results
