@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel"]
+__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,28 @@ def _build_meta(mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([row_ptr, cols, rows, col_ptr, col_rows, col_slot]).to(torch.int32)
 
 
+def coords_with_nnz(mask: torch.Tensor, nnz: int) -> torch.Tensor:
+    """``mask.nonzero()`` for a mask known to hold exactly ``nnz`` True entries, without a
+    host sync: a stable argsort of ``~mask`` puts the True entries first, in row-major
+    order, and the first ``nnz`` are kept (``nonzero`` must sync to learn its output
+    size; here the size is given). ``nnz`` is trusted, not checked (checking would sync)."""
+    flat = (~mask.to(torch.bool)).flatten().to(torch.uint8)
+    idx = torch.argsort(flat, stable=True)[:nnz]
+    n_cols = mask.shape[1]
+    return torch.stack([idx // n_cols, idx % n_cols], dim=1)
+
+
+def _build_meta_with_nnz(mask: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """:func:`_build_meta` given the coords (so nothing in it syncs with the host)."""
+    rows, cols = coords[:, 0], coords[:, 1]
+    zero = torch.zeros(1, dtype=torch.long, device=mask.device)
+    row_ptr = torch.cat([zero, mask.sum(dim=1).cumsum(0)])
+    col_ptr = torch.cat([zero, mask.sum(dim=0).cumsum(0)])
+    col_slot = torch.argsort(cols * mask.shape[0] + rows, stable=True)
+    col_rows = rows[col_slot]
+    return torch.cat([row_ptr, cols, rows, col_ptr, col_rows, col_slot]).to(torch.int32)
+
+
 class BlockLayout:
     """Which ``block_size`` x ``block_size`` blocks of a matrix are nonzero.
 
@@ -131,6 +153,26 @@ class BlockLayout:
         if int(mask.sum()) != coords.shape[0]:
             raise ValueError("coords contain duplicate blocks")
         return cls(mask, block_size)
+
+    @classmethod
+    def from_mask_with_nnz(cls, mask: torch.Tensor, block_size: int, nnz: int) -> "BlockLayout":
+        """A layout from a bool ``mask`` known to hold exactly ``nnz`` blocks, with its
+        coords and packed tables built on the mask's device without a host sync (for
+        rewiring a layout on the GPU every few steps, where nnz is fixed). Equal to
+        ``BlockLayout(mask, block_size)``; ``nnz`` is trusted, not checked."""
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be bool, got {mask.dtype}")
+        if isinstance(nnz, bool) or not isinstance(nnz, int) or not 0 <= nnz <= mask.numel():
+            raise ValueError(f"nnz must be an int in [0, {mask.numel()}], got {nnz!r}")
+        layout = cls(mask, block_size)
+        coords = coords_with_nnz(layout.mask, nnz)
+        layout._nnz = nnz
+        layout._coords = coords
+        device = layout.mask.device
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        layout._meta_by_device[device] = _build_meta_with_nnz(layout.mask, coords)
+        return layout
 
     @classmethod
     def dense(cls, rows: int, cols: int, block_size: int, device=None) -> "BlockLayout":

@@ -75,6 +75,40 @@ class BlockSparseLinear(nn.Module):
             self._layout = self._layout.to(self.layout_mask.device)
         return self._layout
 
+    def set_layout(self, layout: BlockLayout, values: torch.Tensor) -> None:
+        """Swap in a new layout of the same shape and its blocks ``values`` [nnz, b, b]
+        (in ``layout.coords`` order), e.g. after a RigL rewire.
+
+        ``weight`` stays the same Parameter object (optimizers keep referencing it): its
+        data is overwritten in place when nnz is unchanged, and replaced (``.data =``)
+        otherwise. Its ``.grad`` is dropped (set to None): a gradient in the old storage
+        order would be wrong for the new one. ``layout_mask`` is updated in place; the
+        new layout's cached tables are kept. Nothing here syncs with the host when nnz
+        is unchanged and ``layout`` knows its nnz (see
+        :meth:`BlockLayout.from_mask_with_nnz`). Optimizer state is the caller's.
+        """
+        if not isinstance(layout, BlockLayout):
+            raise TypeError(f"layout must be a tilesparse.BlockLayout, got {type(layout).__name__}")
+        if layout.shape != (self.out_features, self.in_features) or layout.block_size != self.block_size:
+            raise ValueError(
+                f"layout has shape {layout.shape} and block_size {layout.block_size}, but this module "
+                f"needs {(self.out_features, self.in_features)} and {self.block_size}"
+            )
+        b = self.block_size
+        if not isinstance(values, torch.Tensor) or tuple(values.shape) != (layout.nnz, b, b):
+            shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+            raise ValueError(f"values must have shape {(layout.nnz, b, b)}, got {shape}")
+        weight = self.weight
+        with torch.no_grad():
+            values = values.to(weight.device, weight.dtype)
+            if values.shape == weight.shape:
+                weight.copy_(values)
+            else:
+                weight.data = values.detach().clone().contiguous()
+            self.layout_mask.copy_(layout.mask.to(self.layout_mask.device))
+        weight.grad = None
+        self._layout = layout.to(self.layout_mask.device)
+
     def _fan_in_per_row(self) -> torch.Tensor:
         """Actual fan-in of every output row: stored blocks in its block-row times b."""
         blocks_per_row = self.layout_mask.sum(dim=1).clamp(min=1)

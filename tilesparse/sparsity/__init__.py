@@ -1,9 +1,12 @@
 """Sparsity recipes on top of the block-sparse modules: converting dense models
-(:func:`sparsify`), block group lasso, and per-block gates for learned sparsity."""
+(:func:`sparsify`), block group lasso, per-block gates for learned sparsity, and RigL
+(dynamic sparsity: drop weak blocks, regrow by dense-gradient block norms)."""
 
 from .convert import ConvertedModule, SparsifyReport, convertible_linears, sparsify
 from .gates import GatedBlockSparseLinear, HardConcreteGate, gated_block_sparse_linear, l0_penalty
 from .group_lasso import block_norms, dense_block_norms, dense_group_lasso, group_lasso
+from .rigl import RigL, rewire
+from ..kernels.block_norms import block_grad_norms
 
 __all__ = [
     "sparsify",
@@ -18,4 +21,7 @@ __all__ = [
     "HardConcreteGate",
     "gated_block_sparse_linear",
     "l0_penalty",
+    "RigL",
+    "rewire",
+    "block_grad_norms",
 ]
