@@ -40,14 +40,19 @@ def _density(text: str) -> float:
     return value
 
 
-def _block(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"block must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"block must be positive, got {text!r}")
-    return value
+def _positive_int(name: str):
+    """An argparse type for a positive integer whose errors name the option."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, got {text!r}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "W's blocks) and step (all three) against dense cuBLAS, torch BSR and stk.")
     b.add_argument("--suite", default="large", choices=suite_names(), help="case table to run (default: large)")
     b.add_argument("--dtype", nargs="+", choices=list(DTYPES), help="override the suite's dtypes")
-    b.add_argument("--block", nargs="+", type=_block, help="override the block sizes")
+    b.add_argument("--block", nargs="+", type=_positive_int("block"), help="override the block sizes")
     b.add_argument("--density", nargs="+", type=_density, help="override the densities (fraction of blocks kept)")
     b.add_argument("--shape", nargs="+", type=_shape, metavar="MxNxK", help="override the shapes: X [M, K], W [N, K]")
     b.add_argument("--ops", nargs="+", choices=list(OPS), help="override the ops")
@@ -81,21 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
                    help="cpu: a few minutes on 2 cores (default); gpu: the real comparison on one GPU")
     d.add_argument("--data", default=None, help="a text or bytes file (default: the Python stdlib sources)")
-    d.add_argument("--steps", type=_positive_int, default=None, help="override the preset's training steps")
+    d.add_argument("--steps", type=_positive_int("steps"), default=None, help="override the preset's training steps")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
     d.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
 
 
 def cmd_demo(args, parser, console) -> int:
