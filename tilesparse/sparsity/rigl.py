@@ -169,6 +169,8 @@ class RigL:
             raise ValueError(f"schedule must be one of {_SCHEDULES}, got {schedule!r}")
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+        for m in modules.values():
+            m.layout.coords  # built (with nonzero's one sync) now, not on the first rewire
         self.modules: dict[str, BlockSparseLinear] = modules
         self.optimizer = optimizer
         self.every = every
