@@ -104,6 +104,7 @@ GPU_SHAPES = [
     (333, 768, 768, 64),
     (2048, 1024, 2048, 128),
     (129, 96, 120, 24),  # non-power-of-two b
+    (65, 512, 768, 256),  # b > 128: the dispatcher takes the chunked reference on CUDA
 ]
 
 

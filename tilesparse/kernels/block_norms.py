@@ -151,8 +151,8 @@ def block_grad_norms(dy: torch.Tensor, x: torch.Tensor, block_size: int) -> torc
 
     Returns:
         [N/b, K/b] float32 (float64 for float64 input), on the inputs' device. CUDA
-        tensors (fp16/bf16/fp32) run the Triton kernel, which never writes dW; CPU and
-        float64 tensors run the chunked reference.
+        tensors (fp16/bf16/fp32, b <= 128) run the Triton kernel, which never writes dW;
+        CPU, float64 and b > 128 run the chunked reference.
     """
     if not isinstance(dy, torch.Tensor) or not isinstance(x, torch.Tensor):
         raise TypeError("dy and x must be tensors")
@@ -169,6 +169,8 @@ def block_grad_norms(dy: torch.Tensor, x: torch.Tensor, block_size: int) -> torc
         raise TypeError(f"dy is {dy.dtype} but x is {x.dtype}")
     dy2 = dy.reshape(-1, dy.shape[-1])
     x2 = x.reshape(-1, x.shape[-1])
-    if dy.device.type == "cuda" and dy.dtype != torch.float64:
+    # Tiles over 128 x 128 would not fit the fp32 accumulator in registers; those blocks
+    # (rare) take the chunked reference, whose matmuls run on cuBLAS.
+    if dy.device.type == "cuda" and dy.dtype != torch.float64 and _tile(block_size) <= 128:
         return block_grad_norms_triton(dy2, x2, block_size)
     return block_grad_norms_reference(dy2, x2, block_size)
