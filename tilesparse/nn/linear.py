@@ -137,12 +137,18 @@ class BlockSparseLinear(nn.Module):
         return self.layout.to_dense(self.weight.detach())
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, *, block_size: int, density: float) -> "BlockSparseLinear":
-        """Prune an nn.Linear to its ``density`` fraction of blocks with the largest L2 norm."""
+    def from_dense(
+        cls, linear: nn.Linear, *, block_size: int, density: float | None = None, layout: BlockLayout | None = None
+    ) -> "BlockSparseLinear":
+        """Prune an nn.Linear to its blocks on ``layout``, or, given ``density`` instead, to
+        that fraction of blocks with the largest L2 norm."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        if (density is None) == (layout is None):
+            raise ValueError("give exactly one of density or layout")
         weight = linear.weight.detach()
-        layout = layout_generators.from_dense(weight, block_size, density)
+        if layout is None:
+            layout = layout_generators.from_dense(weight, block_size, density)
         module = cls(
             linear.in_features,
             linear.out_features,

@@ -14,7 +14,6 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
-import torch
 from torch import nn
 
 from .. import layouts as layout_generators
@@ -252,20 +251,7 @@ def _convert(linear: nn.Linear, layout: BlockLayout | None, block_size: int, den
     if layout is None:
         module = BlockSparseLinear.from_dense(linear, block_size=block_size, density=density)
     else:
-        weight = linear.weight.detach()
-        module = BlockSparseLinear(
-            linear.in_features,
-            linear.out_features,
-            block_size=block_size,
-            layout=layout,
-            bias=linear.bias is not None,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        with torch.no_grad():
-            module.weight.copy_(module.layout.gather(weight))
-            if linear.bias is not None:
-                module.bias.copy_(linear.bias.detach())
+        module = BlockSparseLinear.from_dense(linear, block_size=block_size, layout=layout)
     module.weight.requires_grad_(linear.weight.requires_grad)
     if linear.bias is not None:
         module.bias.requires_grad_(linear.bias.requires_grad)
