@@ -270,3 +270,15 @@ def test_gradient_only_on_stored_blocks_matches_masked_dense():
     w = m.to_dense().requires_grad_()
     (x @ w.t() + m.bias.detach()).pow(2).sum().backward()
     assert_close(m.weight.grad, m.layout.gather(w.grad), torch.float64)
+
+
+def test_from_dense_on_a_given_layout():
+    linear = nn.Linear(64, 32)
+    layout = layouts.balanced(32, 64, 16, 0.5, seed=3)
+    module = BlockSparseLinear.from_dense(linear, block_size=16, layout=layout)
+    assert module.layout == layout
+    assert torch.equal(module.weight.detach(), layout.gather(linear.weight.detach()))
+    with pytest.raises(ValueError, match="exactly one of density or layout"):
+        BlockSparseLinear.from_dense(linear, block_size=16)
+    with pytest.raises(ValueError, match="exactly one of density or layout"):
+        BlockSparseLinear.from_dense(linear, block_size=16, density=0.5, layout=layout)
