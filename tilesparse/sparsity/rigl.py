@@ -92,14 +92,16 @@ def rewire(
         score = torch.nan_to_num(score, nan=-math.inf)
         grow_flat = torch.argsort(score, descending=True, stable=True)[:n]
 
+        # index_fill_ with a Python scalar, not `t[idx] = False`: the latter copies the
+        # scalar to the GPU first, a host sync (seen on the H200 under sync debug mode).
         new_mask = mask.flatten().to(device).clone()
-        new_mask[old_flat[drop_slots]] = False
-        new_mask[grow_flat] = True
+        new_mask.index_fill_(0, old_flat[drop_slots], False)
+        new_mask.index_fill_(0, grow_flat, True)
         layout = BlockLayout.from_mask_with_nnz(new_mask.view(rows, cols), module.block_size, nnz)
 
         # Old storage slot of every new block, -1 for grown ones.
         slot_of = torch.full((total,), -1, dtype=torch.long, device=device)
-        slot_of[old_flat] = torch.arange(nnz, device=device)
+        slot_of.index_copy_(0, old_flat, torch.arange(nnz, device=device))
         new_coords = layout.coords
         source = slot_of[new_coords[:, 0] * cols + new_coords[:, 1]]
         kept = (source >= 0).view(-1, 1, 1)
