@@ -67,20 +67,10 @@ def table_views(meta: torch.Tensor, block_rows: int, block_cols: int, *names: st
 
 
 def _build_meta(mask: torch.Tensor) -> torch.Tensor:
-    """Build the packed tables from a bool mask, on the mask's device, with no host sync
-    beyond what ``nonzero`` needs."""
-    coords = mask.nonzero()  # row-major: sorted by (row, col)
-    rows, cols = coords[:, 0], coords[:, 1]
-    row_counts = mask.sum(dim=1)
-    col_counts = mask.sum(dim=0)
-    zero = torch.zeros(1, dtype=torch.long, device=mask.device)
-    row_ptr = torch.cat([zero, row_counts.cumsum(0)])
-    col_ptr = torch.cat([zero, col_counts.cumsum(0)])
-    # Column-major order of the same blocks; stable sort keeps rows ascending within a column.
-    n_rows = mask.shape[0]
-    col_slot = torch.argsort(cols * n_rows + rows, stable=True)
-    col_rows = rows[col_slot]
-    return torch.cat([row_ptr, cols, rows, col_ptr, col_rows, col_slot]).to(torch.int32)
+    """Build the packed tables from a bool mask, on the mask's device (``nonzero`` syncs
+    with the host once to learn nnz; see :func:`_build_meta_with_nnz` for the sync-free
+    path when nnz is known)."""
+    return _build_meta_with_nnz(mask, mask.nonzero())
 
 
 def coords_with_nnz(mask: torch.Tensor, nnz: int) -> torch.Tensor:
