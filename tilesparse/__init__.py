@@ -2,13 +2,13 @@
 
 from . import layouts, sparsity
 from .layout import BlockLayout
-from .nn import BlockSparseLinear
+from .nn import BlockSparseLinear, BlockSparseLSTM
 from .ops import block_sparse_linear, dds, dsd, sdd
 from .sparsity import sparsify
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockLayout", "BlockSparseLinear", "block_sparse_linear", "dds", "dsd", "sdd", "sparsify",
+    "BlockLayout", "BlockSparseLinear", "BlockSparseLSTM", "block_sparse_linear", "dds", "dsd", "sdd", "sparsify",
     "layouts", "sparsity", "__version__",
 ]
