@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tilesparse.cli import main
-from tilesparse.demo.model import ByteGPT, parameter_counts, sparse_hidden
+from tilesparse.demo.model import ByteGPT, ByteLSTM, lstm_sparse_hidden, parameter_counts, sparse_hidden
 from tilesparse.demo.run import COLUMNS, run_demo
 
 
@@ -34,14 +34,32 @@ def test_run_demo_learns_and_writes_results(tmp_path):
         bpc = r["curve"]["val_bpc"]
         assert bpc[-1] < bpc[0] - 1.0, f"{r['variant']} did not learn: {bpc}"
         assert all(torch.isfinite(torch.tensor(bpc)))
-    (csv_path,) = tmp_path.glob("*-demo-cpu.csv")
+    (csv_path,) = tmp_path.glob("*-demo-gpt-cpu.csv")
     rows = list(csv.DictReader(csv_path.open()))
     assert list(rows[0].keys()) == COLUMNS
     assert {r["variant"] for r in rows} == {"dense", "sparse"}
     assert all(r["suite"] == "demo" and float(r["val_bpc"]) > 0 and int(r["steps"]) == 30 for r in rows)
-    info = json.loads(next(tmp_path.glob("*-demo-cpu.json")).read_text())
+    info = json.loads(next(tmp_path.glob("*-demo-gpt-cpu.json")).read_text())
     assert info["preset"] == "cpu" and "stdlib" in info["corpus"]
-    assert next(tmp_path.glob("*-demo-cpu.png")).stat().st_size > 1000
+    assert next(tmp_path.glob("*-demo-gpt-cpu.png")).stat().st_size > 1000
+
+
+def test_lstm_variants_store_about_equal_parameters():
+    wide = lstm_sparse_hidden(32, 128, 0.25, 16)
+    assert wide % 16 == 0 and wide > 128
+    dense = parameter_counts(ByteLSTM(embed=32, hidden=128))[1]
+    sparse_equiv, sparse = parameter_counts(ByteLSTM(embed=32, hidden=wide, block_size=16, density=0.25))
+    assert abs(sparse - dense) / dense < 0.05
+    assert sparse_equiv > 2 * sparse
+
+
+def test_run_demo_lstm_learns(tmp_path):
+    results = run_demo(model="lstm", steps=20, out=tmp_path, plot=False)
+    assert {r["model"] for r in results} == {"lstm"}
+    for r in results:
+        bpc = r["curve"]["val_bpc"]
+        assert bpc[-1] < bpc[0] - 0.5, f"{r['variant']} did not learn: {bpc}"
+    assert next(tmp_path.glob("*-demo-lstm-cpu.csv")).exists()
 
 
 def test_demo_cli_rejects_bad_arguments(tmp_path):

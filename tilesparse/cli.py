@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a dense byte-level GPT and one whose MLPs are block-sparse and wider "
                        "by 1/density (equal stored parameters), on the same bytes for the same steps, and "
                        "compare validation bits per byte.")
-    d.add_argument("--model", default="gpt", choices=["gpt"],
-                   help="gpt: block-sparse MLPs (an LSTM comes with the block-sparse LSTM cell)")
+    d.add_argument("--model", default="gpt", choices=["gpt", "lstm"],
+                   help="gpt: block-sparse MLPs; lstm: the paper's byte-level LSTM with block-sparse "
+                   "small-world weights")
     d.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
                    help="cpu: a few minutes on 2 cores (default); gpu: the real comparison on one GPU")
     d.add_argument("--data", default=None, help="a text or bytes file (default: the Python stdlib sources)")
@@ -99,7 +100,7 @@ def cmd_demo(args, parser, console) -> int:
     if args.preset == "gpu" and not __import__("torch").cuda.is_available():
         parser.error("--preset gpu needs a CUDA device")
     try:
-        run_demo(preset=args.preset, data=args.data, steps=args.steps, seed=args.seed, out=args.out,
+        run_demo(model=args.model, preset=args.preset, data=args.data, steps=args.steps, seed=args.seed, out=args.out,
                  plot=not args.no_plot, console=console)
     except (FileNotFoundError, ValueError) as exc:
         parser.error(str(exc))

@@ -80,3 +80,45 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
         if isinstance(module, BlockSparseLinear):
             dense_equivalent += module.in_features * module.out_features - module.weight.numel()
     return dense_equivalent, stored
+
+
+class ByteLSTM(nn.Module):
+    """The paper's model: bytes -> embedding -> LSTM -> next-byte logits. With ``density``
+    set, both LSTM weights are block-sparse (small-world recurrent layout, as the paper's
+    best runs used), so the model can be wider at the same stored parameters."""
+
+    def __init__(self, *, embed: int, hidden: int, block_size: int | None = None, density: float | None = None,
+                 seed: int = 0):
+        super().__init__()
+        from .. import layouts
+        from ..nn import BlockSparseLSTM
+
+        self.embed = nn.Embedding(256, embed)
+        if density is None:
+            self.lstm = nn.LSTM(embed, hidden, batch_first=True)
+        else:
+            # Small-world recurrent layout (the paper's best runs); the input matrix is
+            # thin (4H x embed), where a uniformly random layout is the natural choice.
+            recurrent = layouts.small_world(4 * hidden, hidden, block_size, density=density, seed=seed, diagonal=True)
+            inputs = layouts.random(4 * hidden, embed, block_size, density, seed=seed + 1)
+            self.lstm = BlockSparseLSTM(
+                embed, hidden, block_size=block_size, layout=recurrent, sparse_input=True, input_layout=inputs,
+                batch_first=True, seed=seed,
+            )
+        self.head = nn.Linear(hidden, 256)
+
+    def forward(self, idx):
+        out, _ = self.lstm(self.embed(idx))
+        return self.head(out)
+
+
+def lstm_sparse_hidden(embed: int, dense_hidden: int, density: float, block_size: int) -> int:
+    """The hidden width (whole blocks) whose block-sparse LSTM + head stores about as many
+    parameters as a dense LSTM of ``dense_hidden``."""
+
+    def stored(hidden: int, d: float) -> float:
+        return 4 * hidden * (embed + hidden) * d + 4 * hidden + 257 * hidden
+
+    target = stored(dense_hidden, 1.0) + 4 * dense_hidden  # nn.LSTM has two bias vectors
+    candidates = range(block_size, 64 * dense_hidden, block_size)
+    return min(candidates, key=lambda h: abs(stored(h, density) - target))

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from . import corpus as corpus_mod
-from .model import ByteGPT, parameter_counts, sparse_hidden
+from .model import ByteGPT, ByteLSTM, lstm_sparse_hidden, parameter_counts, sparse_hidden
 from .presets import PRESETS
 from .train import train
 
@@ -20,7 +20,16 @@ COLUMNS = ["suite", "model", "variant", "params", "nonzero_params", "hidden", "d
            "wall_s", "val_bpc", "tokens_per_s", "device"]
 
 
-def _models(cfg: dict, seed: int):
+def _models(model: str, cfg: dict, seed: int):
+    """[(variant, module, hidden, density, block)] for the dense and the sparse-wide model."""
+    if model == "lstm":
+        embed, dense_hidden = cfg["lstm_embed"], cfg["lstm_hidden"]
+        wide = lstm_sparse_hidden(embed, dense_hidden, cfg["density"], cfg["block_size"])
+        torch.manual_seed(seed)
+        dense = ByteLSTM(embed=embed, hidden=dense_hidden, seed=seed)
+        torch.manual_seed(seed)
+        sparse = ByteLSTM(embed=embed, hidden=wide, block_size=cfg["block_size"], density=cfg["density"], seed=seed)
+        return [("dense", dense, dense_hidden, 1.0, 0), ("sparse", sparse, wide, cfg["density"], cfg["block_size"])]
     dense_hidden = 4 * cfg["d_model"]
     common = dict(d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], context=cfg["context"])
     wide = sparse_hidden(dense_hidden, cfg["density"], cfg["block_size"])
@@ -54,7 +63,7 @@ def _plot(results: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_demo(*, preset: str = "cpu", data: str | None = None, steps: int | None = None, seed: int = 0,
+def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None, steps: int | None = None, seed: int = 0,
              out: Path | None = None, plot: bool = True, console=None) -> list[dict]:
     """Train both variants and write <date>-<device>-demo.{csv,json,png} under ``out``."""
     from rich.console import Console
@@ -83,19 +92,19 @@ def run_demo(*, preset: str = "cpu", data: str | None = None, steps: int | None 
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
-        for variant, model, hidden, density, block in _models(cfg, seed):
-            model.to(device)
-            curve = train(model, text, cfg, device, autocast, progress, f"{variant:6s}", seed)
-            params, nonzero = parameter_counts(model)
+        for variant, net, hidden, density, block in _models(model, cfg, seed):
+            net.to(device)
+            curve = train(net, text, cfg, device, autocast, progress, f"{variant:6s}", seed)
+            params, nonzero = parameter_counts(net)
             tokens = cfg["steps"] * cfg["batch_size"] * cfg["context"]
             results.append({
-                "suite": "demo", "model": "gpt", "variant": variant, "params": params, "nonzero_params": nonzero,
+                "suite": "demo", "model": model, "variant": variant, "params": params, "nonzero_params": nonzero,
                 "hidden": hidden, "density": density, "block": block, "steps": cfg["steps"],
                 "wall_s": round(curve.wall_s[-1], 3), "val_bpc": round(curve.val_bpc[-1], 4),
                 "tokens_per_s": round(tokens / max(curve.wall_s[-1], 1e-9), 1), "device": env.device_name(),
                 "curve": curve.__dict__,
             })
-    table = Table(title=f"demo ({preset}): equal stored parameters, same steps and batches")
+    table = Table(title=f"demo {model} ({preset}): equal stored parameters, same steps and batches")
     for name in ("variant", "hidden", "density", "block", "params", "nonzero_params", "val_bpc", "wall_s",
                  "tokens_per_s"):
         table.add_column(name, justify="right")
@@ -108,20 +117,20 @@ def run_demo(*, preset: str = "cpu", data: str | None = None, steps: int | None 
 
     root = env.repo_root() or Path.cwd()
     out = Path(out) if out is not None else root / "bench" / "results"
-    stem = f"{_dt.date.today().isoformat()}-{env.device_slug()}-demo-{preset}"
+    stem = f"{_dt.date.today().isoformat()}-{env.device_slug()}-demo-{model}-{preset}"
     out.mkdir(parents=True, exist_ok=True)
     with (out / f"{stem}.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows({c: r[c] for c in COLUMNS} for r in results)
     info = env.environment(bandwidth=False)
-    info.update({"suite": "demo", "preset": preset, "config": cfg, "corpus": text.description, "seed": seed,
+    info.update({"suite": "demo", "model": model, "preset": preset, "config": cfg, "corpus": text.description, "seed": seed,
                  "comparison": "same steps and batches; params = dense-equivalent, nonzero_params = stored",
                  "results": results})
     (out / f"{stem}.json").write_text(json.dumps(info, indent=1))
     written = [out / f"{stem}.csv", out / f"{stem}.json"]
     if plot:
-        _plot(results, out / f"{stem}.png", f"byte-level GPT, {preset} preset, {env.device_name()}")
+        _plot(results, out / f"{stem}.png", f"byte-level {model.upper()}, {preset} preset, {env.device_name()}")
         written.append(out / f"{stem}.png")
     console.print("wrote " + ", ".join(str(p) for p in written))
     return results
