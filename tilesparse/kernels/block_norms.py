@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..layouts.magnitude import blockwise_norms
 from ._alloc import new_output
 from .bsmm import _input_precision, _tile
 
@@ -137,7 +138,7 @@ def block_grad_norms_reference(dy: torch.Tensor, x: torch.Tensor, block_size: in
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         dw = dy[:, r0 * b : r1 * b].to(cd).t() @ xc  # [(r1-r0)*b, K]
-        out[r0:r1] = torch.linalg.vector_norm(dw.reshape(r1 - r0, b, cols, b), dim=(1, 3))
+        out[r0:r1] = blockwise_norms(dw, b)
     return out
 
 

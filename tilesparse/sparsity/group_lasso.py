@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Union
 import torch
 from torch import nn
 
-from ..layouts._common import block_grid
+from ..layouts.magnitude import blockwise_norms
 from ..nn import BlockSparseLinear
 from .convert import convertible_linears
 
@@ -47,9 +47,7 @@ def dense_block_norms(weight: torch.Tensor, block_size: int) -> torch.Tensor:
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
         raise ValueError(f"weight must be a 2-D tensor, got {shape}")
-    block_rows, block_cols = block_grid(weight.shape[0], weight.shape[1], block_size)
-    blocks = weight.reshape(block_rows, block_size, block_cols, block_size)
-    return torch.linalg.vector_norm(blocks, dim=(1, 3), dtype=_norm_dtype(weight))
+    return blockwise_norms(weight, block_size)
 
 
 def _sum(terms: list[torch.Tensor]) -> torch.Tensor:

@@ -53,6 +53,7 @@ from ..kernels.block_norms import block_grad_norms
 from ..layout import BlockLayout
 from ..nn import BlockSparseLinear
 from .gates import GatedBlockSparseLinear
+from .group_lasso import block_norms
 
 __all__ = ["RigL", "rewire"]
 
@@ -83,8 +84,7 @@ def rewire(
         coords = module.layout.coords.to(device)
         old_flat = coords[:, 0] * cols + coords[:, 1]
         # Drop: smallest block norms; the stable sort breaks ties by storage slot.
-        dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
-        magnitude = torch.linalg.vector_norm(weight.detach().flatten(1), dim=1, dtype=dtype)
+        magnitude = block_norms(weight.detach())
         drop_slots = torch.argsort(magnitude, stable=True)[:n]
         # Grow: largest gradient norms among the blocks inactive now; active ones rank last.
         score = grad_norms.detach().to(device).flatten()
