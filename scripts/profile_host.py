@@ -47,8 +47,22 @@ def breakdown(dev, dt) -> None:
     meta, r, c = layout.meta, layout.block_rows, layout.block_cols
     ptr_cfg = K.KernelConfig(128, 64, 4, 4)
     tma_cfg = K.KernelConfig(128, 64, 4, 4, tma=True)
+    dev_cfg = K.KernelConfig(128, 64, 4, 4, tma=True, device_desc=True)
     xd, wdt = x.detach(), w.detach()
+    ptr, idx = K.table_views(meta, r, c, "row_ptr", "row_cols")
+    out = torch.empty(256, 1024, device=dev, dtype=dt)
+
+    def bare_launch():
+        # the Triton launch alone: arguments prepared, no wrapper
+        K._dds_kernel[(2 * r,)](
+            xd, wdt, out, out, ptr, idx, ptr, 256, r, xd.stride(0), 1, out.stride(0), 1,
+            B=128, TILE_B=128, BLOCK_M=128, BLOCK_K=64, TRANS_V=True, HAS_SLOT=False, HAS_BIAS=False,
+            GROUP_M=8, INPUT_PRECISION="ieee", num_warps=4, num_stages=4,
+        )
+
     cases = {
+        "bare _dds_kernel launch": bare_launch,
+        "kernels.dds device desc": lambda: K.dds(xd, wdt, meta, None, r, c, True, dev_cfg),
         "empty_like (floor)": lambda: torch.empty_like(xd),
         "dense matmul": lambda: xd @ wd.detach().t(),
         "kernels.dds pointer": lambda: K.dds(xd, wdt, meta, None, r, c, True, ptr_cfg),

@@ -22,22 +22,28 @@ from tilesparse.kernels import bsmm as K
 
 
 def dds_space(tile: int):
-    """A short list that covers the choices that matter: tile height (128/256), pipeline
-    depth, warps, and pointer vs TMA vs persistent-flattened TMA."""
-    variants = (dict(), dict(tma=True), dict(tma=True, programs_per_sm=1, flatten=True),
-                dict(tma=True, programs_per_sm=2))
-    shapes = [(128, 4, 4), (128, 8, 3), (256, 8, 3), (256, 8, 4)] if tile >= 64 else \
-             [(128, 4, 3), (256, 8, 3), (64, 4, 4)]
-    for bm, warps, stages in shapes:
+    """A short list that covers the choices that matter: tile height (128/256), reduction
+    step (64 or the whole block), pipeline depth, warps, and pointer vs TMA (host or
+    device descriptors, with and without warp specialization)."""
+    if tile < 64:
+        for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
+            yield K.KernelConfig(bm, tile, warps, stages)
+        return
+    yield K.KernelConfig(128, 64, 4, 4)
+    variants = (dict(tma=True), dict(tma=True, device_desc=True),
+                dict(tma=True, device_desc=True, warp_specialize=True))
+    shapes = [(128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 128, 8, 2)]
+    for bm, bk, warps, stages in shapes:
         for variant in variants:
-            yield K.KernelConfig(bm, min(64, tile), warps, stages, **variant)
+            yield K.KernelConfig(bm, min(bk, tile), warps, stages, **variant)
 
 
 def sdd_space(tile: int, nnz: int, sms: int):
-    for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3), (32, 4, 4)):
+    for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3)):
         for splits in sorted({1, triton.cdiv(sms, nnz)}):
-            for tma in (True, False):
-                yield K.KernelConfig(bm, tile, warps, stages, splits=splits, tma=tma)
+            for variant in (dict(tma=True), dict(tma=True, device_desc=True),
+                            dict(tma=True, device_desc=True, warp_specialize=True)):
+                yield K.KernelConfig(bm, tile, warps, stages, splits=splits, **variant)
 
 
 def bench(fn) -> float:

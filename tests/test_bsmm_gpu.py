@@ -270,20 +270,29 @@ def _need_hopper():
 # them yet), so they are driven through the launchers here. M=1000 leaves a partial last
 # tile (TMA zero-fills and clips it); programs_per_sm 1 makes each program loop over
 # several tiles; flatten fuses the tile and reduction loops.
-@pytest.mark.parametrize("programs_per_sm, flatten", [(0, False), (1, False), (2, True)], ids=["grid", "persist1", "persist2-flat"])
+# device_desc builds the descriptors in the kernel; warp_specialize splits producer and
+# consumer warps.
+TMA_VARIANTS = {
+    "grid": dict(),
+    "persist1": dict(programs_per_sm=1),
+    "persist2-flat": dict(programs_per_sm=2, flatten=True),
+    "devdesc": dict(device_desc=True),
+    "devdesc-ws": dict(device_desc=True, warp_specialize=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(TMA_VARIANTS))
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 64, 128], ids=lambda b: f"b{b}")
-def test_dds_tma(block_size, dtype, trans, programs_per_sm, flatten):
+def test_dds_tma(block_size, dtype, trans, variant):
     _need_hopper()
     layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
     rows, cols = layout.shape
     a = torch.randn(1000, cols if trans else rows, device=DEVICE).to(dtype)
     values = random_values(layout, dtype, DEVICE)
     bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
-    cfg = dataclasses.replace(
-        kernels.dds_config(1000, block_size, dtype), tma=True, programs_per_sm=programs_per_sm, flatten=flatten
-    )
+    cfg = dataclasses.replace(kernels.dds_config(1000, block_size, dtype), tma=True, **TMA_VARIANTS[variant])
     assert kernels._use_tma(cfg, block_size, a, values, bias), "operands should be TMA-eligible"
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
@@ -292,17 +301,21 @@ def test_dds_tma(block_size, dtype, trans, programs_per_sm, flatten):
     assert_close(out, expected, dtype, "dds tma")
 
 
+@pytest.mark.parametrize("variant", ["host", "devdesc", "devdesc-ws"])
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 64, 128], ids=lambda b: f"b{b}")
-def test_sdd_tma(block_size, dtype, splits):
+def test_sdd_tma(block_size, dtype, splits, variant):
     _need_hopper()
     layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
     rows, cols = layout.shape
     g = torch.randn(1000, rows, device=DEVICE).to(dtype)  # as in the backward: A = dY^T
     b = torch.randn(1000, cols, device=DEVICE).to(dtype)
     a = g.t()
-    cfg = dataclasses.replace(kernels.sdd_config(1000, block_size, layout.nnz, dtype, a.device), tma=True, splits=splits)
+    cfg = dataclasses.replace(
+        kernels.sdd_config(1000, block_size, layout.nnz, dtype, a.device), tma=True, splits=splits,
+        device_desc=variant != "host", warp_specialize=variant == "devdesc-ws",
+    )
     assert kernels._use_tma(cfg, block_size, a.t(), b), "operands should be TMA-eligible"
     meta = layout.meta_on(DEVICE)
     out = kernels.sdd(a, b, meta, block_size, layout.block_rows, layout.block_cols, config=cfg)

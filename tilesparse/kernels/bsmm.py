@@ -29,6 +29,7 @@ import triton.language as tl
 from ..layout import table_views
 from . import bsmm_tma
 from ._alloc import new_output
+from ._tiles import grouped_tile
 from ._device import sm_count
 
 
@@ -48,16 +49,7 @@ def _dds_kernel(
     a [M, *] strided; v [nnz, B, B] contiguous; c [M, n_out_blocks * B] strided.
     ptr [n_out_blocks + 1], idx [nnz], slot [nnz] int32 (slot[e] = e when not HAS_SLOT).
     """
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    # Grouped order: GROUP_M consecutive m-tiles sweep all block-columns, so the A rows
-    # and the weight blocks they use stay in L2.
-    pids_per_group = GROUP_M * n_out_blocks
-    group = pid // pids_per_group
-    first_m = group * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % pids_per_group) % group_rows
-    pid_n = (pid % pids_per_group) // group_rows
+    pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_out_blocks, GROUP_M)
 
     start = tl.load(ptr_ptr + pid_n)
     end = tl.load(ptr_ptr + pid_n + 1)
@@ -147,7 +139,9 @@ class KernelConfig:
     ``splits`` cuts sdd's M reduction into that many slices (1 for dds). ``tma`` picks
     the Hopper TMA kernels where the operands allow; ``programs_per_sm`` > 0 makes dds
     persistent with that many programs per SM, and ``flatten`` lets the compiler fuse
-    its tile and reduction loops."""
+    its tile and reduction loops. ``device_desc`` builds the TMA descriptors inside the
+    kernel (no host encoding per launch); ``warp_specialize`` asks Triton for producer
+    and consumer warps on the reduction loop (device-descriptor kernels only)."""
 
     block_m: int
     block_k: int
@@ -158,6 +152,8 @@ class KernelConfig:
     tma: bool = False
     programs_per_sm: int = 0
     flatten: bool = False
+    device_desc: bool = False
+    warp_specialize: bool = False
 
 
 def _tile(block_size: int) -> int:
@@ -244,6 +240,9 @@ def dds(
     cfg = config or dds_config(m, b, a.dtype)
     num_tiles = triton.cdiv(m, cfg.block_m) * n_out
     if _use_tma(cfg, b, a, values, c, bias):
+        if cfg.device_desc:
+            bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, _input_precision(a.dtype))
+            return c
         programs = num_tiles
         if cfg.programs_per_sm:
             programs = min(num_tiles, cfg.programs_per_sm * sm_count(a.device))
@@ -290,7 +289,12 @@ def sdd(
     out = values if splits == 1 else new_output(
         splits, nnz, block_size, block_size, dtype=torch.float32, device=a.device
     )
-    if _use_tma(cfg, block_size, a.t(), b):
+    if _use_tma(cfg, block_size, a.t(), b) and cfg.device_desc:
+        bsmm_tma.launch_sdd_device_desc(
+            a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size,
+            _input_precision(a.dtype),
+        )
+    elif _use_tma(cfg, block_size, a.t(), b):
         bsmm_tma.launch_sdd(
             a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size,
             _input_precision(a.dtype),
