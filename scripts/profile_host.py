@@ -77,6 +77,10 @@ def breakdown(dev, dt) -> None:
     }
     for name, fn in cases.items():
         print(f"  host {name:26s} {host_us(fn, 500):8.1f} us/call")
+    torch.autograd.set_multithreading_enabled(False)
+    for name in ("sparse step", "dense step"):
+        print(f"  host {name + ', 1 thread':26s} {host_us(cases[name], 500):8.1f} us/call")
+    torch.autograd.set_multithreading_enabled(True)
 
 
 def main() -> None:

@@ -293,7 +293,7 @@ def test_dds_tma(block_size, dtype, trans, variant):
     values = random_values(layout, dtype, DEVICE)
     bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
     cfg = dataclasses.replace(kernels.dds_config(1000, block_size, dtype), tma=True, **TMA_VARIANTS[variant])
-    assert kernels._use_tma(cfg, block_size, a, values, bias), "operands should be TMA-eligible"
+    assert kernels._use_tma(cfg, block_size, a, values), "operands should be TMA-eligible"
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
     s = dense_of(values, layout)

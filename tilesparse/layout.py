@@ -56,14 +56,21 @@ _TABLE_ORDER = ("row_ptr", "row_cols", "row_of", "col_ptr", "col_rows", "col_slo
 
 def table_views(meta: torch.Tensor, block_rows: int, block_cols: int, *names: str) -> list[torch.Tensor]:
     """Just the named tables of a packed ``meta`` (cheaper than :func:`split_meta` on a
-    launch path: one ``narrow`` per table)."""
-    nnz = (meta.numel() - block_rows - block_cols - 2) // 4
-    sizes = dict(zip(_TABLE_ORDER, (block_rows + 1, nnz, nnz, block_cols + 1, nnz, nnz)))
-    offsets, start = {}, 0
-    for name in _TABLE_ORDER:
-        offsets[name] = start
-        start += sizes[name]
-    return [meta.narrow(0, offsets[name], sizes[name]) for name in names]
+    launch path: one ``narrow`` per table). The views are remembered on the ``meta``
+    tensor object itself (layout tables are never written after they are built), so a
+    launcher pays for them once per layout, not once per call."""
+    cache = meta.__dict__.setdefault("_tilesparse_table_views", {})
+    key = (block_rows, block_cols, names)
+    views = cache.get(key)
+    if views is None:
+        nnz = (meta.numel() - block_rows - block_cols - 2) // 4
+        sizes = dict(zip(_TABLE_ORDER, (block_rows + 1, nnz, nnz, block_cols + 1, nnz, nnz)))
+        offsets, start = {}, 0
+        for name in _TABLE_ORDER:
+            offsets[name] = start
+            start += sizes[name]
+        views = cache[key] = [meta.narrow(0, offsets[name], sizes[name]) for name in names]
+    return views
 
 
 def _build_meta(mask: torch.Tensor) -> torch.Tensor:

@@ -159,7 +159,9 @@ class _DdsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _dds_grads(_dds_eager, _sdd_eager, ctx, grad)
+        if torch.is_grad_enabled():  # create_graph: the gradients must be differentiable
+            return _dds_grads(_dds_eager, _sdd_eager, ctx, grad)
+        return _dds_grads(_dds_impl, _sdd_impl, ctx, grad)  # skips two Function.apply calls
 
 
 class _SddFunction(torch.autograd.Function):
@@ -172,7 +174,7 @@ class _SddFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_values):
-        return _sdd_grads(_dds_eager, ctx, grad_values)
+        return _sdd_grads(_dds_eager if torch.is_grad_enabled() else _dds_impl, ctx, grad_values)
 
 
 _dds_eager = _DdsFunction.apply
