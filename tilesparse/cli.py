@@ -169,7 +169,10 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
              "commit": env.commit()}
     root = env.repo_root() or Path.cwd()
     out_dir = args.out if args.out is not None else root / "bench" / "results"
-    stem = f"{_dt.date.today().isoformat()}-{env.device_slug(stamp['gpu'])}-{label}"
+    # a --dtype override gets its own files, so a bf16 run and an fp16/fp32 run of the
+    # same suite on the same day sit side by side; the suite column keeps the label
+    file_label = label + ("-" + "-".join(args.dtype) if args.dtype else "")
+    stem = f"{_dt.date.today().isoformat()}-{env.device_slug(stamp['gpu'])}-{file_label}"
     csv_path, json_path, png_path = (out_dir / f"{stem}{ext}" for ext in (".csv", ".json", ".png"))
 
     ctx = RunContext(cuda=cuda, stamp=stamp, graph=graph, log=lambda text: console.print(text, soft_wrap=True, highlight=False),

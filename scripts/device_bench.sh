@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call for benchmarks: the steps named in STEPS (default "large dtypes graph"),
+# each under its own timeout, results under $OUT. TILESPARSE_COMMIT names the commit.
+#   large  - the 'large' suite, bf16, every shape, peers side by side (eager timing)
+#   dtypes - fp16 and fp32 (TF32) rows on the main shape, b = 128 and 64
+#   graph  - kernel time (CUDA-graph replay) on the main shape
+#   ceiling - the Triton GEMM-ceiling probe
+set -o pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+for step in ${STEPS:-large dtypes graph}; do
+  start=$(date +%s)
+  case $step in
+    large)  timeout "${LARGE_TIMEOUT:-340}" python3 -m tilesparse bench --out "$OUT" > "$OUT/bench-large.log" 2>&1 ;;
+    dtypes) timeout "${DTYPES_TIMEOUT:-150}" python3 -m tilesparse bench --dtype fp16 fp32 --shape 8192x4096x4096 \
+              --block 128 64 --out "$OUT" --no-plot > "$OUT/bench-dtypes.log" 2>&1 ;;
+    graph)  timeout "${GRAPH_TIMEOUT:-150}" python3 -m tilesparse bench --cuda-graph --shape 8192x4096x4096 \
+              --no-plot --out "$OUT" > "$OUT/bench-graph.log" 2>&1 ;;
+    ceiling) timeout 90 python3 scripts/probes/gemm_ceiling.py > "$OUT/gemm-ceiling.txt" 2>&1 ;;
+  esac
+  echo "$step rc=$? $(( $(date +%s) - start )) s"
+done
+exit 0
