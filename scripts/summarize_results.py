@@ -30,9 +30,9 @@ def main() -> None:
         elif r["method"] in args.methods and r["ms"]:
             cells[(shape, r["dtype"], r["op"], r["method"], int(r["block"]))][float(r["density"])] = r
     densities = sorted({d for v in cells.values() for d in v}, reverse=True)
-    header = "| shape | op | method | b | " + " | ".join(f"d={d:g}" for d in densities) + " |"
+    header = "| shape | dtype | op | method | b | " + " | ".join(f"d={d:g}" for d in densities) + " |"
     print(header)
-    print("|" + "---|" * (4 + len(densities)))
+    print("|" + "---|" * (5 + len(densities)))
     for (shape, dtype, op, method, block), by_density in sorted(cells.items()):
         out = []
         for d in densities:
@@ -42,7 +42,7 @@ def main() -> None:
                 continue
             rate = float(r["tflops_nnz"]) / dense_rate[(shape, dtype, op)]
             out.append(f"{float(r['speedup_vs_dense']):.2f}x ({rate:.0%})")
-        print(f"| {shape} | {op} | {method} | {block} | " + " | ".join(out) + " |")
+        print(f"| {shape} | {dtype} | {op} | {method} | {block} | " + " | ".join(out) + " |")
 
 
 if __name__ == "__main__":
