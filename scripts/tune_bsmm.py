@@ -21,13 +21,18 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 
 
-def dds_space(tile: int):
+def dds_space(tile: int, fp32: bool = False):
     """A short list that covers the choices that matter: tile height (128/256), reduction
     step (64 or the whole block), pipeline depth, warps, and pointer vs TMA (host or
     device descriptors, with and without warp specialization)."""
     if tile < 64:
         for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
+        return
+    if fp32:  # 4-byte elements: half the reduction step for the same bytes per stage
+        for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
+            for variant in (dict(), dict(tma=True, device_desc=True)):
+                yield K.KernelConfig(bm, bk, warps, stages, **variant)
         return
     yield K.KernelConfig(128, 64, 4, 4)
     variants = (dict(tma=True), dict(tma=True, device_desc=True),
@@ -38,7 +43,11 @@ def dds_space(tile: int):
             yield K.KernelConfig(bm, min(bk, tile), warps, stages, **variant)
 
 
-def sdd_space(tile: int, nnz: int, sms: int):
+def sdd_space(tile: int, nnz: int, sms: int, fp32: bool = False):
+    if fp32:
+        for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
+            yield K.KernelConfig(bm, tile, warps, stages)
+        return
     for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3)):
         for splits in sorted({1, triton.cdiv(sms, nnz)}):
             for variant in (dict(tma=True), dict(tma=True, device_desc=True),
@@ -57,11 +66,15 @@ def main() -> None:
     p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.1])
     p.add_argument("--ops", nargs="+", default=["fprop", "bprop", "updat"])
     p.add_argument("--budget", type=float, default=240.0, help="seconds in all, shared evenly by the cases")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"], help="fp32 runs with TF32")
     p.add_argument("--out", default="tune.json")
     args = p.parse_args()
     m, n, k = map(int, args.shape.split("x"))
     dev = torch.device("cuda")
-    dtype = torch.bfloat16
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    fp32 = dtype == torch.float32
+    if fp32:
+        torch.set_float32_matmul_precision("high")  # TF32 for cuBLAS and the kernels alike
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     x = torch.randn(m, k, device=dev, dtype=dtype)
     dy = torch.randn(m, n, device=dev, dtype=dtype)
@@ -82,13 +95,13 @@ def main() -> None:
         meta, R, C = layout.meta, layout.block_rows, layout.block_cols
         tile = max(16, b)
         if op == "fprop":
-            space = dds_space(tile)
+            space = dds_space(tile, fp32)
             call = lambda cfg: K.dds(x, values, meta, None, R, C, True, cfg)  # noqa: E731
         elif op == "bprop":
-            space = dds_space(tile)
+            space = dds_space(tile, fp32)
             call = lambda cfg: K.dds(dy, values, meta, None, R, C, False, cfg)  # noqa: E731
         else:
-            space = sdd_space(tile, layout.nnz, sms)
+            space = sdd_space(tile, layout.nnz, sms, fp32)
             call = lambda cfg: K.sdd(dy.t(), x, meta, b, R, C, cfg)  # noqa: E731
         expected = call(None).float()
         default_ms = bench(lambda: call(None))
@@ -122,7 +135,7 @@ def main() -> None:
         results.append(row)
         print(json.dumps({k_: v for k_, v in row.items() if k_ != "tried"}), flush=True)
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "rows": results}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "dtype": args.dtype, "rows": results}, f, indent=1)
     print("\nop     b   dens  default  best    dense   speedup  rate(best)  cfg")
     for r in results:
         print(f"{r['op']:6} {r['block']:3} {r['density']:5.2f} {r['default_ms']:.4f} {r['best_ms']:.4f} "

@@ -85,15 +85,18 @@ def test_linear_input_layouts(block_size, dtype, input_kind):
     _check_linear(*_linear_inputs(block_size, dtype, "empty_rows_cols", input_kind, m), dtype)
 
 
+@pytest.mark.parametrize("kind", ["random", "empty_rows_cols"])
+@pytest.mark.parametrize("block_size", [8, 64, 128], ids=lambda b: f"b{b}")
 @pytest.mark.parametrize("precision", ["high", "medium"])
-def test_linear_fp32_tf32(precision):
+def test_linear_fp32_tf32(precision, block_size, kind):
     # With float32 matmul precision below 'highest' the kernels use TF32 (like cuBLAS);
-    # the fp32 tolerance allows for it.
+    # the fp32 tolerance allows for it. TF32 bprop runs on per-block transposed values
+    # and updat on M-contiguous copies of the activations: forward and backward checked.
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
         assert kernels._input_precision(torch.float32) == "tf32"
-        _check_linear(*_linear_inputs(64, torch.float32, "random", "contiguous", 1000), torch.float32)
+        _check_linear(*_linear_inputs(block_size, torch.float32, kind, "transposed", 1000), torch.float32)
     finally:
         torch.set_float32_matmul_precision(old)
 

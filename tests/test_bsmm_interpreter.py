@@ -282,3 +282,29 @@ def test_sdd_device_descriptors(kind):
     cfg = kernels.KernelConfig(16, 16, 4, 2, tma=True, device_desc=True)
     bsmm_tma.launch_sdd_device_desc(g, b, out, row_of, row_cols, 50, 64, layout.nnz, 1, cfg, 16, "ieee")
     assert_close(out, layout.gather(g.t().double() @ b.double()), torch.float32, "sdd device descriptors")
+
+
+# --------------------------------------------------------------------------- TF32 operand order
+# Under TF32 the launchers transpose bprop's blocks and make updat's operands
+# M-contiguous (tensor cores read TF32 K-major only); the interpreter checks that the
+# rearranged operands still give the same products.
+
+
+@pytest.fixture
+def tf32():
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+@pytest.mark.parametrize("block_size", [8, 16], ids=lambda b: f"b{b}")
+@pytest.mark.parametrize("kind", ["random", "empty_rows_cols"])
+def test_tf32_bprop_and_updat_operand_order(tf32, kind, block_size):
+    assert kernels._input_precision(torch.float32) == "tf32"
+    layout = make_layout(kind, *GRID, block_size)
+    a, values, bias = dds_inputs(layout, 37, torch.float32, False, True)
+    check_dds(layout, a, values, bias, False, torch.float32)
+    rows, cols = layout.shape
+    g, x = torch.randn(37, rows), torch.randn(37, cols)
+    check_sdd(layout, g.t(), x, torch.float32)  # the backward's strided views

@@ -238,6 +238,13 @@ def dds(
     else:
         ptr, idx, slot = table_views(meta, block_rows, block_cols, "col_ptr", "col_rows", "col_slot")
         n_out = block_cols
+    precision = _input_precision(a.dtype)
+    trans_v = trans
+    if not trans and precision == "tf32":
+        # TF32 tensor cores read their operands K-major only; S's blocks used untransposed
+        # are N-major. Transposing each stored block (a pass over the nonzero values, not
+        # a dense W) turns bprop into the K-major access fprop has.
+        values, trans_v = values.transpose(1, 2).contiguous(), True
     m = a.shape[0]
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
@@ -246,13 +253,13 @@ def dds(
     num_tiles = triton.cdiv(m, cfg.block_m) * n_out
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
         if cfg.device_desc:
-            bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, _input_precision(a.dtype))
+            bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
             return c
         programs = num_tiles
         if cfg.programs_per_sm:
             programs = min(num_tiles, cfg.programs_per_sm * sm_count(a.device))
         bsmm_tma.launch_dds(
-            a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, _input_precision(a.dtype), programs, cfg.flatten
+            a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision, programs, cfg.flatten
         )
         return c
     _dds_kernel[(num_tiles,)](
@@ -261,8 +268,8 @@ def dds(
         m, n_out,
         a.stride(0), a.stride(1), c.stride(0), c.stride(1),
         B=b, TILE_B=_tile(b), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-        GROUP_M=cfg.group_m, INPUT_PRECISION=_input_precision(a.dtype),
+        TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+        GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return c
@@ -285,6 +292,13 @@ def sdd(
     row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
     nnz = row_cols.numel()
     m = a.shape[1]
+    precision = _input_precision(a.dtype)
+    if precision == "tf32" and nnz:
+        # TF32 tensor cores read K-major operands only; the reduction axis here is M, and
+        # in the backward A = dY^T and B = X are M-strided views. One copy of each
+        # activation makes them M-contiguous (no copy of the weight).
+        a = a if a.stride(1) == 1 else a.contiguous()
+        b = b if b.stride(0) == 1 else b.t().contiguous().t()
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
@@ -298,12 +312,11 @@ def sdd(
     if tma and cfg.device_desc:
         bsmm_tma.launch_sdd_device_desc(
             a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size,
-            _input_precision(a.dtype),
+            precision,
         )
     elif tma:
         bsmm_tma.launch_sdd(
-            a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size,
-            _input_precision(a.dtype),
+            a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size, precision,
         )
     else:
         _sdd_kernel[(nnz, splits)](
@@ -311,7 +324,7 @@ def sdd(
             m, m_per_split, nnz,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
-            INPUT_PRECISION=_input_precision(a.dtype),
+            INPUT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if splits > 1:
