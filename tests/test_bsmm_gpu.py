@@ -412,3 +412,30 @@ def test_block_layout_from_cuda_mask():
     weight = random_values(layout, torch.float32, DEVICE)
     y = tilesparse.block_sparse_linear(x, weight, layout)
     assert_close(y, x.double().cpu() @ dense_of(weight, layout).t(), torch.float32)
+
+
+# --------------------------------------------------------------------------- small-batch kernel
+# dds has two kernels: large-batch tiles and a weight-streaming kernel for few rows.
+# Both are forced here at the M values around the dispatch threshold, every block size
+# and dtype, both table directions, with bias.
+
+
+@pytest.mark.parametrize("path", ["large", "small"])
+@pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES, ids=lambda b: f"b{b}")
+def test_dds_both_kernels(block_size, dtype, trans, m, path):
+    from tilesparse.kernels import bsmm_small
+
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    cfg = kernels.dds_config(m, block_size, dtype) if path == "large" else bsmm_small.small_config(m, block_size, dtype)
+    meta = layout.meta_on(DEVICE)
+    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    assert_close(out, expected, dtype, f"dds {path}")

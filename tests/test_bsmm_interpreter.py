@@ -21,6 +21,7 @@ import torch
 from bsmm_cases import LAYOUT_KINDS, dense_of, make_layout, random_values
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_small
 from tilesparse.kernels._alloc import poison_enabled
 from tolerances import assert_close
 
@@ -81,17 +82,37 @@ def test_poisoning_is_on():
 # --------------------------------------------------------------------------- dds
 
 
+def kernel_config(path, m, block_size, dtype):
+    """Force one of dds's two kernels: the large-batch tiles or the small-batch stream."""
+    if path == "large":
+        return kernels.dds_config(m, block_size, dtype)
+    return bsmm_small.small_config(m, block_size, dtype)
+
+
 # trans=True is fprop (row table), trans=False is bprop (column table + slot indirection).
-# M=1 (one partial 16-row tile) and M=37 (a partial 64-row tile).
+# M=1 (one partial 16-row tile) and M=37 (a partial 64-row tile), through both kernels.
+@pytest.mark.parametrize("path", ["large", "small"])
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("m", [1, 37], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", BLOCK_SIZES, ids=lambda b: f"b{b}")
-def test_dds(block_size, dtype, trans, m, with_bias):
+def test_dds(block_size, dtype, trans, m, with_bias, path):
     layout = make_layout("empty_rows_cols", *GRID, block_size)
     a, values, bias = dds_inputs(layout, m, dtype, trans, with_bias)
-    check_dds(layout, a, values, bias, trans, dtype)
+    check_dds(layout, a, values, bias, trans, dtype, kernel_config(path, m, block_size, dtype))
+
+
+# The small-batch kernel's own knobs: feature slices narrower than the block (several
+# programs per block-row), a reduction step shorter than the block, M past one m-tile.
+@pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16)])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m):
+    layout = make_layout(layout_kind, *GRID, 32)
+    a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
+    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2)
+    check_dds(layout, a, values, bias, trans, torch.float32, config)
 
 
 # Every layout class (empty: bias-only output from zero-length ptr ranges; full; random;
@@ -220,8 +241,6 @@ def test_sdd_zero_reduction_length_is_zero():
 def test_launcher_with_non_contiguous_bias():
     # Regression: a strided bias once reached the kernel, which reads bias_ptr + column;
     # the launcher now makes bias (and values) contiguous.
-    from tilesparse.kernels import bsmm as kernels
-
     layout = make_layout("random", *GRID, 16)
     a, values, _ = dds_inputs(layout, 37, torch.float32, True, False)
     bias = torch.randn(2 * layout.shape[0])[::2]

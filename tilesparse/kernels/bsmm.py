@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from . import bsmm_tma
+from . import bsmm_small, bsmm_tma
 from ._alloc import new_output
 from ._tiles import grouped_tile
 from ._device import sm_count
@@ -171,6 +171,17 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
+SMALL_M_MAX = 64
+"""Largest M the small-batch dds kernel takes by default (provisional: to be set from the
+crossover measured by the 'small' benchmark suite)."""
+
+
+def use_small_kernel(m: int, block_size: int, dtype: torch.dtype) -> bool:
+    """Whether dds with M rows of activations runs the small-batch (weight-streaming)
+    kernel rather than the large-batch tiles."""
+    return m <= SMALL_M_MAX
+
+
 @functools.lru_cache(maxsize=4096)
 def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     """Deterministic heuristic config for dds, from the H200 sweeps of 2026-11-29
@@ -223,9 +234,11 @@ def dds(
     block_rows: int,
     block_cols: int,
     trans: bool,
-    config: KernelConfig | None = None,
+    config: KernelConfig | bsmm_small.SmallConfig | None = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
+    Few rows of A (``use_small_kernel``) run the small-batch kernel of
+    :mod:`tilesparse.kernels.bsmm_small`; a config of either kind forces its kernel.
 
     trans=True:  C [M, block_rows*b] = A [M, block_cols*b] @ S^T   (fprop)
     trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)
@@ -248,6 +261,10 @@ def dds(
     m = a.shape[0]
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
+        return c
+    if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
+        small_cfg = config or bsmm_small.small_config(m, b, a.dtype)
+        bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)
     num_tiles = triton.cdiv(m, cfg.block_m) * n_out

@@ -1,0 +1,128 @@
+"""Small-batch (memory-bound) variant of dds: few rows of activations, large sparse weight.
+
+With M <= 64 rows (RNN minibatches, decoding) the product moves far more weight bytes
+than it does FLOPs, so the kernel's job is to stream every nonzero block from HBM
+once, with enough loads in flight to saturate it. The large-batch kernel tiles the
+output as [M-tile, whole block-column]: at M = 32 it would run one program per
+block-column (96 for W 12288² at b = 128: fewer than the SMs) and waste most of each
+128-row tile. Here the product is computed transposed ("swap AB"),
+
+    C^T [n_out*b, M] = op(S) [n_out*b, K] @ A^T [K, M],
+
+so a weight slice is the tile's left operand and M is the narrow side. Each program
+owns SUB output features (a slice of one block-row of op(S)) for all M, and walks the
+same row/column table as the large kernel. Splitting a block-row into b / SUB slices
+gives b / SUB times more programs, each streaming contiguous SUB x b pieces of the
+blocks (fprop) or SUB-wide column strips of them (bprop).
+
+Same tables, same results (bitwise deterministic: every output written once, fixed
+reduction order) as :mod:`tilesparse.kernels.bsmm`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dds_small_kernel(
+    a_ptr, v_ptr, bias_ptr, c_ptr,
+    ptr_ptr, idx_ptr, slot_ptr,
+    M,
+    stride_am, stride_ak, stride_cm, stride_cn,
+    B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Program (j * SUBS + s, m-tile) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
+    acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
+
+    TRANS_V (fprop): op(V) = V, rows of the stored block are output features.
+    not TRANS_V (bprop): op(V) = V^T, columns of the stored block are output features.
+    """
+    SUBS: tl.constexpr = TILE_B // SUB
+    pid = tl.program_id(0)
+    j = pid // SUBS
+    s = pid % SUBS
+    offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_f = s * SUB + tl.arange(0, SUB)  # output features within the block
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    f_ok = offs_f < B
+    start = tl.load(ptr_ptr + j)
+    end = tl.load(ptr_ptr + j + 1)
+    acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
+    K_STEPS: tl.constexpr = TILE_B // BLOCK_K
+    for t in range(start * K_STEPS, end * K_STEPS):
+        e = t // K_STEPS
+        k_in = (t % K_STEPS) * BLOCK_K + offs_k
+        k_ok = k_in < B
+        blk = tl.load(idx_ptr + e).to(tl.int64)
+        if HAS_SLOT:
+            slot = tl.load(slot_ptr + e).to(tl.int64)
+        else:
+            slot = e.to(tl.int64)
+        v_base = v_ptr + slot * (B * B)
+        if TRANS_V:  # feature f, reduction k: V[f, k]
+            w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+        else:  # V[k, f]
+            w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(
+            a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+            mask=k_ok[:, None] & m_ok[None, :], other=0.0,
+        )
+        acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+    cols = j.to(tl.int64) * B + offs_f
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
+
+
+@dataclass(frozen=True)
+class SmallConfig:
+    """Launch parameters of the small-batch kernel: ``sub`` output features per program,
+    ``block_k`` reduction step, ``block_m`` activation rows per program."""
+
+    sub: int
+    block_k: int
+    block_m: int
+    num_warps: int
+    num_stages: int
+
+
+def _tile(block_size: int) -> int:
+    return max(16, triton.next_power_of_2(block_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def small_config(m: int, block_size: int, dtype: torch.dtype) -> SmallConfig:
+    """Heuristic config: slices of 32 features (16 for blocks of 16), the whole block as
+    one reduction step up to 64, activations padded to a power of two >= 16, deep
+    pipelines (the loop is a stream of independent loads)."""
+    tile = _tile(block_size)
+    sub = min(tile, 32)
+    block_k = min(tile, 64 if dtype != torch.float32 else 32)
+    block_m = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=4)
+
+
+def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
+    """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
+    b = values.shape[-1]
+    tile = _tile(b)
+    cfg = config
+    grid = (n_out * (tile // cfg.sub), triton.cdiv(a.shape[0], cfg.block_m))
+    _dds_small_kernel[grid](
+        a, values, bias if bias is not None else c, c,
+        ptr, idx, slot if slot is not None else ptr,
+        a.shape[0],
+        a.stride(0), a.stride(1), c.stride(0), c.stride(1),
+        B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
+        TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
