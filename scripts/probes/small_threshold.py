@@ -1,0 +1,101 @@
+"""Where does dds's small-batch kernel stop beating the large-batch one?
+
+For W [N, K] block-sparse (bf16) and M rows of activations, times in one process (CUDA
+graph replay: kernel time, no host overhead) the large-batch kernel with its default
+config, the small-batch kernel at a few configs, and dense cuBLAS, for fprop and bprop.
+Prints the crossover M per (op, block, density) and writes everything as JSON: the
+numbers behind ``tilesparse.kernels.bsmm.use_small_kernel``.
+
+    python scripts/probes/small_threshold.py --out small_threshold.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton.testing
+
+import tilesparse as ts
+from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_small as S
+
+SMALL_VARIANTS = {  # name -> (sub, block_k, num_stages); block_m follows M
+    "s32k64st4": (32, 64, 4),
+    "s16k64st6": (16, 64, 6),
+}
+
+
+def kernel_ms(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--weight", default="12288x12288", help="NxK")
+    p.add_argument("--ms", type=int, nargs="+", default=[1, 32, 64, 128, 256])
+    p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.03])
+    p.add_argument("--out", default="small_threshold.json")
+    args = p.parse_args()
+    n, k = map(int, args.weight.split("x"))
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    t0 = time.time()
+    w_dense = torch.randn(n, k, device=dev, dtype=dt)
+    rows = []
+    dense = {}
+    for m in args.ms:
+        x = torch.randn(m, k, device=dev, dtype=dt)
+        dy = torch.randn(m, n, device=dev, dtype=dt)
+        dense[m] = {"fprop": kernel_ms(lambda: x @ w_dense.t()), "bprop": kernel_ms(lambda: dy @ w_dense)}
+    for b in args.blocks:
+        for d in args.densities:
+            layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
+            values = torch.randn(layout.nnz, b, b, device=dev, dtype=dt)
+            meta, R, C = layout.meta, layout.block_rows, layout.block_cols
+            weight_bytes = layout.nnz * b * b * 2
+            for m in args.ms:
+                x = torch.randn(m, k, device=dev, dtype=dt)
+                dy = torch.randn(m, n, device=dev, dtype=dt)
+                for op, a, trans in (("fprop", x, True), ("bprop", dy, False)):
+                    row = {"op": op, "block": b, "density": d, "M": m, "dense_ms": dense[m][op],
+                           "weight_bytes": weight_bytes}
+                    large = K.dds_config(m, b, dt)
+                    ref = K.dds(a, values, meta, None, R, C, trans, large).float()
+                    row["large_ms"] = kernel_ms(lambda: K.dds(a, values, meta, None, R, C, trans, large))
+                    for name, (sub, bk, stages) in SMALL_VARIANTS.items():
+                        tile = max(16, b)
+                        if sub > tile:
+                            continue
+                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, 4, stages)
+                        out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
+                        err = ((out - ref).norm() / ref.norm()).item()
+                        if not err < 1e-2:
+                            print("WRONG", op, b, d, m, name, err, flush=True)
+                            continue
+                        row[name] = kernel_ms(lambda: K.dds(a, values, meta, None, R, C, trans, cfg))
+                    small = {v: row[v] for v in SMALL_VARIANTS if v in row}
+                    best = min(small, key=small.get)
+                    row["small_best"], row["small_ms"] = best, small[best]
+                    row["small_bw_tbs"] = weight_bytes / (small[best] * 1e-3) / 1e12
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            with open(args.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "weight": args.weight, "rows": rows}, f, indent=1)
+    print(f"\n{time.time() - t0:.0f} s. crossover (largest M where small <= large):")
+    for b in args.blocks:
+        for d in args.densities:
+            for op in ("fprop", "bprop"):
+                sel = [r for r in rows if r["block"] == b and r["density"] == d and r["op"] == op]
+                wins = [r["M"] for r in sel if r["small_ms"] <= r["large_ms"]]
+                line = " ".join(f"M{r['M']}:{r['small_ms'] * 1e3:.0f}/{r['large_ms'] * 1e3:.0f}/{r['dense_ms'] * 1e3:.0f}us"
+                                for r in sel)
+                print(f"b{b} d{d} {op}: small wins up to M={max(wins) if wins else None}  [{line}]")
+
+
+if __name__ == "__main__":
+    main()
