@@ -22,10 +22,16 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-SMALL_VARIANTS = {  # name -> (sub, block_k, num_stages); block_m follows M
-    "s32k64st4": (32, 64, 4),
-    "s16k64st6": (16, 64, 6),
+ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps); block_m follows M
+    "s32k64st4": (32, 64, 4, 4),
+    "s16k64st6": (16, 64, 6, 4),
+    "s32k128st4": (32, 128, 4, 4),
+    "s64k64st4": (64, 64, 4, 4),
+    "s64k128st3": (64, 128, 3, 8),
+    "s32k64st8": (32, 64, 8, 4),
+    "s128k64st4": (128, 64, 4, 8),
 }
+SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
 
 def kernel_ms(fn) -> float:
@@ -40,8 +46,11 @@ def main() -> None:
     p.add_argument("--ms", type=int, nargs="+", default=[1, 32, 64, 128, 256])
     p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.03])
+    p.add_argument("--variants", nargs="+", default=list(SMALL_VARIANTS), choices=list(ALL_VARIANTS))
     p.add_argument("--out", default="small_threshold.json")
     args = p.parse_args()
+    SMALL_VARIANTS.clear()
+    SMALL_VARIANTS.update({k: ALL_VARIANTS[k] for k in args.variants})
     n, k = map(int, args.weight.split("x"))
     dev, dt = torch.device("cuda"), torch.bfloat16
     t0 = time.time()
@@ -67,11 +76,11 @@ def main() -> None:
                     large = K.dds_config(m, b, dt)
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
                     row["large_ms"] = kernel_ms(lambda: K.dds(a, values, meta, None, R, C, trans, large))
-                    for name, (sub, bk, stages) in SMALL_VARIANTS.items():
+                    for name, (sub, bk, stages, warps) in SMALL_VARIANTS.items():
                         tile = max(16, b)
                         if sub > tile:
                             continue
-                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, 4, stages)
+                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, warps, stages)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:
