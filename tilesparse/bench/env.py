@@ -17,7 +17,7 @@ import torch
 
 __all__ = [
     "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
-    "copy_bandwidth_gbs", "environment", "paths",
+    "copy_bandwidth_gbs", "l2_cache_bytes", "environment", "paths",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -115,6 +115,14 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float | None:
     return 2 * nbytes / (ms * 1e-3) / 1e9  # the 2 GiB go back to torch's cache on return
 
 
+def l2_cache_bytes() -> int | None:
+    """The GPU's L2 cache size in bytes (what an operand must exceed to be read from HBM
+    under graph replay, which does not flush L2); None on CPU."""
+    if not has_cuda():
+        return None
+    return int(torch.cuda.get_device_properties(0).L2_cache_size)
+
+
 def paths() -> dict[str, str | bool]:
     """Which compute paths and peers are available (for `tilesparse info`)."""
     from .peers import stk_available, torch_bsr_available
@@ -139,6 +147,7 @@ def environment(bandwidth: bool = True) -> dict:
         env["sm_count"] = props.multi_processor_count
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
         env["cuda"] = torch.version.cuda
+        env["l2_cache_bytes"] = l2_cache_bytes()
         env["copy_bandwidth_gbs"] = copy_bandwidth_gbs() if bandwidth else None
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     return env

@@ -6,18 +6,27 @@ autotuning, lookup tables) is run and synchronised before timing starts. do_benc
 times what a caller sees, host launch overhead included: where the GPU work is shorter
 than the Python that launches it, the host is what gets timed. ``graph=True`` replays
 the calls from a CUDA graph instead (do_bench_cudagraph: no host overhead, no L2
-flush), which isolates the kernels' own time.
+flush), which isolates the kernels' own time. Without the flush, an operand smaller than
+L2 is read from L2 on every replay after the first; :func:`rotation_copies` says how
+many copies of a case's operands to cycle through so that none is.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
 
 import torch
 
-__all__ = ["bench_ms"]
+__all__ = ["bench_ms", "rotation_copies", "L2_ROTATION_FACTOR", "MAX_ROTATION_COPIES"]
+
+# Operand sets cycled through together span this many L2 caches, so by the time a set comes
+# round again the others have evicted it: its reads go to HBM.
+L2_ROTATION_FACTOR = 3
+# A bound on the copies (and on the calls captured per graph replay) for the tiniest cases.
+MAX_ROTATION_COPIES = 256
 
 
 def bench_ms(
@@ -45,3 +54,13 @@ def bench_ms(
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def rotation_copies(footprint_bytes: int, l2_bytes: int | None, *, factor: int = L2_ROTATION_FACTOR,
+                    max_copies: int = MAX_ROTATION_COPIES) -> int:
+    """How many operand sets of ``footprint_bytes`` each (the original included) to cycle
+    through so that together they span ``factor`` L2 caches: at least 1, at most
+    ``max_copies``; 1 when the L2 size is unknown (CPU)."""
+    if not l2_bytes or footprint_bytes <= 0:
+        return 1
+    return max(1, min(max_copies, math.ceil(factor * l2_bytes / footprint_bytes)))
