@@ -5,6 +5,7 @@
     tilesparse info
     tilesparse bench                         # 'large' suite on a GPU; a CPU smoke run without one
     tilesparse bench --quick                 # a ~2-minute subset
+    tilesparse bench --suite small           # batch 1..512: achieved bandwidth (gbps, bw_fraction), graph-timed
     tilesparse bench --block 64 --density 0.1 --shape 8192x4096x4096 --ops fprop --out /tmp/b
 """
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-plot", action="store_true", help="skip the PNG")
     b.add_argument("--cuda-graph", action="store_true",
                    help="time CUDA graph replays (kernel time without host launch overhead, no L2 flush); "
-                   "the suite label gets '-graph'")
+                   "the suite label gets '-graph' (the 'small' suite times graph replays without it)")
     d = sub.add_parser("demo", help="dense vs wider block-sparse byte-level LM at equal parameters",
                        description="Train a dense byte-level GPT and one whose MLPs are block-sparse and wider "
                        "by 1/density (equal stored parameters), on the same bytes for the same steps, and "
@@ -131,12 +132,22 @@ def cmd_info(console) -> int:
 # --------------------------------------------------------------------------- bench
 
 
-def _timing_description(cuda: bool, graph: bool) -> str:
+def _timing_description(cuda: bool, graph: bool, cold_l2: bool = False, l2_bytes: int | None = None) -> str:
+    """What the JSON sidecar says about how the rows were timed."""
+    from .bench.timing import L2_ROTATION_FACTOR, MAX_ROTATION_COPIES
+
     if not cuda:
         return "time.perf_counter median of 5 calls after 1 warm-up"
     if graph:
-        return "triton.testing.do_bench_cudagraph median (rep 100 ms; no L2 flush, no host overhead)"
-    return "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed; host launch overhead included)"
+        text = "triton.testing.do_bench_cudagraph median (rep 100 ms; no L2 flush, no host overhead)"
+    else:
+        text = "triton.testing.do_bench median (warmup 25 ms, rep 100 ms, L2 flushed; host launch overhead included)"
+    if cold_l2:
+        l2 = f"{l2_bytes / 2**20:.0f} MiB" if l2_bytes else "size unknown"
+        text += (f"; each timed call runs the op on copies of the case's operands (x, dy, W with its own tables) "
+                 f"spanning {L2_ROTATION_FACTOR}x the L2 cache ({l2}; at most {MAX_ROTATION_COPIES} copies), "
+                 "so they are read from HBM, not L2; ms is per op call")
+    return text
 
 
 def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
@@ -151,7 +162,8 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
         console.print(
             "[bold yellow]No CUDA device is present.[/] The table below is a small reference timing "
             "of the PyTorch reference path on the CPU (suite 'cpu-reference'); it says nothing "
-            "about GPU performance. Run on a GPU for the real suites."
+            "about GPU performance. Run on a GPU for the real suites"
+            + (f" (asked for: '{args.suite}')." if args.suite != CPU_SUITE else ".")
         )
         suite_name = CPU_SUITE
     suite = bench.get_suite(suite_name)
@@ -161,8 +173,10 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
         table = suite.prepare(suite_name, quick=args.quick, overrides=overrides)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2
-    graph = bool(args.cuda_graph and cuda)
-    label = suite_name + ("-quick" if args.quick and suite_name != CPU_SUITE else "") + ("-graph" if graph else "")
+    # graph replay: asked for, or the suite's own default (its label then stays plain)
+    graph = cuda and bool(args.cuda_graph or table.get("graph"))
+    label = (suite_name + ("-quick" if args.quick and suite_name != CPU_SUITE else "")
+             + ("-graph" if graph and args.cuda_graph else ""))
 
     versions = env.versions()
     stamp = {"gpu": env.device_name(), "torch": versions["torch"], "triton": versions["triton"],
@@ -175,15 +189,16 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     stem = f"{_dt.date.today().isoformat()}-{env.device_slug(stamp['gpu'])}-{file_label}"
     csv_path, json_path, png_path = (out_dir / f"{stem}{ext}" for ext in (".csv", ".json", ".png"))
 
-    ctx = RunContext(cuda=cuda, stamp=stamp, graph=graph, log=lambda text: console.print(text, soft_wrap=True, highlight=False),
-                     checkpoint=lambda rows: report.write_csv(rows, csv_path))
     console.print(f"suite {label} on {stamp['gpu']}: dtypes {table['dtypes']}, shapes "
                   f"{[f'{m}x{n}x{k}' for m, n, k in table['shapes']]}, blocks {table['blocks']}, "
                   f"densities {table['densities']}, ops {table['ops']}")
     info = env.environment()  # measures copy bandwidth before the suite, on an idle GPU
     info.update({"suite": label, "argv": sys.argv[1:] if argv is None else argv, "cases": table,
                  "complete": False, "rows": None, "csv": csv_path.name, "methods": DESCRIPTIONS,
-                 "timing": _timing_description(cuda, graph)})
+                 "timing": _timing_description(cuda, graph, bool(table.get("cold_l2")), info.get("l2_cache_bytes"))})
+    ctx = RunContext(cuda=cuda, stamp=stamp, graph=graph, copy_bandwidth_gbs=info.get("copy_bandwidth_gbs"),
+                     log=lambda text: console.print(text, soft_wrap=True, highlight=False),
+                     checkpoint=lambda rows: report.write_csv(rows, csv_path))
     report.write_json(info, json_path)  # so a run cut short still leaves its environment
     rows = suite.run(label, table, ctx)
     report.write_csv(rows, csv_path)
@@ -195,7 +210,8 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     if info.get("copy_bandwidth_gbs"):
         console.print(f"device copy bandwidth: {info['copy_bandwidth_gbs']:.0f} GB/s")
     written = [csv_path, json_path]
-    if not args.no_plot and report.plot(rows, png_path, title=f"{label} on {stamp['gpu']} ({stamp['commit']})"):
+    plot = suite.plot or report.plot
+    if not args.no_plot and plot(rows, png_path, title=f"{label} on {stamp['gpu']} ({stamp['commit']})"):
         written.append(png_path)
     console.print("wrote " + ", ".join(str(p) for p in written))
     errors = [r for r in rows if r["method"] == "tilesparse" and r["ms"] is None]

@@ -2,21 +2,26 @@
 
 A suite is a pair of functions: ``prepare(name, quick=, overrides=)`` returns its case
 table (raising ValueError on impossible input, before any GPU time is spent) and
-``run(label, table, ctx)`` returns result rows (see :data:`COLUMNS`). Case tables
+``run(label, table, ctx)`` returns result rows (see :data:`COLUMNS`), plus optionally
+``plot(rows, path, title=)`` for its PNG (default: speedup against density). Case tables
 (shapes, blocks, densities, ops, dtypes) are data in ``cases/<family>.json``, not code,
-so a sweep changes by editing one file. Later suites ('small', 'attention', 'semi24')
-register themselves the same way.
+so a sweep changes by editing one file. A table's ``"graph": true`` makes CUDA-graph
+replay its default timing. Later suites ('attention', 'semi24') register themselves the
+same way.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from typing import Callable
 
 __all__ = [
-    "COLUMNS", "EXTRA_COLUMNS", "SUITES", "Suite", "register", "get_suite", "suite_names", "load_cases",
+    "COLUMNS", "EXTRA_COLUMNS", "BANDWIDTH_COLUMNS", "SUITES", "Suite",
+    "register", "get_suite", "suite_names", "load_cases",
 ]
 
 # The CSV's leading columns, in this order; extras follow.
@@ -25,6 +30,9 @@ COLUMNS = [
     "tflops_nnz", "speedup_vs_dense", "gpu", "torch", "triton", "commit",
 ]
 EXTRA_COLUMNS = ["rel_err", "note"]
+# Written after the extras, only when some row has them (the 'small' suite's rows do):
+# achieved GB/s on the op's nominal bytes, and that over the device copy bandwidth.
+BANDWIDTH_COLUMNS = ["gbps", "bw_fraction"]
 
 
 @dataclass(frozen=True)
@@ -32,14 +40,16 @@ class Suite:
     name: str
     prepare: Callable[..., dict]
     run: Callable[..., list]
+    plot: Callable[..., object] | None = None  # None: report.plot
 
 
 SUITES: dict[str, Suite] = {}
 
 
-def register(name: str, *, prepare: Callable[..., dict], run: Callable[..., list]) -> Suite:
+def register(name: str, *, prepare: Callable[..., dict], run: Callable[..., list],
+             plot: Callable[..., object] | None = None) -> Suite:
     """Make a suite callable as ``tilesparse bench --suite NAME``."""
-    SUITES[name] = Suite(name, prepare, run)
+    SUITES[name] = Suite(name, prepare, run, plot)
     return SUITES[name]
 
 
@@ -63,3 +73,12 @@ def load_cases(family: str) -> dict:
 
 def _load_builtin_suites() -> None:
     from . import matmul  # noqa: F401  (registers 'large' and 'cpu-reference')
+    from . import small  # noqa: F401  (registers 'small')
+
+    # 'lstm' is written separately and may not be in this checkout yet: its absence must
+    # not take the other suites down; a module that is there but fails to import warns.
+    try:
+        importlib.import_module(f"{__name__}.lstm")  # registers 'lstm'
+    except ImportError as exc:
+        if exc.name != f"{__name__}.lstm":  # lstm.py is there but an import inside it failed
+            warnings.warn(f"benchmark suite 'lstm' not loaded: {type(exc).__name__}: {exc}", stacklevel=2)

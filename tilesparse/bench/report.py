@@ -1,5 +1,6 @@
 """Writing results: the CSV (fixed leading columns), a JSON sidecar with the
-environment, a rich summary table and a PNG of speedup against density."""
+environment, a rich summary table and a PNG: speedup against density, or, for suites
+whose rows carry bandwidth ('small'), achieved bandwidth against M."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import json
 import math
 from pathlib import Path
 
-from . import COLUMNS, EXTRA_COLUMNS
+from . import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS
 
-__all__ = ["write_csv", "write_json", "print_table", "plot"]
+__all__ = ["write_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
 
 PEER_ORDER = ("tilesparse", "torch_bsr", "stk")
+METHOD_STYLES = {"tilesparse": ("-", "o"), "torch_bsr": ("--", "s"), "stk": (":", "^")}  # line, marker
 
 
 def _cell(value):
@@ -24,8 +26,12 @@ def _cell(value):
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
-    """COLUMNS first, in order, then the extras; empty cells for missing values."""
-    extras = list(EXTRA_COLUMNS) + sorted({k for r in rows for k in r} - set(COLUMNS) - set(EXTRA_COLUMNS))
+    """COLUMNS first, in order, then EXTRA_COLUMNS, then BANDWIDTH_COLUMNS if any row has
+    them, then any other keys sorted; empty cells for missing values."""
+    keys = {k for r in rows for k in r}
+    known = set(COLUMNS) | set(EXTRA_COLUMNS) | set(BANDWIDTH_COLUMNS)
+    bandwidth = list(BANDWIDTH_COLUMNS) if keys & set(BANDWIDTH_COLUMNS) else []
+    extras = list(EXTRA_COLUMNS) + bandwidth + sorted(keys - known)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     with tmp.open("w", newline="") as f:
@@ -53,11 +59,15 @@ def print_table(rows: list[dict], console, title: str = "") -> None:
     from rich.table import Table
 
     present = [m for m in PEER_ORDER if any(r["method"] == m for r in rows)]
+    bandwidth = any(r.get("gbps") is not None for r in rows)
     table = Table(title=title, show_lines=False)
     for name in ("dtype", "M x N x K", "op", "block", "density", "dense ms", "tilesparse ms"):
         table.add_column(name, justify="right")
     for method in present:
         table.add_column(f"{method} x", justify="right")
+    if bandwidth:
+        table.add_column("tilesparse GB/s", justify="right")
+        table.add_column("of copy bw", justify="right")
     table.add_column("rel_err", justify="right")
     table.add_column("note")
     groups: dict[tuple, dict] = {}
@@ -77,6 +87,8 @@ def print_table(rows: list[dict], console, title: str = "") -> None:
             speedup = by_method.get(method, {}).get("speedup_vs_dense")
             text = _fmt(speedup, ".2f")
             cells.append(f"[bold green]{text}[/]" if method == "tilesparse" and speedup and speedup >= 1 else text)
+        if bandwidth:
+            cells += [_fmt(ts.get("gbps"), ".0f"), _fmt(ts.get("bw_fraction"), ".0%")]
         cells.append(_fmt(ts.get("rel_err"), ".1e"))
         note = ts.get("note") or ""
         cells.append(f"[red]{note}[/]" if note.startswith("error") else note)
@@ -99,7 +111,6 @@ def plot(rows: list[dict], path: Path, title: str = "") -> Path | None:
     ops = list(dict.fromkeys(r["op"] for r in sparse))
     blocks = sorted({r["block"] for r in sparse})
     colors = {b: plt.cm.tab10(i % 10) for i, b in enumerate(blocks)}
-    styles = {"tilesparse": ("-", "o"), "torch_bsr": ("--", "s"), "stk": (":", "^")}
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, axes = plt.subplots(len(shapes), len(ops), figsize=(4.2 * len(ops), 3.2 * len(shapes) + 0.8),
@@ -116,7 +127,7 @@ def plot(rows: list[dict], path: Path, title: str = "") -> Path | None:
                                  and r["method"] == method and r["block"] == block)
                     if not pts:
                         continue
-                    ls, marker = styles.get(method, ("-.", "x"))
+                    ls, marker = METHOD_STYLES.get(method, ("-.", "x"))
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, marker=marker, ms=4,
                             color=colors[block], label=f"{method} b{block}")
             densities = sorted({r["density"] for r in sparse})
@@ -135,6 +146,13 @@ def plot(rows: list[dict], path: Path, title: str = "") -> Path | None:
                 ax.set_ylabel("speedup vs dense")
             if i == len(shapes) - 1:
                 ax.set_xlabel("density (fraction of blocks)")
+    return _save(fig, axes, path, title)
+
+
+def _save(fig, axes, path: Path, title: str) -> Path:
+    """One legend for all panels below them, the title, the PNG; closes the figure."""
+    import matplotlib.pyplot as plt
+
     handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -147,3 +165,66 @@ def plot(rows: list[dict], path: Path, title: str = "") -> Path | None:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+# The issue's goal for weight streaming at small batch, drawn on the bandwidth plot.
+BANDWIDTH_GOAL = 0.75
+
+
+def plot_bandwidth(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    """Achieved bandwidth against M: one panel per (dtype, W, op) x density, one line per
+    method and block size, dense cuBLAS (the same in every density's panel) in black.
+    The y axis is bw_fraction (of the copy bandwidth of the same run) with the 75% goal
+    marked, or GB/s where no row has a fraction (no copy bandwidth measured). Returns
+    None when there is nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, PercentFormatter
+
+    key = "bw_fraction" if any(r.get("bw_fraction") for r in rows) else "gbps"
+    timed = [r for r in rows if r.get(key)]
+    sparse = [r for r in timed if r["method"] != "dense"]
+    if not sparse:
+        return None
+    panels = list(dict.fromkeys((r["dtype"], r["N"], r["K"], r["op"]) for r in sparse))
+    densities = sorted({r["density"] for r in sparse}, reverse=True)
+    blocks = sorted({r["block"] for r in sparse})
+    colors = {b: plt.cm.tab10(i % 10) for i, b in enumerate(blocks)}
+    batch_sizes = sorted({r["M"] for r in timed})
+
+    fig, axes = plt.subplots(len(panels), len(densities), figsize=(3.6 * len(densities), 2.9 * len(panels) + 0.8),
+                             squeeze=False, sharey=True, layout="constrained")
+    for i, panel in enumerate(panels):
+        for j, density in enumerate(densities):
+            ax = axes[i][j]
+
+            def line(method, block, **style):
+                pts = sorted((r["M"], r[key]) for r in timed
+                             if (r["dtype"], r["N"], r["K"], r["op"]) == panel and r["method"] == method
+                             and r["block"] == block and (method == "dense" or r["density"] == density))
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], ms=4, **style)
+
+            line("dense", 0, color="black", marker="D", label="dense cuBLAS")
+            for method in PEER_ORDER:
+                ls, marker = METHOD_STYLES.get(method, ("-.", "x"))
+                for block in blocks:
+                    line(method, block, ls=ls, marker=marker, color=colors[block], label=f"{method} b{block}")
+            if key == "bw_fraction":
+                ax.axhline(BANDWIDTH_GOAL, color="grey", ls="--", lw=1, label=f"{BANDWIDTH_GOAL:.0%} of copy bandwidth")
+                ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+            ax.set_ylim(bottom=0)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(batch_sizes))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.grid(True, which="major", alpha=0.3)
+            dtype, n, k, op = panel
+            ax.set_title(f"{op}  {dtype}  W [{n}, {k}]  density {density:g}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("of copy bandwidth" if key == "bw_fraction" else "GB/s")
+            if i == len(panels) - 1:
+                ax.set_xlabel("M (batch rows)")
+    return _save(fig, axes, path, title)

@@ -1,0 +1,194 @@
+"""The 'small' benchmark suite (batch 1..512, judged by achieved bandwidth) on the CPU:
+its byte count, its case table, the rows it writes, the CSV and plot writers, and the
+CPU fallback of `tilesparse bench --suite small`. Its GPU timing is not exercised here.
+"""
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+
+from tilesparse.bench import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS, get_suite, report, suite_names
+from tilesparse.bench.matmul import RunContext
+from tilesparse.bench.small import bytes_moved
+from tilesparse.bench.timing import rotation_copies
+from tilesparse.cli import main
+from tilesparse.layout import BlockLayout
+
+# W [4, 6] in blocks of 2: a 2 x 3 block grid holding 3 blocks.
+MASK = torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.bool)
+
+
+def _read_csv(path):
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def test_bytes_moved_by_hand():
+    layout = BlockLayout(MASK, 2)
+    m, n, k, e = 5, 4, 6, 2  # X [5, 6], W [4, 6], Y [5, 4], 2-byte elements
+    weight = 3 * 2 * 2 * e  # nnz * b * b = 24 bytes
+    x_bytes, y_bytes = m * k * e, m * n * e  # 60, 40
+    # fprop reads row_ptr (2 block-rows + 1) and row_cols (nnz) as int32
+    assert bytes_moved("fprop", m, n, k, e, layout) == weight + 4 * (3 + 3) + x_bytes + y_bytes == 148
+    # bprop reads col_ptr (3 block-cols + 1), col_rows and col_slot (nnz each)
+    assert bytes_moved("bprop", m, n, k, e, layout) == weight + 4 * (4 + 6) + y_bytes + x_bytes == 164
+    # updat writes dW's blocks, reads row_of and row_cols, dY and X
+    assert bytes_moved("updat", m, n, k, e, layout) == weight + 4 * 6 + y_bytes + x_bytes == 148
+    assert bytes_moved("step", m, n, k, e, layout) == 148 + 164 + 148
+
+
+def test_bytes_moved_dense_has_no_tables():
+    m, n, k, e = 5, 4, 6, 2
+    dense = n * k * e + m * k * e + m * n * e  # 48 + 60 + 40
+    for op in ("fprop", "bprop", "updat"):
+        assert bytes_moved(op, m, n, k, e) == dense == 148
+    assert bytes_moved("step", m, n, k, e) == 3 * dense
+
+
+def test_bytes_moved_rejects_a_mismatched_layout_and_unknown_op():
+    layout = BlockLayout(MASK, 2)
+    with pytest.raises(ValueError, match="does not match"):
+        bytes_moved("fprop", 5, 6, 4, 2, layout)
+    with pytest.raises(ValueError, match="unknown op"):
+        bytes_moved("backward", 5, 4, 6, 2, layout)
+
+
+def test_rotation_copies_span_the_l2_cache():
+    l2 = 50 << 20
+    assert rotation_copies(1 << 20, None) == 1  # CPU: no L2 size, no copies
+    assert rotation_copies(10 << 30, l2) == 1  # one operand set already exceeds L2 many times
+    assert rotation_copies(10 << 20, l2) == 15  # ceil(3 * 50 MiB / 10 MiB)
+    assert rotation_copies(1, l2) == 256  # bounded
+
+
+# --------------------------------------------------------------------------- case table
+
+
+def test_small_is_registered_with_its_plot():
+    assert "small" in suite_names()
+    assert get_suite("small").plot is report.plot_bandwidth
+
+
+def test_small_table_full_and_quick():
+    prepare = get_suite("small").prepare
+    full = prepare("small")
+    assert full["graph"] is True and full["cold_l2"] is True
+    assert full["dtypes"] == ["bf16"] and full["ops"] == ["fprop", "bprop"]
+    assert full["blocks"] == [16, 32, 64, 128] and full["densities"] == [0.5, 0.25, 0.1, 0.03]
+    batch = [1, 8, 16, 32, 64, 128, 256, 512]
+    assert full["shapes"] == [(m, 12288, 12288) for m in batch] + [(m, 4096, 4096) for m in batch]
+
+    quick = prepare("small", quick=True)
+    assert quick["shapes"] == [(m, 12288, 12288) for m in (1, 32, 64, 256)]
+    assert quick["blocks"] == [32, 128] and quick["densities"] == [0.25, 0.03]
+
+
+def test_small_table_overrides():
+    prepare = get_suite("small").prepare
+    table = prepare("small", quick=True, overrides={"shapes": [[8, 256, 512]], "ops": ["updat", "step"]})
+    assert table["shapes"] == [(8, 256, 512)] and table["ops"] == ["updat", "step"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"blocks": [48]}, "does not divide"),  # 48 divides 12288 but not 4096
+        ({"blocks": [96]}, "does not divide"),
+        ({"densities": [1.5]}, "not in"),
+        ({"ops": ["backward"]}, "unknown op"),
+        ({"shapes": [[0, 128, 128]]}, "non-positive"),
+    ],
+)
+def test_small_table_rejects_impossible_cases(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        get_suite("small").prepare("small", overrides=overrides)
+
+
+# --------------------------------------------------------------------------- rows, CSV, plot
+
+TINY = {
+    "dtypes": ["fp32"], "shapes": [(1, 64, 128), (8, 64, 128)], "blocks": [16, 32], "densities": [0.5],
+    "ops": ["fprop", "bprop"], "peers": ["dense", "torch_bsr", "stk"], "seed": 0, "graph": True, "cold_l2": True,
+}
+STAMP = {"gpu": "cpu", "torch": torch.__version__, "triton": "-", "commit": "test"}
+
+
+@pytest.fixture(scope="module")
+def cpu_rows():
+    """The small suite's rows for a tiny table on the CPU, with a made-up copy bandwidth."""
+    ctx = RunContext(cuda=False, stamp=STAMP, copy_bandwidth_gbs=20.0, log=lambda text: None)
+    return get_suite("small").run("small", TINY, ctx), ctx
+
+
+def test_rows_carry_bandwidth(cpu_rows):
+    rows, ctx = cpu_rows
+    assert {r["method"] for r in rows} == {"dense", "tilesparse"}  # the GPU-only peers skip on the CPU
+    assert {"torch_bsr/fprop", "stk/fprop"} <= set(ctx.skipped)
+    assert len(rows) == 2 * (2 + 2 * 2)  # per shape: dense x 2 ops, tilesparse x 2 blocks x 2 ops
+    for r in rows:
+        layout = _random_layout(r) if r["method"] == "tilesparse" else None  # the suite draws the same one
+        nbytes = bytes_moved(r["op"], r["M"], r["N"], r["K"], 4, layout)
+        assert math.isclose(r["gbps"], nbytes / (r["ms"] * 1e-3) / 1e9)
+        assert math.isclose(r["bw_fraction"], r["gbps"] / 20.0)
+        assert r["rel_err"] < 1e-4
+
+
+def _random_layout(row):
+    from tilesparse import layouts
+
+    return layouts.random(row["N"], row["K"], row["block"], row["density"], seed=TINY["seed"])
+
+
+def test_no_copy_bandwidth_leaves_the_fraction_empty():
+    ctx = RunContext(cuda=False, stamp=STAMP, log=lambda text: None)
+    table = dict(TINY, shapes=[(1, 64, 128)], blocks=[32], ops=["fprop"])
+    rows = get_suite("small").run("small", table, ctx)
+    assert all(r["gbps"] > 0 and r["bw_fraction"] is None for r in rows)
+
+
+def test_csv_bandwidth_columns_only_when_present(cpu_rows, tmp_path):
+    rows, _ = cpu_rows
+    large_like = [{k: v for k, v in r.items() if k not in BANDWIDTH_COLUMNS} for r in rows]
+    header, _ = _read_csv(report.write_csv(large_like, tmp_path / "large.csv"))
+    assert header == COLUMNS + EXTRA_COLUMNS  # the large suite's CSV is unchanged
+
+    header, written = _read_csv(report.write_csv(rows + large_like[:1], tmp_path / "small.csv"))
+    assert header == COLUMNS + EXTRA_COLUMNS + BANDWIDTH_COLUMNS
+    assert float(written[0]["gbps"]) > 0 and float(written[0]["bw_fraction"]) > 0
+    assert written[-1]["gbps"] == "" and written[-1]["bw_fraction"] == ""  # a row without them: empty cells
+
+
+def test_plot_bandwidth_writes_png(cpu_rows, tmp_path):
+    rows, _ = cpu_rows
+    png = report.plot_bandwidth(rows, tmp_path / "small.png", title="small on cpu")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    no_fraction = [dict(r, bw_fraction=None) for r in rows]  # falls back to GB/s
+    assert report.plot_bandwidth(no_fraction, tmp_path / "gbps.png").is_file()
+    assert report.plot_bandwidth([r for r in rows if r["method"] == "dense"], tmp_path / "none.png") is None
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback happens only without a GPU")
+def test_bench_small_falls_back_to_cpu_reference(tmp_path, capsys):
+    argv = ["bench", "--suite", "small", "--quick", "--out", str(tmp_path),
+            "--block", "32", "--density", "0.5", "--ops", "fprop"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA device" in out and "asked for: 'small'" in out
+    (path,) = tmp_path.glob("*-cpu-cpu-reference.csv")
+    header, rows = _read_csv(path)
+    assert header == COLUMNS + EXTRA_COLUMNS  # the CPU reference rows carry no bandwidth
+    assert {r["suite"] for r in rows} == {"cpu-reference"}
+    assert {r["method"] for r in rows} == {"dense", "tilesparse"}
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["complete"] and sidecar["timing"].startswith("time.perf_counter")
+    assert path.with_suffix(".png").is_file()
