@@ -33,9 +33,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, mlp: MLP):
+    def __init__(self, d_model: int, n_heads: int, mlp: MLP, dropout: float = 0.0):
         super().__init__()
         self.n_heads = n_heads
+        self.drop = nn.Dropout(dropout)  # on each residual branch
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -45,27 +46,31 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class ByteGPT(nn.Module):
-    """Next-byte model over 256 symbols with learned positions and a tied output layer."""
+    """Next-byte model over 256 symbols with learned positions and a tied output layer.
+    ``dropout`` (embeddings and residual branches) keeps a small corpus from being
+    memorised over several epochs."""
 
     def __init__(self, *, d_model: int, n_layers: int, n_heads: int, context: int, mlp_hidden: int,
-                 block_size: int | None = None, density: float | None = None, seed: int = 0):
+                 block_size: int | None = None, density: float | None = None, seed: int = 0, dropout: float = 0.0):
         super().__init__()
         self.embed = nn.Embedding(256, d_model)
+        self.drop = nn.Dropout(dropout)
         self.pos = nn.Parameter(torch.zeros(context, d_model))
         self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, MLP(d_model, mlp_hidden, block_size=block_size, density=density, seed=seed + 2 * i))
+            Block(d_model, n_heads, MLP(d_model, mlp_hidden, block_size=block_size, density=density, seed=seed + 2 * i),
+                  dropout)
             for i in range(n_layers)
         )
         self.ln_f = nn.LayerNorm(d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
 
     def forward(self, idx):
-        x = self.embed(idx) + self.pos[: idx.shape[1]]
+        x = self.drop(self.embed(idx) + self.pos[: idx.shape[1]])
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x) @ self.embed.weight.t()

@@ -31,7 +31,8 @@ def _models(model: str, cfg: dict, seed: int):
         sparse = ByteLSTM(embed=embed, hidden=wide, block_size=cfg["block_size"], density=cfg["density"], seed=seed)
         return [("dense", dense, dense_hidden, 1.0, 0), ("sparse", sparse, wide, cfg["density"], cfg["block_size"])]
     dense_hidden = 4 * cfg["d_model"]
-    common = dict(d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], context=cfg["context"])
+    common = dict(d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], context=cfg["context"],
+                  dropout=cfg.get("dropout", 0.0))
     wide = sparse_hidden(dense_hidden, cfg["density"], cfg["block_size"])
     torch.manual_seed(seed)
     dense = ByteGPT(mlp_hidden=dense_hidden, seed=seed, **common)
@@ -53,8 +54,16 @@ def _plot(results: list[dict], path: Path, title: str) -> None:
         ax_wall.plot(r["curve"]["wall_s"], r["curve"]["val_bpc"], marker="o", label=label)
     ax_step.set_xlabel("step")
     ax_wall.set_xlabel("training wall time (s)")
+    # The first evaluations (~8 bits/byte, untrained) would squash the end of the curves,
+    # where the comparison is: the axis spans the values from a third of the run onward.
+    tails = [v for r in results for s, v in zip(r["curve"]["steps"], r["curve"]["val_bpc"])
+             if s >= r["curve"]["steps"][-1] / 3]
     for ax in (ax_step, ax_wall):
         ax.set_ylabel("validation bits per byte")
+        if len(tails) > 1:
+            low, high = min(tails), max(tails)
+            pad = max(0.01, 0.15 * (high - low))
+            ax.set_ylim(low - pad, high + pad)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
