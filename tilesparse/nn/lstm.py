@@ -3,7 +3,9 @@
 The 2017 blocksparse paper's sparse RNNs (hidden sizes up to 18432 at ~97% sparsity)
 spend nearly all their time in the recurrent product h_{t-1} W_hh^T, which cannot be
 batched over time. The input product x_t W_ih^T can: it is done for all timesteps in
-one large product before the time loop.
+one large product before the time loop. The loop itself is one autograd Function
+(:func:`tilesparse.ops.lstm.lstm_sequence`): a fused cell kernel per step, and in
+backward a single weight-gradient product for W_hh over all timesteps, as the paper did.
 """
 
 from __future__ import annotations
@@ -17,30 +19,11 @@ from torch.nn import functional as F
 
 from .. import layouts as layout_generators
 from ..layout import BlockLayout
-from ..ops.bsmm import block_sparse_linear
+from ..ops.bsmm import _autocast, block_sparse_linear
+from ..ops.lstm import _autocast_off, lstm_sequence
 from .linear import BlockSparseLinear
 
 __all__ = ["BlockSparseLSTM"]
-
-
-def lstm_gates(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The LSTM cell's pointwise math on the pre-activations ``gates`` [B, 4H] (gate order
-    i, f, g, o as in nn.LSTM) and the previous cell state ``c`` [B, H]: returns (h, c).
-
-    Kept in one small function so that it can be fused (torch.compile, or a Triton kernel
-    together with the recurrent product) without touching the time loop."""
-    i, f, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    h = torch.sigmoid(o) * torch.tanh(c)
-    return h, c
-
-
-def _first_step_gates(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`lstm_gates` with c = 0 (no initial state): the forget gate drops out."""
-    i, _, g, o = gates.chunk(4, dim=-1)
-    c = torch.sigmoid(i) * torch.tanh(g)
-    h = torch.sigmoid(o) * torch.tanh(c)
-    return h, c
 
 
 class BlockSparseLSTM(nn.Module):
@@ -69,6 +52,9 @@ class BlockSparseLSTM(nn.Module):
     forward(x, (h0, c0)=None) -> (output, (h_n, c_n)) exactly like nn.LSTM with one layer:
     x [T, B, I] ([B, T, I] if batch_first, or unbatched [T, I]); h0, c0 [1, B, H] (or
     [1, H] unbatched; [B, H] is accepted too); output [T, B, H]; h_n, c_n [1, B, H].
+    Under autocast everything (input projection, recurrence, states) runs in the autocast
+    dtype, with fp32 math inside the cell; outputs and states come back in that dtype.
+    The output is saved for backward (as cuDNN's LSTM saves it): modify a copy, not it.
 
     Parameters: ``hh.weight`` [nnz, b, b] (W_hh, a :class:`BlockSparseLinear` without bias,
     its layout saved in the state_dict as ``hh.layout_mask``), ``weight_ih`` [4H, I] or
@@ -184,7 +170,12 @@ class BlockSparseLSTM(nn.Module):
     def _input_projection(self, x: torch.Tensor) -> torch.Tensor:
         """x W_ih^T + bias for every timestep at once: one large product [T, B, 4H]."""
         if self.ih is not None:
-            return block_sparse_linear(x, self.ih.weight, self.ih.layout, self.bias)
+            # Cast for autocast here and call with autocast off: the CPU reference product
+            # must not have its inner fp32 bmm re-cast by autocast (it then fails mixing
+            # dtypes); on CUDA this is what block_sparse_linear does itself.
+            x, weight, bias = _autocast(x, self.ih.weight, self.bias)
+            with _autocast_off(x.device.type):
+                return block_sparse_linear(x, weight, self.ih.layout, bias)
         return F.linear(x, self.weight_ih, self.bias)
 
     def _check_state(self, t: torch.Tensor, name: str, batch: int, batched: bool) -> torch.Tensor:
@@ -228,22 +219,11 @@ class BlockSparseLSTM(nn.Module):
             c = self._check_state(hx[1], "c0", batch, batched)
 
         gates_x = self._input_projection(x)  # [T, B, 4H]: all timesteps in one product
-        weight, layout = self.hh.weight, self.hh.layout
-        outputs = []
-        for t in range(steps):
-            if h is None:  # no initial state: h = c = 0, nothing to multiply
-                h, c = _first_step_gates(gates_x[t])
-            else:
-                # The recurrent product, one block_sparse_linear per step (dds on the GPU,
-                # the PyTorch reference on the CPU). For the small batches RNNs run at,
-                # this step is bound by reading W_hh; the fused persistent kernel (recurrent
-                # product + gate math, W_hh kept on chip across steps, as in the 2017 paper)
-                # is part of the later GPU work and will replace this loop body.
-                gates = gates_x[t] + block_sparse_linear(h, weight, layout)
-                h, c = lstm_gates(gates, c)
-            outputs.append(h)
-        output = torch.stack(outputs)  # [T, B, H]
-        h_n, c_n = h.unsqueeze(0), c.unsqueeze(0)
+        # The recurrence as one autograd Function (tilesparse.ops.lstm): per step one
+        # recurrent product and one fused cell launch; backward one bprop product per
+        # step and ONE weight-gradient product over the whole sequence.
+        output, h_n, c_n = lstm_sequence(gates_x, self.hh.weight, self.hh.layout, h, c)
+        h_n, c_n = h_n.unsqueeze(0), c_n.unsqueeze(0)
         if not batched:
             return output.squeeze(1), (h_n.squeeze(1), c_n.squeeze(1))
         if self.batch_first:

@@ -1,0 +1,196 @@
+"""The LSTM recurrence over a whole sequence as one autograd Function.
+
+What the 2017 blocksparse paper did for sparse RNNs, and why: per-step autograd of
+``h_{t-1} W_hh^T`` launches one small weight-gradient product (sdd) per timestep, each
+reading a [B, 4H] x [B, H] slab far too thin to fill a GPU, and then sums T weight-shaped
+gradients. This Function instead
+
+* forward, t = 0..T-1: gates_t = xproj_t + h_{t-1} W_hh^T (one ``dds`` per step; the
+  input projection xproj [T, B, 4H] of all steps is computed before, in one large
+  product) and the fused cell (one launch per step), saving the outputs (whose rows
+  are h_{t-1} of the next steps, so H_prev_all is a [T*B, H] view of them, or one copy
+  with h0 in front when h0 is given), the cell states and the activated gates;
+* backward, t = T-1..0: the fused cell backward gives dgates_t, written into one
+  [T, B, 4H] buffer, and dh_{t-1} = dgates_t W_hh (one ``dds`` per step, the bprop);
+* after the loop, dW_hh = dgates_all^T H_prev_all on W_hh's blocks: ONE ``sdd`` over
+  all T*B rows (the paper's ``group_param_grads``), and d(xproj) = dgates_all, so the
+  input weight's gradient is one product too (through ordinary autograd).
+
+No dense copy of W_hh exists at any point. The products call the device-dispatching
+impls of :mod:`tilesparse.ops.bsmm` (Triton on CUDA, the PyTorch reference on the CPU
+and for float64), the cell :mod:`tilesparse.kernels.lstm_cell` (likewise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from .. import _checks
+from ..kernels.lstm_cell import lstm_cell_backward, lstm_cell_forward
+from ..layout import BlockLayout
+from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
+
+__all__ = ["lstm_sequence"]
+
+
+def _autocast_off(device_type: str):
+    """Autocast stays off inside the recurrence: inputs arrive already cast, and the CPU
+    reference products must not be re-cast by the autocast dispatcher."""
+    if device_type in ("cpu", "cuda"):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _run_forward(xproj, weight, layout, h0, c0, save: bool):
+    """The time loop. Returns (out [T, B, H], cbuf, acts): out[t] is step t's h; with
+    ``save``, cbuf [T+1, B, H] holds c0 (zeros when absent) then every step's c, and acts
+    [T, B, 4H] the activated gates; without, cbuf [1, B, H] is the last c, acts None."""
+    steps, batch, gates_width = xproj.shape
+    hidden = gates_width // 4
+    meta = layout.meta_on(xproj.device)
+    rows, cols = layout.block_rows, layout.block_cols
+    out = xproj.new_empty(steps, batch, hidden)
+    if save:
+        cbuf = xproj.new_empty(steps + 1, batch, hidden)
+        cbuf[0] = 0 if c0 is None else c0
+        acts = xproj.new_empty(steps, batch, gates_width)
+    else:
+        cbuf, acts = None, None
+    h, c = h0, c0
+    for t in range(steps):
+        if h is None:  # h_{-1} = 0: no recurrent product
+            gates, gates_add = xproj[0], None
+        else:
+            gates = _bsmm._dds_impl(h, weight, meta, None, rows, cols, True)
+            gates_add = xproj[t]
+        c_prev = None if c is None else (cbuf[t] if save else c)
+        h, c, _ = lstm_cell_forward(
+            gates, c_prev, gates_add=gates_add, h_out=out[t],
+            c_out=cbuf[t + 1] if save else None, acts_out=acts[t] if save else None, save_acts=save,
+        )
+    if not save:
+        cbuf = c.unsqueeze(0)
+    return out, cbuf, acts
+
+
+class _LSTMSequence(torch.autograd.Function):
+    """(xproj [T, B, 4H], W_hh values [nnz, b, b], h0 [B, H] or None, c0 [B, H] or None,
+    layout) -> (output [T, B, H], h_n [B, H], c_n [B, H]). See the module docstring.
+
+    ``output`` is saved for backward (its rows are the next steps' h_{t-1}), as cuDNN's
+    LSTM saves it: modifying it in place before backward is an error."""
+
+    @staticmethod
+    def forward(ctx, xproj, weight, h0, c0, layout):
+        out, cbuf, acts = _run_forward(xproj, weight, layout, h0, c0, save=True)
+        ctx.save_for_backward(weight, h0, out, cbuf, acts)
+        ctx.layout = layout
+        ctx.has_c0 = c0 is not None
+        return out, out[-1].clone(), cbuf[-1].clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out, d_hn, d_cn):
+        weight, h0, out, cbuf, acts = ctx.saved_tensors
+        with _autocast_off(weight.device.type):
+            return _LSTMSequence._backward(ctx, weight, h0, out, cbuf, acts, d_out, d_hn, d_cn)
+
+    @staticmethod
+    def _backward(ctx, weight, h0, out, cbuf, acts, d_out, d_hn, d_cn):
+        layout = ctx.layout
+        need_x, need_w, need_h0, need_c0, _ = ctx.needs_input_grad
+        steps, batch, gates_width = acts.shape
+        hidden = gates_width // 4
+        meta = layout.meta_on(acts.device)
+        rows, cols = layout.block_rows, layout.block_cols
+        dtype = acts.dtype
+        d_out, d_hn, d_cn = (g.to(dtype) for g in (d_out, d_hn, d_cn))
+
+        dgates = acts.new_empty(steps, batch, gates_width)
+        dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
+        for t in range(steps - 1, -1, -1):
+            has_prev_c = t > 0 or ctx.has_c0
+            _, dc = lstm_cell_backward(
+                d_out[t], dc, acts[t], cbuf[t + 1], cbuf[t] if has_prev_c else None,
+                dh_add=dh_rec, dgates_out=dgates[t], need_dc_prev=t > 0 or need_c0,
+            )
+            if t > 0 or (h0 is not None and need_h0):  # bprop: dh_{t-1} = dgates_t W_hh
+                dh_rec = _bsmm._dds_impl(dgates[t], weight, meta, None, rows, cols, False)
+
+        grad_w = None
+        if need_w:  # updat, once for the whole sequence: dW = dgates_all^T H_prev_all
+            if h0 is not None:
+                h_prev = torch.cat([h0.unsqueeze(0), out[:-1]]) if steps > 1 else h0.unsqueeze(0)
+                d_rec = dgates
+            else:  # step 0 had no recurrent input
+                h_prev, d_rec = out[:-1], dgates[1:]
+            if d_rec.shape[0]:
+                grad_w = _bsmm._sdd_impl(
+                    d_rec.reshape(-1, gates_width).t(), h_prev.reshape(-1, hidden),
+                    meta, layout.block_size, rows, cols,
+                )
+            else:  # T = 1 without h0: W_hh was never used
+                grad_w = torch.zeros_like(weight)
+        return (
+            dgates if need_x else None,
+            grad_w,
+            dh_rec if need_h0 and h0 is not None else None,
+            dc if need_c0 and ctx.has_c0 else None,
+            None,
+        )
+
+
+def lstm_sequence(
+    xproj: torch.Tensor,
+    weight: torch.Tensor,
+    layout: BlockLayout,
+    h0: Optional[torch.Tensor] = None,
+    c0: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the LSTM recurrence over a sequence: returns (output [T, B, H], h_n [B, H],
+    c_n [B, H]).
+
+    Args:
+        xproj: [T, B, 4H] input projection of every step (x_t W_ih^T + bias), gate order
+            i, f, g, o like nn.LSTM.
+        weight: W_hh's blocks [nnz, b, b] on ``layout``, of shape (4H, H).
+        h0, c0: [B, H] initial states, or None for zeros.
+
+    Under autocast every floating input is cast to the autocast dtype (as nn.Linear's
+    inputs are); otherwise all must share one dtype. Differentiable in every tensor
+    argument (first order); without grad, no activations are kept.
+    """
+    _checks.check_layout(layout)
+    _checks.check_tensor(xproj, "xproj", dim=3)
+    _checks.check_values(weight, layout, "weight")
+    gates_rows, hidden = layout.shape
+    if gates_rows != 4 * hidden:
+        raise ValueError(f"layout has shape {layout.shape}; an LSTM's W_hh is (4H, H) = ({4 * hidden}, {hidden})")
+    steps, batch = xproj.shape[0], xproj.shape[1]
+    _checks.check_dim(xproj.shape[2], gates_rows, "xproj.shape[2] (4 * hidden)")
+    if steps == 0:
+        raise ValueError("xproj has no timesteps (T = 0)")
+    for name, state in (("h0", h0), ("c0", c0)):
+        if state is not None:
+            _checks.check_tensor(state, name, dim=2)
+            if tuple(state.shape) != (batch, hidden):
+                raise ValueError(f"{name} must have shape ({batch}, {hidden}), got {tuple(state.shape)}")
+    named = [("weight", weight), ("h0", h0), ("c0", c0)]
+    for name, t in named:
+        if t is not None:
+            _checks.check_same_device(t, name, xproj, "xproj")
+    xproj, weight, h0, c0 = _bsmm._autocast(xproj, weight, h0, c0)
+    for name, t in (("weight", weight), ("h0", h0), ("c0", c0)):
+        if t is not None:
+            _checks.check_same(t, name, xproj, "xproj")
+
+    with _autocast_off(xproj.device.type):
+        tensors = (xproj, weight, h0, c0)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            output, h_n, c_n = _LSTMSequence.apply(xproj, weight, h0, c0, layout)
+            return output, h_n, c_n
+        out, cbuf, _ = _run_forward(xproj, weight, layout, h0, c0, save=False)
+        return out, out[-1].clone(), cbuf[-1]
