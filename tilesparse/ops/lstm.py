@@ -29,6 +29,7 @@ from typing import Optional
 import torch
 
 from .. import _checks
+from ..kernels._alloc import new_output
 from ..kernels.lstm_cell import lstm_cell_backward, lstm_cell_forward
 from ..layout import BlockLayout
 from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
@@ -44,6 +45,12 @@ def _autocast_off(device_type: str):
     return contextlib.nullcontext()
 
 
+def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A sequence buffer the steps fill (NaN-poisoned under TILESPARSE_POISON=1, so a step
+    that fails to write its slice shows up in the tests)."""
+    return new_output(*shape, dtype=like.dtype, device=like.device)
+
+
 def _run_forward(xproj, weight, layout, h0, c0, save: bool):
     """The time loop. Returns (out [T, B, H], cbuf, acts): out[t] is step t's h; with
     ``save``, cbuf [T+1, B, H] holds c0 (zeros when absent) then every step's c, and acts
@@ -52,11 +59,11 @@ def _run_forward(xproj, weight, layout, h0, c0, save: bool):
     hidden = gates_width // 4
     meta = layout.meta_on(xproj.device)
     rows, cols = layout.block_rows, layout.block_cols
-    out = xproj.new_empty(steps, batch, hidden)
+    out = _buffer(xproj, steps, batch, hidden)
     if save:
-        cbuf = xproj.new_empty(steps + 1, batch, hidden)
+        cbuf = _buffer(xproj, steps + 1, batch, hidden)
         cbuf[0] = 0 if c0 is None else c0
-        acts = xproj.new_empty(steps, batch, gates_width)
+        acts = _buffer(xproj, steps, batch, gates_width)
     else:
         cbuf, acts = None, None
     h, c = h0, c0
@@ -109,7 +116,7 @@ class _LSTMSequence(torch.autograd.Function):
         dtype = acts.dtype
         d_out, d_hn, d_cn = (g.to(dtype) for g in (d_out, d_hn, d_cn))
 
-        dgates = acts.new_empty(steps, batch, gates_width)
+        dgates = _buffer(acts, steps, batch, gates_width)
         dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
         for t in range(steps - 1, -1, -1):
             has_prev_c = t > 0 or ctx.has_c0
