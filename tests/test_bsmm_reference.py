@@ -302,3 +302,21 @@ def test_gradgradcheck_sdd():
     a = torch.randn(layout.shape[0], 3, dtype=torch.float64, requires_grad=True)
     b = torch.randn(3, layout.shape[1], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda a, b: tilesparse.sdd(a, b, layout), (a, b))
+
+
+# Regression: under CPU autocast the reference's inner bmm was re-cast to bf16 and
+# index_add_ then refused a bf16 source into its float32 accumulator.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_block_sparse_linear_under_cpu_autocast(dtype):
+    layout = tilesparse.layouts.random(64, 96, 16, 0.5, seed=0)
+    x = torch.randn(5, 96, requires_grad=True)
+    weight = torch.randn(layout.nnz, 16, 16, requires_grad=True)
+    bias = torch.randn(64, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype):
+        y = tilesparse.block_sparse_linear(x, weight, layout, bias)
+    assert y.dtype == dtype
+    y.float().sum().backward()
+    ref = x.detach().to(dtype).double() @ layout.to_dense(weight.detach().to(dtype)).double().t() + bias.detach().to(dtype).double()
+    assert_close(y, ref, dtype, "autocast forward")
+    assert x.grad is not None and weight.grad is not None and bias.grad is not None
+    assert torch.isfinite(weight.grad).all()

@@ -13,11 +13,29 @@ kernels do.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .layout import split_meta
 
 _CHUNK_ELEMENTS = 1 << 22
+
+
+def _without_autocast(fn):
+    """Run a reference with autocast off for its device: it chooses its own compute dtype
+    (float32 or float64), and autocast would re-cast its bmm to bf16/fp16 and then fail
+    in index_add_ (float32 target, bf16 source). Callers cast the inputs already."""
+
+    @functools.wraps(fn)
+    def wrapper(a, *args, **kwargs):
+        device_type = a.device.type
+        if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
+            with torch.autocast(device_type, enabled=False):
+                return fn(a, *args, **kwargs)
+        return fn(a, *args, **kwargs)
+
+    return wrapper
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -30,6 +48,7 @@ def _chunks(nnz: int, per_block: int):
         yield slice(start, min(nnz, start + step))
 
 
+@_without_autocast
 def dds_reference(
     a: torch.Tensor,
     values: torch.Tensor,
@@ -64,6 +83,7 @@ def dds_reference(
     return out.to(a.dtype)
 
 
+@_without_autocast
 def sdd_reference(
     a: torch.Tensor,
     b: torch.Tensor,
