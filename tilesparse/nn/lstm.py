@@ -19,8 +19,8 @@ from torch.nn import functional as F
 
 from .. import layouts as layout_generators
 from ..layout import BlockLayout
-from ..ops.bsmm import _autocast, block_sparse_linear
-from ..ops.lstm import _autocast_off, lstm_sequence
+from ..ops.bsmm import block_sparse_linear
+from ..ops.lstm import lstm_sequence
 from .linear import BlockSparseLinear
 
 __all__ = ["BlockSparseLSTM"]
@@ -170,12 +170,7 @@ class BlockSparseLSTM(nn.Module):
     def _input_projection(self, x: torch.Tensor) -> torch.Tensor:
         """x W_ih^T + bias for every timestep at once: one large product [T, B, 4H]."""
         if self.ih is not None:
-            # Cast for autocast here and call with autocast off: the CPU reference product
-            # must not have its inner fp32 bmm re-cast by autocast (it then fails mixing
-            # dtypes); on CUDA this is what block_sparse_linear does itself.
-            x, weight, bias = _autocast(x, self.ih.weight, self.bias)
-            with _autocast_off(x.device.type):
-                return block_sparse_linear(x, weight, self.ih.layout, bias)
+            return block_sparse_linear(x, self.ih.weight, self.ih.layout, self.bias)  # autocasts like nn.Linear
         return F.linear(x, self.weight_ih, self.bias)
 
     def _check_state(self, t: torch.Tensor, name: str, batch: int, batched: bool) -> torch.Tensor:
