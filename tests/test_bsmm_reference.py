@@ -320,3 +320,22 @@ def test_block_sparse_linear_under_cpu_autocast(dtype):
     assert_close(y, ref, dtype, "autocast forward")
     assert x.grad is not None and weight.grad is not None and bias.grad is not None
     assert torch.isfinite(weight.grad).all()
+
+
+def test_autograd_records_only_when_a_gradient_is_needed():
+    # Inference calls skip the autograd.Function (host cost); training calls must not.
+    layout = tilesparse.layouts.random(32, 48, 16, 0.5, seed=0)
+    x = torch.randn(3, 48)
+    weight = torch.randn(layout.nnz, 16, 16)
+    assert tilesparse.block_sparse_linear(x, weight, layout).grad_fn is None
+    with torch.inference_mode():
+        assert tilesparse.block_sparse_linear(x, weight, layout).grad_fn is None
+    weight.requires_grad_()
+    with torch.no_grad():
+        assert tilesparse.block_sparse_linear(x, weight, layout).grad_fn is None
+    y = tilesparse.block_sparse_linear(x, weight, layout)
+    assert y.grad_fn is not None
+    (grad,) = torch.autograd.grad(y.sum(), weight)
+    assert grad.shape == weight.shape
+    out = tilesparse.sdd(x.t(), torch.randn(3, 48), tilesparse.layouts.random(48, 48, 16, 0.5, seed=1))
+    assert out.grad_fn is None

@@ -181,16 +181,26 @@ _dds_eager = _DdsFunction.apply
 _sdd_eager = _SddFunction.apply
 
 
+def _needs_graph(*tensors) -> bool:
+    """Whether autograd must record this call: grad mode on and some input requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _dds(a, values, meta, bias, block_rows, block_cols, trans):
-    """The registered op under torch.compile; the autograd.Function in eager mode."""
+    """The registered op under torch.compile; in eager mode the autograd.Function, or the
+    impl itself when nothing needs a gradient (inference skips the Function's cost)."""
     if torch.compiler.is_compiling():
         return _dds_op(a, values, meta, bias, block_rows, block_cols, trans)
+    if not _needs_graph(a, values, bias):
+        return _dds_impl(a, values, meta, bias, block_rows, block_cols, trans)
     return _dds_eager(a, values, meta, bias, block_rows, block_cols, trans)
 
 
 def _sdd(a, b, meta, block_size, block_rows, block_cols):
     if torch.compiler.is_compiling():
         return _sdd_op(a, b, meta, block_size, block_rows, block_cols)
+    if not _needs_graph(a, b):
+        return _sdd_impl(a, b, meta, block_size, block_rows, block_cols)
     return _sdd_eager(a, b, meta, block_size, block_rows, block_cols)
 
 
