@@ -34,7 +34,7 @@ from torch import nn
 from .. import layouts
 from ..nn import BlockSparseLSTM
 from . import load_cases, register
-from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, rel_err
+from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities, rel_err
 from .timing import bench_ms
 
 __all__ = ["OPS", "BASELINES", "resolve_table", "dense_hidden_for", "run", "prepare"]
@@ -81,18 +81,10 @@ def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = No
     input_size = table["input_size"]
     if input_size != "hidden":
         _positive_int(input_size, "input_size (an int or \"hidden\")")
-    for d in table["dtypes"]:
-        if d not in DTYPES:
-            raise ValueError(f"unknown dtype {d!r}; choose from {', '.join(DTYPES)}")
-    for op in table["ops"]:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r} for the lstm suite; choose from {', '.join(OPS)}")
+    check_dtypes_ops_densities(table, OPS, " for the lstm suite")
     for base in table["baselines"]:
         if base not in BASELINES:
             raise ValueError(f"unknown baseline {base!r}; choose from {', '.join(BASELINES)}")
-    for d in table["densities"]:
-        if not 0.0 < d <= 1.0:
-            raise ValueError(f"density {d} is not in (0, 1]")
     for b in table["blocks"]:
         _positive_int(b, "block")
         for h in hidden:

@@ -53,6 +53,20 @@ class RunContext:
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
 
 
+def check_dtypes_ops_densities(table: dict, ops, suite: str = "") -> None:
+    """Raise ValueError unless a case table's dtypes, ops (from ``ops``) and densities are
+    valid: the checks every suite's ``prepare`` shares."""
+    for d in table["dtypes"]:
+        if d not in DTYPES:
+            raise ValueError(f"unknown dtype {d!r}; choose from {', '.join(DTYPES)}")
+    for op in table["ops"]:
+        if op not in ops:
+            raise ValueError(f"unknown op {op!r}{suite}; choose from {', '.join(ops)}")
+    for d in table["densities"]:
+        if not 0.0 < d <= 1.0:
+            raise ValueError(f"density {d} is not in (0, 1]")
+
+
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
     """The case table of suite ``name`` with --quick's subset and command-line overrides
     applied; raises ValueError on an impossible case."""
@@ -68,15 +82,7 @@ def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = No
             table[key] = value
     _expand_weights(table)
     table["shapes"] = [tuple(int(v) for v in s) for s in table["shapes"]]
-    for d in table["dtypes"]:
-        if d not in DTYPES:
-            raise ValueError(f"unknown dtype {d!r}; choose from {', '.join(DTYPES)}")
-    for op in table["ops"]:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
-    for d in table["densities"]:
-        if not 0.0 < d <= 1.0:
-            raise ValueError(f"density {d} is not in (0, 1]")
+    check_dtypes_ops_densities(table, OPS)
     for m, n, k in table["shapes"]:
         if min(m, n, k) < 1:
             raise ValueError(f"shape {m}x{n}x{k} has a non-positive dimension")
