@@ -47,7 +47,6 @@ def breakdown(dev, dt) -> None:
     meta, r, c = layout.meta, layout.block_rows, layout.block_cols
     ptr_cfg = K.KernelConfig(128, 64, 4, 4)
     tma_cfg = K.KernelConfig(128, 64, 4, 4, tma=True)
-    dev_cfg = K.KernelConfig(128, 64, 4, 4, tma=True, device_desc=True)
     xd, wdt = x.detach(), w.detach()
     ptr, idx = K.table_views(meta, r, c, "row_ptr", "row_cols")
     out = torch.empty(256, 1024, device=dev, dtype=dt)
@@ -62,11 +61,10 @@ def breakdown(dev, dt) -> None:
 
     cases = {
         "bare _dds_kernel launch": bare_launch,
-        "kernels.dds device desc": lambda: K.dds(xd, wdt, meta, None, r, c, True, dev_cfg),
         "empty_like (floor)": lambda: torch.empty_like(xd),
         "dense matmul": lambda: xd @ wd.detach().t(),
         "kernels.dds pointer": lambda: K.dds(xd, wdt, meta, None, r, c, True, ptr_cfg),
-        "kernels.dds tma": lambda: K.dds(xd, wdt, meta, None, r, c, True, tma_cfg),
+        "kernels.dds tma (device descriptors)": lambda: K.dds(xd, wdt, meta, None, r, c, True, tma_cfg),
         "kernels.dds default": lambda: K.dds(xd, wdt, meta, None, r, c, True),
         "kernels.sdd default": lambda: K.sdd(dy.t(), xd, meta, 128, r, c),
         "Function.apply (no grad)": lambda: O._dds_eager(xd, wdt, meta, None, r, c, True),

@@ -23,20 +23,19 @@ from tilesparse.kernels import bsmm as K
 
 def dds_space(tile: int, fp32: bool = False):
     """A short list that covers the choices that matter: tile height (128/256), reduction
-    step (64 or the whole block), pipeline depth, warps, and pointer vs TMA (host or
-    device descriptors, with and without warp specialization)."""
+    step (64 or the whole block), pipeline depth, warps, and pointer vs TMA (with and
+    without warp specialization)."""
     if tile < 64:
         for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
         return
     if fp32:  # 4-byte elements: half the reduction step for the same bytes per stage
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
-            for variant in (dict(), dict(tma=True, device_desc=True)):
+            for variant in (dict(), dict(tma=True)):
                 yield K.KernelConfig(bm, bk, warps, stages, **variant)
         return
     yield K.KernelConfig(128, 64, 4, 4)
-    variants = (dict(tma=True), dict(tma=True, device_desc=True),
-                dict(tma=True, device_desc=True, warp_specialize=True))
+    variants = (dict(tma=True), dict(tma=True, warp_specialize=True))  # dds TMA: device descriptors
     shapes = [(128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 128, 8, 2)]
     for bm, bk, warps, stages in shapes:
         for variant in variants:

@@ -269,18 +269,12 @@ def _need_hopper():
         pytest.skip("TMA kernels need sm90+")
 
 
-# The Hopper TMA variants are chosen by config only (the default heuristics do not pick
-# them yet), so they are driven through the launchers here. M=1000 leaves a partial last
-# tile (TMA zero-fills and clips it); programs_per_sm 1 makes each program loop over
-# several tiles; flatten fuses the tile and reduction loops.
-# device_desc builds the descriptors in the kernel; warp_specialize splits producer and
-# consumer warps.
+# The Hopper TMA kernels, driven through the launchers by config. M=1000 leaves a
+# partial last tile (TMA zero-fills and clips it); warp_specialize splits producer and
+# consumer warps on the reduction loop.
 TMA_VARIANTS = {
-    "grid": dict(),
-    "persist1": dict(programs_per_sm=1),
-    "persist2-flat": dict(programs_per_sm=2, flatten=True),
-    "devdesc": dict(device_desc=True),
-    "devdesc-ws": dict(device_desc=True, warp_specialize=True),
+    "tma": dict(),
+    "tma-ws": dict(warp_specialize=True),
 }
 
 

@@ -138,11 +138,10 @@ def _sdd_kernel(
 class KernelConfig:
     """Launch parameters. ``block_k`` is the reduction step of dds (unused by sdd);
     ``splits`` cuts sdd's M reduction into that many slices (1 for dds). ``tma`` picks
-    the Hopper TMA kernels where the operands allow; ``programs_per_sm`` > 0 makes dds
-    persistent with that many programs per SM, and ``flatten`` lets the compiler fuse
-    its tile and reduction loops. ``device_desc`` builds the TMA descriptors inside the
-    kernel (no host encoding per launch); ``warp_specialize`` asks Triton for producer
-    and consumer warps on the reduction loop (device-descriptor kernels only)."""
+    the Hopper TMA kernels where the operands allow (dds's always build their descriptors
+    on the device); ``device_desc`` makes sdd build its descriptors inside the kernel too;
+    ``warp_specialize`` asks Triton for producer and consumer warps on the reduction loop
+    (device-descriptor kernels only)."""
 
     block_m: int
     block_k: int
@@ -151,8 +150,6 @@ class KernelConfig:
     group_m: int = 8
     splits: int = 1
     tma: bool = False
-    programs_per_sm: int = 0
-    flatten: bool = False
     device_desc: bool = False
     warp_specialize: bool = False
 
@@ -195,8 +192,7 @@ def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     block_k = min(tile, 64 if wide else 32)  # fp32 tiles are twice the bytes: halve k
     num_warps = 8 if block_m * tile >= 128 * 128 and not wide else 4
     stages = 4 if wide and tile >= 64 else 3
-    tma = wide and tile >= 128
-    return KernelConfig(block_m, block_k, num_warps, stages, tma=tma, device_desc=tma)
+    return KernelConfig(block_m, block_k, num_warps, stages, tma=wide and tile >= 128)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -267,19 +263,10 @@ def dds(
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)
-    num_tiles = triton.cdiv(m, cfg.block_m) * n_out
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
-        if cfg.device_desc:
-            bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
-            return c
-        programs = num_tiles
-        if cfg.programs_per_sm:
-            programs = min(num_tiles, cfg.programs_per_sm * sm_count(a.device))
-        bsmm_tma.launch_dds(
-            a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision, programs, cfg.flatten
-        )
+        bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
         return c
-    _dds_kernel[(num_tiles,)](
+    _dds_kernel[(triton.cdiv(m, cfg.block_m) * n_out,)](
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,
         m, n_out,

@@ -1,5 +1,8 @@
 """Hopper (sm90+) variants of the block-sparse kernels: tensor-memory-accelerator
-(TMA) tile loads through host-built tensor descriptors, and a persistent grid.
+(TMA) tile loads. dds builds its descriptors in the kernel (faster on the H200 than
+host-built ones, and no per-launch host encoding; a persistent host-descriptor variant
+lost 30 % and was removed, docs/performance.md); sdd takes host-built descriptors
+(device-built ones were 5-15 % slower there) or device-built ones by config.
 
 Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring); these
 need 16-byte-aligned, row-major operands and b >= 16, and the launchers there fall
@@ -16,48 +19,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._device import capability_major
 from ._tiles import grouped_tile
-
-
-@triton.jit
-def _dds_tma_kernel(
-    a_desc, v_desc, c_desc, bias_ptr,
-    ptr_ptr, idx_ptr, slot_ptr,
-    M, n_out_blocks,
-    B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    """Persistent dds: program p handles output tiles p, p + NUM_PROGRAMS, ...; each tile
-    is C[m-tile, block-column j] = sum_e A[m-tile, idx[e]-block] @ op(V[slot[e]])."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_tiles = num_pid_m * n_out_blocks
-    K_STEPS: tl.constexpr = B // BLOCK_K
-    offs_n = tl.arange(0, B)
-    for tile in tl.range(pid, num_tiles, NUM_PROGRAMS, flatten=FLATTEN):
-        pid_m, pid_n = grouped_tile(tile, num_pid_m, n_out_blocks, GROUP_M)
-        start = tl.load(ptr_ptr + pid_n)
-        end = tl.load(ptr_ptr + pid_n + 1)
-        row0 = pid_m * BLOCK_M
-        acc = tl.zeros((BLOCK_M, B), dtype=tl.float32)
-        for t in range(start * K_STEPS, end * K_STEPS):
-            e = t // K_STEPS
-            kk = (t % K_STEPS) * BLOCK_K
-            blk = tl.load(idx_ptr + e)
-            if HAS_SLOT:
-                slot = tl.load(slot_ptr + e)
-            else:
-                slot = e
-            a = a_desc.load([row0, blk * B + kk])
-            if TRANS_V:  # V[n, k] rows of the stored block, used transposed
-                v = v_desc.load([slot * B, kk]).T
-            else:
-                v = v_desc.load([slot * B + kk, 0])
-            acc = tl.dot(a, v, acc, input_precision=INPUT_PRECISION)
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + pid_n * B + offs_n).to(tl.float32)[None, :]
-        c_desc.store([row0, pid_n * B], acc.to(c_desc.dtype))
 
 
 @triton.jit
@@ -176,25 +137,6 @@ def row_major_tma_ok(t: torch.Tensor) -> bool:
 
 def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block_shape)
-
-
-def launch_dds(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, precision, num_programs, flatten):
-    b = values.shape[-1]
-    m = a.shape[0]
-    v2d = values.view(-1, b)
-    a_desc = descriptor(a, [cfg.block_m, cfg.block_k])
-    v_desc = descriptor(v2d, [b, cfg.block_k] if trans else [cfg.block_k, b])
-    c_desc = descriptor(c, [cfg.block_m, b])
-    _dds_tma_kernel[(num_programs,)](
-        a_desc, v_desc, c_desc, bias if bias is not None else c,
-        ptr, idx, slot if slot is not None else ptr,
-        m, n_out,
-        B=b, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-        TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-        GROUP_M=cfg.group_m, NUM_PROGRAMS=num_programs, FLATTEN=flatten,
-        INPUT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
 
 
 def launch_sdd(a_t, b, out, rows, cols, m, m_per_split, nnz, splits, cfg, block_size, precision):
