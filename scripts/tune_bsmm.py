@@ -19,6 +19,7 @@ import triton.testing
 
 import tilesparse as ts
 from tilesparse.kernels import bsmm as K
+from tilesparse.kernels.bsmm_panel import PanelConfig
 
 
 def dds_space(tile: int, fp32: bool = False):
@@ -28,6 +29,10 @@ def dds_space(tile: int, fp32: bool = False):
     if tile < 64:
         for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
+        # several output block-columns per program (kernels/bsmm_panel.py)
+        for width in (64, 128):
+            for bm, warps, stages in ((128, 4, 3), (128, 8, 3), (64, 4, 4)):
+                yield PanelConfig(width // tile, bm, warps, stages)
         return
     if fp32:  # 4-byte elements: half the reduction step for the same bytes per stage
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):

@@ -433,3 +433,29 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
     s = dense_of(values, layout)
     expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
     assert_close(out, expected, dtype, f"dds {path}")
+
+
+# --------------------------------------------------------------------------- panel kernel (small blocks)
+
+
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("m", [37, 1000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
+def test_dds_panel_kernel(block_size, dtype, trans, m, group):
+    from tilesparse.kernels import bsmm_panel
+
+    if block_size * group > 128:
+        pytest.skip("panels wider than 128 columns are not a supported config")
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    meta = layout.meta_on(DEVICE)
+    cfg = bsmm_panel.PanelConfig(group)
+    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    assert_close(out, expected, dtype, "dds panel")

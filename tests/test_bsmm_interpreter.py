@@ -327,3 +327,56 @@ def test_tf32_bprop_and_updat_operand_order(tf32, kind, block_size):
     rows, cols = layout.shape
     g, x = torch.randn(37, rows), torch.randn(37, cols)
     check_sdd(layout, g.t(), x, torch.float32)  # the backward's strided views
+
+
+# --------------------------------------------------------------------------- panel kernel
+# Small blocks, several output block-columns per program (a panel of G blocks, zeros
+# where absent). Groups that do not divide the output block count leave a partial last
+# group; every layout class; both directions; bias.
+
+
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_dds_panel_kernel(layout_kind, trans, group):
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout(layout_kind, 5, 3, 16)  # 5 block-rows: partial groups either way
+    a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+    check_dds(layout, a, values, bias, trans, torch.float32, bsmm_panel.PanelConfig(group, block_m=32))
+
+
+def test_panel_tables_list_the_union_of_each_group():
+    from tilesparse.kernels import bsmm_panel
+
+    mask = torch.tensor([[1, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
+    layout = BlockLayout(mask, 16)
+    pptr, pk, pslots = bsmm_panel.panel_tables(layout.meta, 3, 4, True, 2)
+    # group 0 = block-rows 0, 1: union of columns {0, 3} and {2, 3}; storage slots are
+    # row-major: (0,0)=0, (0,3)=1, (1,2)=2, (1,3)=3. group 1 = row 2 (+ padding): empty.
+    assert pptr.tolist() == [0, 3, 3]
+    assert pk.tolist() == [0, 2, 3]
+    assert pslots.tolist() == [[0, -1], [-1, 2], [1, 3]]
+    pptr, pk, pslots = bsmm_panel.panel_tables(layout.meta, 3, 4, False, 2)  # columns grouped
+    # group 0 = block-cols 0, 1: rows {0}; group 1 = cols 2, 3: rows {1} u {0, 1}
+    assert pptr.tolist() == [0, 1, 3]
+    assert pk.tolist() == [0, 0, 1]
+    assert pslots.tolist() == [[0, -1], [-1, 1], [2, 3]]
+
+
+def test_panel_kernel_rejects_unsupported_blocks():
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout("random", 2, 2, 8)
+    a, values, _ = dds_inputs(layout, 4, torch.float32, True, False)
+    with pytest.raises(ValueError, match="power-of-two block size >= 16"):
+        run_dds(layout, a, values, None, True, bsmm_panel.PanelConfig(2, block_m=16))
+
+
+def test_dds_panel_kernel_b32_fp16():
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout("random", 3, 4, 32)
+    for trans in (True, False):
+        a, values, bias = dds_inputs(layout, 20, torch.float16, trans, True)
+        check_dds(layout, a, values, bias, trans, torch.float16, bsmm_panel.PanelConfig(2, block_m=16))

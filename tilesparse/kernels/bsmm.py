@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from . import bsmm_small, bsmm_tma
+from . import bsmm_panel, bsmm_small, bsmm_tma
 from ._alloc import new_output
 from ._tiles import grouped_tile
 from ._device import sm_count
@@ -230,11 +230,12 @@ def dds(
     block_rows: int,
     block_cols: int,
     trans: bool,
-    config: KernelConfig | bsmm_small.SmallConfig | None = None,
+    config: KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | None = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
-    :mod:`tilesparse.kernels.bsmm_small`; a config of either kind forces its kernel.
+    :mod:`tilesparse.kernels.bsmm_small`; a config of any kind forces its kernel
+    (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks).
 
     trans=True:  C [M, block_rows*b] = A [M, block_cols*b] @ S^T   (fprop)
     trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)
@@ -257,6 +258,9 @@ def dds(
     m = a.shape[0]
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
+        return c
+    if isinstance(config, bsmm_panel.PanelConfig):
+        bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
         small_cfg = config or bsmm_small.small_config(m, b, a.dtype)

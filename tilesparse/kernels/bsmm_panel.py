@@ -1,0 +1,143 @@
+"""Panel variant of dds for small blocks (b = 16, 32): several output block-columns per
+program, sharing each activation tile.
+
+The one-block-column kernel (:mod:`tilesparse.kernels.bsmm`) loads an activation tile
+[BM, b] for every stored block and multiplies it by one b x b block: at b = 16 that is
+16 FLOP per activation byte fetched from L2, and a 16-wide dot, so the kernel runs at
+~10 % of dense's rate whatever the tuning (docs/performance.md). Here a program owns G
+consecutive output block-columns (G * b = 64 or 128 outputs) and walks the *union* of
+their reduction blocks: for each reduction block k in the union it loads the
+activation tile once and multiplies it by a [b, G*b] panel assembled from the G stored
+blocks (k, j..j+G-1), zeros where a block is absent. That is one wide dot per
+activation tile instead of up to G narrow ones, and G times less activation traffic
+when the rows overlap; the price is the zeros' FLOPs, so it pays where the G rows
+share most of their reduction blocks (high density, or layouts built that way).
+
+The panel tables (union entries per group and the G storage slots of each) are built
+on the device from the layout's packed tables, once per (meta, direction, G), and
+remembered on the ``meta`` tensor like the other table views. Same results, same
+determinism as the other dds kernels; chosen by config (``PanelConfig``) only, until
+the dispatcher has measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..layout import table_views
+from ._tiles import grouped_tile
+
+
+@triton.jit
+def _dds_panel_kernel(
+    a_ptr, v_ptr, bias_ptr, c_ptr,
+    pptr_ptr, pk_ptr, pslots_ptr,
+    M, n_out_cols, n_groups,
+    stride_am, stride_ak, stride_cm, stride_cn,
+    B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+    TRANS_V: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """Program (m-tile, group q): C[m-tile, q*G*B : (q+1)*G*B] = sum over union entries u
+    of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] = op(V[pslots[u, g]])
+    (zero where pslots[u, g] < 0)."""
+    pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, B)
+    offs_n = tl.arange(0, G * B)
+    g_of_n = offs_n // B
+    n_in_block = offs_n % B
+    m_ok = offs_m < M
+    start = tl.load(pptr_ptr + q).to(tl.int64)  # int64 loop index: u * G cannot overflow
+    end = tl.load(pptr_ptr + q + 1).to(tl.int64)
+    acc = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
+    for u in range(start, end):
+        k = tl.load(pk_ptr + u).to(tl.int64)
+        slots = tl.load(pslots_ptr + u * G + g_of_n)  # the slot of each panel column
+        present = slots >= 0
+        base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
+        if TRANS_V:  # op(V)[k, n] = V[n, k]
+            panel_ptrs = base[None, :] + n_in_block[None, :] * B + offs_k[:, None]
+        else:
+            panel_ptrs = base[None, :] + offs_k[:, None] * B + n_in_block[None, :]
+        panel = tl.load(panel_ptrs, mask=present[None, :], other=0.0)
+        a = tl.load(
+            a_ptr + offs_m[:, None] * stride_am + (k * B + offs_k)[None, :] * stride_ak,
+            mask=m_ok[:, None], other=0.0,
+        )
+        acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
+    cols = q.to(tl.int64) * (G * B) + offs_n
+    col_ok = cols < n_out_cols
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
+
+
+@dataclass(frozen=True)
+class PanelConfig:
+    """Launch parameters of the panel kernel: ``group`` output block-columns per program
+    (G), ``block_m`` activation rows per program."""
+
+    group: int
+    block_m: int = 128
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+
+
+def panel_supported(block_size: int) -> bool:
+    """The panel kernel tiles whole blocks: b must be a power of two >= 16."""
+    return block_size >= 16 and block_size & (block_size - 1) == 0
+
+
+def panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int):
+    """(pptr [Q+1], pk [U], pslots [U, G]) int32 for output block-columns grouped G at a
+    time: group q's union entries are pptr[q]:pptr[q+1], each naming a reduction block
+    pk[u] and the storage slots of the G blocks (reduction block, output column), -1 for
+    an absent block. trans=True (fprop) groups block-rows of S; trans=False groups
+    block-columns. Built on meta's device and remembered on ``meta``."""
+    cache = meta.__dict__.setdefault("_tilesparse_panel_tables", {})
+    key = (block_rows, block_cols, trans, group)
+    if key not in cache:
+        row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
+        nnz = row_of.numel()
+        slot = torch.full((block_rows, block_cols), -1, dtype=torch.int32, device=meta.device)
+        slot[row_of.long(), row_cols.long()] = torch.arange(nnz, dtype=torch.int32, device=meta.device)
+        if not trans:
+            slot = slot.t()
+        n_out, n_in = slot.shape
+        n_groups = triton.cdiv(n_out, group)
+        padded = torch.full((n_groups * group, n_in), -1, dtype=torch.int32, device=meta.device)
+        padded[:n_out] = slot
+        grouped = padded.view(n_groups, group, n_in)
+        union = (grouped >= 0).any(dim=1)  # [Q, n_in]
+        q_idx, k_idx = union.nonzero(as_tuple=True)  # sorted by group, then reduction block
+        pslots = grouped[q_idx, :, k_idx].contiguous()  # [U, G]
+        pptr = torch.zeros(n_groups + 1, dtype=torch.int32, device=meta.device)
+        pptr[1:] = torch.cumsum(union.sum(dim=1), 0).to(torch.int32)
+        cache[key] = (pptr, k_idx.to(torch.int32).contiguous(), pslots)
+    return cache[key]
+
+
+def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, cfg: PanelConfig):
+    """C = A @ op(S) (+ bias) with the panel kernel; ``trans`` picks the grouping (fprop
+    groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds)."""
+    b = values.shape[-1]
+    if not panel_supported(b):
+        raise ValueError(f"the panel kernel needs a power-of-two block size >= 16, got {b}")
+    pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
+    n_groups = pptr.numel() - 1
+    grid = (triton.cdiv(a.shape[0], cfg.block_m) * n_groups,)
+    _dds_panel_kernel[grid](
+        a, values, bias if bias is not None else c, c,
+        pptr, pk, pslots,
+        a.shape[0], c.shape[1], n_groups,
+        a.stride(0), a.stride(1), c.stride(0), c.stride(1),
+        B=b, G=cfg.group, BLOCK_M=cfg.block_m,
+        TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
