@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (sharded over processes so kernels compile in parallel),
-# host-overhead profile, config sweep. Everything lands under $OUT (at most 8 files).
+# host-overhead profile, config sweep (tilesparse tune). Everything lands under $OUT (at most 8 files).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,5 +29,7 @@ if [ "${BENCH:-0}" = 1 ]; then
   timeout "${GRAPH_TIMEOUT:-150}" python3 -m tilesparse bench --cuda-graph --shape 8192x4096x4096 --no-plot --out "$OUT" > /tmp/bench_graph.log 2>&1
   echo "graph bench rc=$?"; tail -n 25 /tmp/bench_graph.log
 fi
-[ -n "${TUNE_ARGS:-}" ] && python3 scripts/tune_bsmm.py $TUNE_ARGS --out "$OUT/tune.json" 2>&1 | tee "$OUT/tune.log" | tail -n 30
+# TUNE_ARGS: `tilesparse tune` options; winners land in $OUT/tuned.json (copy them into
+# tilesparse/kernels/tuned/<gpu>.json to ship them)
+[ -n "${TUNE_ARGS:-}" ] && python3 -m tilesparse tune $TUNE_ARGS --out "$OUT/tuned.json" 2>&1 | tee "$OUT/tune.log" | tail -n 40
 exit 0

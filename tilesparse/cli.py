@@ -7,6 +7,7 @@
     tilesparse bench --quick                 # a ~2-minute subset
     tilesparse bench --suite small           # batch 1..512: achieved bandwidth (gbps, bw_fraction), graph-timed
     tilesparse bench --block 64 --density 0.1 --shape 8192x4096x4096 --ops fprop --out /tmp/b
+    tilesparse tune --block 128 64 --density 0.5 0.1   # measured configs for the kernels (GPU)
 """
 
 from __future__ import annotations
@@ -92,7 +93,51 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
     d.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    t = sub.add_parser("tune", help="sweep kernel launch configs on this GPU and keep the faster ones",
+                       description="For each case, time the current launch config and a search space of others; "
+                       "configs faster by more than --min-gain go into the tuned-config table that the kernels "
+                       "consult (tilesparse/kernels/tuned.py).")
+    t.add_argument("--shape", nargs="+", type=_shape, metavar="MxNxK", default=[(8192, 4096, 4096)],
+                   help="X [M, K], W [N, K] (default 8192x4096x4096)")
+    t.add_argument("--block", nargs="+", type=_positive_int("block"), default=[128, 64, 32, 16])
+    t.add_argument("--density", nargs="+", type=_density, default=[0.5, 0.25, 0.1, 0.05])
+    t.add_argument("--ops", nargs="+", choices=["fprop", "bprop", "updat"], default=["fprop", "bprop", "updat"])
+    t.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="fp32 is tuned with TF32")
+    t.add_argument("--budget", type=float, default=300.0, help="seconds in all, shared by the cases (default 300)")
+    t.add_argument("--min-gain", type=float, default=0.03, help="keep a config only if this much faster (default 0.03)")
+    t.add_argument("--out", type=Path, default=None,
+                   help="tuned-config file to update (default: $TILESPARSE_TUNED or ~/.cache/tilesparse/tuned.json)")
+    t.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
     return parser
+
+
+def cmd_tune(args, parser, console) -> int:
+    import json
+
+    import torch
+
+    from .bench.tune import tune
+    from .kernels import tuned
+
+    if not torch.cuda.is_available():
+        console.print("[bold yellow]tilesparse tune needs a CUDA device[/]: it times kernels on the GPU it "
+                      "tunes for. Nothing was measured or written.")
+        return 1
+    for m, n, k in args.shape:
+        for b in args.block:
+            if n % b or k % b:
+                parser.error(f"block {b} does not divide W [{n}, {k}] of shape {m}x{n}x{k}")
+    out = args.out if args.out is not None else tuned.user_path()
+    if out is None and not args.dry_run:
+        parser.error("TILESPARSE_TUNED=off: give --out FILE or --dry-run")
+    rows, entries, notes = tune(args.shape, args.block, args.density, args.ops, args.dtype,
+                                budget_s=args.budget, min_gain=args.min_gain, log=console.print)
+    console.print(json.dumps({"cases": len(rows), "kept": len(entries)}))
+    if entries and not args.dry_run:
+        console.print(f"wrote {len(entries)} tuned configs to {tuned.record(entries, out, notes)}")
+    elif not entries:
+        console.print("no config beat the current ones by the required margin; nothing written")
+    return 0
 
 
 def cmd_demo(args, parser, console) -> int:
@@ -233,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_info(console)
     if args.command == "demo":
         return cmd_demo(args, parser, console)
+    if args.command == "tune":
+        return cmd_tune(args, parser, console)
     return cmd_bench(args, parser, console, argv)
 
 

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from . import bsmm_panel, bsmm_small, bsmm_tma
+from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
 from ._alloc import new_output
 from ._tiles import grouped_tile
 from ._device import sm_count
@@ -214,6 +214,12 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
 # --------------------------------------------------------------------------- launchers
 
 
+def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
+    """Fraction of blocks stored, from the packed tables' length (no device access)."""
+    nnz = (meta.numel() - block_rows - block_cols - 2) // 4
+    return nnz / max(1, block_rows * block_cols)
+
+
 def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     """TMA when asked for, on sm90+, for power-of-two b >= 16 and TMA-addressable
     row-major operands (3-D operands are blocks [nnz, b, b], contiguous)."""
@@ -259,6 +265,9 @@ def dds(
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
+    if config is None:  # a measured config for this problem, if `tilesparse tune` found one
+        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, _density(meta, block_rows, block_cols),
+                              a.device)
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
@@ -310,7 +319,8 @@ def sdd(
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
-    cfg = config or sdd_config(m, block_size, nnz, a.dtype, a.device)
+    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device) \
+        or sdd_config(m, block_size, nnz, a.dtype, a.device)
     splits = max(1, min(cfg.splits, triton.cdiv(max(m, 1), cfg.block_m)))
     m_per_split = triton.cdiv(triton.cdiv(max(m, 1), splits), cfg.block_m) * cfg.block_m
     out = values if splits == 1 else new_output(

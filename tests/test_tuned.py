@@ -1,0 +1,126 @@
+"""The tuned-config table (tilesparse.kernels.tuned) and `tilesparse tune`'s CPU-side
+parts: keys and buckets, JSON round trips, file merging and reading, the launchers
+consulting the table, the search spaces. The sweep itself needs a GPU."""
+
+import json
+
+import pytest
+import torch
+
+from bsmm_cases import dense_of, make_layout, random_values
+from tilesparse.bench import tune as tune_mod
+from tilesparse.cli import main
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import tuned
+from tilesparse.kernels.bsmm_panel import PanelConfig
+from tilesparse.kernels.bsmm_small import SmallConfig
+from tolerances import assert_close
+
+# triton's interpreter trips a NumPy 1.25 deprecation on every scalar index; not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+
+
+@pytest.fixture
+def table_file(tmp_path, monkeypatch):
+    path = tmp_path / "tuned.json"
+    monkeypatch.setenv("TILESPARSE_TUNED", str(path))
+    tuned.reload()
+    yield path
+    tuned.reload()
+
+
+def test_buckets():
+    assert [tuned.m_bucket(m) for m in (0, 1, 2, 3, 64, 65, 8192, 9000)] == [1, 1, 2, 4, 64, 128, 8192, 16384]
+    assert tuned.density_bucket(0.5) == 0.5
+    assert tuned.density_bucket(0.3) == 0.25
+    assert tuned.density_bucket(0.12) == 0.1
+    assert tuned.density_bucket(0.04) == 0.05  # log-nearest: 0.04 is closer to 0.05 than to 0.03
+    assert tuned.density_bucket(0.02) == 0.03
+    assert tuned.density_bucket(1e-9) == 0.01
+    assert tuned.key("nvidia-h200", "fprop", torch.bfloat16, 128, 8000, 0.26) == "nvidia-h200|fprop|bf16|128|8192|0.25"
+
+
+@pytest.mark.parametrize("config", [
+    kernels.KernelConfig(128, 64, 4, 4, tma=True, warp_specialize=True),
+    SmallConfig(32, 64, 16, 4, 8),
+    PanelConfig(4, 64, 8, 3),
+])
+def test_json_round_trip(config):
+    obj = tuned.to_json(config)
+    assert json.loads(json.dumps(obj)) == obj
+    assert tuned.from_json(obj) == config
+
+
+def test_from_json_rejects_bad_entries():
+    with pytest.raises(ValueError, match="unknown config kind"):
+        tuned.from_json({"kind": "mystery", "block_m": 1})
+    with pytest.raises(ValueError, match="bad tile config"):
+        tuned.from_json({"kind": "tile", "block_m": 128, "no_such_field": 1})
+
+
+def test_record_merges_and_the_table_reads_it(table_file):
+    k1 = tuned.key("gpu-a", "fprop", torch.bfloat16, 128, 8192, 0.5)
+    k2 = tuned.key("gpu-a", "updat", torch.float16, 64, 4096, 0.1)
+    tuned.record({k1: kernels.KernelConfig(256, 64, 8, 3)}, table_file, {k1: {"tuned_ms": 0.2}})
+    tuned.record({k2: PanelConfig(8)}, table_file)
+    data = json.loads(table_file.read_text())
+    assert data["format"] == tuned.FORMAT and set(data["entries"]) == {k1, k2}
+    assert data["entries"][k1]["tuned_ms"] == 0.2
+    table = tuned._table()
+    assert table[k1] == kernels.KernelConfig(256, 64, 8, 3) and table[k2] == PanelConfig(8)
+
+
+def test_unknown_format_is_an_error(table_file):
+    table_file.write_text(json.dumps({"format": 99, "entries": {}}))
+    with pytest.raises(ValueError, match="unknown tuned-config format"):
+        tuned._table()
+
+
+def test_lookups_off_and_on_cpu(monkeypatch):
+    assert tuned.lookup("fprop", torch.float32, 16, 64, 0.5, torch.device("cpu")) is None
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")
+    assert tuned.user_path() is None
+
+
+def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
+    # The launchers ask the table (op, dtype, block, M, density) before their heuristics,
+    # and run whichever kind of config it returns.
+    calls = []
+
+    def fake_lookup(op, dtype, block, m, density, device):
+        calls.append((op, dtype, block, m, round(density, 4)))
+        return PanelConfig(2, block_m=16) if op != "updat" else kernels.KernelConfig(16, 16, 4, 2)
+
+    monkeypatch.setattr(tuned, "lookup", fake_lookup)
+    layout = make_layout("random", 4, 3, 16)
+    values = random_values(layout, torch.float32)
+    a = torch.randn(20, layout.shape[1])
+    out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True)
+    assert_close(out, a.double() @ dense_of(values, layout).t(), torch.float32, "dds via tuned panel")
+    g, x = torch.randn(20, layout.shape[0]), torch.randn(20, layout.shape[1])
+    out = kernels.sdd(g.t(), x, layout.meta, 16, layout.block_rows, layout.block_cols)
+    assert_close(out, layout.gather(g.t().double() @ x.double()), torch.float32, "sdd via tuned config")
+    density = round(layout.nnz / 12, 4)
+    assert calls == [("fprop", torch.float32, 16, 20, density), ("updat", torch.float32, 16, 20, density)]
+
+
+@pytest.mark.parametrize("m", [1, 64, 8192])
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+@pytest.mark.parametrize("fp32", [False, True])
+def test_search_spaces_are_valid_configs(m, block, fp32):
+    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig)
+    dds = list(tune_mod.dds_space(m, block, fp32))
+    sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
+    assert dds and sdd
+    assert all(isinstance(c, kinds) for c in dds) and all(isinstance(c, kernels.KernelConfig) for c in sdd)
+    assert any(isinstance(c, SmallConfig) for c in dds) == (m <= 256)
+    for c in dds:
+        if isinstance(c, PanelConfig):
+            assert c.group * block <= 128
+        if isinstance(c, SmallConfig):
+            assert c.sub <= max(16, block) and (max(16, block) % c.sub == 0)
+
+
+def test_tune_command_needs_a_gpu(capsys):
+    assert main(["tune", "--block", "64"]) == 1
+    assert "needs a CUDA device" in capsys.readouterr().out

@@ -1,0 +1,138 @@
+"""`tilesparse tune`: sweep launch configs on this GPU and keep the ones that beat the
+current choice, in the tuned-config table the launchers consult
+(:mod:`tilesparse.kernels.tuned`).
+
+For every (shape, block, density, op) the current config (tuned entry or heuristic) is
+timed first, then each candidate of the op's search space, each checked against the
+current config's result first. A candidate is kept only if it is faster by more than
+``min_gain`` (default 3 %, above run-to-run noise); its entry records both timings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from .. import layouts
+from ..kernels import bsmm as K
+from ..kernels import tuned
+from ..kernels.bsmm_panel import PanelConfig
+from ..kernels.bsmm_small import SmallConfig
+from .matmul import DTYPES
+
+__all__ = ["dds_space", "sdd_space", "tune"]
+
+
+def dds_space(m: int, block: int, fp32: bool) -> Iterator:
+    """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
+    height, reduction step, warps, stages, TMA and warp specialization at b >= 64;
+    panels of several block-columns at b <= 32; the streaming kernel at small M."""
+    tile = max(16, block)
+    if m <= 256:
+        for sub, bk, stages in ((32, 64, 8), (16, 64, 8), (32, 128, 6), (32, 64, 12), (64, 64, 8)):
+            if sub <= tile:
+                yield SmallConfig(sub, min(bk, tile), min(64, max(16, 1 << (m - 1).bit_length())), 4, stages)
+    if fp32:
+        for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
+            for tma in (False, True):
+                yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
+        return
+    if tile < 64:
+        for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
+            yield K.KernelConfig(bm, tile, warps, stages)
+        for width in (64, 128):
+            for bm, warps, stages in ((128, 4, 3), (128, 8, 3), (64, 4, 4)):
+                yield PanelConfig(width // tile, bm, warps, stages)
+        return
+    yield K.KernelConfig(128, 64, 4, 4)
+    for bm, bk, warps, stages in ((128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 5)):
+        for variant in (dict(tma=True), dict(tma=True, warp_specialize=True)):
+            yield K.KernelConfig(bm, min(bk, tile), warps, stages, **variant)
+
+
+def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
+    """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
+    or device TMA descriptors."""
+    tile = max(16, block)
+    if fp32:
+        for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
+            yield K.KernelConfig(bm, tile, warps, stages)
+        return
+    for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3), (32, 4, 4)):
+        for splits in sorted({1, -(-sms // max(1, nnz))}):
+            for variant in (dict(), dict(tma=True), dict(tma=True, device_desc=True)):
+                yield K.KernelConfig(bm, tile, warps, stages, splits=splits, **variant)
+
+
+def _ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
+
+
+def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, min_gain: float = 0.03,
+         log: Callable[[str], None] = print) -> tuple[list[dict], dict, dict]:
+    """Run the sweep on the current CUDA device. Returns (rows: one per case with the
+    current and best timings, entries: key -> winning config, notes: key -> timings)."""
+    dev = torch.device("cuda")
+    dtype = DTYPES[dtype_name]
+    fp32 = dtype == torch.float32
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    gpu = tuned._gpu_slug(torch.cuda.current_device())
+    cases = list(itertools.product(shapes, blocks, densities, ops))
+    per_case = budget_s / max(1, len(cases))
+    rows, entries, notes = [], {}, {}
+    previous = torch.get_float32_matmul_precision()
+    if fp32:
+        torch.set_float32_matmul_precision("high")  # tune what TF32 training runs
+    try:
+        for (m, n, k), block, density, op in cases:
+            t0 = time.time()
+            layout = layouts.random(n, k, block, density, seed=0, device=dev)
+            values = torch.randn(layout.nnz, block, block, device=dev, dtype=dtype)
+            meta, r, c = layout.meta, layout.block_rows, layout.block_cols
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            dy = torch.randn(m, n, device=dev, dtype=dtype)
+            if op == "fprop":
+                space, call = dds_space(m, block, fp32), lambda cfg: K.dds(x, values, meta, None, r, c, True, cfg)
+            elif op == "bprop":
+                space, call = dds_space(m, block, fp32), lambda cfg: K.dds(dy, values, meta, None, r, c, False, cfg)
+            else:
+                space, call = sdd_space(block, layout.nnz, sms, fp32), lambda cfg: K.sdd(dy.t(), x, meta, block, r, c, cfg)
+            expected = call(None).float()
+            current = _ms(lambda: call(None))
+            best_ms, best_cfg, tried = current, None, 0
+            for cfg in space:
+                if time.time() - t0 > per_case:
+                    break
+                try:
+                    got = call(cfg).float()
+                    err = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+                    if not err < 1e-2:  # NaN too
+                        log(f"  WRONG {cfg} rel_err={err:.3e}")
+                        continue
+                    ms = _ms(lambda: call(cfg))
+                except Exception as exc:  # noqa: BLE001 (out of shared memory, unsupported shape)
+                    log(f"  skip {cfg}: {type(exc).__name__}")
+                    continue
+                tried += 1
+                if ms < best_ms:
+                    best_ms, best_cfg = ms, cfg
+            case_key = tuned.key(gpu, op, dtype, block, m, layout.density)  # m: sdd's reduction length too
+            kept = best_cfg is not None and best_ms < current * (1 - min_gain)
+            if kept:
+                entries[case_key] = best_cfg
+                notes[case_key] = {"current_ms": round(current, 5), "tuned_ms": round(best_ms, 5),
+                                   "shape": f"{m}x{n}x{k}", "density": density}
+            row = {"op": op, "shape": f"{m}x{n}x{k}", "block": block, "density": density, "current_ms": current,
+                   "best_ms": best_ms, "best": str(best_cfg) if best_cfg else "current", "kept": kept,
+                   "tried": tried, "key": case_key}
+            rows.append(row)
+            log(f"{op:5} {m}x{n}x{k} b={block:<3} d={density:<5} current {current:.4f} ms, best {best_ms:.4f} ms "
+                f"({tried} tried){' -> kept' if kept else ''}")
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return rows, entries, notes

@@ -1,0 +1,158 @@
+"""Measured launch configs, looked up by problem: the cache that `tilesparse tune` fills.
+
+The launchers use a heuristic config (``bsmm.dds_config`` / ``sdd_config``) unless a
+measured one is known for the problem at hand. A measured config is keyed by
+
+    (GPU, op, dtype, block size, M bucket, density bucket)
+
+op: ``fprop`` (dds through the row table), ``bprop`` (dds through the column table),
+``updat`` (sdd). M bucket: the power of two at or above M (M is the activations' row
+count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
+0.05, 0.03, 0.01 (the nearest on a log scale). A config is one of the launchers' kinds:
+``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
+(small blocks, several output block-columns per program).
+
+Sources, later ones overriding earlier: the tables shipped with the package
+(``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
+``~/.cache/tilesparse/tuned.json``), the one ``tilesparse tune`` writes by default.
+``TILESPARSE_TUNED=off`` turns lookups off (heuristics only). Files are read once per
+process (``reload()`` re-reads them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "m_bucket", "key", "lookup", "record", "reload", "user_path"]
+
+DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
+OPS = ("fprop", "bprop", "updat")
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+FORMAT = 1
+
+
+def m_bucket(m: int) -> int:
+    """The power of two at or above ``m`` (1 for m <= 1)."""
+    return 1 << max(0, (max(1, m) - 1).bit_length())
+
+
+def density_bucket(density: float) -> float:
+    """The bucket nearest to ``density`` on a log scale."""
+    density = max(density, 1e-6)
+    return min(DENSITY_BUCKETS, key=lambda d: abs(math.log(density / d)))
+
+
+def key(gpu: str, op: str, dtype: torch.dtype, block: int, m: int, density: float) -> str:
+    """The table key of a problem, as stored in the JSON files."""
+    return f"{gpu}|{op}|{DTYPE_NAMES.get(dtype, str(dtype))}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
+
+
+def user_path() -> Path | None:
+    """The user's tuned-config file, or None when lookups are off."""
+    setting = os.environ.get("TILESPARSE_TUNED")
+    if setting == "off":
+        return None
+    if setting:
+        return Path(setting)
+    return Path.home() / ".cache" / "tilesparse" / "tuned.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_slug(index: int) -> str:
+    name = torch.cuda.get_device_name(index)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+# --------------------------------------------------------------------------- (de)serialization
+
+
+def _kinds() -> dict:
+    from . import bsmm, bsmm_panel, bsmm_small  # late: bsmm imports this module
+
+    return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig}
+
+
+def to_json(config) -> dict:
+    """A config as a JSON object, its kind named."""
+    for kind, cls in _kinds().items():
+        if isinstance(config, cls):
+            return {"kind": kind, **dataclasses.asdict(config)}
+    raise TypeError(f"not a launch config: {config!r}")
+
+
+def from_json(obj: dict):
+    """The config a JSON object names; ValueError on an unknown kind or field."""
+    fields = dict(obj)
+    kind = fields.pop("kind", None)
+    cls = _kinds().get(kind)
+    if cls is None:
+        raise ValueError(f"unknown config kind {kind!r}")
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"bad {kind} config {obj!r}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _read(text: str, origin: str) -> dict:
+    data = json.loads(text)
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{origin}: unknown tuned-config format {data.get('format')!r}")
+    return {k: from_json(v["config"]) for k, v in data.get("entries", {}).items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict:
+    table: dict = {}
+    shipped = resources.files(__package__).joinpath("tuned")
+    if shipped.is_dir():
+        for entry in sorted(shipped.iterdir(), key=lambda p: p.name):
+            if entry.name.endswith(".json"):
+                table.update(_read(entry.read_text(), entry.name))
+    path = user_path()
+    if path is not None and path.is_file():
+        table.update(_read(path.read_text(), str(path)))
+    return table
+
+
+def reload() -> None:
+    """Forget the tables read so far (the next lookup reads the files again)."""
+    _table.cache_clear()
+
+
+def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device):
+    """The measured config for this problem on this GPU, or None (use the heuristic)."""
+    if device.type != "cuda" or os.environ.get("TILESPARSE_TUNED") == "off":
+        return None
+    table = _table()
+    if not table:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return table.get(key(_gpu_slug(index), op, dtype, block, m, density))
+
+
+def record(entries: dict, path: Path, notes: dict | None = None) -> Path:
+    """Merge ``entries`` (key -> config) into the JSON file at ``path`` (created if
+    missing), with optional per-key ``notes`` (timings), and forget cached tables."""
+    data = {"format": FORMAT, "entries": {}}
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path}: unknown tuned-config format {data.get('format')!r}")
+    for k, config in entries.items():
+        data["entries"][k] = {"config": to_json(config), **((notes or {}).get(k, {}))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    reload()
+    return path
