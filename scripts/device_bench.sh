@@ -5,6 +5,9 @@
 #   dtypes - fp16 and fp32 (TF32) rows on the main shape, b = 128 and 64
 #   graph  - kernel time (CUDA-graph replay) on the main shape
 #   ceiling - the Triton GEMM-ceiling probe
+#   small  - the 'small' suite (batch 1..512, achieved bandwidth; SMALL_ARGS, e.g. --quick)
+#   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS)
+#   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -22,6 +25,12 @@ for step in ${STEPS:-large dtypes graph}; do
     graph)  timeout "${GRAPH_TIMEOUT:-150}" python3 -m tilesparse bench --cuda-graph --shape 8192x4096x4096 \
               --no-plot --out "$OUT" > "$OUT/bench-graph.log" 2>&1 ;;
     ceiling) timeout 90 python3 scripts/probes/gemm_ceiling.py > "$OUT/gemm-ceiling.txt" 2>&1 ;;
+    small)  timeout "${SMALL_TIMEOUT:-300}" python3 -m tilesparse bench --suite small ${SMALL_ARGS:-} --out "$OUT" \
+              > "$OUT/bench-small.log" 2>&1 ;;
+    lstm)   timeout "${LSTM_TIMEOUT:-300}" python3 -m tilesparse bench --suite lstm ${LSTM_ARGS:-} --out "$OUT" \
+              > "$OUT/bench-lstm.log" 2>&1 ;;
+    tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
+              > "$OUT/tune.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - start )) s"
 done
