@@ -772,3 +772,21 @@ def test_bench_lstm_suite_table_and_cpu_smoke_run():
     sparse = [r for r in rows if r["method"] == "tilesparse"]
     assert all(r["rel_err"] < 1e-5 and r["speedup_vs_equal_params"] > 0 for r in sparse)
     assert all(r["block"] == 8 and r["density"] == 0.5 and r["K"] == 16 for r in sparse)
+
+
+def test_lstm_bench_plot_draws_time_per_step_against_hidden(tmp_path):
+    # The suite's plot from rows shaped like its own (no GPU needed to draw).
+    from tilesparse.bench.lstm import plot_lstm
+
+    rows = []
+    for hidden, ms in ((1024, 0.05), (2048, 0.12), (4096, 0.40)):
+        rows.append(dict(method="cudnn", baseline="equal_hidden", dtype="bf16", op="lstm_step", hidden=hidden,
+                         block=0, density=1.0, ms_per_step=ms))
+        for density in (0.1, 0.03):
+            rows.append(dict(method="tilesparse", baseline="", dtype="bf16", op="lstm_step", hidden=hidden,
+                             block=32, density=density, ms_per_step=ms * density * 3))
+    rows.append(dict(method="cudnn", baseline="equal_params", dtype="bf16", op="lstm_step", hidden=700,
+                     block=0, density=1.0, ms_per_step=0.03))
+    path = plot_lstm(rows, tmp_path / "lstm.png", title="t")
+    assert path is not None and path.stat().st_size > 10_000
+    assert plot_lstm([r for r in rows if r["method"] == "cudnn"], tmp_path / "none.png") is None

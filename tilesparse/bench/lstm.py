@@ -322,4 +322,57 @@ def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
     return rows
 
 
-register("lstm", prepare=prepare, run=run)
+def plot_lstm(rows: list[dict], path, title: str = ""):
+    """Time per timestep against hidden size (log-log): one panel per (dtype, op);
+    cuDNN at each hidden size in black, cuDNN at the sparse models' parameter counts as
+    grey points, tilesparse one line per (block, density). Returns None when nothing
+    was timed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("ms_per_step")]
+    if not any(r["method"] == "tilesparse" for r in timed):
+        return None
+    panels = list(dict.fromkeys((r["dtype"], r["op"]) for r in timed))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False, layout="constrained")
+    densities = sorted({r["density"] for r in timed if r["method"] == "tilesparse"}, reverse=True)
+    colors = {d: plt.cm.viridis(i / max(1, len(densities) - 1)) for i, d in enumerate(densities)}
+    styles = ["-", "--", ":", "-."]
+    for ax, (dtype, op) in zip(axes[0], panels):
+        mine = [r for r in timed if (r["dtype"], r["op"]) == (dtype, op)]
+
+        def series(select):
+            pts = sorted((r["hidden"], r["ms_per_step"]) for r in mine if select(r))
+            return [p[0] for p in pts], [p[1] for p in pts]
+
+        xs, ys = series(lambda r: r["method"] == "cudnn" and r.get("baseline") == "equal_hidden")
+        if xs:
+            ax.plot(xs, ys, color="black", marker="D", label="cuDNN (same hidden)")
+        xs, ys = series(lambda r: r["method"] == "cudnn" and r.get("baseline") == "equal_params")
+        if xs:
+            ax.scatter(xs, ys, color="grey", marker="s", s=18, label="cuDNN (equal parameters)", zorder=3)
+        blocks = sorted({r["block"] for r in mine if r["method"] == "tilesparse"})
+        for bi, block in enumerate(blocks):
+            for density in densities:
+                xs, ys = series(lambda r: r["method"] == "tilesparse" and r["block"] == block
+                                and r["density"] == density)
+                if xs:
+                    ax.plot(xs, ys, ls=styles[bi % len(styles)], marker="o", color=colors[density],
+                            label=f"tilesparse b{block} d{density:g}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("hidden size")
+        ax.set_ylabel("ms per timestep")
+        ax.set_title(f"{op} {dtype}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+register("lstm", prepare=prepare, run=run, plot=plot_lstm)
