@@ -220,6 +220,34 @@ def test_compiled_module_matches_eager(dtype):
     torch._dynamo.reset()
 
 
+def test_reduce_overhead_training_steps_match_eager():
+    # torch.compile(mode="reduce-overhead") replays CUDA graphs: our launches (device-built
+    # TMA descriptors take scratch memory from the allocator; panel and layout tables are
+    # built before capture) must replay correctly across steps with fresh inputs.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = nn.Sequential(
+        BlockSparseLinear(IN_FEATURES, OUT_FEATURES, block_size=128, density=0.25, seed=1),
+        nn.GELU(),
+        BlockSparseLinear(OUT_FEATURES, IN_FEATURES, block_size=64, density=0.25, seed=2),
+    ).to(DEVICE, torch.bfloat16)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):  # graphs are recorded after warm-up steps, then replayed
+        x = torch.randn(512, IN_FEATURES, device=DEVICE, dtype=torch.bfloat16)
+        grad = torch.randn(512, IN_FEATURES, device=DEVICE, dtype=torch.bfloat16)
+        for model in (eager, compiled):
+            model.zero_grad(set_to_none=True)
+        y_eager = eager(x)
+        y_comp = compiled(x)
+        y_eager.backward(grad)
+        y_comp.backward(grad)
+        assert rel_error(y_comp, y_eager) <= REL_TOL[torch.bfloat16], f"step {step}: y"
+        for (name, pe), (_, pc) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+            assert rel_error(pc.grad, pe.grad) <= REL_TOL[torch.bfloat16], f"step {step}: {name}"
+    torch._dynamo.reset()
+
+
 def test_module_moved_to_cuda_matches_cpu():
     cpu = BlockSparseLinear(IN_FEATURES, OUT_FEATURES, block_size=32, density=0.3, dtype=torch.float64)
     gpu = copy.deepcopy(cpu).to(DEVICE, torch.float32)
