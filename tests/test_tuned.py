@@ -70,10 +70,13 @@ def test_record_merges_and_the_table_reads_it(table_file):
     assert table[k1] == kernels.KernelConfig(256, 64, 8, 3) and table[k2] == PanelConfig(8)
 
 
-def test_unknown_format_is_an_error(table_file):
+def test_an_unknown_format_is_refused(table_file):
+    # A user file in another format is ignored (with a warning), record() refuses to merge.
     table_file.write_text(json.dumps({"format": 99, "entries": {}}))
+    with pytest.warns(UserWarning, match="unknown tuned-config format"):
+        assert tuned._table() == {}
     with pytest.raises(ValueError, match="unknown tuned-config format"):
-        tuned._table()
+        tuned.record({}, table_file)
 
 
 def test_lookups_off_and_on_cpu(monkeypatch):
@@ -124,3 +127,56 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
 def test_tune_command_needs_a_gpu(capsys):
     assert main(["tune", "--block", "64"]) == 1
     assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: kernels.KernelConfig(100, 64, 4, 4), "block_m"),
+    (lambda: kernels.KernelConfig(128, 48, 4, 4), "block_k"),
+    (lambda: kernels.KernelConfig(128, 64, 3, 4), "num_warps"),
+    (lambda: kernels.KernelConfig(128, 64, 4, 0), "num_stages"),
+    (lambda: SmallConfig(24, 64, 16, 4, 8), "sub"),
+    (lambda: SmallConfig(32, 64, 8, 4, 8), "block_m"),
+    (lambda: PanelConfig(3), "group"),
+])
+def test_bad_configs_are_refused_by_name(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+@pytest.mark.parametrize("config, field", [
+    (SmallConfig(64, 16, 16, 4, 2), "sub"),          # 64 features per program, 32-wide tile
+    (SmallConfig(16, 64, 16, 4, 2), "block_k"),      # a reduction step past the tile: an empty loop
+    (kernels.KernelConfig(32, 64, 4, 2), "block_k"),
+])
+def test_configs_larger_than_the_tile_are_refused(config, field):
+    # Each of these once compiled to a kernel that wrote nothing (or only the bias).
+    layout = make_layout("random", 2, 2, 32)
+    values = random_values(layout, torch.float32)
+    a = torch.randn(5, layout.shape[1])
+    with pytest.raises(ValueError, match=f"{field}=64 exceeds the 32-wide tile"):
+        kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True, config)
+
+
+def test_search_spaces_use_the_kernels_tile_for_odd_blocks():
+    # b = 24 runs on 32-wide tiles: candidates must be built for 32, not 24.
+    for c in tune_mod.dds_space(8192, 24, False):
+        if isinstance(c, kernels.KernelConfig):
+            assert c.block_k == 32
+    assert all(c.block_k == 32 for c in tune_mod.sdd_space(24, nnz=10, sms=132, fp32=False))
+
+
+def test_float32_keys_name_the_matmul_precision():
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert "|fp32|" in tuned.key("g", "fprop", torch.float32, 64, 100, 0.5)
+        torch.set_float32_matmul_precision("high")
+        assert "|tf32|" in tuned.key("g", "fprop", torch.float32, 64, 100, 0.5)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def test_a_broken_user_file_warns_and_is_ignored(table_file):
+    table_file.write_text("{not json")
+    with pytest.warns(UserWarning, match="ignoring the tuned-config file"):
+        assert tuned._table() == {}

@@ -11,6 +11,7 @@ current config's result first. A candidate is kept only if it is faster by more 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Callable, Iterator
 
@@ -30,7 +31,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages, TMA and warp specialization at b >= 64;
     panels of several block-columns at b <= 32; the streaming kernel at small M."""
-    tile = max(16, block)
+    tile = K._tile(block)
     if m <= 256:
         for sub, bk, stages in ((32, 64, 8), (16, 64, 8), (32, 128, 6), (32, 64, 12), (64, 64, 8)):
             if sub <= tile:
@@ -56,7 +57,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
     or device TMA descriptors."""
-    tile = max(16, block)
+    tile = K._tile(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
@@ -86,6 +87,10 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
     per_case = budget_s / max(1, len(cases))
     rows, entries, notes = [], {}, {}
     previous = torch.get_float32_matmul_precision()
+    previous_poison = os.environ.get("TILESPARSE_POISON")
+    # NaN-filled outputs: a candidate that skips work cannot pass the check by reading
+    # the previous result from recycled memory.
+    os.environ["TILESPARSE_POISON"] = "1"
     if fp32:
         torch.set_float32_matmul_precision("high")  # tune what TF32 training runs
     try:
@@ -135,4 +140,8 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
                 f"({tried} tried){' -> kept' if kept else ''}")
     finally:
         torch.set_float32_matmul_precision(previous)
+        if previous_poison is None:
+            os.environ.pop("TILESPARSE_POISON", None)
+        else:
+            os.environ["TILESPARSE_POISON"] = previous_poison
     return rows, entries, notes

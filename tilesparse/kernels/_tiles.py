@@ -1,7 +1,47 @@
-"""Tile-order helpers shared by the block-sparse kernels."""
+"""Tile helpers shared by the kernels: the grouped tile order (device side) and the
+launchers' integer math (host side).
+
+The host helpers are plain Python on purpose: in Triton 3.6 ``triton.cdiv`` and
+``triton.next_power_of_2`` are constexpr-function wrappers that cost ~4 µs per call on
+the host, and a launcher calls several per launch.
+"""
 
 import triton
 import triton.language as tl
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive b."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def check_power_of_two(config, *fields: str, minimum: int = 16) -> None:
+    """Raise ValueError naming the field unless each is a power of two >= ``minimum``
+    (launch configs: a wrong one would otherwise compile to a kernel that skips work)."""
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value & (value - 1):
+            raise ValueError(f"{type(config).__name__}.{name} must be a power of two >= {minimum}, got {value!r}")
+
+
+def check_fits_tile(config, tile: int, *fields: str) -> None:
+    """Raise ValueError unless each field is at most the tile side (which it divides,
+    both being powers of two): a larger one would leave the reduction loop empty."""
+    for name in fields:
+        if getattr(config, name) > tile:
+            raise ValueError(f"{type(config).__name__}.{name}={getattr(config, name)} exceeds the {tile}-wide tile "
+                             "of this block size")
+
+
+def tile_for(block_size: int) -> int:
+    """Tile side for a block: a power of two (tl.arange needs one) and >= 16 (tl.dot
+    needs every dimension >= 16). Blocks narrower than their tile use masked loads."""
+    return max(16, next_power_of_2(block_size))
 
 
 @triton.jit

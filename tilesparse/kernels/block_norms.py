@@ -29,6 +29,7 @@ import triton.language as tl
 from ..layouts.magnitude import blockwise_norms
 from ._alloc import new_output
 from .bsmm import _input_precision, _tile
+from ._tiles import cdiv
 
 __all__ = ["block_grad_norms", "block_grad_norms_reference", "block_grad_norms_triton"]
 
@@ -109,7 +110,7 @@ def block_grad_norms_triton(dy: torch.Tensor, x: torch.Tensor, block_size: int) 
     tile = _tile(block_size)
     side = g * tile
     block_m = 32 if (side >= 128 or dy.dtype == torch.float32) else 64
-    grid = (triton.cdiv(rows, g) * triton.cdiv(cols, g),)
+    grid = (cdiv(rows, g) * cdiv(cols, g),)
     _block_norms_kernel[grid](
         dy, x, out,
         m, rows, cols,

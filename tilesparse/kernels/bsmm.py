@@ -30,7 +30,7 @@ import triton.language as tl
 from ..layout import table_views
 from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
 from ._alloc import new_output
-from ._tiles import grouped_tile
+from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
 from ._device import sm_count
 
 
@@ -153,11 +153,16 @@ class KernelConfig:
     device_desc: bool = False
     warp_specialize: bool = False
 
+    def __post_init__(self):
+        check_power_of_two(self, "block_m", "block_k")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"KernelConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps!r}")
+        for name in ("num_stages", "group_m", "splits"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"KernelConfig.{name} must be >= 1, got {getattr(self, name)!r}")
 
-def _tile(block_size: int) -> int:
-    """Tile side for a block: a power of two (tl.arange needs one) and >= 16 (tl.dot
-    needs every dimension >= 16). Blocks narrower than their tile use masked loads."""
-    return max(16, triton.next_power_of_2(block_size))
+
+_tile = tile_for  # (kept under the old name: tests and block_norms use it)
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -187,7 +192,7 @@ def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     with descriptors built on the device (0.463 vs 0.517 ms on a full 4096² layout, 0.252
     vs 0.282 ms at density 0.5; within noise at 0.1)."""
     tile = _tile(block_size)
-    block_m = 128 if m >= 128 else max(16, triton.next_power_of_2(m))
+    block_m = 128 if m >= 128 else max(16, next_power_of_2(m))
     wide = dtype != torch.float32
     block_k = min(tile, 64 if wide else 32)  # fp32 tiles are twice the bytes: halve k
     num_warps = 8 if block_m * tile >= 128 * 128 and not wide else 4
@@ -207,7 +212,7 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
     sms = sm_count(device)
     splits = 1
     if 4 * nnz < sms:
-        splits = max(1, min(triton.cdiv(sms, max(1, nnz)), m // (8 * block_m)))
+        splits = max(1, min(cdiv(sms, max(1, nnz)), m // (8 * block_m)))
     return KernelConfig(block_m, tile, 4, stages, splits=splits, tma=wide)
 
 
@@ -276,10 +281,11 @@ def dds(
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)
+    check_fits_tile(cfg, _tile(b), "block_k")
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
         bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
         return c
-    _dds_kernel[(triton.cdiv(m, cfg.block_m) * n_out,)](
+    _dds_kernel[(cdiv(m, cfg.block_m) * n_out,)](
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,
         m, n_out,
@@ -319,10 +325,11 @@ def sdd(
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
-    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device) \
-        or sdd_config(m, block_size, nnz, a.dtype, a.device)
-    splits = max(1, min(cfg.splits, triton.cdiv(max(m, 1), cfg.block_m)))
-    m_per_split = triton.cdiv(triton.cdiv(max(m, 1), splits), cfg.block_m) * cfg.block_m
+    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device)
+    if not isinstance(cfg, KernelConfig):  # nothing measured (or an entry of another kernel's kind)
+        cfg = sdd_config(m, block_size, nnz, a.dtype, a.device)
+    splits = max(1, min(cfg.splits, cdiv(max(m, 1), cfg.block_m)))
+    m_per_split = cdiv(cdiv(max(m, 1), splits), cfg.block_m) * cfg.block_m
     out = values if splits == 1 else new_output(
         splits, nnz, block_size, block_size, dtype=torch.float32, device=a.device
     )

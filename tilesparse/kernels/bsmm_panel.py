@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from ._tiles import grouped_tile
+from ._tiles import cdiv, check_power_of_two, grouped_tile
 
 
 @triton.jit
@@ -88,6 +88,12 @@ class PanelConfig:
     num_stages: int = 3
     group_m: int = 8
 
+    def __post_init__(self):
+        check_power_of_two(self, "group", minimum=1)
+        check_power_of_two(self, "block_m")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
+            raise ValueError(f"bad PanelConfig {self!r}: num_warps a power of two <= 16, num_stages and group_m >= 1")
+
 
 def panel_supported(block_size: int) -> bool:
     """The panel kernel tiles whole blocks: b must be a power of two >= 16."""
@@ -110,7 +116,7 @@ def panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
         if not trans:
             slot = slot.t()
         n_out, n_in = slot.shape
-        n_groups = triton.cdiv(n_out, group)
+        n_groups = cdiv(n_out, group)
         padded = torch.full((n_groups * group, n_in), -1, dtype=torch.int32, device=meta.device)
         padded[:n_out] = slot
         grouped = padded.view(n_groups, group, n_in)
@@ -129,9 +135,12 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
     b = values.shape[-1]
     if not panel_supported(b):
         raise ValueError(f"the panel kernel needs a power-of-two block size >= 16, got {b}")
+    if cfg.group * b > 256:
+        raise ValueError(f"PanelConfig.group={cfg.group} makes panels of {cfg.group * b} columns at b = {b}; "
+                         "at most 256")
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
-    grid = (triton.cdiv(a.shape[0], cfg.block_m) * n_groups,)
+    grid = (cdiv(a.shape[0], cfg.block_m) * n_groups,)
     _dds_panel_kernel[grid](
         a, values, bias if bias is not None else c, c,
         pptr, pk, pslots,

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
+
 
 @triton.jit
 def _dds_small_kernel(
@@ -94,9 +96,11 @@ class SmallConfig:
     num_warps: int
     num_stages: int
 
-
-def _tile(block_size: int) -> int:
-    return max(16, triton.next_power_of_2(block_size))
+    def __post_init__(self):
+        check_power_of_two(self, "sub", "block_k", "block_m")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"SmallConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, got "
+                             f"{self.num_warps!r}, {self.num_stages!r}")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -107,19 +111,20 @@ def small_config(m: int, block_size: int, dtype: torch.dtype) -> SmallConfig:
     (W 12288², density 0.5, bf16, M = 1) 8 stages streamed b = 128 at 3.5 TB/s (43 µs)
     against 84 µs with 4 stages; b = 32 54 vs 114 µs
     (bench/results/2026-11-29-nvidia-h200-small-variants.json)."""
-    tile = _tile(block_size)
+    tile = tile_for(block_size)
     sub = min(tile, 32)
     block_k = min(tile, 64 if dtype != torch.float32 else 32)
-    block_m = min(64, max(16, triton.next_power_of_2(max(m, 1))))
+    block_m = min(64, max(16, next_power_of_2(max(m, 1))))
     return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=8)
 
 
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
     b = values.shape[-1]
-    tile = _tile(b)
+    tile = tile_for(b)
     cfg = config
-    grid = (n_out * (tile // cfg.sub), triton.cdiv(a.shape[0], cfg.block_m))
+    check_fits_tile(cfg, tile, "sub", "block_k")
+    grid = (n_out * (tile // cfg.sub), cdiv(a.shape[0], cfg.block_m))
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,

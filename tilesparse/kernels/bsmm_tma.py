@@ -18,7 +18,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._device import capability_major
-from ._tiles import grouped_tile
+from ._tiles import cdiv, grouped_tile
 
 
 @triton.jit
@@ -169,7 +169,7 @@ def ensure_allocator() -> None:
 def launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, precision):
     b = values.shape[-1]
     ensure_allocator()
-    _dds_desc_kernel[(triton.cdiv(a.shape[0], cfg.block_m) * n_out,)](
+    _dds_desc_kernel[(cdiv(a.shape[0], cfg.block_m) * n_out,)](
         a, values, c, bias if bias is not None else c,
         ptr, idx, slot if slot is not None else ptr,
         a.shape[0], a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),

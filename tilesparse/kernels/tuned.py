@@ -6,7 +6,8 @@ measured one is known for the problem at hand. A measured config is keyed by
     (GPU, op, dtype, block size, M bucket, density bucket)
 
 op: ``fprop`` (dds through the row table), ``bprop`` (dds through the column table),
-``updat`` (sdd). M bucket: the power of two at or above M (M is the activations' row
+``updat`` (sdd). dtype: bf16, fp16, and for float32 ``tf32`` or ``fp32`` after the
+float32 matmul precision (the kernels differ). M bucket: the power of two at or above M (M is the activations' row
 count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
 0.05, 0.03, 0.01 (the nearest on a log scale). A config is one of the launchers' kinds:
 ``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import re
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -51,9 +53,16 @@ def density_bucket(density: float) -> float:
     return min(DENSITY_BUCKETS, key=lambda d: abs(math.log(density / d)))
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """bf16 / fp16 / tf32 / fp32: float32 is named by the precision its products run at."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return DTYPE_NAMES.get(dtype, str(dtype))
+
+
 def key(gpu: str, op: str, dtype: torch.dtype, block: int, m: int, density: float) -> str:
     """The table key of a problem, as stored in the JSON files."""
-    return f"{gpu}|{op}|{DTYPE_NAMES.get(dtype, str(dtype))}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
+    return f"{gpu}|{op}|{dtype_name(dtype)}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
 
 
 def user_path() -> Path | None:
@@ -122,7 +131,10 @@ def _table() -> dict:
                 table.update(_read(entry.read_text(), entry.name))
     path = user_path()
     if path is not None and path.is_file():
-        table.update(_read(path.read_text(), str(path)))
+        try:
+            table.update(_read(path.read_text(), str(path)))
+        except (ValueError, KeyError, TypeError) as exc:  # incl. JSON syntax errors
+            warnings.warn(f"ignoring the tuned-config file {path}: {exc}", stacklevel=2)
     return table
 
 
@@ -153,6 +165,8 @@ def record(entries: dict, path: Path, notes: dict | None = None) -> Path:
     for k, config in entries.items():
         data["entries"][k] = {"config": to_json(config), **((notes or {}).get(k, {}))}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, path)  # readers never see half a file
     reload()
     return path

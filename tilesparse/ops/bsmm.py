@@ -214,7 +214,8 @@ def _autocast(*tensors):
     if device_type == "meta" or not torch.is_autocast_enabled(device_type):  # meta has no autocast
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+    castable = (torch.float32, torch.float16, torch.bfloat16)  # like autocast: float64 stays
+    return tuple(t.to(dtype) if t is not None and t.dtype in castable else t for t in tensors)
 
 
 def block_sparse_linear(

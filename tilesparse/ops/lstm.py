@@ -150,6 +150,8 @@ class _LSTMSequence(torch.autograd.Function):
         )
 
 
+@torch.compiler.disable  # eager inside torch.compile: a clean graph break (the time loop
+# calls the kernels' impls directly, which dynamo cannot trace)
 def lstm_sequence(
     xproj: torch.Tensor,
     weight: torch.Tensor,
