@@ -12,9 +12,11 @@ import torch
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_facts(index: int) -> tuple[int, int]:
+def _cuda_facts(index: int) -> tuple[int, int, int]:
     props = torch.cuda.get_device_properties(index)
-    return props.major, props.multi_processor_count
+    # opt-in shared memory per block; 99 KiB (the smallest of sm80-sm90 parts) if unknown
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 101376
+    return props.major, props.multi_processor_count, smem
 
 
 def _index(device: torch.device) -> int:
@@ -24,6 +26,12 @@ def _index(device: torch.device) -> int:
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (1 for any other device)."""
     return _cuda_facts(_index(device))[1] if device.type == "cuda" else 1
+
+
+def shared_memory_bytes(device: torch.device) -> int:
+    """Shared memory a kernel may use per block on a CUDA device (228 KiB on the H200
+    minus the reserve; 99 KiB on sm86/sm89 parts); a large number for other devices."""
+    return _cuda_facts(_index(device))[2] if device.type == "cuda" else 1 << 30
 
 
 def capability_major(device: torch.device) -> int:

@@ -31,7 +31,7 @@ from ..layout import table_views
 from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
 from ._alloc import new_output
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
-from ._device import sm_count
+from ._device import shared_memory_bytes, sm_count
 
 
 @triton.jit
@@ -277,7 +277,7 @@ def dds(
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
-        small_cfg = config or bsmm_small.small_config(m, b, a.dtype)
+        small_cfg = config or bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)

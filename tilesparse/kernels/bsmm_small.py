@@ -104,7 +104,7 @@ class SmallConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def small_config(m: int, block_size: int, dtype: torch.dtype) -> SmallConfig:
+def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
     """Heuristic config: slices of 32 features (16 for blocks of 16), reduction steps of
     up to 64, activations padded to a power of two >= 16, and a deep pipeline: the loop
     is a stream of independent loads, and HBM needs many bytes in flight. On the H200
@@ -115,7 +115,11 @@ def small_config(m: int, block_size: int, dtype: torch.dtype) -> SmallConfig:
     sub = min(tile, 32)
     block_k = min(tile, 64 if dtype != torch.float32 else 32)
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
-    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=8)
+    # Fewer stages where shared memory is short (8 stages of b = 128 bf16 tiles at M = 64
+    # take ~96 KiB: too much beside the compiler's own use on 99 KiB parts).
+    per_stage = (sub * block_k + block_k * block_m) * torch.finfo(dtype).bits // 8
+    stages = max(2, min(8, (smem_bytes - 16384) // per_stage))
+    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
 
 
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
