@@ -114,7 +114,8 @@ class _LSTMSequence(torch.autograd.Function):
         meta = layout.meta_on(acts.device)
         rows, cols = layout.block_rows, layout.block_cols
         dtype = acts.dtype
-        d_out, d_hn, d_cn = (g.to(dtype) for g in (d_out, d_hn, d_cn))
+        # contiguous once here, not per step (out.sum() gives a zero-stride d_out)
+        d_out, d_hn, d_cn = (g.to(dtype).contiguous() for g in (d_out, d_hn, d_cn))
 
         dgates = _buffer(acts, steps, batch, gates_width)
         dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
