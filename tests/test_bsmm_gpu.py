@@ -442,7 +442,7 @@ def test_block_layout_from_cuda_mask():
 # and dtype, both table directions, with bias.
 
 
-@pytest.mark.parametrize("path", ["large", "small"])
+@pytest.mark.parametrize("path", ["large", "small", "small-split3"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -455,7 +455,12 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
     a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
     values = random_values(layout, dtype, DEVICE)
     bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
-    cfg = kernels.dds_config(m, block_size, dtype) if path == "large" else bsmm_small.small_config(m, block_size, dtype)
+    if path == "large":
+        cfg = kernels.dds_config(m, block_size, dtype)
+    else:
+        cfg = bsmm_small.small_config(m, block_size, dtype)
+        if path == "small-split3":
+            cfg = dataclasses.replace(cfg, splits=3)
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
     s = dense_of(values, layout)

@@ -104,14 +104,16 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 
 
 # The small-batch kernel's own knobs: feature slices narrower than the block (several
-# programs per block-row), a reduction step shorter than the block, M past one m-tile.
+# programs per block-row), a reduction step shorter than the block, M past one m-tile,
+# the reduction split over programs (3 splits of 1-4 entries: some splits empty).
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m):
+def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits):
     layout = make_layout(layout_kind, *GRID, 32)
     a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
-    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2)
+    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits)
     check_dds(layout, a, values, bias, trans, torch.float32, config)
 
 

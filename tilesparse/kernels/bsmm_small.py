@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._alloc import new_output
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
@@ -35,16 +36,20 @@ from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, 
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
     ptr_ptr, idx_ptr, slot_ptr,
-    M,
+    M, split_stride,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """Program (j * SUBS + s, m-tile) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
+    """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
 
     TRANS_V (fprop): op(V) = V, rows of the stored block are output features.
     not TRANS_V (bprop): op(V) = V^T, columns of the stored block are output features.
+    SPLITS > 1: split p takes the p-th of SPLITS equal runs of table j's entries and
+    writes its fp32 partial sum (no bias) at c + p * split_stride; the launcher adds the
+    partials in a fixed order (deterministic).
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
@@ -57,6 +62,11 @@ def _dds_small_kernel(
     f_ok = offs_f < B
     start = tl.load(ptr_ptr + j)
     end = tl.load(ptr_ptr + j + 1)
+    if SPLITS > 1:
+        split = tl.program_id(2)
+        chunk = (end - start + SPLITS - 1) // SPLITS
+        start = tl.minimum(start + split * chunk, end)
+        end = tl.minimum(start + chunk, end)
     acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
     K_STEPS: tl.constexpr = TILE_B // BLOCK_K
     for t in range(start * K_STEPS, end * K_STEPS):
@@ -79,26 +89,34 @@ def _dds_small_kernel(
         )
         acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
     cols = j.to(tl.int64) * B + offs_f
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
+    if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
+        c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
+            + cols[:, None] * stride_cn
+        tl.store(c_ptrs, acc, mask=f_ok[:, None] & m_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
+        c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
 
 
 @dataclass(frozen=True)
 class SmallConfig:
     """Launch parameters of the small-batch kernel: ``sub`` output features per program,
-    ``block_k`` reduction step, ``block_m`` activation rows per program."""
+    ``block_k`` reduction step, ``block_m`` activation rows per program, ``splits``
+    programs per output slice (each summing a run of its blocks into an fp32 workspace;
+    for few output slices, e.g. bprop of a small recurrent weight)."""
 
     sub: int
     block_k: int
     block_m: int
     num_warps: int
     num_stages: int
+    splits: int = 1
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.splits < 1:
             raise ValueError(f"SmallConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, got "
                              f"{self.num_warps!r}, {self.num_stages!r}")
 
@@ -128,13 +146,20 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     tile = tile_for(b)
     cfg = config
     check_fits_tile(cfg, tile, "sub", "block_k")
-    grid = (n_out * (tile // cfg.sub), cdiv(a.shape[0], cfg.block_m))
+    m = a.shape[0]
+    out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
+    grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), cfg.splits)
     _dds_small_kernel[grid](
-        a, values, bias if bias is not None else c, c,
+        a, values, bias if bias is not None else c, out,
         ptr, idx, slot if slot is not None else ptr,
-        a.shape[0],
-        a.stride(0), a.stride(1), c.stride(0), c.stride(1),
-        B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m,
+        m, out.stride(0) if cfg.splits > 1 else 0,
+        a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
+        B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
+        total = out.sum(dim=0)
+        if bias is not None:
+            total += bias.float()
+        c.copy_(total)
