@@ -134,7 +134,22 @@ def paths() -> dict[str, str | bool]:
         "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "unset"),
         "torch BSR (bsr_dense_mm)": "importable" if bsr_ok else f"not importable ({bsr_why})",
         "stk": "importable" if stk_ok else f"not importable ({stk_why})",
+        "tuned configs": tuned_configs_summary(),
     }
+
+
+def tuned_configs_summary() -> str:
+    """How many measured launch configs the kernels will find, and where they come from."""
+    from ..kernels import tuned
+
+    path = tuned.user_path()
+    if path is None:
+        return "off (TILESPARSE_TUNED=off): heuristics only"
+    try:
+        count = len(tuned._table())
+    except ValueError as exc:  # a broken shipped table: say so rather than fail `info`
+        return f"unreadable: {exc}"
+    return f"{count} entries (shipped tables + {path}{'' if path.is_file() else ', absent'})"
 
 
 def environment(bandwidth: bool = True) -> dict:
