@@ -69,3 +69,18 @@ def test_demo_cli_rejects_bad_arguments(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["demo", "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path)])
     assert exc.value.code == 2
+
+
+def test_verdict_reads_both_curves_at_equal_steps_and_equal_time():
+    from tilesparse.demo.run import verdict
+
+    dense = {"variant": "dense", "steps": 4, "val_bpc": 2.0, "wall_s": 4.0,
+             "curve": {"wall_s": [0.0, 2.0, 4.0], "val_bpc": [8.0, 3.0, 2.0]}}
+    sparse = {"variant": "sparse", "steps": 4, "val_bpc": 1.8, "wall_s": 8.0,
+              "curve": {"wall_s": [0.0, 4.0, 8.0], "val_bpc": [8.0, 2.6, 1.8]}}
+    v = verdict([dense, sparse])
+    assert v["equal_steps"] == {"steps": 4, "dense": 2.0, "sparse": 1.8, "sparse_minus_dense": -0.2}
+    # at 4 s (the dense model's total): dense 2.0, sparse 2.6 (its second evaluation)
+    assert v["equal_time"] == {"wall_s": 4.0, "dense": 2.0, "sparse": 2.6, "sparse_minus_dense": 0.6}
+    sparse["curve"] = {"wall_s": [0.0, 2.0, 8.0], "val_bpc": [8.0, 4.0, 1.0]}
+    assert verdict([dense, sparse])["equal_time"]["sparse"] == pytest.approx(4.0 - 3.0 * 2.0 / 6.0)

@@ -72,6 +72,32 @@ def _plot(results: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _value_at(curve: dict, wall_s: float) -> float:
+    """Validation bits/byte of a learning curve at training time ``wall_s`` (linear
+    between evaluations; the last value past the end)."""
+    times, values = curve["wall_s"], curve["val_bpc"]
+    for (t0, v0), (t1, v1) in zip(zip(times, values), zip(times[1:], values[1:])):
+        if t0 <= wall_s <= t1:
+            return v0 + (v1 - v0) * ((wall_s - t0) / (t1 - t0) if t1 > t0 else 1.0)
+    return values[-1]
+
+
+def verdict(results: list[dict]) -> dict:
+    """The paper's question, answered both ways: at equal steps (the final evaluation)
+    and at equal training time (both curves read at the faster model's total time).
+    Negative margins: the sparse model has the lower (better) bits/byte."""
+    dense = next(r for r in results if r["variant"] == "dense")
+    sparse = next(r for r in results if r["variant"] == "sparse")
+    common = min(dense["wall_s"], sparse["wall_s"])
+    at_time = (_value_at(dense["curve"], common), _value_at(sparse["curve"], common))
+    return {
+        "equal_steps": {"steps": dense["steps"], "dense": dense["val_bpc"], "sparse": sparse["val_bpc"],
+                        "sparse_minus_dense": round(sparse["val_bpc"] - dense["val_bpc"], 4)},
+        "equal_time": {"wall_s": round(common, 3), "dense": round(at_time[0], 4), "sparse": round(at_time[1], 4),
+                       "sparse_minus_dense": round(at_time[1] - at_time[0], 4)},
+    }
+
+
 def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None, steps: int | None = None, seed: int = 0,
              out: Path | None = None, plot: bool = True, console=None) -> list[dict]:
     """Train both variants and write <date>-<device>-demo.{csv,json,png} under ``out``."""
@@ -123,6 +149,12 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     console.print(table)
     first, last = results[0]["curve"]["val_bpc"], results[-1]["curve"]["val_bpc"]
     console.print(f"validation bits/byte: dense {first[0]:.3f} -> {first[-1]:.3f}, sparse {last[0]:.3f} -> {last[-1]:.3f}")
+    answer = verdict(results)
+    for name, v in (("equal steps", answer["equal_steps"]), ("equal training time", answer["equal_time"])):
+        where = f"{v['steps']} steps" if "steps" in v else f"{v['wall_s']:.1f} s"
+        better = "sparse-wide" if v["sparse_minus_dense"] < 0 else "dense"
+        console.print(f"at {name} ({where}): dense {v['dense']:.4f}, sparse {v['sparse']:.4f} bits/byte: "
+                      f"{better} is better by {abs(v['sparse_minus_dense']):.4f}")
 
     root = env.repo_root() or Path.cwd()
     out = Path(out) if out is not None else root / "bench" / "results"
@@ -135,7 +167,7 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     info = env.environment(bandwidth=False)
     info.update({"suite": "demo", "model": model, "preset": preset, "config": cfg, "corpus": text.description, "seed": seed,
                  "comparison": "same steps and batches; params = dense-equivalent, nonzero_params = stored",
-                 "results": results})
+                 "verdict": answer, "results": results})
     (out / f"{stem}.json").write_text(json.dumps(info, indent=1))
     written = [out / f"{stem}.csv", out / f"{stem}.json"]
     if plot:
