@@ -29,7 +29,7 @@ if [ "${BENCH:-0}" = 1 ]; then
   timeout "${GRAPH_TIMEOUT:-150}" python3 -m tilesparse bench --cuda-graph --shape 8192x4096x4096 --no-plot --out "$OUT" > /tmp/bench_graph.log 2>&1
   echo "graph bench rc=$?"; tail -n 25 /tmp/bench_graph.log
 fi
-# TUNE_ARGS: `tilesparse tune` options; winners land in $OUT/tuned.json (copy them into
-# tilesparse/kernels/tuned/<gpu>.json to ship them)
+# TUNE_ARGS: `tilesparse tune` options, e.g. "--block 128 64 --density 0.5 0.1 --budget 200";
+# winners land in $OUT/tuned.json (copy them into tilesparse/kernels/tuned/<gpu>.json to ship them)
 [ -n "${TUNE_ARGS:-}" ] && python3 -m tilesparse tune $TUNE_ARGS --out "$OUT/tuned.json" 2>&1 | tee "$OUT/tune.log" | tail -n 40
 exit 0
