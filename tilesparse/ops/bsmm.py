@@ -243,7 +243,8 @@ def block_sparse_linear(
         _checks.check_same(bias, "bias", x, "x")
     meta = layout.meta_on(x.device)
     y = _dds(x.reshape(-1, in_features), weight, meta, bias, layout.block_rows, layout.block_cols, True)
-    return y.reshape(*x.shape[:-1], out_features)
+    # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
 
 
 def _check_sparse_operand(values, layout, ref, ref_name):

@@ -47,6 +47,7 @@ import math
 from typing import Iterable, Mapping, Union
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..kernels.block_norms import block_grad_norms
@@ -119,6 +120,11 @@ def rewire(
     return n
 
 
+def _distributed() -> bool:
+    """Whether a multi-process torch.distributed group is running."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class RigL:
     """RigL controller for every :class:`BlockSparseLinear` of a model.
 
@@ -163,6 +169,9 @@ class RigL:
         for name, m in modules.items():
             if isinstance(m, GatedBlockSparseLinear):
                 raise TypeError(f"{name or type(m).__name__}: RigL does not rewire gated layers")
+            if type(m.weight).__name__ == "DTensor" or type(m.weight.data).__name__ == "DTensor":
+                raise TypeError(f"{name or type(m).__name__}: RigL does not rewire FSDP2-sharded (DTensor) weights "
+                                "yet; use DistributedDataParallel, whose ranks RigL keeps in agreement")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}")
         if not 0.0 <= float(drop_fraction) <= 1.0:
@@ -270,6 +279,8 @@ class RigL:
             if score is None:
                 score = self._captured_norms(name, module)
             scores[name] = score
+        if _distributed():
+            scores = self._agree_across_ranks(scores)
         if all(s is None for s in scores.values()):
             self.remove_hooks()
             self._sync_hooks()
@@ -289,6 +300,24 @@ class RigL:
         self.remove_hooks()
         self._sync_hooks()
         return True
+
+    def _agree_across_ranks(self, scores: dict) -> dict:
+        """Under torch.distributed every rank captured its own batch: combine the grow
+        scores (root of the summed squared block norms over ranks) so that every rank
+        makes the same choice and the layouts stay identical. The weights being
+        rewired are already identical (DDP), so the drops agree too."""
+        combined = {}
+        for name, module in self.modules.items():
+            score = scores[name]
+            device = module.weight.device
+            shape = (module.layout.block_rows, module.layout.block_cols)
+            squares = torch.zeros(shape, dtype=torch.float32, device=device) if score is None else \
+                score.detach().to(device=device, dtype=torch.float32).square()
+            present = torch.tensor([0.0 if score is None else 1.0], device=device)
+            dist.all_reduce(squares)
+            dist.all_reduce(present)
+            combined[name] = squares.sqrt() if present.item() > 0 else None  # rare: a rewire step
+        return combined
 
     @property
     def last_stats(self) -> dict | None:

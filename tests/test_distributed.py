@@ -1,0 +1,184 @@
+"""tilesparse under torch.distributed: 2 CPU processes, gloo backend (they run in CI).
+
+One spawn runs every scenario (process start-up dominates the cost), each rank saving
+its results; the test process compares them with a single-process run on the same
+global batch:
+
+* DDP of a block-sparse MLP: the parameters after 3 SGD steps equal the single-process
+  run on the concatenated batches;
+* FSDP2 (`fully_shard`) of the same model: the same, through the sharded parameters;
+* DDP of a BlockSparseLSTM language model: the same after 2 steps;
+* RigL under DDP: every rank captures a different batch, yet the rewired layouts are
+  identical on both ranks (the grow scores are combined across ranks); under FSDP2 it
+  refuses, by name, to rewire sharded weights.
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import tilesparse
+
+WORLD = 2
+BATCH = 8  # per rank
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        tilesparse.BlockSparseLinear(32, 64, block_size=16, density=0.5, seed=1),
+        nn.GELU(),
+        tilesparse.BlockSparseLinear(64, 32, block_size=8, density=0.5, seed=2),
+    ).double()
+
+
+class _LstmLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = tilesparse.BlockSparseLSTM(8, 16, block_size=8, density=0.5, batch_first=True, seed=3)
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out)
+
+
+def _lstm_lm() -> nn.Module:
+    torch.manual_seed(0)
+    return _LstmLM().double()
+
+
+def _batch(rank: int, kind: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 + rank)
+    shape = (BATCH, 32) if kind == "mlp" else (BATCH, 5, 8)
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+def _mlp_loss(model, x):
+    return model(x).square().mean()
+
+
+def _lstm_loss(model, x):
+    return model(x).square().mean()
+
+
+def _train(model, loss_fn, batches, steps):
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss_fn(model, batches).backward()
+        opt.step()
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        results = {}
+        # (through the DDP wrapper's forward: that is what arms its gradient all-reduce)
+        ddp = _train(DDP(_mlp()), _mlp_loss, _batch(rank, "mlp"), 3)
+        results["ddp_mlp"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
+
+        sharded = _mlp()
+        for layer in sharded:
+            if isinstance(layer, tilesparse.BlockSparseLinear):
+                fully_shard(layer)
+        fully_shard(sharded)
+        _train(sharded, _mlp_loss, _batch(rank, "mlp"), 3)
+        results["fsdp2_mlp"] = {k: _full(v).detach().clone() for k, v in sharded.state_dict().items()}
+        try:
+            tilesparse.sparsity.RigL(sharded, None, every=2, total_steps=10)
+            results["rigl_on_fsdp2"] = "accepted"
+        except TypeError as exc:
+            results["rigl_on_fsdp2"] = str(exc)
+
+        lm = _train(DDP(_lstm_lm()), _lstm_loss, _batch(rank, "lstm"), 2)
+        results["ddp_lstm"] = {k: v.detach().clone() for k, v in lm.module.state_dict().items()}
+
+        model = _mlp()
+        wrapped = DDP(model)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        rigl = tilesparse.sparsity.RigL(model, opt, every=2, drop_fraction=0.5, total_steps=10)
+        gen = torch.Generator().manual_seed(7 + rank)  # each rank its own data
+        for _ in range(2):
+            opt.zero_grad()
+            wrapped(torch.randn(BATCH, 32, generator=gen, dtype=torch.float64)).square().mean().backward()
+            opt.step()
+            rigl.step()
+        results["rigl_masks"] = [m.layout_mask.clone() for m in rigl.modules.values()]
+        results["rigl_changed"] = rigl.history[-1]["changed"]
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _assert_state_close(got: dict, want: dict, what: str) -> None:
+    assert got.keys() == want.keys(), what
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=f"{what}: {k}")
+
+
+def _reference(make, loss_fn, kind, steps):
+    both = torch.cat([_batch(r, kind) for r in range(WORLD)])  # the global batch
+    return {k: v.detach() for k, v in _train(make(), loss_fn, both, steps).state_dict().items()}
+
+
+def test_ddp_matches_one_process_on_the_global_batch(ranks):
+    want = _reference(_mlp, _mlp_loss, "mlp", 3)
+    for r, res in enumerate(ranks):
+        _assert_state_close(res["ddp_mlp"], want, f"DDP rank {r}")
+
+
+def test_fsdp2_matches_one_process_on_the_global_batch(ranks):
+    want = _reference(_mlp, _mlp_loss, "mlp", 3)
+    for r, res in enumerate(ranks):
+        _assert_state_close(res["fsdp2_mlp"], want, f"FSDP2 rank {r}")
+
+
+def test_ddp_lstm_matches_one_process_on_the_global_batch(ranks):
+    want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
+    for r, res in enumerate(ranks):
+        _assert_state_close(res["ddp_lstm"], want, f"DDP LSTM rank {r}")
+
+
+def test_rigl_rewires_identically_on_every_rank(ranks):
+    assert sum(ranks[0]["rigl_changed"].values()) > 0, "the rewire should have moved blocks"
+    for a, b in zip(ranks[0]["rigl_masks"], ranks[1]["rigl_masks"]):
+        assert torch.equal(a, b)
+
+
+def test_rigl_refuses_fsdp2_sharded_weights_clearly(ranks):
+    # Rewiring a sharded DTensor weight would be silently wrong: refused by name.
+    for res in ranks:
+        assert "FSDP2-sharded (DTensor)" in res["rigl_on_fsdp2"]
