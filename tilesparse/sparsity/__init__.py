@@ -1,7 +1,9 @@
 """Sparsity recipes on top of the block-sparse modules: converting dense models
 (:func:`sparsify`), block group lasso, per-block gates for learned sparsity, and RigL
-(dynamic sparsity: drop weak blocks, regrow by dense-gradient block norms)."""
+(dynamic sparsity: drop weak blocks, regrow by dense-gradient block norms), and
+resuming checkpoints whose layouts were rewired (:func:`adopt_layouts`)."""
 
+from .checkpoint import adopt_layouts
 from .convert import ConvertedModule, SparsifyReport, convertible_linears, sparsify
 from .gates import GatedBlockSparseLinear, HardConcreteGate, gated_block_sparse_linear, l0_penalty
 from .group_lasso import block_norms, dense_block_norms, dense_group_lasso, group_lasso
@@ -24,4 +26,5 @@ __all__ = [
     "RigL",
     "rewire",
     "block_grad_norms",
+    "adopt_layouts",
 ]
