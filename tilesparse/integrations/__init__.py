@@ -1,0 +1,1 @@
+"""Glue to other libraries (imported on demand: tilesparse itself does not need them)."""
