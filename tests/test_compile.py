@@ -95,19 +95,27 @@ def test_compiled_backward_graph_calls_registered_ops():
     assert "tilesparse.dds" in backward_code and "tilesparse.sdd" in backward_code
 
 
-def test_compiled_lstm_module_matches_eager():
-    # The sequence recurrence runs eagerly inside torch.compile (a deliberate graph break:
-    # its time loop calls the kernels directly); the model around it compiles. Regression:
-    # dynamo once crashed tracing into the layout's table cache.
+@pytest.mark.parametrize("with_state", [False, True], ids=["no_state", "h0_c0"])
+def test_compiled_lstm_module_matches_eager(with_state):
+    # Under torch.compile the recurrence is the registered op tilesparse::lstm_forward (its
+    # backward tilesparse::lstm_backward), so the whole module traces with fullgraph=True.
+    # Regression: dynamo once crashed tracing into the eager path's table cache.
     torch.manual_seed(0)
     eager = tilesparse.BlockSparseLSTM(16, 32, block_size=8, density=0.5, batch_first=True, seed=0)
     compiled_model = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_model)
+    compiled = torch.compile(compiled_model, fullgraph=True)
     x = torch.randn(2, 5, 16)
-    out_e, (h_e, _) = eager(x)
-    out_c, (h_c, _) = compiled(x)
-    torch.testing.assert_close(out_c, out_e, rtol=RTOL, atol=ATOL)
-    (out_e.sum() + h_e.sum()).backward()
-    (out_c.sum() + h_c.sum()).backward()
+    state = (torch.randn(1, 2, 32, requires_grad=True), torch.randn(1, 2, 32, requires_grad=True))
+    state_e = tuple(s.detach().clone().requires_grad_() for s in state) if with_state else None
+    state_c = tuple(s.detach().clone().requires_grad_() for s in state) if with_state else None
+    out_e, (h_e, c_e) = eager(x, state_e)
+    out_c, (h_c, c_c) = compiled(x, state_c)
+    for got, want in ((out_c, out_e), (h_c, h_e), (c_c, c_e)):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    (out_e.sum() + 2 * h_e.sum() + 3 * c_e.sum()).backward()
+    (out_c.sum() + 2 * h_c.sum() + 3 * c_c.sum()).backward()
     for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=RTOL, atol=ATOL, msg=name)
+    if with_state:
+        for s_c, s_e in zip(state_c, state_e):
+            torch.testing.assert_close(s_c.grad, s_e.grad, rtol=RTOL, atol=ATOL)

@@ -739,6 +739,24 @@ def test_autocast_cuda_bf16_matches_dense_float64():
     _grads_vs_dense(module, dense, out, h_n, c_n, ref, h_ref, c_ref, torch.bfloat16, xg, x_ref)
 
 
+@pytest.mark.gpu
+def test_lstm_gpu_torch_compile_fullgraph_matches_dense_float64():
+    """torch.compile(fullgraph=True) on CUDA: the recurrence as tilesparse::lstm_forward /
+    lstm_backward, the Triton kernels inside, against float64 nn.LSTM."""
+    torch._dynamo.reset()
+    module64 = BlockSparseLSTM(64, 128, block_size=32, density=0.25, sparse_input=True, dtype=F64)
+    module = copy.deepcopy(module64).to("cuda", torch.bfloat16)
+    compiled = torch.compile(module, fullgraph=True)
+    dense = module64.to_dense_lstm()
+    x = torch.randn(6, 8, 64, dtype=F64)
+    hx = tuple(torch.randn(1, 8, 128, dtype=F64) for _ in range(2))
+    xg, x_ref = x.to("cuda", torch.bfloat16).requires_grad_(), x.clone().requires_grad_()
+    out, (h_n, c_n) = compiled(xg, tuple(t.to("cuda", torch.bfloat16) for t in hx))
+    ref, (h_ref, c_ref) = dense(x_ref, hx)
+    _grads_vs_dense(module, dense, out, h_n, c_n, ref, h_ref, c_ref, torch.bfloat16, xg, x_ref)
+    torch._dynamo.reset()
+
+
 # =========================================================================== benchmark suite
 
 

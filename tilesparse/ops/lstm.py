@@ -51,14 +51,12 @@ def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
     return new_output(*shape, dtype=like.dtype, device=like.device)
 
 
-def _run_forward(xproj, weight, layout, h0, c0, save: bool):
+def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
     """The time loop. Returns (out [T, B, H], cbuf, acts): out[t] is step t's h; with
     ``save``, cbuf [T+1, B, H] holds c0 (zeros when absent) then every step's c, and acts
     [T, B, 4H] the activated gates; without, cbuf [1, B, H] is the last c, acts None."""
     steps, batch, gates_width = xproj.shape
     hidden = gates_width // 4
-    meta = layout.meta_on(xproj.device)
-    rows, cols = layout.block_rows, layout.block_cols
     out = _buffer(xproj, steps, batch, hidden)
     if save:
         cbuf = _buffer(xproj, steps + 1, batch, hidden)
@@ -92,9 +90,10 @@ class _LSTMSequence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, xproj, weight, h0, c0, layout):
-        out, cbuf, acts = _run_forward(xproj, weight, layout, h0, c0, save=True)
+        meta = layout.meta_on(xproj.device)
+        out, cbuf, acts = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=True)
         ctx.save_for_backward(weight, h0, out, cbuf, acts)
-        ctx.layout = layout
+        ctx.tables = (meta, layout.block_rows, layout.block_cols, layout.block_size)
         ctx.has_c0 = c0 is not None
         return out, out[-1].clone(), cbuf[-1].clone()
 
@@ -102,57 +101,124 @@ class _LSTMSequence(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_hn, d_cn):
         weight, h0, out, cbuf, acts = ctx.saved_tensors
-        with _autocast_off(weight.device.type):
-            return _LSTMSequence._backward(ctx, weight, h0, out, cbuf, acts, d_out, d_hn, d_cn)
-
-    @staticmethod
-    def _backward(ctx, weight, h0, out, cbuf, acts, d_out, d_hn, d_cn):
-        layout = ctx.layout
         need_x, need_w, need_h0, need_c0, _ = ctx.needs_input_grad
-        steps, batch, gates_width = acts.shape
-        hidden = gates_width // 4
-        meta = layout.meta_on(acts.device)
-        rows, cols = layout.block_rows, layout.block_cols
-        dtype = acts.dtype
-        # contiguous once here, not per step (out.sum() gives a zero-stride d_out)
-        d_out, d_hn, d_cn = (g.to(dtype).contiguous() for g in (d_out, d_hn, d_cn))
+        with _autocast_off(weight.device.type):
+            return _run_backward(weight, *ctx.tables, ctx.has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
+                                 need_x, need_w, need_h0, need_c0) + (None,)
 
-        dgates = _buffer(acts, steps, batch, gates_width)
-        dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
-        for t in range(steps - 1, -1, -1):
-            has_prev_c = t > 0 or ctx.has_c0
-            _, dc = lstm_cell_backward(
-                d_out[t], dc, acts[t], cbuf[t + 1], cbuf[t] if has_prev_c else None,
-                dh_add=dh_rec, dgates_out=dgates[t], need_dc_prev=t > 0 or need_c0,
-            )
-            if t > 0 or (h0 is not None and need_h0):  # bprop: dh_{t-1} = dgates_t W_hh
-                dh_rec = _bsmm._dds_impl(dgates[t], weight, meta, None, rows, cols, False)
 
-        grad_w = None
-        if need_w:  # updat, once for the whole sequence: dW = dgates_all^T H_prev_all
-            if h0 is not None:
-                h_prev = torch.cat([h0.unsqueeze(0), out[:-1]]) if steps > 1 else h0.unsqueeze(0)
-                d_rec = dgates
-            else:  # step 0 had no recurrent input
-                h_prev, d_rec = out[:-1], dgates[1:]
-            if d_rec.shape[0]:
-                grad_w = _bsmm._sdd_impl(
-                    d_rec.reshape(-1, gates_width).t(), h_prev.reshape(-1, hidden),
-                    meta, layout.block_size, rows, cols,
-                )
-            else:  # T = 1 without h0: W_hh was never used
-                grad_w = torch.zeros_like(weight)
-        return (
-            dgates if need_x else None,
-            grad_w,
-            dh_rec if need_h0 and h0 is not None else None,
-            dc if need_c0 and ctx.has_c0 else None,
-            None,
+def _run_backward(weight, meta, rows, cols, block_size, has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
+                  need_x, need_w, need_h0, need_c0):
+    """BPTT over the saved sequence: (d xproj, d W_hh, d h0, d c0), None where not needed."""
+    steps, batch, gates_width = acts.shape
+    hidden = gates_width // 4
+    dtype = acts.dtype
+    # contiguous once here, not per step (out.sum() gives a zero-stride d_out)
+    d_out, d_hn, d_cn = (g.to(dtype).contiguous() for g in (d_out, d_hn, d_cn))
+
+    dgates = _buffer(acts, steps, batch, gates_width)
+    dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
+    for t in range(steps - 1, -1, -1):
+        has_prev_c = t > 0 or has_c0
+        _, dc = lstm_cell_backward(
+            d_out[t], dc, acts[t], cbuf[t + 1], cbuf[t] if has_prev_c else None,
+            dh_add=dh_rec, dgates_out=dgates[t], need_dc_prev=t > 0 or need_c0,
         )
+        if t > 0 or (h0 is not None and need_h0):  # bprop: dh_{t-1} = dgates_t W_hh
+            dh_rec = _bsmm._dds_impl(dgates[t], weight, meta, None, rows, cols, False)
+
+    grad_w = None
+    if need_w:  # updat, once for the whole sequence: dW = dgates_all^T H_prev_all
+        if h0 is not None:
+            h_prev = torch.cat([h0.unsqueeze(0), out[:-1]]) if steps > 1 else h0.unsqueeze(0)
+            d_rec = dgates
+        else:  # step 0 had no recurrent input
+            h_prev, d_rec = out[:-1], dgates[1:]
+        if d_rec.shape[0]:
+            grad_w = _bsmm._sdd_impl(
+                d_rec.reshape(-1, gates_width).t(), h_prev.reshape(-1, hidden),
+                meta, block_size, rows, cols,
+            )
+        else:  # T = 1 without h0: W_hh was never used
+            grad_w = torch.zeros_like(weight)
+    return (
+        dgates if need_x else None,
+        grad_w,
+        dh_rec if need_h0 and h0 is not None else None,
+        dc if need_c0 and has_c0 else None,
+    )
 
 
-@torch.compiler.disable  # eager inside torch.compile: a clean graph break (the time loop
-# calls the kernels' impls directly, which dynamo cannot trace)
+# --------------------------------------------------------------------------- registered ops
+# What torch.compile sees (fullgraph tracing never breaks): the recurrence forward and its
+# BPTT as opaque ops with fakes; eager mode uses the Function above (no dispatcher cost).
+# Ops cannot return None: absent gradients come back as empty tensors.
+
+
+@torch.library.custom_op("tilesparse::lstm_forward", mutates_args=())
+def _lstm_forward_op(
+    xproj: torch.Tensor, weight: torch.Tensor, meta: torch.Tensor, h0: Optional[torch.Tensor],
+    c0: Optional[torch.Tensor], block_rows: int, block_cols: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output [T, B, H], cell states [T+1, B, H] with c0 first, activated gates [T, B, 4H])."""
+    with _autocast_off(xproj.device.type):
+        return _run_forward(xproj, weight, meta, block_rows, block_cols, h0, c0, save=True)
+
+
+@_lstm_forward_op.register_fake
+def _lstm_forward_fake(xproj, weight, meta, h0, c0, block_rows, block_cols):
+    steps, batch, gates_width = xproj.shape
+    hidden = gates_width // 4
+    return (xproj.new_empty(steps, batch, hidden), xproj.new_empty(steps + 1, batch, hidden),
+            xproj.new_empty(steps, batch, gates_width))
+
+
+@torch.library.custom_op("tilesparse::lstm_backward", mutates_args=())
+def _lstm_backward_op(
+    weight: torch.Tensor, meta: torch.Tensor, h0: Optional[torch.Tensor], out: torch.Tensor, cbuf: torch.Tensor,
+    acts: torch.Tensor, d_out: torch.Tensor, d_cn: torch.Tensor, block_rows: int, block_cols: int,
+    block_size: int, has_c0: bool, need_h0: bool, need_c0: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(d xproj, d W_hh, d h0 or empty, d c0 or empty); h_n's gradient arrives in d_out[-1]."""
+    with _autocast_off(weight.device.type):
+        grads = _run_backward(weight, meta, block_rows, block_cols, block_size, has_c0, h0, out, cbuf, acts,
+                              d_out, torch.zeros_like(d_cn), d_cn, True, True, need_h0, need_c0)
+    return tuple(g if g is not None else weight.new_empty(0) for g in grads)  # distinct: outputs may not alias
+
+
+@_lstm_backward_op.register_fake
+def _lstm_backward_fake(weight, meta, h0, out, cbuf, acts, d_out, d_cn, block_rows, block_cols, block_size,
+                        has_c0, need_h0, need_c0):
+    steps, batch, hidden = out.shape
+    state = out.new_empty(batch, hidden)
+    return (acts.new_empty(acts.shape), weight.new_empty(weight.shape),
+            state if need_h0 and h0 is not None else weight.new_empty(0),
+            out.new_empty(batch, hidden) if need_c0 and has_c0 else weight.new_empty(0))
+
+
+def _lstm_forward_setup(ctx, inputs, output):
+    xproj, weight, meta, h0, c0, block_rows, block_cols = inputs
+    out, cbuf, acts = output
+    ctx.save_for_backward(weight, meta, h0, out, cbuf, acts)
+    ctx.grid = (block_rows, block_cols)
+    ctx.has_c0 = c0 is not None
+    ctx.block_size = weight.shape[-1]
+
+
+def _lstm_forward_backward(ctx, d_out, d_cbuf, d_acts):
+    weight, meta, h0, out, cbuf, acts = ctx.saved_tensors
+    d_out = torch.zeros_like(out) if d_out is None else d_out
+    d_cn = torch.zeros_like(cbuf[-1]) if d_cbuf is None else d_cbuf[-1]
+    need_h0, need_c0 = ctx.needs_input_grad[3], ctx.needs_input_grad[4]
+    dx, dw, dh0, dc0 = _lstm_backward_op(weight, meta, h0, out, cbuf, acts, d_out, d_cn, *ctx.grid, ctx.block_size,
+                                         ctx.has_c0, need_h0, need_c0)
+    return (dx, dw, None, dh0 if need_h0 and h0 is not None else None,
+            dc0 if need_c0 and ctx.has_c0 else None, None, None)
+
+
+_lstm_forward_op.register_autograd(_lstm_forward_backward, setup_context=_lstm_forward_setup)
+
+
 def lstm_sequence(
     xproj: torch.Tensor,
     weight: torch.Tensor,
@@ -197,10 +263,15 @@ def lstm_sequence(
         if t is not None:
             _checks.check_same(t, name, xproj, "xproj")
 
+    if torch.compiler.is_compiling():  # the registered op: traced whole by torch.compile
+        meta = layout.meta_on(xproj.device)
+        out, cbuf, _ = _lstm_forward_op(xproj, weight, meta, h0, c0, layout.block_rows, layout.block_cols)
+        return out, out[-1].clone(), cbuf[-1].clone()
     with _autocast_off(xproj.device.type):
         tensors = (xproj, weight, h0, c0)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             output, h_n, c_n = _LSTMSequence.apply(xproj, weight, h0, c0, layout)
             return output, h_n, c_n
-        out, cbuf, _ = _run_forward(xproj, weight, layout, h0, c0, save=False)
+        meta = layout.meta_on(xproj.device)
+        out, cbuf, _ = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=False)
         return out, out[-1].clone(), cbuf[-1]
