@@ -23,3 +23,13 @@ def test_guide_code_runs_in_order(tmp_path, monkeypatch):
             exec(compile(block, f"{GUIDE.name} block {i + 1}", "exec"), namespace)
         except Exception as exc:  # name the block that broke
             pytest.fail(f"docs/guide.md python block {i + 1} failed: {type(exc).__name__}: {exc}")
+
+
+def test_api_reference_is_up_to_date_and_complete():
+    # docs/api.md is generated from the docstrings; every public name and method has one.
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_api_docs.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -180,28 +180,34 @@ class BlockLayout:
     # ----------------------------------------------------------------- properties
     @property
     def block_rows(self) -> int:
+        """Number of block-rows (rows / block_size)."""
         return self.mask.shape[0]
 
     @property
     def block_cols(self) -> int:
+        """Number of block-columns (cols / block_size)."""
         return self.mask.shape[1]
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(rows, cols) of the matrix in elements."""
         return (self.block_rows * self.block_size, self.block_cols * self.block_size)
 
     @property
     def device(self) -> torch.device:
+        """The mask's device (tables may also be cached on others: meta_on)."""
         return self.mask.device
 
     @property
     def nnz(self) -> int:
+        """Number of stored blocks (one host sync the first time, unless known at construction)."""
         if self._nnz is None:
             self._nnz = int(self.mask.sum())
         return self._nnz
 
     @property
     def density(self) -> float:
+        """Fraction of blocks stored, nnz / (block_rows * block_cols)."""
         total = self.mask.numel()
         return self.nnz / total if total else 0.0
 
@@ -231,6 +237,7 @@ class BlockLayout:
 
     @property
     def tables(self) -> LayoutTables:
+        """The packed tables as named views (LayoutTables) on the layout's device."""
         return split_meta(self.meta, self.block_rows, self.block_cols)
 
     # ----------------------------------------------------------------- transforms

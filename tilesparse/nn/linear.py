@@ -129,6 +129,7 @@ class BlockSparseLinear(nn.Module):
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Y = X W^T + bias with W block-sparse; X [..., in_features]."""
         return block_sparse_linear(x, self.weight, self.layout, self.bias)
 
     # ----------------------------------------------------------------- conversions
@@ -181,6 +182,7 @@ class BlockSparseLinear(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
+        """Sizes, block size, density and stored block count, for print(module)."""
         layout = self._layout
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -145,6 +145,7 @@ class BlockSparseLSTM(nn.Module):
         return layout
 
     def reset_parameters(self) -> None:
+        """Re-draw the weights (nn.LSTM's uniform init, fan-in of each sparse row)."""
         self.hh.reset_parameters()  # per-row actual fan-in
         bound = 1.0 / math.sqrt(self.hidden_size)
         with torch.no_grad():
@@ -190,6 +191,7 @@ class BlockSparseLSTM(nn.Module):
         raise ValueError(f"{name} must have shape (1, {H}) for unbatched input, got {tuple(t.shape)}")
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Like nn.LSTM.forward with one layer: (output, (h_n, c_n))."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() not in (2, 3):
@@ -248,6 +250,7 @@ class BlockSparseLSTM(nn.Module):
         return lstm
 
     def extra_repr(self) -> str:
+        """Sizes, block size, densities and layout facts, for print(module)."""
         hh = self.hh._layout
         text = (
             f"{self.input_size}, {self.hidden_size}, block_size={self.block_size}, "

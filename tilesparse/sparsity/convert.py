@@ -52,6 +52,7 @@ class ConvertedModule:
 
     @property
     def density(self) -> float:
+        """Fraction of the converted weight's blocks that are stored."""
         return self.nnz_blocks / self.total_blocks if self.total_blocks else 0.0
 
 

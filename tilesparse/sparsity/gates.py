@@ -99,6 +99,7 @@ class HardConcreteGate(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """log-alpha from droprate_init: each gate starts open with probability about 1 - droprate_init."""
         d = self.droprate_init
         with torch.no_grad():
             self.log_alpha.fill_(math.log(1 - d) - math.log(d))
@@ -118,6 +119,7 @@ class HardConcreteGate(nn.Module):
         return self._stretch(torch.sigmoid(self.log_alpha))
 
     def forward(self) -> torch.Tensor:
+        """Gate values [n]: sampled (stretched, clipped) in training, the deterministic test-time gates in eval."""
         return self.sample() if self.training else self.deterministic()
 
     def prob_open(self) -> torch.Tensor:
@@ -129,6 +131,7 @@ class HardConcreteGate(nn.Module):
         return self.prob_open().sum()
 
     def extra_repr(self) -> str:
+        """Number of gates and the hard-concrete hyperparameters, for print(module)."""
         return f"n={self.n}, beta={self.beta:.4g}, limits=({self.gamma:g}, {self.zeta:g})"
 
 
@@ -193,6 +196,7 @@ class GatedBlockSparseLinear(BlockSparseLinear):
             self.gate = gate
 
     def reset_parameters(self) -> None:
+        """Re-draw the weights (as BlockSparseLinear) and open the per-block gate parameters (if any)."""
         super().reset_parameters()
         gates = getattr(self, "gates", None)  # absent while BlockSparseLinear.__init__ runs
         if gates is not None:
@@ -217,6 +221,7 @@ class GatedBlockSparseLinear(BlockSparseLinear):
         return self.weight * self.gate_values().to(self.weight.dtype)[:, None, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Y = X (gates * W)^T + bias: each stored block scaled by its gate."""
         return gated_block_sparse_linear(x, self.weight, self.gate_values(), self.layout, self.bias)
 
     # ----------------------------------------------------------------- conversions
@@ -279,5 +284,6 @@ class GatedBlockSparseLinear(BlockSparseLinear):
         return module
 
     def extra_repr(self) -> str:
+        """Adds the gate kind to BlockSparseLinear's description."""
         kind = "parameter" if self.gate is None else type(self.gate).__name__
         return f"{super().extra_repr()}, gates={kind}"

@@ -237,6 +237,7 @@ class RigL:
             self.remove_hooks()
 
     def remove_hooks(self) -> None:
+        """Remove the capture hooks and forget captured activations."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -326,9 +327,11 @@ class RigL:
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
+        """step_count and history: what a resumed run needs to rewire on the same steps."""
         return {"step_count": self.step_count, "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore step_count and history (re-arming the capture hooks if a rewire is next)."""
         self.step_count = int(state["step_count"])
         self.history = list(state.get("history", []))
         self.remove_hooks()
