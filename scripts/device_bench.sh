@@ -8,6 +8,8 @@
 #   small  - the 'small' suite (batch 1..512, achieved bandwidth; SMALL_ARGS, e.g. --quick)
 #   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
+#   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
+#            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -29,6 +31,11 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/bench-small.log" 2>&1 ;;
     lstm)   timeout "${LSTM_TIMEOUT:-300}" python3 -m tilesparse bench --suite lstm ${LSTM_ARGS:-} --out "$OUT" \
               > "$OUT/bench-lstm.log" 2>&1 ;;
+    ddp)    gpus=$(nvidia-smi -L | wc -l)
+            timeout "${DDP_TIMEOUT:-240}" torchrun --nproc-per-node 1 examples/ddp_train.py --out "$OUT/ddp1.json" \
+              ${DDP_ARGS:-} > "$OUT/ddp.log" 2>&1
+            timeout "${DDP_TIMEOUT:-240}" torchrun --nproc-per-node "$gpus" examples/ddp_train.py \
+              --out "$OUT/ddp$gpus.json" ${DDP_ARGS:-} >> "$OUT/ddp.log" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
   esac

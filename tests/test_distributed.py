@@ -182,3 +182,26 @@ def test_rigl_refuses_fsdp2_sharded_weights_clearly(ranks):
     # Rewiring a sharded DTensor weight would be silently wrong: refused by name.
     for res in ranks:
         assert "FSDP2-sharded (DTensor)" in res["rigl_on_fsdp2"]
+
+
+def test_ddp_example_gives_the_one_process_loss_curve(tmp_path):
+    # examples/ddp_train.py under torchrun (CPU, gloo): 2 processes on the same global
+    # batch follow the 1-process loss curve step for step.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+    curves = {}
+    for procs in (1, 2):
+        out = tmp_path / f"ddp{procs}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={procs}",
+               f"--master-port={_free_port()}", str(script), "--device", "cpu", "--steps", "4",
+               "--global-batch", "8", "--context", "32", "--d-model", "64", "--layers", "2", "--block", "16",
+               "--out", str(out)]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        curves[procs] = json.loads(out.read_text())["losses"]
+    torch.testing.assert_close(torch.tensor(curves[2]), torch.tensor(curves[1]), rtol=1e-5, atol=1e-5)
+    assert curves[1][-1] < curves[1][0]
