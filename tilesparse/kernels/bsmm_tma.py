@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation  # private: where triton.set_allocator keeps its per-thread setting
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._device import capability_major
@@ -160,8 +161,6 @@ def ensure_allocator() -> None:
     takes from the allocator set with triton.set_allocator. Set a torch one unless the
     caller already set theirs (the setting is per thread: autograd's backward threads
     start without one)."""
-    from triton.runtime import _allocation
-
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
         triton.set_allocator(_torch_scratch)
 
