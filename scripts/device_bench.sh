@@ -10,13 +10,7 @@
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 for step in ${STEPS:-large dtypes graph}; do
   start=$(date +%s)

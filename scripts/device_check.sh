@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests (sharded over processes so kernels compile in parallel),
 # host-overhead profile, config sweep (tilesparse tune). Everything lands under $OUT (at most 8 files).
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.stk:$PWD
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 SHARDS=${SHARDS:-8}
