@@ -832,3 +832,43 @@ def test_lstm_bench_plot_draws_time_per_step_against_hidden(tmp_path):
     path = plot_lstm(rows, tmp_path / "lstm.png", title="t")
     assert path is not None and path.stat().st_size > 10_000
     assert plot_lstm([r for r in rows if r["method"] == "cudnn"], tmp_path / "none.png") is None
+
+
+# =========================================================================== conversion from nn.LSTM
+
+
+@pytest.mark.parametrize("sparse_input", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_dense_at_full_density_computes_what_the_lstm_computes(sparse_input, bias):
+    torch.manual_seed(0)
+    dense = nn.LSTM(32, 48, bias=bias, batch_first=True, dtype=F64)
+    sparse = BlockSparseLSTM.from_dense(dense, block_size=16, density=1.0, sparse_input=sparse_input)
+    x = torch.randn(3, 7, 32, dtype=F64)
+    out, (h, c) = sparse(x)
+    ref, (h_ref, c_ref) = dense(x)
+    for got, want in ((out, ref), (h, h_ref), (c, c_ref)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_from_dense_keeps_the_strongest_blocks():
+    torch.manual_seed(1)
+    dense = nn.LSTM(32, 32, dtype=F64)
+    sparse = BlockSparseLSTM.from_dense(dense, block_size=16, density=0.5, sparse_input=True, input_density=0.25)
+    assert sparse.layout.nnz == 8 and sparse.input_layout.nnz == 4  # of 16 blocks each
+    norms = dense.weight_hh_l0.detach().reshape(8, 16, 2, 16).pow(2).sum((1, 3))
+    kept = norms[sparse.layout.mask]
+    dropped = norms[~sparse.layout.mask]
+    assert kept.min() >= dropped.max()
+    # the converted module is the masked dense LSTM
+    masked = sparse.to_dense_lstm()
+    x = torch.randn(5, 2, 32, dtype=F64)
+    torch.testing.assert_close(sparse(x)[0], masked(x)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_from_dense_refuses_what_it_cannot_convert():
+    with pytest.raises(ValueError, match="num_layers=2"):
+        BlockSparseLSTM.from_dense(nn.LSTM(16, 16, num_layers=2), block_size=8, density=0.5)
+    with pytest.raises(ValueError, match="bidirectional=True"):
+        BlockSparseLSTM.from_dense(nn.LSTM(16, 16, bidirectional=True), block_size=8, density=0.5)
+    with pytest.raises(TypeError, match="nn.LSTM"):
+        BlockSparseLSTM.from_dense(nn.GRU(16, 16), block_size=8, density=0.5)

@@ -249,6 +249,44 @@ class BlockSparseLSTM(nn.Module):
                 lstm.bias_hh_l0.zero_()
         return lstm
 
+    @classmethod
+    def from_dense(
+        cls,
+        lstm: nn.LSTM,
+        *,
+        block_size: int,
+        density: float,
+        sparse_input: bool = False,
+        input_density: float | None = None,
+    ) -> "BlockSparseLSTM":
+        """A BlockSparseLSTM pruned from a one-layer ``nn.LSTM``: W_hh keeps its ``density``
+        fraction of blocks with the largest L2 norm (and W_ih too with ``sparse_input``, at
+        ``input_density``, default ``density``); the kept blocks are copied, the two bias
+        vectors summed. At density 1 the result computes what ``lstm`` computes."""
+        if not isinstance(lstm, nn.LSTM):
+            raise TypeError(f"lstm must be a torch.nn.LSTM, got {type(lstm).__name__}")
+        if lstm.num_layers != 1 or lstm.bidirectional or lstm.proj_size:
+            raise ValueError(f"only one-layer, unidirectional LSTMs without projections convert, got num_layers="
+                             f"{lstm.num_layers}, bidirectional={lstm.bidirectional}, proj_size={lstm.proj_size}")
+        weight_hh, weight_ih = lstm.weight_hh_l0.detach(), lstm.weight_ih_l0.detach()
+        hh_layout = layout_generators.from_dense(weight_hh, block_size, density)
+        kwargs = {}
+        if sparse_input:
+            ih_layout = layout_generators.from_dense(weight_ih, block_size,
+                                                     density if input_density is None else input_density)
+            kwargs = dict(sparse_input=True, input_layout=ih_layout)
+        module = cls(lstm.input_size, lstm.hidden_size, block_size=block_size, layout=hh_layout, bias=lstm.bias,
+                     batch_first=lstm.batch_first, device=weight_hh.device, dtype=weight_hh.dtype, **kwargs)
+        with torch.no_grad():
+            module.hh.weight.copy_(hh_layout.gather(weight_hh))
+            if sparse_input:
+                module.ih.weight.copy_(module.ih.layout.gather(weight_ih))
+            else:
+                module.weight_ih.copy_(weight_ih)
+            if lstm.bias:
+                module.bias.copy_(lstm.bias_ih_l0.detach() + lstm.bias_hh_l0.detach())
+        return module
+
     def extra_repr(self) -> str:
         """Sizes, block size, densities and layout facts, for print(module)."""
         hh = self.hh._layout
