@@ -872,3 +872,14 @@ def test_from_dense_refuses_what_it_cannot_convert():
         BlockSparseLSTM.from_dense(nn.LSTM(16, 16, bidirectional=True), block_size=8, density=0.5)
     with pytest.raises(TypeError, match="nn.LSTM"):
         BlockSparseLSTM.from_dense(nn.GRU(16, 16), block_size=8, density=0.5)
+
+
+def test_bench_lstm_paper_table():
+    # The paper's setting as its own suite: hidden up to 18432 at 3 % of blocks, dense input.
+    from tilesparse.bench import SUITES, get_suite
+
+    get_suite("lstm")
+    assert "lstm-paper" in SUITES
+    table = SUITES["lstm-paper"].prepare("lstm-paper")
+    assert max(table["hidden"]) == 18432 and table["densities"] == [0.03] and not table["sparse_input"]
+    assert SUITES["lstm-paper"].prepare("lstm-paper", quick=True)["hidden"] == [12288]

@@ -376,3 +376,4 @@ def plot_lstm(rows: list[dict], path, title: str = ""):
 
 
 register("lstm", prepare=prepare, run=run, plot=plot_lstm)
+register("lstm-paper", prepare=prepare, run=run, plot=plot_lstm)  # the paper's very wide, ~97 % sparse layer
