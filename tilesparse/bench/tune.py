@@ -20,6 +20,7 @@ import torch
 from .. import layouts
 from ..kernels import bsmm as K
 from ..kernels import tuned
+from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
 from ..kernels.bsmm_small import SmallConfig
 from .matmul import DTYPES
@@ -31,7 +32,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages, TMA and warp specialization at b >= 64;
     panels of several block-columns at b <= 32; the streaming kernel at small M."""
-    tile = K._tile(block)
+    tile = tile_for(block)
     if m <= 256:
         block_m = min(64, max(16, 1 << (m - 1).bit_length()))
         for sub, bk, stages, splits in ((32, 64, 8, 1), (16, 64, 8, 1), (32, 128, 6, 1), (32, 64, 12, 1),
@@ -59,7 +60,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
     or device TMA descriptors."""
-    tile = K._tile(block)
+    tile = tile_for(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)

@@ -28,8 +28,8 @@ import triton.language as tl
 
 from ..layouts.magnitude import blockwise_norms
 from ._alloc import new_output
-from .bsmm import _input_precision, _tile
-from ._tiles import cdiv
+from ._tiles import cdiv, tile_for
+from .bsmm import _input_precision
 
 __all__ = ["block_grad_norms", "block_grad_norms_reference", "block_grad_norms_triton"]
 
@@ -90,7 +90,7 @@ def _block_norms_kernel(
 def _group(block_size: int) -> int:
     """Blocks per tile side: power-of-two blocks under 64 share one 64-wide tile (so b = 16
     does not run 16 x 16 dots); other blocks get one (padded) tile each."""
-    tile = _tile(block_size)
+    tile = tile_for(block_size)
     if tile != block_size:
         return 1
     return max(1, 64 // block_size)
@@ -107,7 +107,7 @@ def block_grad_norms_triton(dy: torch.Tensor, x: torch.Tensor, block_size: int) 
     if m == 0:
         return out.zero_()
     g = _group(block_size)
-    tile = _tile(block_size)
+    tile = tile_for(block_size)
     side = g * tile
     block_m = 32 if (side >= 128 or dy.dtype == torch.float32) else 64
     grid = (cdiv(rows, g) * cdiv(cols, g),)
@@ -173,6 +173,6 @@ def block_grad_norms(dy: torch.Tensor, x: torch.Tensor, block_size: int) -> torc
     x2 = x.reshape(-1, x.shape[-1])
     # Tiles over 128 x 128 would not fit the fp32 accumulator in registers; those blocks
     # (rare) take the chunked reference, whose matmuls run on cuBLAS.
-    if dy.device.type == "cuda" and dy.dtype != torch.float64 and _tile(block_size) <= 128:
+    if dy.device.type == "cuda" and dy.dtype != torch.float64 and tile_for(block_size) <= 128:
         return block_grad_norms_triton(dy2, x2, block_size)
     return block_grad_norms_reference(dy2, x2, block_size)

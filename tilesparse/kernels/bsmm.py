@@ -162,7 +162,6 @@ class KernelConfig:
                 raise ValueError(f"KernelConfig.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
-_tile = tile_for  # (kept under the old name: tests and block_norms use it)
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -191,7 +190,7 @@ def dds_config(m: int, block_size: int, dtype: torch.dtype) -> KernelConfig:
     at b = 128 (at b = 64 the pointer kernel was as fast at density 0.5 and faster at 0.05),
     with descriptors built on the device (0.463 vs 0.517 ms on a full 4096² layout, 0.252
     vs 0.282 ms at density 0.5; within noise at 0.1)."""
-    tile = _tile(block_size)
+    tile = tile_for(block_size)
     block_m = 128 if m >= 128 else max(16, next_power_of_2(m))
     wide = dtype != torch.float32
     block_k = min(tile, 64 if wide else 32)  # fp32 tiles are twice the bytes: halve k
@@ -205,7 +204,7 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
     """Deterministic heuristic config for sdd. The M reduction is split only when the
     layout has far fewer blocks than the GPU has SMs: on the H200, splitting 51 blocks
     of 128 three ways ran at 0.060 ms against 0.054 ms unsplit (fp32 workspace traffic)."""
-    tile = _tile(block_size)
+    tile = tile_for(block_size)
     wide = dtype != torch.float32
     block_m = 128 if tile == 32 and wide else (64 if wide else 32)
     stages = 4 if wide and tile >= 64 else 3
@@ -228,7 +227,7 @@ def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
 def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     """TMA when asked for, on sm90+, for power-of-two b >= 16 and TMA-addressable
     row-major operands (3-D operands are blocks [nnz, b, b], contiguous)."""
-    if not cfg.tma or _tile(block_size) != block_size or not bsmm_tma.tma_supported(operands[0].device):
+    if not cfg.tma or tile_for(block_size) != block_size or not bsmm_tma.tma_supported(operands[0].device):
         return False
     return all(bsmm_tma.row_major_tma_ok(t) for t in operands if t is not None)
 
@@ -281,7 +280,7 @@ def dds(
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)
-    check_fits_tile(cfg, _tile(b), "block_k")
+    check_fits_tile(cfg, tile_for(b), "block_k")
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
         bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
         return c
@@ -290,7 +289,7 @@ def dds(
         ptr, idx, slot if slot is not None else ptr,
         m, n_out,
         a.stride(0), a.stride(1), c.stride(0), c.stride(1),
-        B=b, TILE_B=_tile(b), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+        B=b, TILE_B=tile_for(b), BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
         GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -348,7 +347,7 @@ def sdd(
             a, b, out, row_of, row_cols,
             m, m_per_split, nnz,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-            B=block_size, TILE_B=_tile(block_size), BLOCK_M=cfg.block_m,
+            B=block_size, TILE_B=tile_for(block_size), BLOCK_M=cfg.block_m,
             INPUT_PRECISION=precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
