@@ -23,7 +23,6 @@ and for float64), the cell :mod:`tilesparse.kernels.lstm_cell` (likewise).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
@@ -35,14 +34,6 @@ from ..layout import BlockLayout
 from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
 
 __all__ = ["lstm_sequence"]
-
-
-def _autocast_off(device_type: str):
-    """Autocast stays off inside the recurrence: inputs arrive already cast, and the CPU
-    reference products must not be re-cast by the autocast dispatcher."""
-    if device_type in ("cpu", "cuda"):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
 
 
 def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -102,9 +93,8 @@ class _LSTMSequence(torch.autograd.Function):
     def backward(ctx, d_out, d_hn, d_cn):
         weight, h0, out, cbuf, acts = ctx.saved_tensors
         need_x, need_w, need_h0, need_c0, _ = ctx.needs_input_grad
-        with _autocast_off(weight.device.type):
-            return _run_backward(weight, *ctx.tables, ctx.has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
-                                 need_x, need_w, need_h0, need_c0) + (None,)
+        return _run_backward(weight, *ctx.tables, ctx.has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
+                             need_x, need_w, need_h0, need_c0) + (None,)
 
 
 def _run_backward(weight, meta, rows, cols, block_size, has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
@@ -161,8 +151,7 @@ def _lstm_forward_op(
     c0: Optional[torch.Tensor], block_rows: int, block_cols: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output [T, B, H], cell states [T+1, B, H] with c0 first, activated gates [T, B, 4H])."""
-    with _autocast_off(xproj.device.type):
-        return _run_forward(xproj, weight, meta, block_rows, block_cols, h0, c0, save=True)
+    return _run_forward(xproj, weight, meta, block_rows, block_cols, h0, c0, save=True)
 
 
 @_lstm_forward_op.register_fake
@@ -180,9 +169,8 @@ def _lstm_backward_op(
     block_size: int, has_c0: bool, need_h0: bool, need_c0: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d xproj, d W_hh, d h0 or empty, d c0 or empty); h_n's gradient arrives in d_out[-1]."""
-    with _autocast_off(weight.device.type):
-        grads = _run_backward(weight, meta, block_rows, block_cols, block_size, has_c0, h0, out, cbuf, acts,
-                              d_out, torch.zeros_like(d_cn), d_cn, True, True, need_h0, need_c0)
+    grads = _run_backward(weight, meta, block_rows, block_cols, block_size, has_c0, h0, out, cbuf, acts,
+                          d_out, torch.zeros_like(d_cn), d_cn, True, True, need_h0, need_c0)
     return tuple(g if g is not None else weight.new_empty(0) for g in grads)  # distinct: outputs may not alias
 
 
@@ -267,11 +255,10 @@ def lstm_sequence(
         meta = layout.meta_on(xproj.device)
         out, cbuf, _ = _lstm_forward_op(xproj, weight, meta, h0, c0, layout.block_rows, layout.block_cols)
         return out, out[-1].clone(), cbuf[-1].clone()
-    with _autocast_off(xproj.device.type):
-        tensors = (xproj, weight, h0, c0)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-            output, h_n, c_n = _LSTMSequence.apply(xproj, weight, h0, c0, layout)
-            return output, h_n, c_n
-        meta = layout.meta_on(xproj.device)
-        out, cbuf, _ = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=False)
-        return out, out[-1].clone(), cbuf[-1]
+    tensors = (xproj, weight, h0, c0)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        output, h_n, c_n = _LSTMSequence.apply(xproj, weight, h0, c0, layout)
+        return output, h_n, c_n
+    meta = layout.meta_on(xproj.device)
+    out, cbuf, _ = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=False)
+    return out, out[-1].clone(), cbuf[-1]
