@@ -8,6 +8,7 @@ under the interpreter) and test_bsmm_gpu.py (CUDA).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tilesparse import BlockLayout, layouts
@@ -19,6 +20,13 @@ from tilesparse import BlockLayout, layouts
 #   empty_rows_cols  random, with one whole block-row and one whole block-col empty
 #                    (exercises repeated ptr entries in both the row and column table)
 LAYOUT_KINDS = ["empty", "full", "random", "empty_rows_cols"]
+
+# Marks of a test that runs Triton kernels under the interpreter (triton's interpreter
+# trips a NumPy 1.25 deprecation on every scalar index; not ours).
+INTERPRETER_MARKS = [
+    pytest.mark.interpreter,
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+]
 
 
 def _seed() -> int:

@@ -15,7 +15,7 @@ import torch
 
 from tilesparse.kernels import block_norms as bn
 from tilesparse.sparsity import block_grad_norms
-from tolerances import REL_TOL, assert_close
+from tolerances import assert_close
 
 # (M, N, K, b)
 SHAPES = [

@@ -1,7 +1,7 @@
 """BlockSparseLSTM against torch.nn.LSTM with the same (zero-filled dense) weights, the
 sequence Function behind it (tilesparse.ops.lstm) against a dense float64 recurrence,
-the fused cell kernels (interpreter on the CPU; CUDA under the ``gpu`` mark) against
-their PyTorch reference, and the 'lstm' benchmark suite's table and CPU smoke run."""
+and BlockSparseLSTM.from_dense. The cell kernels are in test_lstm_cell.py, the benchmark
+suite in test_lstm_bench.py."""
 
 import copy
 import io
@@ -18,6 +18,7 @@ from tilesparse.kernels import lstm_cell
 from tilesparse.ops import bsmm
 from tilesparse.ops.lstm import lstm_sequence
 
+from bsmm_cases import INTERPRETER_MARKS as interpreter
 from tolerances import REL_TOL, assert_close, rel_error
 
 F64 = torch.float64
@@ -293,145 +294,6 @@ def test_training_on_bytes_lowers_loss():
     # Only the stored blocks exist as parameters: the layout holds after training.
     dense = lstm.to_dense_lstm().weight_hh_l0.detach()
     assert torch.all(dense[_element_mask(lstm.layout).to(torch.float32) == 0] == 0)
-
-
-# =========================================================================== fused cell
-
-CELL_SIZES = [(3, 40), (5, 300), (1, 8)]  # odd B and H: masked tiles; 300 spans 3 programs
-CELL_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-CELL_IDS = ["fp32", "fp16", "bf16"]
-# Pointwise math, rounded once: far tighter than the matmul tolerances (fp32 ~1e-7).
-CELL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-interpreter = [
-    pytest.mark.interpreter,
-    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
-]
-
-
-def _cell_close(out, ref, dtype, what):
-    assert out.dtype == dtype, f"{what}: dtype {out.dtype} != {dtype}"
-    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
-    err = rel_error(out, ref)
-    assert err <= CELL_TOL[dtype], f"{what}: relative error {err:.2e} > {CELL_TOL[dtype]:.0e}"
-
-
-def _cell_inputs(batch, hidden, dtype, device="cpu"):
-    """Pre-activations spread over the saturating range, states and gradients."""
-    def r(*shape, scale=1.0):
-        return (torch.randn(*shape) * scale).to(dtype).to(device)
-    return dict(gates=r(batch, 4 * hidden, scale=2.0), gates_add=r(batch, 4 * hidden), c_prev=r(batch, hidden),
-                dh=r(batch, hidden), dh_add=r(batch, hidden), dc_next=r(batch, hidden))
-
-
-def _f64(t):
-    return None if t is None else t.detach().double().cpu()
-
-
-def test_cell_backward_reference_is_the_gradient_of_the_forward_reference():
-    """The hand-written backward formulas against autograd of the forward math (float64)."""
-    B, H = 3, 5
-    gates = torch.randn(B, 4 * H, dtype=F64, requires_grad=True)
-    c_prev = torch.randn(B, H, dtype=F64, requires_grad=True)
-    dh, dc_next = torch.randn(B, H, dtype=F64), torch.randn(B, H, dtype=F64)
-    for cp in (c_prev, None):
-        h, c, acts = lstm_cell.lstm_cell_forward_reference(gates, cp)
-        wrt = (gates, cp) if cp is not None else (gates,)
-        auto = torch.autograd.grad((h, c), wrt, (dh, dc_next))
-        dgates, dc_prev = lstm_cell.lstm_cell_backward_reference(dh, dc_next, acts.detach(), c.detach(),
-                                                                 None if cp is None else cp.detach())
-        assert_close(dgates, auto[0], F64, "dgates")
-        if cp is not None:
-            assert_close(dc_prev, auto[1], F64, "dc_prev")
-
-
-@pytest.mark.parametrize("dtype", CELL_DTYPES, ids=CELL_IDS)
-@pytest.mark.parametrize("batch, hidden", CELL_SIZES)
-@pytest.mark.parametrize("with_c_prev", [True, False], ids=["c_prev", "no_c_prev"])
-@pytest.mark.parametrize("with_add", [True, False], ids=["add", "no_add"])
-@pytest.mark.parametrize("mark", [pytest.param(None, marks=interpreter)], ids=[""])
-def test_cell_kernels_match_reference_interpreter(dtype, batch, hidden, with_c_prev, with_add, mark):
-    """The Triton launchers on CPU tensors (the interpreter runs them), fresh outputs."""
-    inp = _cell_inputs(batch, hidden, dtype)
-    c_prev = inp["c_prev"] if with_c_prev else None
-    add = inp["gates_add"] if with_add else None
-    h, c, acts = lstm_cell.lstm_cell_forward_triton(inp["gates"], c_prev, gates_add=add)
-    ref_h, ref_c, ref_acts = lstm_cell.lstm_cell_forward_reference(_f64(inp["gates"]), _f64(c_prev),
-                                                                   gates_add=_f64(add))
-    _cell_close(h, ref_h, dtype, "h")
-    _cell_close(c, ref_c, dtype, "c")
-    _cell_close(acts, ref_acts, dtype, "acts")
-
-    dh_add = inp["dh_add"] if with_add else None
-    dc_next = inp["dc_next"] if with_c_prev else None  # no dc_next: the sequence's last step
-    dgates, dc_prev = lstm_cell.lstm_cell_backward_triton(inp["dh"], dc_next, acts, c, c_prev, dh_add=dh_add)
-    ref_dg, ref_dcp = lstm_cell.lstm_cell_backward_reference(_f64(inp["dh"]), _f64(dc_next), _f64(acts), _f64(c),
-                                                             _f64(c_prev), dh_add=_f64(dh_add))
-    _cell_close(dgates, ref_dg, dtype, "dgates")
-    _cell_close(dc_prev, ref_dcp, dtype, "dc_prev")
-    if not with_c_prev:  # no previous state: the forget gate gets no gradient
-        assert torch.all(dgates[:, hidden:2 * hidden] == 0)
-
-
-@pytest.mark.parametrize("mark", [pytest.param(None, marks=interpreter)], ids=[""])
-def test_cell_kernels_write_into_strided_buffers_and_stay_in_bounds_interpreter(mark):
-    """Outputs given as slices of larger sentinel-filled buffers (row stride > width):
-    the masked kernels write exactly the slice; inputs may have a row stride too."""
-    B, H, dtype = 3, 40, torch.float32
-    inp = _cell_inputs(B, H, dtype)
-    sentinel = 7.0
-    big = {name: torch.full((B + 2, width + 8), sentinel) for name, width in
-           (("h", H), ("c", H), ("acts", 4 * H), ("dgates", 4 * H), ("dc", H))}
-    view = {name: t[1:B + 1, 4:t.shape[1] - 4] for name, t in big.items()}
-    gates_strided = torch.zeros(B, 8 * H)[:, :4 * H].copy_(inp["gates"])  # row stride 8H
-    lstm_cell.lstm_cell_forward_triton(gates_strided, inp["c_prev"], gates_add=inp["gates_add"],
-                                       h_out=view["h"], c_out=view["c"], acts_out=view["acts"])
-    lstm_cell.lstm_cell_backward_triton(inp["dh"], inp["dc_next"], view["acts"], view["c"], inp["c_prev"],
-                                        dgates_out=view["dgates"], dc_prev_out=view["dc"])
-    ref_h, ref_c, ref_acts = lstm_cell.lstm_cell_forward_reference(_f64(inp["gates"]), _f64(inp["c_prev"]),
-                                                                   gates_add=_f64(inp["gates_add"]))
-    ref_dg, ref_dc = lstm_cell.lstm_cell_backward_reference(_f64(inp["dh"]), _f64(inp["dc_next"]),
-                                                            _f64(view["acts"]), _f64(view["c"]),
-                                                            _f64(inp["c_prev"]))
-    for name, ref in (("h", ref_h), ("c", ref_c), ("acts", ref_acts), ("dgates", ref_dg), ("dc", ref_dc)):
-        _cell_close(view[name], ref, dtype, name)
-        outside = big[name].clone()
-        outside[1:B + 1, 4:outside.shape[1] - 4] = sentinel
-        assert torch.all(outside == sentinel), f"{name}: the kernel wrote outside its slice"
-
-
-def test_cell_launcher_argument_errors():
-    g = torch.randn(2, 16)
-    with pytest.raises(ValueError, match=r"gates must be \[B, 4H\]"):
-        lstm_cell.lstm_cell_forward_triton(torch.randn(2, 10))
-    with pytest.raises(ValueError, match=r"c_prev must have shape \(2, 4\)"):
-        lstm_cell.lstm_cell_forward_triton(g, torch.randn(2, 5))
-    with pytest.raises(TypeError, match="gates_add has dtype torch.float16"):
-        lstm_cell.lstm_cell_forward_triton(g, gates_add=g.half())
-    with pytest.raises(TypeError, match="float16, bfloat16, float32"):
-        lstm_cell.lstm_cell_forward_triton(g.double())
-    with pytest.raises(ValueError, match="h_out must be a \\(2, 4\\) buffer"):
-        lstm_cell.lstm_cell_forward_triton(g, h_out=torch.empty(4, 2).t())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", CELL_DTYPES, ids=CELL_IDS)
-@pytest.mark.parametrize("batch, hidden", [(3, 40), (32, 1024), (64, 8192)])
-def test_cell_kernels_gpu(dtype, batch, hidden):
-    """The dispatching entry points pick the compiled Triton kernels on CUDA."""
-    inp = _cell_inputs(batch, hidden, dtype, "cuda")
-    h, c, acts = lstm_cell.lstm_cell_forward(inp["gates"], inp["c_prev"], gates_add=inp["gates_add"])
-    ref_h, ref_c, ref_acts = lstm_cell.lstm_cell_forward_reference(_f64(inp["gates"]), _f64(inp["c_prev"]),
-                                                                   gates_add=_f64(inp["gates_add"]))
-    assert h.device.type == "cuda"
-    _cell_close(h, ref_h, dtype, "h")
-    _cell_close(c, ref_c, dtype, "c")
-    _cell_close(acts, ref_acts, dtype, "acts")
-    dgates, dc_prev = lstm_cell.lstm_cell_backward(inp["dh"], inp["dc_next"], acts, c, inp["c_prev"],
-                                                   dh_add=inp["dh_add"])
-    ref_dg, ref_dcp = lstm_cell.lstm_cell_backward_reference(_f64(inp["dh"]), _f64(inp["dc_next"]), _f64(acts),
-                                                             _f64(c), _f64(inp["c_prev"]), dh_add=_f64(inp["dh_add"]))
-    _cell_close(dgates, ref_dg, dtype, "dgates")
-    _cell_close(dc_prev, ref_dcp, dtype, "dc_prev")
 
 
 # =========================================================================== the sequence Function
@@ -781,59 +643,6 @@ def test_lstm_gpu_reduce_overhead_replays_match_eager():
     torch._dynamo.reset()
 
 
-# =========================================================================== benchmark suite
-
-
-def test_bench_lstm_suite_table_and_cpu_smoke_run():
-    from tilesparse.bench import COLUMNS, SUITES
-    from tilesparse.bench import lstm as bench_lstm
-    from tilesparse.bench.matmul import RunContext
-
-    assert "lstm" in SUITES
-    for quick in (False, True):
-        table = bench_lstm.prepare("lstm", quick=quick)
-        assert table["shapes"] == [(table["batch"] * table["steps"], 4 * h, h) for h in table["hidden"]]
-    for bad, match in (({"ops": ["fprop"]}, "unknown op 'fprop'"), ({"blocks": [48]}, "block 48 does not divide"),
-                       ({"shapes": [[64, 100, 50]]}, "N must be 4K"), ({"densities": [0.0]}, "density 0.0")):
-        with pytest.raises(ValueError, match=match):
-            bench_lstm.prepare("lstm", overrides=bad)
-    assert bench_lstm.dense_hidden_for(4 * 64 * 64 + 4 * 64 * 32, 32) == 64  # exact root
-
-    table = bench_lstm.prepare("lstm", overrides={"hidden": [16], "batch": 2, "steps": 2, "blocks": [8],
-                                                  "densities": [0.5], "dtypes": ["fp32"]})
-    stamp = {"gpu": "cpu", "torch": torch.__version__, "triton": "-", "commit": "-"}
-    rows = bench_lstm.run("lstm", table, RunContext(cuda=False, stamp=stamp, log=lambda text: None))
-    assert [(r["op"], r["method"], r.get("baseline")) for r in rows] == [
-        ("lstm_step", "cudnn", "equal_hidden"), ("lstm_fwd", "cudnn", "equal_hidden"),
-        ("lstm_step", "tilesparse", ""), ("lstm_fwd", "tilesparse", ""),
-        ("lstm_step", "cudnn", "equal_params"), ("lstm_fwd", "cudnn", "equal_params"),
-    ]
-    for r in rows:
-        assert set(COLUMNS) <= set(r) and r["ms"] > 0 and r["tflops_nnz"] > 0 and r["speedup_vs_dense"] > 0
-        assert r["M"] == 4 and r["N"] == 4 * r["K"] == 4 * r["hidden"]
-    sparse = [r for r in rows if r["method"] == "tilesparse"]
-    assert all(r["rel_err"] < 1e-5 and r["speedup_vs_equal_params"] > 0 for r in sparse)
-    assert all(r["block"] == 8 and r["density"] == 0.5 and r["K"] == 16 for r in sparse)
-
-
-def test_lstm_bench_plot_draws_time_per_step_against_hidden(tmp_path):
-    # The suite's plot from rows shaped like its own (no GPU needed to draw).
-    from tilesparse.bench.lstm import plot_lstm
-
-    rows = []
-    for hidden, ms in ((1024, 0.05), (2048, 0.12), (4096, 0.40)):
-        rows.append(dict(method="cudnn", baseline="equal_hidden", dtype="bf16", op="lstm_step", hidden=hidden,
-                         block=0, density=1.0, ms_per_step=ms))
-        for density in (0.1, 0.03):
-            rows.append(dict(method="tilesparse", baseline="", dtype="bf16", op="lstm_step", hidden=hidden,
-                             block=32, density=density, ms_per_step=ms * density * 3))
-    rows.append(dict(method="cudnn", baseline="equal_params", dtype="bf16", op="lstm_step", hidden=700,
-                     block=0, density=1.0, ms_per_step=0.03))
-    path = plot_lstm(rows, tmp_path / "lstm.png", title="t")
-    assert path is not None and path.stat().st_size > 10_000
-    assert plot_lstm([r for r in rows if r["method"] == "cudnn"], tmp_path / "none.png") is None
-
-
 # =========================================================================== conversion from nn.LSTM
 
 
@@ -872,14 +681,3 @@ def test_from_dense_refuses_what_it_cannot_convert():
         BlockSparseLSTM.from_dense(nn.LSTM(16, 16, bidirectional=True), block_size=8, density=0.5)
     with pytest.raises(TypeError, match="nn.LSTM"):
         BlockSparseLSTM.from_dense(nn.GRU(16, 16), block_size=8, density=0.5)
-
-
-def test_bench_lstm_paper_table():
-    # The paper's setting as its own suite: hidden up to 18432 at 3 % of blocks, dense input.
-    from tilesparse.bench import SUITES, get_suite
-
-    get_suite("lstm")
-    assert "lstm-paper" in SUITES
-    table = SUITES["lstm-paper"].prepare("lstm-paper")
-    assert max(table["hidden"]) == 18432 and table["densities"] == [0.03] and not table["sparse_input"]
-    assert SUITES["lstm-paper"].prepare("lstm-paper", quick=True)["hidden"] == [12288]

@@ -242,7 +242,6 @@ def _run_hidden(suite: str, table: dict, dtype_name: str, hidden: int, ctx: RunC
     steps, batch = table["steps"], table["batch"]
     input_size = hidden if table["input_size"] == "hidden" else table["input_size"]
     gen = torch.Generator(device=device).manual_seed(table["seed"])
-    common = dict(batch=batch, steps=steps, input_size=input_size)
     ctx.log(f"[bold]{suite} {dtype_name} hidden={hidden} input={input_size} batch={batch} steps={steps}[/]")
 
     dense_ms: dict[str, float] = {}
