@@ -18,18 +18,14 @@ import dataclasses
 import pytest
 import torch
 
-from bsmm_cases import LAYOUT_KINDS, dense_of, make_layout, random_values
+from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, dense_of, make_layout, random_values
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_small
 from tilesparse.kernels._alloc import poison_enabled
 from tolerances import assert_close
 
-pytestmark = [
-    pytest.mark.interpreter,
-    # triton's interpreter trips a NumPy 1.25 deprecation on every scalar index; not ours.
-    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
-]
+pytestmark = INTERPRETER_MARKS
 
 BLOCK_SIZES = [8, 16, 32, 64]  # 8 runs on masked 16-wide tiles; 128 below, once
 DTYPES = [torch.float32, torch.float16]  # no bf16: see the module docstring

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bsmm_cases import dense_of, make_layout, random_values
+from bsmm_cases import INTERPRETER_MARKS, dense_of, make_layout, random_values
 from tilesparse.bench import tune as tune_mod
 from tilesparse.cli import main
 from tilesparse.kernels import bsmm as kernels
@@ -16,8 +16,7 @@ from tilesparse.kernels.bsmm_panel import PanelConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
 from tolerances import assert_close
 
-# triton's interpreter trips a NumPy 1.25 deprecation on every scalar index; not ours.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+pytestmark = INTERPRETER_MARKS  # some cases launch kernels under the interpreter
 
 
 @pytest.fixture
