@@ -298,26 +298,18 @@ def _need_hopper():
 
 
 # The Hopper TMA kernels, driven through the launchers by config. M=1000 leaves a
-# partial last tile (TMA zero-fills and clips it); warp_specialize splits producer and
-# consumer warps on the reduction loop.
-TMA_VARIANTS = {
-    "tma": dict(),
-    "tma-ws": dict(warp_specialize=True),
-}
-
-
-@pytest.mark.parametrize("variant", list(TMA_VARIANTS))
+# partial last tile (TMA zero-fills and clips it).
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 64, 128], ids=lambda b: f"b{b}")
-def test_dds_tma(block_size, dtype, trans, variant):
+def test_dds_tma(block_size, dtype, trans):
     _need_hopper()
     layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
     rows, cols = layout.shape
     a = torch.randn(1000, cols if trans else rows, device=DEVICE).to(dtype)
     values = random_values(layout, dtype, DEVICE)
     bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
-    cfg = dataclasses.replace(kernels.dds_config(1000, block_size, dtype), tma=True, **TMA_VARIANTS[variant])
+    cfg = dataclasses.replace(kernels.dds_config(1000, block_size, dtype), tma=True)
     assert kernels._use_tma(cfg, block_size, a, values), "operands should be TMA-eligible"
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
@@ -326,7 +318,7 @@ def test_dds_tma(block_size, dtype, trans, variant):
     assert_close(out, expected, dtype, "dds tma")
 
 
-@pytest.mark.parametrize("variant", ["host", "devdesc", "devdesc-ws"])
+@pytest.mark.parametrize("variant", ["host", "devdesc"])
 @pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 64, 128], ids=lambda b: f"b{b}")
@@ -339,7 +331,7 @@ def test_sdd_tma(block_size, dtype, splits, variant):
     a = g.t()
     cfg = dataclasses.replace(
         kernels.sdd_config(1000, block_size, layout.nnz, dtype, a.device), tma=True, splits=splits,
-        device_desc=variant != "host", warp_specialize=variant == "devdesc-ws",
+        device_desc=variant != "host",
     )
     assert kernels._use_tma(cfg, block_size, a.t(), b), "operands should be TMA-eligible"
     meta = layout.meta_on(DEVICE)

@@ -40,7 +40,7 @@ def test_buckets():
 
 
 @pytest.mark.parametrize("config", [
-    kernels.KernelConfig(128, 64, 4, 4, tma=True, warp_specialize=True),
+    kernels.KernelConfig(128, 64, 4, 4, tma=True, device_desc=True),
     SmallConfig(32, 64, 16, 4, 8),
     PanelConfig(4, 64, 8, 3),
 ])
@@ -71,11 +71,26 @@ def test_record_merges_and_the_table_reads_it(table_file):
 
 def test_an_unknown_format_is_refused(table_file):
     # A user file in another format is ignored (with a warning), record() refuses to merge.
+    shipped = tuned._table()  # the user file does not exist yet: the shipped tables only
+    tuned.reload()
     table_file.write_text(json.dumps({"format": 99, "entries": {}}))
     with pytest.warns(UserWarning, match="unknown tuned-config format"):
-        assert tuned._table() == {}
+        assert tuned._table() == shipped
     with pytest.raises(ValueError, match="unknown tuned-config format"):
         tuned.record({}, table_file)
+
+
+def test_the_shipped_tables_read_as_configs():
+    # Every shipped file parses (an unknown field or kind would raise) and its keys are
+    # well formed: gpu|op|dtype|block|M bucket|density bucket.
+    tuned.reload()
+    shipped = tuned._read_shipped()
+    assert shipped, "tilesparse/kernels/tuned/ ships at least the H200's table"
+    for k in shipped:
+        gpu, op, dtype, block, m, density = k.split("|")
+        assert op in ("fprop", "bprop", "updat") and dtype in ("bf16", "fp16", "tf32", "fp32")
+        assert tuned.m_bucket(int(m)) == int(m) and tuned.density_bucket(float(density)) == float(density)
+        assert int(block) in (16, 32, 64, 128)
 
 
 def test_lookups_off_and_on_cpu(monkeypatch):
@@ -178,4 +193,4 @@ def test_float32_keys_name_the_matmul_precision():
 def test_a_broken_user_file_warns_and_is_ignored(table_file):
     table_file.write_text("{not json")
     with pytest.warns(UserWarning, match="ignoring the tuned-config file"):
-        assert tuned._table() == {}
+        assert tuned._table() == tuned._read_shipped()

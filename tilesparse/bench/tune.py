@@ -53,8 +53,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         return
     yield K.KernelConfig(128, 64, 4, 4)
     for bm, bk, warps, stages in ((128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 5)):
-        for variant in (dict(tma=True), dict(tma=True, warp_specialize=True)):
-            yield K.KernelConfig(bm, min(bk, tile), warps, stages, **variant)
+        yield K.KernelConfig(bm, min(bk, tile), warps, stages, tma=True)
 
 
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:

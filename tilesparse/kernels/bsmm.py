@@ -139,9 +139,9 @@ class KernelConfig:
     """Launch parameters. ``block_k`` is the reduction step of dds (unused by sdd);
     ``splits`` cuts sdd's M reduction into that many slices (1 for dds). ``tma`` picks
     the Hopper TMA kernels where the operands allow (dds's always build their descriptors
-    on the device); ``device_desc`` makes sdd build its descriptors inside the kernel too;
-    ``warp_specialize`` asks Triton for producer and consumer warps on the reduction loop
-    (device-descriptor kernels only)."""
+    on the device); ``device_desc`` makes sdd build its descriptors inside the kernel too.
+    (Triton's warp specialization was tried and dropped: no gain at any swept config, and
+    one, 128x64x64 with 5 stages, returned NaN on the H200; docs/performance.md.)"""
 
     block_m: int
     block_k: int
@@ -151,7 +151,6 @@ class KernelConfig:
     splits: int = 1
     tma: bool = False
     device_desc: bool = False
-    warp_specialize: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "block_m", "block_k")

@@ -37,7 +37,7 @@ def _sdd_tma_kernel(
     m_start = split * m_per_split
     m_end = tl.minimum(m_start + m_per_split, M)
     acc = tl.zeros((B, B), dtype=tl.float32)
-    for m0 in range(m_start, m_end, BLOCK_M):
+    for m0 in tl.range(m_start, m_end, BLOCK_M):
         a = at_desc.load([m0, r * B])
         b = b_desc.load([m0, c * B])
         acc = tl.dot(a.T, b, acc, input_precision=INPUT_PRECISION)
@@ -54,7 +54,7 @@ def _dds_desc_kernel(
     M, K_A, n_out_blocks, nnz, stride_am, stride_cm,
     B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """dds with tensor descriptors built on the device: same tiles as _dds_tma_kernel
     (one per program), without the host encoding three descriptors per launch."""
@@ -70,7 +70,7 @@ def _dds_desc_kernel(
     end = tl.load(ptr_ptr + pid_n + 1)
     row0 = pid_m * BLOCK_M
     acc = tl.zeros((BLOCK_M, B), dtype=tl.float32)
-    for t in tl.range(start * K_STEPS, end * K_STEPS, warp_specialize=WARP_SPECIALIZE):
+    for t in tl.range(start * K_STEPS, end * K_STEPS):
         e = t // K_STEPS
         kk = (t % K_STEPS) * BLOCK_K
         blk = tl.load(idx_ptr + e)
@@ -93,7 +93,7 @@ def _dds_desc_kernel(
 def _sdd_desc_kernel(
     at_ptr, b_ptr, out_ptr, rows_ptr, cols_ptr,
     M, R_B, C_B, m_per_split, nnz, stride_atm, stride_bm,
-    B: tl.constexpr, BLOCK_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    B: tl.constexpr, BLOCK_M: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     """sdd with device-built descriptors; same math as _sdd_tma_kernel."""
@@ -106,7 +106,7 @@ def _sdd_desc_kernel(
     m_start = split * m_per_split
     m_end = tl.minimum(m_start + m_per_split, M)
     acc = tl.zeros((B, B), dtype=tl.float32)
-    for m0 in tl.range(m_start, m_end, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+    for m0 in tl.range(m_start, m_end, BLOCK_M):
         a = at_desc.load([m0, r * B])
         b = b_desc.load([m0, c * B])
         acc = tl.dot(a.T, b, acc, input_precision=INPUT_PRECISION)
@@ -174,7 +174,7 @@ def launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans
         a.shape[0], a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),
         B=b, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
         TRANS_V=trans, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-        GROUP_M=cfg.group_m, WARP_SPECIALIZE=cfg.warp_specialize, INPUT_PRECISION=precision,
+        GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
@@ -184,6 +184,6 @@ def launch_sdd_device_desc(a_t, b, out, rows, cols, m, m_per_split, nnz, splits,
     _sdd_desc_kernel[(nnz, splits)](
         a_t, b, out, rows, cols,
         m, a_t.shape[1], b.shape[1], m_per_split, nnz, a_t.stride(0), b.stride(0),
-        B=block_size, BLOCK_M=cfg.block_m, WARP_SPECIALIZE=cfg.warp_specialize, INPUT_PRECISION=precision,
+        B=block_size, BLOCK_M=cfg.block_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

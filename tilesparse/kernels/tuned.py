@@ -121,14 +121,20 @@ def _read(text: str, origin: str) -> dict:
     return {k: from_json(v["config"]) for k, v in data.get("entries", {}).items()}
 
 
-@functools.lru_cache(maxsize=1)
-def _table() -> dict:
+def _read_shipped() -> dict:
+    """The tables shipped in ``tilesparse/kernels/tuned/*.json``, merged."""
     table: dict = {}
     shipped = resources.files(__package__).joinpath("tuned")
     if shipped.is_dir():
         for entry in sorted(shipped.iterdir(), key=lambda p: p.name):
             if entry.name.endswith(".json"):
                 table.update(_read(entry.read_text(), entry.name))
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def _table() -> dict:
+    table = _read_shipped()
     path = user_path()
     if path is not None and path.is_file():
         try:

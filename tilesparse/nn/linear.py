@@ -73,6 +73,16 @@ class BlockSparseLinear(nn.Module):
             self._layout = self._layout.to(self.layout_mask.device)
         return self._layout
 
+    def _apply(self, fn, recurse=True):
+        """After ``.to()`` / ``.cuda()``: follow the mask to its device and build the lookup
+        tables there now, outside any compiled region. Built lazily inside a
+        ``torch.compile(mode="reduce-overhead")`` graph, they would be CUDA-graph outputs
+        that a later replay overwrites."""
+        result = super()._apply(fn, recurse)
+        if self.layout_mask.device.type != "meta":  # a meta-device mask has no values to index
+            self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
+        return result
+
     def set_layout(self, layout: BlockLayout, values: torch.Tensor) -> None:
         """Swap in a new layout of the same shape and its blocks ``values`` [nnz, b, b]
         (in ``layout.coords`` order), e.g. after a RigL rewire.
