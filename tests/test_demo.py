@@ -50,7 +50,7 @@ def test_lstm_variants_store_about_equal_parameters():
     dense = parameter_counts(ByteLSTM(embed=32, hidden=128))[1]
     sparse_equiv, sparse = parameter_counts(ByteLSTM(embed=32, hidden=wide, block_size=16, density=0.25))
     assert abs(sparse - dense) / dense < 0.05
-    assert sparse_equiv > 2 * sparse
+    assert sparse_equiv > 1.5 * sparse  # the wider W_hh stores a quarter of its blocks
 
 
 def test_run_demo_lstm_learns(tmp_path):
