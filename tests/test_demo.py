@@ -84,3 +84,12 @@ def test_verdict_reads_both_curves_at_equal_steps_and_equal_time():
     assert v["equal_time"] == {"wall_s": 4.0, "dense": 2.0, "sparse": 2.6, "sparse_minus_dense": 0.6}
     sparse["curve"] = {"wall_s": [0.0, 2.0, 8.0], "val_bpc": [8.0, 4.0, 1.0]}
     assert verdict([dense, sparse])["equal_time"]["sparse"] == pytest.approx(4.0 - 3.0 * 2.0 / 6.0)
+
+
+def test_demo_density_override_widens_and_names_its_files(tmp_path):
+    results = run_demo(model="lstm", steps=2, density=0.5, out=tmp_path, plot=False)
+    sparse = next(r for r in results if r["variant"] == "sparse")
+    assert sparse["density"] == 0.5 and sparse["hidden"] == lstm_sparse_hidden(32, 128, 0.5, 16)
+    assert next(tmp_path.glob("*-demo-lstm-cpu-d0.5.csv")).exists()
+    with pytest.raises(ValueError, match="density"):
+        run_demo(model="lstm", steps=2, density=1.0, out=tmp_path, plot=False)

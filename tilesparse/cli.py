@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu: a few minutes on 2 cores (default); gpu: the real comparison on one GPU")
     d.add_argument("--data", default=None, help="a text or bytes file (default: the Python stdlib sources)")
     d.add_argument("--steps", type=_positive_int("steps"), default=None, help="override the preset's training steps")
+    d.add_argument("--density", type=_density, default=None,
+                   help="override the preset's block density (the sparse model widens to match parameters)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
     d.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -146,7 +148,8 @@ def cmd_demo(args, parser, console) -> int:
     if args.preset == "gpu" and not __import__("torch").cuda.is_available():
         parser.error("--preset gpu needs a CUDA device")
     try:
-        run_demo(model=args.model, preset=args.preset, data=args.data, steps=args.steps, seed=args.seed, out=args.out,
+        run_demo(model=args.model, preset=args.preset, data=args.data, steps=args.steps, seed=args.seed,
+                 density=args.density, out=args.out,
                  plot=not args.no_plot, console=console)
     except (FileNotFoundError, ValueError) as exc:
         parser.error(str(exc))

@@ -99,8 +99,9 @@ def verdict(results: list[dict]) -> dict:
 
 
 def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None, steps: int | None = None, seed: int = 0,
-             out: Path | None = None, plot: bool = True, console=None) -> list[dict]:
-    """Train both variants and write <date>-<device>-demo.{csv,json,png} under ``out``."""
+             density: float | None = None, out: Path | None = None, plot: bool = True, console=None) -> list[dict]:
+    """Train both variants and write <date>-<device>-demo-<model>-<preset>.{csv,json,png}
+    under ``out`` (with ``-d<density>`` appended when ``density`` overrides the preset's)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -109,6 +110,10 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
 
     console = console or Console()
     cfg = dict(PRESETS[preset])
+    if density is not None:
+        if not 0.0 < density < 1.0:
+            raise ValueError(f"density must be in (0, 1), got {density}")
+        cfg["density"] = density
     if steps is not None:
         cfg["steps"] = steps
         cfg["eval_every"] = min(cfg["eval_every"], steps)
@@ -159,6 +164,8 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     root = env.repo_root() or Path.cwd()
     out = Path(out) if out is not None else root / "bench" / "results"
     stem = f"{_dt.date.today().isoformat()}-{env.device_slug()}-demo-{model}-{preset}"
+    if density is not None:
+        stem += f"-d{density:g}"
     out.mkdir(parents=True, exist_ok=True)
     with (out / f"{stem}.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
