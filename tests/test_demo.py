@@ -93,3 +93,8 @@ def test_demo_density_override_widens_and_names_its_files(tmp_path):
     assert next(tmp_path.glob("*-demo-lstm-cpu-d0.5.csv")).exists()
     with pytest.raises(ValueError, match="density"):
         run_demo(model="lstm", steps=2, density=1.0, out=tmp_path, plot=False)
+
+
+def test_demo_files_without_an_override_keep_the_preset_name(tmp_path):
+    run_demo(model="lstm", steps=2, out=tmp_path, plot=False)
+    assert [p.name.split("-demo-")[1] for p in tmp_path.glob("*.csv")] == ["lstm-cpu.csv"]

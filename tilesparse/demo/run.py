@@ -132,14 +132,14 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
-        for variant, net, hidden, density, block in _models(model, cfg, seed):
+        for variant, net, hidden, variant_density, block in _models(model, cfg, seed):
             net.to(device)
             curve = train(net, text, cfg, device, autocast, progress, f"{variant:6s}", seed)
             params, nonzero = parameter_counts(net)
             tokens = cfg["steps"] * cfg["batch_size"] * cfg["context"]
             results.append({
                 "suite": "demo", "model": model, "variant": variant, "params": params, "nonzero_params": nonzero,
-                "hidden": hidden, "density": density, "block": block, "steps": cfg["steps"],
+                "hidden": hidden, "density": variant_density, "block": block, "steps": cfg["steps"],
                 "wall_s": round(curve.wall_s[-1], 3), "val_bpc": round(curve.val_bpc[-1], 4),
                 "tokens_per_s": round(tokens / max(curve.wall_s[-1], 1e-9), 1), "device": env.device_name(),
                 "curve": curve.__dict__,
