@@ -6,7 +6,9 @@
 #   graph  - kernel time (CUDA-graph replay) on the main shape
 #   ceiling - the Triton GEMM-ceiling probe
 #   small  - the 'small' suite (batch 1..512, achieved bandwidth; SMALL_ARGS, e.g. --quick)
-#   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS)
+#   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS, e.g. "--quick --cuda-graph")
+#   attention - the 'attention' suite (vs FlexAttention and SDPA; ATTN_ARGS, e.g. --quick)
+#   attention-long - the 'attention-long' suite (S 131072 at 2-5 % of blocks: time and peak memory)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
@@ -30,6 +32,10 @@ for step in ${STEPS:-large dtypes graph}; do
               ${DDP_ARGS:-} > "$OUT/ddp.log" 2>&1
             timeout "${DDP_TIMEOUT:-240}" torchrun --nproc-per-node "$gpus" examples/ddp_train.py \
               --out "$OUT/ddp$gpus.json" ${DDP_ARGS:-} >> "$OUT/ddp.log" 2>&1 ;;
+    attention) timeout "${ATTN_TIMEOUT:-300}" python3 -m tilesparse bench --suite attention ${ATTN_ARGS:-} --out "$OUT" \
+              > "$OUT/bench-attention.log" 2>&1 ;;
+    attention-long) timeout "${ATTN_TIMEOUT:-300}" python3 -m tilesparse bench --suite attention-long --out "$OUT" \
+              > "$OUT/bench-attention-long.log" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
   esac

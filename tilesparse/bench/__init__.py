@@ -6,8 +6,8 @@ table (raising ValueError on impossible input, before any GPU time is spent) and
 ``plot(rows, path, title=)`` for its PNG (default: speedup against density). Case tables
 (shapes, blocks, densities, ops, dtypes) are data in ``cases/<family>.json``, not code,
 so a sweep changes by editing one file. A table's ``"graph": true`` makes CUDA-graph
-replay its default timing. Later suites ('attention', 'semi24') register themselves the
-same way.
+replay its default timing. The 'lstm' and 'attention' families register themselves the
+same way from their modules.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ def _load_builtin_suites() -> None:
     from . import matmul  # noqa: F401  (registers 'large' and 'cpu-reference')
     from . import small  # noqa: F401  (registers 'small')
 
-    # 'lstm' is written separately and may not be in this checkout yet: its absence must
-    # not take the other suites down; a module that is there but fails to import warns.
-    try:
-        importlib.import_module(f"{__name__}.lstm")  # registers 'lstm'
-    except ImportError as exc:
-        if exc.name != f"{__name__}.lstm":  # lstm.py is there but an import inside it failed
-            warnings.warn(f"benchmark suite 'lstm' not loaded: {type(exc).__name__}: {exc}", stacklevel=2)
+    # Suites of other capabilities register themselves from their own modules; one that
+    # fails to import (e.g. its op's module is missing) warns and the others still load.
+    for module in ("lstm", "attention"):  # 'lstm', 'lstm-paper'; 'attention', 'attention-long', 'attention-cpu'
+        try:
+            importlib.import_module(f"{__name__}.{module}")
+        except ImportError as exc:
+            warnings.warn(f"benchmark suite module {module!r} not loaded: {type(exc).__name__}: {exc}", stacklevel=2)

@@ -13,7 +13,9 @@ from . import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS
 
 __all__ = ["write_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
 
-PEER_ORDER = ("tilesparse", "torch_bsr", "stk")
+PEER_ORDER = ("tilesparse", "torch_bsr", "stk", "flex")
+# Rows of these methods are a suite's dense baseline (the 'dense ms' column), not peers.
+BASELINE_METHODS = ("dense", "cudnn", "sdpa")
 METHOD_STYLES = {"tilesparse": ("-", "o"), "torch_bsr": ("--", "s"), "stk": (":", "^")}  # line, marker
 
 
@@ -74,14 +76,15 @@ def print_table(rows: list[dict], console, title: str = "") -> None:
     dense_ms: dict[tuple, float] = {}
     for r in rows:
         base = (r["dtype"], r["M"], r["N"], r["K"], r["op"])
-        if r["method"] == "dense":
-            dense_ms[base] = r["ms"]
+        if r["method"] in BASELINE_METHODS:
+            if r.get("baseline", "equal_hidden") == "equal_hidden":  # lstm: equal-params rows are not the column
+                dense_ms.setdefault(base, r["ms"])
             continue
-        groups.setdefault(base + (r["block"], r["density"]), {})[r["method"]] = r
+        groups.setdefault(base + (r["block"], r["density"], r.get("layout", "")), {})[r["method"]] = r
     for key, by_method in groups.items():
-        dtype, m, n, k, op, block, density = key
+        dtype, m, n, k, op, block, density, pattern = key
         ts = by_method.get("tilesparse", {})
-        cells = [dtype, f"{m}x{n}x{k}", op, str(block), f"{density:g}",
+        cells = [dtype, f"{m}x{n}x{k}", op, str(block), f"{density:.3g}" + (f" {pattern}" if pattern else ""),
                  _fmt(dense_ms.get(key[:5]), ".4f"), _fmt(ts.get("ms"), ".4f")]
         for method in present:
             speedup = by_method.get(method, {}).get("speedup_vs_dense")

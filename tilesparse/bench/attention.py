@@ -1,0 +1,361 @@
+"""The 'attention' suite: fused block-sparse attention against FlexAttention on the
+identical block mask, and against SDPA (FlashAttention) where the pattern is dense.
+
+For every dtype, shape (B, H, S, D), block size and layout pattern of
+``cases/attention.json`` the suite builds the pattern with
+:mod:`tilesparse.attention.layouts`, then times two ops per method:
+
+* ``fwd``: the forward pass under ``torch.no_grad``;
+* ``fwd_bwd``: forward and ``torch.autograd.grad`` of the output for a fixed random
+  output gradient, w.r.t. q, k and v.
+
+Methods: ``tilesparse`` (:func:`tilesparse.attention.block_sparse_attention`), ``flex``
+(``torch.compile(flex_attention)`` with a BlockMask made by ``create_block_mask`` from
+the same layout, so both visit exactly the same blocks and mask the same elements) and
+``sdpa`` (``F.scaled_dot_product_attention``, only for the dense patterns: causal and
+full). Every row's ``speedup_vs_dense`` is against SDPA at the same shape and causality
+(dense attention: what a sparse pattern has to beat), and ``speedup_vs_flex`` against
+FlexAttention on the same pattern.
+
+Columns: M = B * H * S (query rows), N = S (keys), K = D (head dim), ``block``,
+``density`` (fraction of the layout's blocks that are active); extras ``layout`` (the
+pattern's name, e.g. causal, local1024, strided, bigbird, random10), ``batch``,
+``heads``, ``seq``, ``head_dim``, ``causal``, ``speedup_vs_flex``, ``peak_mib`` (GPU memory a forward + backward
+allocates beyond its inputs, at its peak), ``rel_err`` (the forward output against
+FlexAttention's, or SDPA's for dense patterns) and ``note``.
+``tflops_nnz`` counts 4 * b^2 * D flops per active block and (batch, head) for the
+forward (Q K^T and P V), 2.5x that for the backward, so fwd_bwd counts 3.5x: masked
+elements inside diagonal blocks are counted as work, as FlashAttention counts them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import load_cases, register
+from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, rel_err
+from .timing import bench_ms
+
+__all__ = ["OPS", "METHODS", "resolve_table", "prepare", "run", "plot_attention", "flops"]
+
+OPS = ("fwd", "fwd_bwd")
+METHODS = ("tilesparse", "flex", "sdpa")
+DENSE_PATTERNS = ("causal", "full")  # patterns SDPA computes without a mask
+
+
+def _check_positive(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
+    """The case table ``name`` of cases/attention.json with --quick's subset and overrides
+    (any table key; ``shapes`` from --shape are taken as [B*H, S, D] with H from the
+    table) applied; ValueError naming the bad entry."""
+    tables = load_cases("attention")
+    if name not in tables or name.startswith("_"):
+        raise ValueError(f"no attention case table named {name!r}")
+    table = {key: value for key, value in tables[name].items() if not key.startswith("_")}
+    quick_subset = table.pop("quick", {})
+    if quick:
+        table.update(quick_subset)
+    overrides = dict(overrides or {})
+    cli_shapes = overrides.pop("shapes", None)
+    for key, value in overrides.items():
+        if value:
+            table[key] = value
+    if cli_shapes:
+        heads = table["shapes"][0][1]
+        table["shapes"] = [[max(1, m // heads), heads, n, k] for m, n, k in cli_shapes]
+    for d in table["dtypes"]:
+        if d not in DTYPES or d == "fp32":
+            raise ValueError(f"attention dtype must be bf16 or fp16, got {d!r}")
+    for op in table["ops"]:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; choose from {', '.join(OPS)}")
+    for method in table["methods"]:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    table["shapes"] = [tuple(_check_positive(v, "a shape entry (B, H, S, D)") for v in s) for s in table["shapes"]]
+    for shape in table["shapes"]:
+        if len(shape) != 4:
+            raise ValueError(f"an attention shape is [B, H, S, D], got {list(shape)}")
+    for b in table["blocks"]:
+        _check_positive(b, "block")
+    names = set()
+    for spec in table["layouts"]:
+        if "name" not in spec or "builder" not in spec:
+            raise ValueError(f"a layout entry needs 'name' and 'builder', got {spec!r}")
+        if spec["name"] in names:
+            raise ValueError(f"layout name {spec['name']!r} appears twice")
+        names.add(spec["name"])
+    return table
+
+
+def prepare(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
+    return resolve_table(name, quick=quick, overrides=overrides)
+
+
+def flops(op: str, nnz_blocks: int, block: int, head_dim: int, batch: int) -> float:
+    """Nominal flops of ``op`` on ``nnz_blocks`` active blocks (summed over heads)."""
+    fwd = 4.0 * nnz_blocks * block * block * head_dim * batch
+    return fwd * (3.5 if op == "fwd_bwd" else 1.0)
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def build_layout(spec: dict, seq: int, block: int, heads: int):
+    """The pattern ``spec`` ({"name", "builder", "args", "causal", "per_head"}) as an
+    AttentionLayout (per-head random patterns draw one layout per head)."""
+    from ..attention import layouts as attention_layouts
+
+    builder = getattr(attention_layouts, spec["builder"], None)
+    if builder is None:
+        raise ValueError(f"layout {spec['name']!r}: no builder tilesparse.attention.layouts.{spec['builder']}")
+    args = dict(spec.get("args", {}))
+    if spec.get("per_head"):
+        args["heads"] = heads
+    return builder(seq, block, **args)
+
+
+def _mask_mod(block_mask: torch.Tensor, block: int, causal: bool):
+    """FlexAttention's mask_mod for a [H, nb, nb] block mask (and causality): the same
+    elements our kernel keeps."""
+    shared = block_mask.dim() == 2
+
+    def mask_mod(b, h, q, kv):
+        keep = block_mask[q // block, kv // block] if shared else block_mask[h, q // block, kv // block]
+        return keep & (q >= kv) if causal else keep
+
+    return mask_mod
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out):
+    """(forward fn, fwd+bwd fn) of one method, or (None, reason) when it cannot run."""
+    if method == "tilesparse":
+        from ..attention import block_sparse_attention
+
+        def fwd():
+            return block_sparse_attention(q, k, v, layout, causal=causal)
+    elif method == "flex":
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError as exc:
+            return None, f"FlexAttention not importable: {exc}"
+        if not q.is_cuda:
+            return None, "FlexAttention is timed on the GPU only"
+        heads, seq = q.shape[1], q.shape[2]
+        mask = layout.mask.to(q.device)
+        block = layout.block_size
+        block_mask = create_block_mask(_mask_mod(mask, block, causal), None, None if mask.dim() == 2 else heads,
+                                       seq, seq, device=q.device, BLOCK_SIZE=block, _compile=True)
+        compiled = torch.compile(flex_attention)
+        enable_gqa = q.shape[1] != k.shape[1]
+
+        def fwd():
+            return compiled(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+    else:  # sdpa
+        if pattern not in DENSE_PATTERNS:
+            return None, "SDPA has no block-sparse mode (dense patterns only)"
+        enable_gqa = q.shape[1] != k.shape[1]
+
+        def fwd():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=enable_gqa)
+
+    def fwd_no_grad():
+        with torch.no_grad():
+            return fwd()
+
+    def fwd_bwd():
+        out = fwd()
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+
+    return (fwd_no_grad, fwd_bwd), ""
+
+
+def _time(fn, ctx: RunContext) -> tuple[float, str]:
+    try:
+        return bench_ms(fn, cuda=ctx.cuda, graph=ctx.graph), ""
+    except Exception as exc:
+        if not ctx.graph:
+            raise
+        torch.cuda.synchronize()
+        return bench_ms(fn, cuda=ctx.cuda), f"graph capture failed ({type(exc).__name__}); timed with do_bench"
+
+
+# --------------------------------------------------------------------------- the suite
+
+
+def _row(suite, op, method, dtype_name, shape, block, density, pattern, causal, ms, ref_ms, flex_ms, err, note,
+         nnz_blocks, ctx) -> dict:
+    batch, heads, seq, head_dim = shape
+    row = {
+        "suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": batch * heads * seq, "N": seq,
+        "K": head_dim, "block": block, "density": density, "ms": ms,
+        "tflops_nnz": flops(op, nnz_blocks, block, head_dim, batch) / (ms * 1e-3) / 1e12 if ms else None,
+        "speedup_vs_dense": ref_ms / ms if ms and ref_ms else None,
+    }
+    row.update(ctx.stamp)
+    row.update({"rel_err": err, "note": note, "layout": pattern, "batch": batch, "heads": heads, "seq": seq,
+                "head_dim": head_dim, "causal": causal,
+                "speedup_vs_flex": flex_ms / ms if ms and flex_ms else None})
+    return row
+
+
+def _progress(row: dict) -> str:
+    head = f"  {row['op']:7} {row['method']:10} {row['layout']:12} b={row['block']:<3} d={row['density']:.3f}"
+    if row["ms"] is None:
+        return f"{head} [red]{row['note']}[/]"
+    text = f"{head} {row['ms']:9.3f} ms {row['tflops_nnz']:7.1f} TFLOP/s"
+    if row.get("speedup_vs_flex"):
+        text += f" {row['speedup_vs_flex']:5.2f}x vs flex"
+    return text
+
+
+def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: dict) -> None:
+    """Rows for one (dtype, shape, block, pattern)."""
+    batch, heads, seq, head_dim = shape
+    kv_heads = table.get("kv_heads") or heads
+    dtype = DTYPES[dtype_name]
+    device = torch.device("cuda" if ctx.cuda else "cpu")
+    gen = torch.Generator(device=device).manual_seed(table["seed"])
+
+    def tensor(h):
+        return torch.randn(batch, h, seq, head_dim, generator=gen, device=device, dtype=dtype).requires_grad_()
+
+    q, k, v = tensor(heads), tensor(kv_heads), tensor(kv_heads)
+    grad_out = torch.randn(batch, heads, seq, head_dim, generator=gen, device=device, dtype=dtype)
+    pattern, causal = spec["name"], bool(spec.get("causal", False))
+    layout = build_layout(spec, seq, block, heads)
+    mask = layout.mask
+    nnz_blocks = int(mask.sum()) * (1 if mask.dim() == 3 else heads)
+    density = nnz_blocks / (heads * mask.shape[-1] * mask.shape[-2])
+
+    results: dict[str, dict] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    peak_mib: dict[str, float] = {}
+    for method in table["methods"]:
+        fns, why = _make_fns(method, q, k, v, layout, causal, pattern, grad_out)
+        if fns is None:
+            ctx.skipped.setdefault(f"{method}/{pattern}", why)
+            continue
+        try:
+            if ctx.cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            outputs[method] = fns[0]()
+            if ctx.cuda:
+                fns[1]()  # one forward + backward: its peak is the op's working memory
+                torch.cuda.synchronize()
+                peak_mib[method] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            for op, fn in zip(OPS, fns):
+                if op in table["ops"]:
+                    ms, note = _time(fn, ctx)
+                    results.setdefault(method, {})[op] = (ms, note)
+        except Exception as exc:  # a peer that fails is skipped; tilesparse gets an error row
+            msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            if method == "tilesparse":
+                results[method] = {op: (None, f"error: {msg}") for op in table["ops"]}
+            else:
+                ctx.skipped.setdefault(f"{method}/{pattern}", f"failed: {msg}")
+                ctx.log(f"  [yellow]skip {method} {pattern}: {msg}[/]")
+    if pattern in DENSE_PATTERNS and "sdpa" in results:
+        for op, (ms, _) in results["sdpa"].items():
+            sdpa_ms[(shape, causal, op)] = ms
+    # correctness of the forward: against flex on the same mask, else SDPA on a dense pattern
+    reference = outputs.get("flex", outputs.get("sdpa") if pattern in DENSE_PATTERNS else None)
+    for method, per_op in results.items():
+        err = None
+        if method == "tilesparse" and method in outputs and reference is not None:
+            err = rel_err(outputs[method], reference.float())
+        for op, (ms, note) in per_op.items():
+            if err is not None and not math.isfinite(err):
+                note = "; ".join(filter(None, [note, "error: NaN/Inf in the output"]))
+            elif err is not None and err > SUSPECT_REL_ERR:
+                note = "; ".join(filter(None, [note, f"suspect: rel_err above {SUSPECT_REL_ERR:.0e}"]))
+            flex_ms = results.get("flex", {}).get(op, (None,))[0]
+            row = _row(suite, op, method, dtype_name, shape, block, density, pattern, causal, ms,
+                       sdpa_ms.get((shape, causal, op)), flex_ms, err, note, nnz_blocks, ctx)
+            row["peak_mib"] = peak_mib.get(method)
+            rows.append(row)
+            ctx.log(_progress(row))
+    del q, k, v, grad_out, outputs
+    ctx.checkpoint(rows)
+
+
+def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
+    """Every (dtype, shape, block, pattern) of ``table``; dense patterns first, so that
+    SDPA's time is there for every sparse row's speedup_vs_dense."""
+    rows: list[dict] = []
+    specs = sorted(table["layouts"], key=lambda s: s["name"] not in DENSE_PATTERNS)
+    for dtype_name in table["dtypes"]:
+        for shape in table["shapes"]:
+            start = time.perf_counter()
+            sdpa_ms: dict = {}
+            if not any(s["name"] in DENSE_PATTERNS for s in specs) or "sdpa" not in table["methods"]:
+                ctx.log("  [yellow]no dense pattern with sdpa in this table: speedup_vs_dense stays empty[/]")
+            ctx.log(f"[bold]{suite} {dtype_name} B={shape[0]} H={shape[1]} S={shape[2]} D={shape[3]}[/]")
+            for block in table["blocks"]:
+                for spec in specs:
+                    _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms)
+            ctx.log(f"  ({time.perf_counter() - start:.0f} s)")
+            if ctx.cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
+def plot_attention(rows: list[dict], path, title: str = ""):
+    """Time against density (log-log), one panel per (dtype, op, shape): tilesparse and
+    FlexAttention per pattern (points labelled by pattern), SDPA as horizontal lines.
+    Returns None when nothing was timed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in rows if r.get("ms")]
+    if not timed:
+        return None
+    panels = list(dict.fromkeys((r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) for r in timed))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False, layout="constrained")
+    styles = {"tilesparse": ("o", "tab:blue"), "flex": ("s", "tab:orange")}
+    for ax, key in zip(axes[0], panels):
+        mine = [r for r in timed if (r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) == key]
+        for method, (marker, color) in styles.items():
+            pts = sorted((r["density"], r["ms"], r["layout"]) for r in mine if r["method"] == method)
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=method, zorder=3)
+                if method == "tilesparse":
+                    for d, ms, name in pts:
+                        ax.annotate(name, (d, ms), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        for r in mine:
+            if r["method"] == "sdpa":
+                ax.axhline(r["ms"], color="black", ls="--" if r["causal"] else ":", lw=1,
+                           label=f"SDPA {'causal' if r['causal'] else 'full'}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("density (fraction of blocks)")
+        ax.set_ylabel("ms")
+        dtype, op, b, h, s, d = key
+        ax.set_title(f"{op} {dtype} B={b} H={h} S={s} D={d}", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+for _name in ("attention", "attention-long", "attention-cpu"):
+    register(_name, prepare=prepare, run=run, plot=plot_attention)
