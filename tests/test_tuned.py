@@ -93,6 +93,20 @@ def test_the_shipped_tables_read_as_configs():
         assert int(block) in (16, 32, 64, 128)
 
 
+def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
+    # A CUDA device is only named here (no GPU needed): the slug is faked.
+    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    cuda0 = torch.device("cuda", 0)
+    k = tuned.key("fake-gpu", "fprop", torch.bfloat16, 128, 8192, 0.5)
+    tuned.record({k: kernels.KernelConfig(256, 64, 8, 3)}, table_file)
+    assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) == kernels.KernelConfig(256, 64, 8, 3)
+    assert tuned.lookup("bprop", torch.bfloat16, 128, 8000, 0.47, cuda0) is None
+    tuned.record({k: kernels.KernelConfig(128, 64, 4, 4)}, table_file)  # record() forgets the remembered answers
+    assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) == kernels.KernelConfig(128, 64, 4, 4)
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")
+    assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) is None
+
+
 def test_lookups_off_and_on_cpu(monkeypatch):
     assert tuned.lookup("fprop", torch.float32, 16, 64, 0.5, torch.device("cpu")) is None
     monkeypatch.setenv("TILESPARSE_TUNED", "off")

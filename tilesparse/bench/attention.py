@@ -120,7 +120,7 @@ def build_layout(spec: dict, seq: int, block: int, heads: int):
         raise ValueError(f"layout {spec['name']!r}: no builder tilesparse.attention.layouts.{spec['builder']}")
     args = dict(spec.get("args", {}))
     if spec.get("per_head"):
-        args["heads"] = heads
+        args["num_heads"] = heads
     return builder(seq, block, **args)
 
 

@@ -147,16 +147,25 @@ def _table() -> dict:
 def reload() -> None:
     """Forget the tables read so far (the next lookup reads the files again)."""
     _table.cache_clear()
+    _lookup_cached.cache_clear()
 
 
 def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device):
-    """The measured config for this problem on this GPU, or None (use the heuristic)."""
+    """The measured config for this problem on this GPU, or None (use the heuristic).
+    Every launch asks, so answers are remembered per problem (building a key costs
+    several microseconds of host time)."""
     if device.type != "cuda" or os.environ.get("TILESPARSE_TUNED") == "off":
         return None
-    table = _table()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    precision = torch.get_float32_matmul_precision() if dtype == torch.float32 else ""
+    return _lookup_cached(op, dtype, block, m, density, index, precision)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup_cached(op, dtype, block, m, density, index, precision):
+    table = _table()  # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32)
     if not table:
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
     return table.get(key(_gpu_slug(index), op, dtype, block, m, density))
 
 
