@@ -21,7 +21,7 @@ from typing import Callable
 
 __all__ = [
     "COLUMNS", "EXTRA_COLUMNS", "BANDWIDTH_COLUMNS", "SUITES", "Suite",
-    "register", "get_suite", "suite_names", "load_cases",
+    "register", "get_suite", "suite_names", "load_cases", "case_table",
 ]
 
 # The CSV's leading columns, in this order; extras follow.
@@ -69,6 +69,21 @@ def load_cases(family: str) -> dict:
     """The case tables of one family: ``cases/<family>.json``, suite name -> table."""
     text = resources.files(__package__).joinpath("cases", f"{family}.json").read_text()
     return json.loads(text)
+
+
+def case_table(family: str, name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
+    """Table ``name`` of ``cases/<family>.json`` with its ``_``-prefixed notes dropped,
+    its ``quick`` subset applied when asked, then the non-empty ``overrides``; ValueError
+    for an unknown name. Each suite validates the result."""
+    tables = load_cases(family)
+    if name not in tables or name.startswith("_"):
+        raise ValueError(f"no {family} case table named {name!r}")
+    table = {key: value for key, value in tables[name].items() if not key.startswith("_")}
+    quick_subset = table.pop("quick", {})
+    if quick:
+        table.update(quick_subset)
+    table.update({key: value for key, value in (overrides or {}).items() if value})
+    return table
 
 
 def _load_builtin_suites() -> None:

@@ -36,9 +36,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import load_cases, register
-from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, rel_err
-from .timing import bench_ms
+from . import case_table, register
+from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
+from .timing import bench_ms_noted
 
 __all__ = ["OPS", "METHODS", "resolve_table", "prepare", "run", "plot_attention", "flops"]
 
@@ -47,28 +47,13 @@ METHODS = ("tilesparse", "flex", "sdpa")
 DENSE_PATTERNS = ("causal", "full")  # patterns SDPA computes without a mask
 
 
-def _check_positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
-
-
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
     """The case table ``name`` of cases/attention.json with --quick's subset and overrides
     (any table key; ``shapes`` from --shape are taken as [B*H, S, D] with H from the
     table) applied; ValueError naming the bad entry."""
-    tables = load_cases("attention")
-    if name not in tables or name.startswith("_"):
-        raise ValueError(f"no attention case table named {name!r}")
-    table = {key: value for key, value in tables[name].items() if not key.startswith("_")}
-    quick_subset = table.pop("quick", {})
-    if quick:
-        table.update(quick_subset)
     overrides = dict(overrides or {})
     cli_shapes = overrides.pop("shapes", None)
-    for key, value in overrides.items():
-        if value:
-            table[key] = value
+    table = case_table("attention", name, quick=quick, overrides=overrides)
     if cli_shapes:
         heads = table["shapes"][0][1]
         table["shapes"] = [[max(1, m // heads), heads, n, k] for m, n, k in cli_shapes]
@@ -81,12 +66,12 @@ def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = No
     for method in table["methods"]:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    table["shapes"] = [tuple(_check_positive(v, "a shape entry (B, H, S, D)") for v in s) for s in table["shapes"]]
+    table["shapes"] = [tuple(positive_int(v, "a shape entry (B, H, S, D)") for v in s) for s in table["shapes"]]
     for shape in table["shapes"]:
         if len(shape) != 4:
             raise ValueError(f"an attention shape is [B, H, S, D], got {list(shape)}")
     for b in table["blocks"]:
-        _check_positive(b, "block")
+        positive_int(b, "block")
     names = set()
     for spec in table["layouts"]:
         if "name" not in spec or "builder" not in spec:
@@ -182,16 +167,6 @@ def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out
     return (fwd_no_grad, fwd_bwd), ""
 
 
-def _time(fn, ctx: RunContext) -> tuple[float, str]:
-    try:
-        return bench_ms(fn, cuda=ctx.cuda, graph=ctx.graph), ""
-    except Exception as exc:
-        if not ctx.graph:
-            raise
-        torch.cuda.synchronize()
-        return bench_ms(fn, cuda=ctx.cuda), f"graph capture failed ({type(exc).__name__}); timed with do_bench"
-
-
 # --------------------------------------------------------------------------- the suite
 
 
@@ -260,7 +235,7 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
                 peak_mib[method] = (torch.cuda.max_memory_allocated() - base) / 2**20
             for op, fn in zip(OPS, fns):
                 if op in table["ops"]:
-                    ms, note = _time(fn, ctx)
+                    ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
                     results.setdefault(method, {})[op] = (ms, note)
         except Exception as exc:  # a peer that fails is skipped; tilesparse gets an error row
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"

@@ -33,9 +33,10 @@ from torch import nn
 
 from .. import layouts
 from ..nn import BlockSparseLSTM
-from . import load_cases, register
-from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities, rel_err
-from .timing import bench_ms
+from . import case_table, register
+from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities,
+                     positive_int, rel_err)
+from .timing import bench_ms_noted
 
 __all__ = ["OPS", "BASELINES", "resolve_table", "dense_hidden_for", "run", "prepare"]
 
@@ -43,28 +44,15 @@ OPS = ("lstm_step", "lstm_fwd")
 BASELINES = ("equal_hidden", "equal_params")
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
-
-
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
     """The case table ``name`` of cases/lstm.json with --quick and overrides applied;
     raises ValueError naming the bad entry. Overrides: any table key; ``shapes``
     ([M, N, K] each, as the CLI's --shape gives) sets the hidden sizes (K, with N = 4K)
     and the batch (M / steps, one M for all)."""
-    tables = load_cases("lstm")
-    if name not in tables or name.startswith("_"):
-        raise ValueError(f"no lstm case table named {name!r}")
-    table = dict(tables[name])
-    quick_subset = table.pop("quick", {})
-    if quick:
-        table.update(quick_subset)
-    overrides = {k: v for k, v in (overrides or {}).items() if v}
+    overrides = dict(overrides or {})
     shapes = overrides.pop("shapes", None)
-    table.update(overrides)
-    steps = _positive_int(table["steps"], "steps")
+    table = case_table("lstm", name, quick=quick, overrides=overrides)
+    steps = positive_int(table["steps"], "steps")
     if shapes:
         shapes = [tuple(int(v) for v in s) for s in shapes]
         for m, n, k in shapes:
@@ -74,19 +62,19 @@ def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = No
             raise ValueError(f"shapes must share one M = batch * steps (steps = {steps}), got {shapes}")
         table["hidden"] = [k for _, _, k in shapes]
         table["batch"] = shapes[0][0] // steps
-    batch = _positive_int(table["batch"], "batch")
-    hidden = [_positive_int(h, "hidden") for h in table["hidden"]]
+    batch = positive_int(table["batch"], "batch")
+    hidden = [positive_int(h, "hidden") for h in table["hidden"]]
     if not hidden:
         raise ValueError("hidden lists no sizes")
     input_size = table["input_size"]
     if input_size != "hidden":
-        _positive_int(input_size, "input_size (an int or \"hidden\")")
+        positive_int(input_size, "input_size (an int or \"hidden\")")
     check_dtypes_ops_densities(table, OPS, " for the lstm suite")
     for base in table["baselines"]:
         if base not in BASELINES:
             raise ValueError(f"unknown baseline {base!r}; choose from {', '.join(BASELINES)}")
     for b in table["blocks"]:
-        _positive_int(b, "block")
+        positive_int(b, "block")
         for h in hidden:
             if h % b:
                 raise ValueError(f"block {b} does not divide hidden size {h}")
@@ -132,22 +120,10 @@ def _fwd_fn(model, x):
     return fwd
 
 
-def _time(fn, ctx: RunContext) -> tuple[float, str]:
-    """Milliseconds of ``fn`` and a note (CUDA-graph fallback), as the matmul suite does."""
-    try:
-        return bench_ms(fn, cuda=ctx.cuda, graph=ctx.graph), ""
-    except Exception as exc:
-        if not ctx.graph:
-            raise
-        torch.cuda.synchronize()
-        note = f"graph capture failed ({type(exc).__name__}); timed with do_bench"
-        return bench_ms(fn, cuda=ctx.cuda), note
-
-
 def _measure(method: str, fn, ctx: RunContext) -> dict | None:
     """Time one call; tilesparse failures become error rows, cudnn failures a skip."""
     try:
-        ms, note = _time(fn, ctx)
+        ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":

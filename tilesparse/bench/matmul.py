@@ -27,9 +27,9 @@ import torch
 
 from .. import layouts
 from ..layout import BlockLayout
-from . import env, load_cases, register
+from . import case_table, env, register
 from .peers import ADAPTERS, Operands
-from .timing import bench_ms, rotation_copies
+from .timing import bench_ms_noted, rotation_copies
 
 __all__ = ["DTYPES", "OPS", "RunContext", "resolve_table", "run"]
 
@@ -53,6 +53,13 @@ class RunContext:
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
 
 
+def positive_int(value, what: str) -> int:
+    """``value`` if it is an int >= 1 (not a bool); else ValueError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
 def check_dtypes_ops_densities(table: dict, ops, suite: str = "") -> None:
     """Raise ValueError unless a case table's dtypes, ops (from ``ops``) and densities are
     valid: the checks every suite's ``prepare`` shares."""
@@ -70,16 +77,7 @@ def check_dtypes_ops_densities(table: dict, ops, suite: str = "") -> None:
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
     """The case table of suite ``name`` with --quick's subset and command-line overrides
     applied; raises ValueError on an impossible case."""
-    tables = load_cases("matmul")
-    if name not in tables or name.startswith("_"):
-        raise ValueError(f"no matmul case table named {name!r}")
-    table = {key: value for key, value in tables[name].items() if not key.startswith("_")}
-    quick_subset = table.pop("quick", {})
-    if quick:
-        table.update(quick_subset)
-    for key, value in (overrides or {}).items():
-        if value:
-            table[key] = value
+    table = case_table("matmul", name, quick=quick, overrides=overrides)
     _expand_weights(table)
     table["shapes"] = [tuple(int(v) for v in s) for s in table["shapes"]]
     check_dtypes_ops_densities(table, OPS)
@@ -158,19 +156,12 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext,
         del out
         if not math.isfinite(err):
             return {"ms": None, "rel_err": err, "note": "error: NaN/Inf in the result; not timed"}
-        note = ""
         timed, calls = fn, 1
         if copies:
             fns = [fn] + [ADAPTERS[method](op, copy)[0] for copy in copies]
             timed, calls = _in_turn(fns), len(fns)
-        try:
-            ms = bench_ms(timed, cuda=ctx.cuda, graph=ctx.graph) / calls
-        except Exception as exc:
-            if not ctx.graph:
-                raise
-            note = f"graph capture failed ({type(exc).__name__}); timed with do_bench"
-            torch.cuda.synchronize()
-            ms = bench_ms(timed, cuda=ctx.cuda) / calls
+        ms, note = bench_ms_noted(timed, cuda=ctx.cuda, graph=ctx.graph)
+        ms /= calls
     except Exception as exc:  # a peer that fails here is skipped, tilesparse gets an error row
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":

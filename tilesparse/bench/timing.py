@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["bench_ms", "rotation_copies", "L2_ROTATION_FACTOR", "MAX_ROTATION_COPIES"]
+__all__ = ["bench_ms", "bench_ms_noted", "rotation_copies", "L2_ROTATION_FACTOR", "MAX_ROTATION_COPIES"]
 
 # Operand sets cycled through together span this many L2 caches, so by the time a set comes
 # round again the others have evicted it: its reads go to HBM.
@@ -54,6 +54,18 @@ def bench_ms(
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def bench_ms_noted(fn: Callable[[], object], *, cuda: bool, graph: bool = False) -> tuple[float, str]:
+    """(ms, note): :func:`bench_ms`; where a CUDA-graph capture fails (an op that syncs
+    with the host, say), the call is timed without the graph and the note says so."""
+    try:
+        return bench_ms(fn, cuda=cuda, graph=graph), ""
+    except Exception as exc:
+        if not graph:
+            raise
+        torch.cuda.synchronize()
+        return bench_ms(fn, cuda=cuda), f"graph capture failed ({type(exc).__name__}); timed with do_bench"
 
 
 def rotation_copies(footprint_bytes: int, l2_bytes: int | None, *, factor: int = L2_ROTATION_FACTOR,
