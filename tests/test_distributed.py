@@ -7,7 +7,7 @@ global batch:
 * DDP of a block-sparse MLP: the parameters after 3 SGD steps equal the single-process
   run on the concatenated batches;
 * FSDP2 (`fully_shard`) of the same model: the same, through the sharded parameters;
-* DDP of a BlockSparseLSTM language model: the same after 2 steps;
+* DDP and FSDP2 of a BlockSparseLSTM language model: the same after 2 steps;
 * RigL under DDP: every rank captures a different batch, yet the rewired layouts are
   identical on both ranks (the grow scores are combined across ranks); under FSDP2 it
   refuses, by name, to rewire sharded weights.
@@ -111,6 +111,12 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         lm = _train(DDP(_lstm_lm()), _lstm_loss, _batch(rank, "lstm"), 2)
         results["ddp_lstm"] = {k: v.detach().clone() for k, v in lm.module.state_dict().items()}
 
+        lm_sharded = _lstm_lm()
+        fully_shard(lm_sharded.lstm)  # one group: the recurrence reads hh.weight directly
+        fully_shard(lm_sharded)
+        _train(lm_sharded, _lstm_loss, _batch(rank, "lstm"), 2)
+        results["fsdp2_lstm"] = {k: _full(v).detach().clone() for k, v in lm_sharded.state_dict().items()}
+
         model = _mlp()
         wrapped = DDP(model)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
@@ -162,6 +168,12 @@ def test_ddp_lstm_matches_one_process_on_the_global_batch(ranks):
     want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
     for r, res in enumerate(ranks):
         _assert_state_close(res["ddp_lstm"], want, f"DDP LSTM rank {r}")
+
+
+def test_fsdp2_lstm_matches_one_process_on_the_global_batch(ranks):
+    want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
+    for r, res in enumerate(ranks):
+        _assert_state_close(res["fsdp2_lstm"], want, f"FSDP2 LSTM rank {r}")
 
 
 def test_rigl_rewires_identically_on_every_rank(ranks):
