@@ -1,0 +1,441 @@
+"""Fused block-sparse attention: the Triton kernels (tilesparse.kernels.attention, called
+directly on CPU tensors so they run under TRITON_INTERPRET=1), the registered op's CPU
+path and autograd, torch.compile, input errors, and GPU-marked cases.
+
+Every numeric check is against ``attention_reference``: dense-masked attention in float64
+(itself checked against a per-element loop below). Errors are relative Frobenius norms
+with the per-dtype tolerances of tests/tolerances.py. TILESPARSE_POISON=1 (conftest)
+makes every kernel output start as NaN, so an element a kernel forgets to write fails
+the finiteness check in ``assert_close``.
+
+Interpreter dtypes: fp32 and fp16 only (triton 3.6's interpreter gets tl.dot on bf16
+wrong); bf16 runs in the GPU-marked tests.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+from bsmm_cases import INTERPRETER_MARKS
+from tilesparse.attention import AttentionLayout, block_sparse_attention, layouts
+from tilesparse.attention.reference import attention_reference, token_mask
+from tilesparse.kernels import attention as kernels
+from tolerances import assert_close
+
+# torch's own inductor import path warns about torch.jit.script_method; not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+
+
+def interpreter(test):
+    """Mark a test that runs the Triton kernels on CPU tensors (the interpreter)."""
+    return functools.reduce(lambda t, mark: mark(t), INTERPRETER_MARKS, test)
+
+
+def _seed() -> int:
+    return int(torch.randint(0, 2**31 - 1, ()))  # the conftest seeds the generator per test
+
+
+def make_inputs(B, H, Hkv, S, D, dtype, device="cpu", seq_major=False):
+    """q [B, H, S, D], k, v [B, Hkv, S, D]. ``seq_major``: views of [B, S, H, D] tensors
+    (the usual projection output), so the kernels see non-contiguous strides."""
+    def one(heads):
+        if seq_major:
+            return torch.randn(B, S, heads, D, device=device).to(dtype).transpose(1, 2)
+        return torch.randn(B, heads, S, D, device=device).to(dtype)
+    return one(H), one(Hkv), one(Hkv)
+
+
+def padding(B, S, kind):
+    """key_padding_mask: None, 'tail' (batch element 1 keeps only its first 2/3 of keys),
+    or 'all' (batch element 0 entirely padding: every row empty)."""
+    if kind is None:
+        return None
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    if kind == "tail":
+        kpm[-1, (2 * S) // 3:] = True
+    elif kind == "all":
+        kpm[0, :] = True
+    return kpm
+
+
+def reference_with_grads(q, k, v, layout, grad_out, **kw):
+    """(out, lse, (dq, dk, dv)) of the float64 reference, on the inputs as rounded."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out, lse = attention_reference(q64, k64, v64, layout, return_lse=True, **kw)
+    grads = torch.autograd.grad(out, (q64, k64, v64), grad_out.double())
+    return out.detach(), lse.detach(), grads
+
+
+def empty_rows(layout, S, causal, kpm, H):
+    """[B or 1, H, S] bool: queries with no kept key."""
+    keep = token_mask(layout, S, causal, kpm)
+    return ~keep.any(-1).expand(-1, H, -1)
+
+
+def run_kernels(q, k, v, layout, causal, kpm, scale, grad_out, configs=None):
+    meta = layout.meta_on(q.device, causal)
+    fwd_cfg, bwd_cfgs = (None, None) if configs is None else (configs[0], configs[1:])
+    out, lse = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, layout.block_size, causal, scale,
+                                         config=fwd_cfg)
+    grads = kernels.attention_backward(grad_out, q, k, v, out, lse, meta, kpm, layout.layout_heads,
+                                       layout.block_size, causal, scale, configs=bwd_cfgs)
+    return out, lse, grads
+
+
+def check_case(layout, B, H, Hkv, D, dtype, causal, kpm_kind, *, scale=None, seq_major=False, configs=None):
+    S = layout.seq_len
+    q, k, v = make_inputs(B, H, Hkv, S, D, dtype, seq_major=seq_major)
+    kpm = padding(B, S, kpm_kind)
+    scale_ = 1.0 / math.sqrt(D) if scale is None else scale
+    grad_out = torch.randn(B, H, S, D).to(dtype)
+    out, lse, grads = run_kernels(q, k, v, layout, causal, kpm, scale_, grad_out, configs)
+    ref, ref_lse, ref_grads = reference_with_grads(q, k, v, layout, grad_out, causal=causal, scale=scale_,
+                                                   key_padding_mask=kpm)
+    assert_close(out, ref, dtype, "out")
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(got, want, dtype, name)
+    # lse: -inf exactly on the empty rows, close elsewhere
+    empty = empty_rows(layout, S, causal, kpm, H).expand(B, -1, -1)
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert torch.allclose(lse[~empty].double(), ref_lse[~empty], atol=1e-3, rtol=1e-3)
+    # empty rows: exact zeros in out and dq (never NaN)
+    assert bool((out[empty] == 0).all()) and bool((grads[0][empty] == 0).all())
+    return empty
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def test_reference_matches_per_element_loop():
+    # The float64 reference against the definition, one query at a time, on a per-head
+    # layout with GQA, causality, padding and an empty row.
+    S, b, H, Hkv, D = 20, 16, 2, 1, 8
+    mask = torch.tensor([[[1, 0], [1, 1]], [[0, 0], [0, 1]]], dtype=torch.bool)  # head 1: block row 0 empty
+    layout = AttentionLayout(mask, b, S)
+    q, k, v = (torch.randn(1, h, S, D, dtype=torch.float64) for h in (H, Hkv, Hkv))
+    kpm = torch.zeros(1, S, dtype=torch.bool)
+    kpm[0, 3] = True
+    got = attention_reference(q, k, v, layout, causal=True, key_padding_mask=kpm, scale=0.3)
+    want = torch.zeros_like(got)
+    for h in range(H):
+        for i in range(S):
+            keys = [j for j in range(S) if mask[h, i // b, j // b] and j <= i and not kpm[0, j]]
+            if keys:
+                s = torch.stack([q[0, h, i] @ k[0, 0, j] * 0.3 for j in keys])
+                want[0, h, i] = torch.softmax(s, 0) @ v[0, 0, keys]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert bool((got[0, 1, :16] == 0).all())
+
+
+# --------------------------------------------------------------------------- kernels (interpreter)
+# The grid covers every builder once, each with something that can break it: causal and
+# not, key padding (tail and whole-sequence), GQA (H = 2 or 4 per kv head), per-head
+# layouts, S not a multiple of b, empty rows, empty and full layouts, non-power-of-two
+# D (48: D_TILE 64, like 96 -> 128 on the GPU), b = 16 and 32 with one case each of b = 64
+# and 128, and
+# tiles smaller than b (BLOCK_M = BLOCK_N = 16 at b = 32). Sizes are tiny because the
+# interpreter runs each program in Python; B * H <= 4.
+
+
+def _empty_row_layout():
+    mask = torch.rand(5, 5) < 0.6
+    mask[2, :] = False  # block row 2 is empty: its queries output zeros
+    mask[0, 0] = True
+    return AttentionLayout(mask, 16, 70)
+
+
+KERNEL_CASES = {
+    # id: (layout factory, B, H, Hkv, D, dtype, causal, padding, extra kwargs)
+    "causal_b16_fp32": (lambda: layouts.causal(80, 16), 2, 2, 2, 32, torch.float32, True, None, {}),
+    "local_causal_gqa_oddS_fp16": (lambda: layouts.local(75, 16, 24, causal=True), 1, 4, 2, 32, torch.float16,
+                                   True, None, {}),
+    "strided_pad_fp32": (lambda: layouts.strided(96, 16, 32), 2, 2, 1, 32, torch.float32, True, "tail", {}),
+    "fixed_fp16": (lambda: layouts.fixed(96, 16, 32), 1, 2, 2, 32, torch.float16, True, None, {}),
+    "bigbird_perhead_gqa_oddS_b32_fp32": (
+        lambda: layouts.bigbird(100, 32, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(),
+                                num_heads=2), 2, 2, 1, 32, torch.float32, False, "tail", {}),
+    "longformer_fp16": (lambda: layouts.longformer(64, 16, window=24, global_tokens=[0, 40]), 2, 2, 2, 32,
+                        torch.float16, False, None, {"scale": 0.2}),
+    "random_b32_D64_seqmajor_fp32": (lambda: layouts.random(128, 32, 0.5, _seed()), 1, 2, 1, 64, torch.float32,
+                                     False, None, {"seq_major": True}),
+    "empty_rows_allpad_fp32": (_empty_row_layout, 2, 1, 1, 32, torch.float32, False, "all", {}),
+    "empty_layout_fp16": (lambda: layouts.random(48, 16, 0.0), 1, 2, 1, 32, torch.float16, False, None, {}),
+    "full_b64_oddS_causal_fp32": (lambda: layouts.random(100, 64, 1.0), 1, 2, 2, 32, torch.float32, True, "tail",
+                                  {}),
+    "full_b128_oddS_fp16": (lambda: layouts.random(130, 128, 1.0), 1, 1, 1, 32, torch.float16, False, None, {}),
+    "D48_causal_fp16": (lambda: layouts.local(64, 16, 32), 1, 2, 1, 48, torch.float16, True, None, {}),
+    "split_tiles_b32_fp32": (lambda: layouts.random(96, 32, 0.6, _seed(), num_heads=2), 1, 2, 1, 32,
+                             torch.float32, True, "tail", {"configs": (kernels.AttentionConfig(16, 16),) * 3}),
+}
+
+
+@interpreter
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+def test_kernels_match_reference(case):
+    make, B, H, Hkv, D, dtype, causal, pad, extra = KERNEL_CASES[case]
+    empty = check_case(make(), B, H, Hkv, D, dtype, causal, pad, **extra)
+    if case.startswith("empty"):
+        assert bool(empty.any()), "the case must contain empty rows"
+
+
+@interpreter
+def test_kernel_gradients_are_bitwise_deterministic():
+    layout = layouts.bigbird(96, 16, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(1, 4, 2, 96, 32, torch.float16)
+    grad_out = torch.randn(1, 4, 96, 32).to(torch.float16)
+    kpm = padding(1, 96, "tail")
+    first = run_kernels(q, k, v, layout, True, kpm, 0.25, grad_out)
+    second = run_kernels(q, k, v, layout, True, kpm, 0.25, grad_out)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    for a, b in zip(first[2], second[2]):
+        assert torch.equal(a, b)
+
+
+def test_config_must_divide_block_size():
+    with pytest.raises(ValueError, match="block_m"):
+        kernels.AttentionConfig(64, 16).check(32)
+    with pytest.raises(ValueError, match="block_n"):
+        kernels.AttentionConfig(16, 24).check(32)
+
+
+# --------------------------------------------------------------------------- op: CPU path and autograd
+# The public function on CPU tensors runs the block-loop PyTorch path; checked here for
+# every builder (cheap: no interpreter), through autograd, in fp32 and fp64.
+
+OP_LAYOUTS = {
+    "causal": lambda: layouts.causal(70, 16),
+    "local": lambda: layouts.local(70, 16, 20),
+    "strided": lambda: layouts.strided(70, 16, 32),
+    "fixed": lambda: layouts.fixed(70, 16, 32),
+    "bigbird_perhead": lambda: layouts.bigbird(70, 16, window_blocks=3, global_blocks=1, random_blocks=1,
+                                               seed=_seed(), num_heads=4),
+    "longformer": lambda: layouts.longformer(70, 16, window=16, global_tokens=1),
+    "random_b32": lambda: layouts.random(70, 32, 0.5, _seed()),
+    "empty_rows": _empty_row_layout,
+    "empty": lambda: layouts.random(70, 16, 0.0),
+    "full": lambda: layouts.random(70, 16, 1.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", list(OP_LAYOUTS))
+def test_op_cpu_matches_reference(name, causal, dtype):
+    layout = OP_LAYOUTS[name]()
+    S, B, H, Hkv, D = layout.seq_len, 2, 4, 2, 32
+    q, k, v = (t.requires_grad_() for t in make_inputs(B, H, Hkv, S, D, dtype))
+    kpm = padding(B, S, "tail")
+    out = block_sparse_attention(q, k, v, layout, causal=causal, key_padding_mask=kpm)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref, _, ref_grads = reference_with_grads(q, k, v, layout, grad_out, causal=causal, key_padding_mask=kpm)
+    tol_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert_close(out, ref, tol_dtype, "out")
+    for n, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(got, want, tol_dtype, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_op_cpu_16bit_and_gradients_deterministic(dtype):
+    # 16-bit inputs on the CPU path compute in fp32 and round once (bf16 is fine here:
+    # only the interpreter's tl.dot mishandles it).
+    layout = layouts.local(64, 16, 24, causal=True)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 1, 64, 32, dtype))
+    out = block_sparse_attention(q, k, v, layout, causal=True)
+    assert out.dtype == dtype
+    grad_out = torch.randn_like(out)
+    g1 = torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+    g2 = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref, _, ref_grads = reference_with_grads(q, k, v, layout, grad_out, causal=True)
+    assert_close(out, ref, dtype, "out")
+    for n, a, b, want in zip(("dq", "dk", "dv"), g1, g2, ref_grads):
+        assert torch.equal(a, b), n
+        assert_close(a, want, dtype, n)
+
+
+def test_autocast_runs_in_the_autocast_dtype():
+    # fp32 inputs under CPU autocast: computed in bf16 (like SDPA), gradients back in fp32.
+    layout = layouts.causal(48, 16)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 48, 32, torch.float32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = block_sparse_attention(q, k, v, layout, causal=True)
+    assert out.dtype == torch.bfloat16
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    ref = attention_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), layout, causal=True)
+    assert_close(out, ref, torch.bfloat16, "out")
+
+
+def test_op_cpu_path_never_builds_s_by_s(monkeypatch):
+    # The block-loop path at S = 4096 (64 blocks of 64, a 3-block window): every score
+    # matrix it forms is [.., b, keys of the active blocks], never S x S. Checked by
+    # watching the largest matmul output.
+    import tilesparse.attention.reference as ref_mod
+
+    largest = [0]
+    real_matmul = torch.Tensor.__matmul__
+
+    def watch(a, b):
+        out = real_matmul(a, b)
+        largest[0] = max(largest[0], out.shape[-2] * out.shape[-1])
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", watch)
+    layout = layouts.local(4096, 64, 65)
+    q, k, v = make_inputs(1, 1, 1, 4096, 32, torch.float32)
+    out, lse = ref_mod.attention_forward_blocks(q, k, v, layout.meta_on("cpu"), None, 1, 64, False, 0.1)
+    assert out.shape == (1, 1, 4096, 32) and torch.isfinite(lse).all()
+    assert 0 < largest[0] <= 64 * 3 * 64
+
+
+def test_compiled_matches_eager():
+    # fullgraph=True: the op, its fake and the registered backward trace without a break.
+    torch._dynamo.reset()
+    layout = layouts.bigbird(64, 16, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=2)
+    kpm = padding(2, 64, "tail")
+
+    def f(q, k, v):
+        return torch.tanh(block_sparse_attention(q, k, v, layout, causal=True, key_padding_mask=kpm)) * 2
+
+    q, k, v = (t.requires_grad_() for t in make_inputs(2, 2, 1, 64, 32, torch.float32))
+    grad = torch.randn(2, 2, 64, 32)
+    y_eager = f(q, k, v)
+    g_eager = torch.autograd.grad(y_eager, (q, k, v), grad)
+    y_comp = torch.compile(f, fullgraph=True)(q, k, v)
+    g_comp = torch.autograd.grad(y_comp, (q, k, v), grad)
+    torch.testing.assert_close(y_comp, y_eager, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g_comp, g_eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd:UserWarning")  # torch's recording backend
+def test_compiled_backward_graph_calls_registered_ops():
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    layout = layouts.causal(32, 16)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 32, 32, torch.float32))
+    out = torch.compile(lambda q, k, v: block_sparse_attention(q, k, v, layout), backend=backend,
+                        fullgraph=True)(q, k, v)
+    out.sum().backward()
+    assert "tilesparse.block_sparse_attention_fwd" in "\n".join(g.code for g in backend.fw_graphs)
+    assert "tilesparse.block_sparse_attention_bwd" in "\n".join(g.code for g in backend.bw_graphs)
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _good():
+    layout = layouts.causal(40, 16)
+    q, k, v = make_inputs(2, 4, 2, 40, 32, torch.float32)
+    return q, k, v, layout
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda q, k, v, L: (q[0], k, v, L, {}), ValueError, "q must be 4-D"),
+    (lambda q, k, v, L: (q, k.half(), v, L, {}), TypeError, "k has dtype"),
+    (lambda q, k, v, L: (q.int(), k, v, L, {}), TypeError, "q has dtype"),
+    (lambda q, k, v, L: (q, k, v[:, :1], L, {}), ValueError, "k and v"),
+    (lambda q, k, v, L: (q, k[:, :, :39], v[:, :, :39], L, {}), ValueError, "k/v shape"),
+    (lambda q, k, v, L: (q[:, :3], k, v, L, {}), ValueError, "multiple of k/v's 2 heads"),
+    (lambda q, k, v, L: (q[..., :24], k[..., :24], v[..., :24], L, {}), ValueError, "head dim D=24"),
+    (lambda q, k, v, L: (q, k, v, layouts.causal(80, 16), {}), ValueError, "layout has 5 blocks"),
+    (lambda q, k, v, L: (q, k, v, AttentionLayout(torch.ones(3, 3, 3, dtype=torch.bool), 16), {}), ValueError,
+     "layout has 3 heads"),
+    (lambda q, k, v, L: (q, k, v, AttentionLayout(torch.ones(5, 5, dtype=torch.bool), 8), {}), ValueError,
+     "layout.block_size=8"),
+    (lambda q, k, v, L: (q, k, v, torch.ones(3, 3, dtype=torch.bool), {}), TypeError, "layout must be"),
+    (lambda q, k, v, L: (q, k, v, L, {"key_padding_mask": torch.zeros(2, 39, dtype=torch.bool)}), ValueError,
+     "key_padding_mask must have shape"),
+    (lambda q, k, v, L: (q, k, v, L, {"key_padding_mask": torch.zeros(2, 40)}), TypeError,
+     "key_padding_mask must be bool"),
+    (lambda q, k, v, L: (q, k, v, L, {"scale": -1.0}), ValueError, "scale must be"),
+    (lambda q, k, v, L: (q, k, v, L, {"causal": 1}), TypeError, "causal must be a bool"),
+    # the meta device stands in for a second device on a CPU-only machine
+    (lambda q, k, v, L: (q.to("meta"), k, v, L, {}), ValueError, "k is on cpu but q is on meta"),
+    (lambda q, k, v, L: (q, k, v, L, {"key_padding_mask": torch.zeros(2, 40, dtype=torch.bool, device="meta")}),
+     ValueError, "key_padding_mask is on meta"),
+], ids=["q_dim", "k_dtype", "q_int", "v_heads", "kv_seq", "gqa", "head_dim", "layout_blocks", "layout_heads",
+        "block_size", "layout_type", "kpm_shape", "kpm_dtype", "scale", "causal_type", "device", "kpm_device"])
+def test_bad_input_names_the_argument(mutate, exc, match):
+    q, k, v, layout, kw = mutate(*_good())
+    with pytest.raises(exc, match=match):
+        block_sparse_attention(q, k, v, layout, **kw)
+
+
+# --------------------------------------------------------------------------- GPU
+# Block sizes 64/128 (the fast path), head dims 64, 128 and 96 (padded to a 128 tile),
+# S from 1000 (not a multiple of b) to 4096, causal and GQA, bf16 and fp16.
+
+GPU_CASES = [
+    # (b, D, S, H, Hkv, causal, dtype)
+    (64, 64, 1000, 4, 4, True, torch.bfloat16),
+    (128, 128, 2048, 8, 2, True, torch.float16),
+    (64, 96, 1531, 4, 1, False, torch.bfloat16),
+    (128, 64, 4096, 4, 4, True, torch.bfloat16),
+    (128, 96, 1000, 8, 4, False, torch.float16),
+    (64, 128, 4096, 2, 2, False, torch.float16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,D,S,H,Hkv,causal,dtype", GPU_CASES)
+def test_gpu_matches_reference(b, D, S, H, Hkv, causal, dtype):
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    B = 2
+    q, k, v = (t.requires_grad_() for t in make_inputs(B, H, Hkv, S, D, dtype, device="cuda"))
+    kpm = padding(B, S, "tail").cuda()
+    out = block_sparse_attention(q, k, v, layout, causal=causal, key_padding_mask=kpm)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                             key_padding_mask=kpm.cpu())
+    assert_close(out, ref, dtype, "out")
+    for n, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(got, want, dtype, n)
+    grads2 = torch.autograd.grad(block_sparse_attention(q, k, v, layout, causal=causal, key_padding_mask=kpm),
+                                 (q, k, v), grad_out)
+    for a, b_ in zip(grads, grads2):
+        assert torch.equal(a, b_), "gradients must be bitwise deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_large_sequence_memory_is_linear():
+    # S = 131072 at ~2 % density (b = 128: 1024 x 1024 blocks, ~20 per row). The dense
+    # S x S scores would take 64 GiB in fp32; the peak must stay O(S * D + nnz).
+    S, b, D, H = 131072, 128, 64, 2
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=2, random_blocks=15, seed=_seed())
+    assert layout.density < 0.025
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, H, H, S, D, torch.bfloat16, device="cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = block_sparse_attention(q, k, v, layout, causal=True)
+    out.backward(torch.randn_like(out))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    act = q.numel() * q.element_size()  # one [1, H, S, D] tensor: 32 MiB
+    # out, grad_out, dq, dk, dv, lse, delta and the tables: about 6 * act; allow 12.
+    assert peak < 12 * act, f"peak {peak / 2**20:.0f} MiB for {act / 2**20:.0f} MiB activations"
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.gpu
+def test_gpu_offsets_past_2_31():
+    # q and out hold 144 * 2**24 elements (144 query heads on one kv head, S = 131072,
+    # D = 128): the last heads' rows sit past 2**31 elements, where 32-bit offsets would
+    # wrap. Their output must equal the same heads computed alone (small offsets).
+    S, b, D, H = 131072, 128, 128, 144
+    assert (H - 1) * S * D > 2**31
+    layout = layouts.local(S, b, 2 * b, causal=True)
+    q = torch.randn(1, H, S, D, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(1, 1, S, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    out = block_sparse_attention(q, k, v, layout, causal=True)
+    for heads in (slice(H - 1, H), slice(0, 1)):
+        alone = block_sparse_attention(q[:, heads].contiguous(), k, v, layout, causal=True)
+        assert torch.equal(out[:, heads], alone)

@@ -1,0 +1,445 @@
+"""Triton kernels for fused block-sparse attention (FlashAttention-2 style), and their
+launchers.
+
+Shapes: q, o, dq [B, H, S, D]; k, v, dk, dv [B, Hkv, S, D] (H % Hkv == 0: query head h
+reads kv head h // (H / Hkv)); lse, delta [B, H, S] float32; key_padding_mask [B, S]
+(True = padding). The layout is a packed int32 ``meta`` (see
+:mod:`tilesparse.attention.layout`) for L layout heads (L = 1: shared by all heads) of
+nb = ceil(S / b) blocks of b tokens.
+
+* ``_fwd_kernel``: program (query tile, batch*head) walks the CSR row of its query block:
+  O = softmax(Q K^T * scale) V with the online softmax (running max and sum, exp2), and
+  saves lse = log(sum exp(s)) per row (natural log; -inf for a row with no kept key,
+  whose output is 0).
+* ``_bwd_preprocess_kernel``: delta = rowsum(dO * O) in fp32.
+* ``_bwd_dkdv_kernel``: program (key tile, batch*kv head) walks, for each query head of its
+  group, the CSC column of its key block: dV = sum P^T dO, dK = scale * sum dS^T Q with
+  P = exp(s - lse), dS = P * (dO V^T - delta). Each dK/dV element is written once.
+* ``_bwd_dq_kernel``: program (query tile, batch*head) walks the CSR row again:
+  dQ = scale * sum dS K.
+
+No atomics anywhere, and every reduction runs in a fixed order: gradients are bitwise
+deterministic. Kept pairs: block in the layout, key < S, not padding, and key <= query
+when causal (diagonal blocks are masked inside; blocks above the diagonal are not in
+the causal tables at all). A D that is not a power of two (96) runs on the next
+power-of-two tile with masked loads. Row offsets are int64 (B*H*S*D can pass 2**31).
+
+The launchers take raw tensors and tables and check nothing beyond what they need; the
+registered ops in :mod:`tilesparse.ops.attention` check user input.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention.layout import attention_table_views
+from ._alloc import new_output
+from ._tiles import cdiv, next_power_of_2
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] bool: the (query, key) pairs kept (key < S, query < S, key not
+    padding, key <= query when causal)."""
+    n_ok = offs_n < S
+    if HAS_KPM:
+        pad = tl.load(kpm_ptr + bz * S + offs_n, mask=n_ok, other=1)
+        n_ok = n_ok & (pad == 0)
+    keep = (offs_m < S)[:, None] & n_ok[None, :]
+    if CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    return keep
+
+
+@triton.jit
+def _needs_mask(kblk, qblk, S, BS: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr):
+    """Whether block (qblk, kblk) needs the element mask: always with key padding, else
+    only the last key block when S is not a multiple of b and, if causal, the diagonal
+    block. Elsewhere every pair is kept, and the mask's compares and selects are skipped
+    (rows past S in such a block read q = dO = 0 and are never stored)."""
+    if HAS_KPM:
+        need = kblk == kblk
+    else:
+        need = (kblk + 1) * BS > S
+        if CAUSAL:
+            need = need | (kblk == qblk)
+    return need
+
+
+@triton.jit
+def _fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr,
+    row_ptr_ptr, row_cols_ptr,
+    S, H, GROUP, NB, L_HEADS, qk_scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
+    BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """O[tile] = softmax(Q[tile] K^T * scale) V over the tile's block row; qk_scale is
+    scale * log2(e) (the softmax runs in base 2)."""
+    M_SPLIT: tl.constexpr = BS // BLOCK_M
+    N_STEPS: tl.constexpr = BS // BLOCK_N
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = (bh // H).to(tl.int64)
+    h = bh % H
+    hkv = h // GROUP
+    lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
+
+    offs_m = (qblk * BS + (pid % M_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_d = tl.arange(0, D_TILE)
+    d_ok = offs_d < D
+    q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
+    k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
+    v_base = v_ptr + bz * svb + hkv.to(tl.int64) * svh
+    q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=(offs_m < S)[:, None] & d_ok[None, :],
+                other=0.0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
+
+    start = tl.load(row_ptr_ptr + lh * NB + qblk)
+    end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
+        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+            s = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing kept so far has m_new = -inf: subtract 0 instead, so that
+        # exp2(-inf - -inf) never makes a NaN (p and alpha come out 0; l and acc stay 0).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    row_ok = offs_m < S
+    tl.store(o_ptr + bz * sob + h.to(tl.int64) * soh + offs_m[:, None] * sos + offs_d[None, :],
+             acc.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + bh.to(tl.int64) * S + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _bwd_preprocess_kernel(
+    o_ptr, do_ptr, delta_ptr, S, H,
+    sob, soh, sos, sdb, sdh, sds,
+    D: tl.constexpr, D_TILE: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """delta[b, h, rows] = sum_d dO * O, in fp32."""
+    bh = tl.program_id(1)
+    bz = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_TILE)
+    mask = (offs_m < S)[:, None] & (offs_d < D)[None, :]
+    o = tl.load(o_ptr + bz * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(do_ptr + bz * sdb + h * sdh + offs_m[:, None] * sds + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_ptr + bh.to(tl.int64) * S + offs_m, delta, mask=offs_m < S)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr,
+    col_ptr_ptr, col_rows_ptr,
+    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
+    heads and, for each, the query blocks of the key block's CSC column. dk/dv are
+    contiguous [B, HKV, S, D]."""
+    N_SPLIT: tl.constexpr = BS // BLOCK_N
+    M_STEPS: tl.constexpr = BS // BLOCK_M
+    pid = tl.program_id(0)
+    bhk = tl.program_id(1)
+    kblk = pid // N_SPLIT
+    bz = (bhk // HKV).to(tl.int64)
+    hkv = bhk % HKV
+
+    offs_n = (kblk * BS + (pid % N_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    offs_d = tl.arange(0, D_TILE)
+    d_ok = offs_d < D
+    kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
+    k = tl.load(k_ptr + bz * skb + hkv.to(tl.int64) * skh + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask,
+                other=0.0)
+    v = tl.load(v_ptr + bz * svb + hkv.to(tl.int64) * svh + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask,
+                other=0.0)
+    n_keep = offs_n < S
+    if HAS_KPM:
+        pad = tl.load(kpm_ptr + bz * S + offs_n, mask=n_keep, other=1)
+        n_keep = n_keep & (pad == 0)
+    dk = tl.zeros((BLOCK_N, D_TILE), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, D_TILE), dtype=tl.float32)
+
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
+        bh = bz * H + h
+        q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
+        do_base = do_ptr + bz * sdb + h.to(tl.int64) * sdh
+        start = tl.load(col_ptr_ptr + lh * NB + kblk)
+        end = tl.load(col_ptr_ptr + lh * NB + kblk + 1)
+        for t in range(start * M_STEPS, end * M_STEPS):
+            qblk = tl.load(col_rows_ptr + t // M_STEPS).to(tl.int64)
+            offs_m = qblk * BS + (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < S
+            q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                        other=0.0)
+            do = tl.load(do_base + offs_m[:, None] * sds + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                         other=0.0)
+            lse = tl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+            lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
+            delta = tl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+            # transposed scores sT[n, m] = k[n] . q[m]
+            sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+            pT = tl.exp2(sT - lse[None, :])
+            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+                keepT = n_keep[:, None] & m_ok[None, :]
+                if CAUSAL:
+                    keepT = keepT & (offs_n[:, None] <= offs_m[None, :])
+                pT = tl.where(keepT, pT, 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=INPUT_PRECISION)
+            dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+            dsT = pT * (dpT - delta[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
+
+    out_off = bhk.to(tl.int64) * S * D + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(dk_ptr + out_off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + out_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr,
+    row_ptr_ptr, row_cols_ptr,
+    S, H, GROUP, NB, L_HEADS, qk_scale, scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):
+    """dQ of one query tile: scale * sum over the block row of dS K. dq is contiguous
+    [B, H, S, D]."""
+    M_SPLIT: tl.constexpr = BS // BLOCK_M
+    N_STEPS: tl.constexpr = BS // BLOCK_N
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = (bh // H).to(tl.int64)
+    h = bh % H
+    hkv = h // GROUP
+    lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
+
+    offs_m = (qblk * BS + (pid % M_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_d = tl.arange(0, D_TILE)
+    d_ok = offs_d < D
+    m_ok = offs_m < S
+    q_mask = m_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + bz * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqs + offs_d[None, :], mask=q_mask,
+                other=0.0)
+    do = tl.load(do_ptr + bz * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sds + offs_d[None, :], mask=q_mask,
+                 other=0.0)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
+    delta = tl.load(delta_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
+    k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
+    v_base = v_ptr + bz * svb + hkv.to(tl.int64) * svh
+    dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
+
+    start = tl.load(row_ptr_ptr + lh * NB + qblk)
+    end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
+        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+        p = tl.exp2(s - lse[:, None])
+        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+            p = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=INPUT_PRECISION)
+
+    tl.store(dq_ptr + bh.to(tl.int64) * S * D + offs_m[:, None] * D + offs_d[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch parameters of one pass: BLOCK_M query rows and BLOCK_N key rows per tile
+    (each a power of two >= 16 dividing the layout block size b), warps and stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def check(self, block_size: int) -> None:
+        """Raise ValueError unless both tile sides are powers of two >= 16 dividing b."""
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1) or block_size % value:
+                raise ValueError(f"AttentionConfig.{name}={value} must be a power of two >= 16 dividing the "
+                                 f"block size {block_size}")
+
+
+@functools.lru_cache(maxsize=256)
+def attention_config(kind: str, block_size: int, head_dim: int, dtype: torch.dtype) -> AttentionConfig:
+    """Heuristic config per pass ("fwd", "dkdv", "dq"), NOT yet measured on a GPU (to be
+    swept on the H200). Starting points are Triton's fused-attention tutorial (triton
+    3.x, FlashAttention-2): forward 128 x 64 tiles with 8 warps at D >= 64; backward 32
+    query rows x 128 keys for dK/dV and 128 query rows x 32 keys for dQ with 4 warps.
+    At D = 128 (and 96, on a 128 tile) the backward's wide side is halved and dK/dV gets
+    8 warps, by register arithmetic: two fp32 BLOCK_N x 128 accumulators at BLOCK_N =
+    128 would need ~256 registers per thread on 4 warps. fp32 inputs halve the wide
+    side (tiles of twice the bytes); tiles under 32 x 64 get 2 warps. Every side is
+    capped at b: a tile never spans two blocks."""
+    d_tile = max(16, next_power_of_2(head_dim))
+    wide = 128 if dtype != torch.float32 else 64
+    if d_tile >= 128 and kind != "fwd":
+        wide //= 2
+    if kind == "fwd":
+        bm, bn = wide, wide // 2
+    elif kind == "dkdv":
+        bm, bn = 32, wide
+    elif kind == "dq":
+        bm, bn = wide, 32
+    else:
+        raise ValueError(f"kind must be 'fwd', 'dkdv' or 'dq', got {kind!r}")
+    bm, bn = min(bm, block_size), min(bn, block_size)
+    if bm * bn < 32 * 64:
+        warps = 2
+    elif kind == "fwd":
+        warps = 8 if bm * bn >= 128 * 64 and d_tile >= 64 else 4
+    elif kind == "dkdv":
+        warps = 8 if bn * d_tile >= 64 * 128 else 4
+    else:
+        warps = 4
+    stages = 3 if d_tile <= 64 else 2
+    return AttentionConfig(bm, bn, warps, stages)
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    """fp32 operands use TF32 unless float32 matmul precision is 'highest' (as dense)."""
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """The kernels address the head dimension with stride 1."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
+    """key_padding_mask as contiguous uint8 [B, S] (a zero-copy view of a contiguous
+    bool tensor); a dummy pointer when absent."""
+    if key_padding_mask is None:
+        return ref
+    return key_padding_mask.contiguous().view(torch.uint8)
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, where the launchers put batch * heads
+
+
+def _common(q, k, meta, layout_heads, block_size):
+    B, H, S, D = q.shape
+    if B * H > MAX_GRID_Y:
+        raise ValueError(f"batch * heads = {B * H} exceeds {MAX_GRID_Y} (the kernels' grid axis 1); split the batch")
+    nb = cdiv(S, block_size)
+    return B, H, S, D, k.shape[1], nb, max(16, next_power_of_2(D))
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_size: int, causal: bool,
+                      scale: float, config: AttentionConfig | None = None):
+    """(out [B, H, S, D] in q's dtype, lse [B, H, S] float32): the fused forward over the
+    layout's CSR rows (``meta`` built with the same ``causal``)."""
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
+    out = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    lse = new_output(B, H, S, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    cfg = config or attention_config("fwd", block_size, D, q.dtype)
+    cfg.check(block_size)
+    row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
+    kpm = _kpm_bytes(key_padding_mask, row_ptr)
+    _fwd_kernel[(nb * (block_size // cfg.block_m), B * H)](
+        q, k, v, out, lse, kpm, row_ptr, row_cols,
+        S, H, H // Hkv, nb, layout_heads, scale * LOG2E,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, HAS_KPM=key_padding_mask is not None, INPUT_PRECISION=_input_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads: int, block_size: int,
+                       causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None):
+    """(dq, dk, dv) in the inputs' dtypes: delta = rowsum(dO * O), then the dK/dV kernel
+    over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq))."""
+    q, k, v, out, grad_out = (_rows(t) for t in (q, k, v, out, grad_out))
+    B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
+    dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    dk = new_output(B, Hkv, S, D, dtype=k.dtype, device=k.device)
+    dv = new_output(B, Hkv, S, D, dtype=v.dtype, device=v.device)
+    if dq.numel() == 0:
+        return dq, dk, dv
+    delta = new_output(B, H, S, dtype=torch.float32, device=q.device)
+    _bwd_preprocess_kernel[(cdiv(S, 64), B * H)](
+        out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
+        D=D, D_TILE=d_tile, BLOCK_M=64,
+    )
+    cfg_kv, cfg_q = configs or (attention_config("dkdv", block_size, D, q.dtype),
+                                attention_config("dq", block_size, D, q.dtype))
+    cfg_kv.check(block_size)
+    cfg_q.check(block_size)
+    row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
+    kpm = _kpm_bytes(key_padding_mask, row_ptr)
+    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
+    common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
+                  INPUT_PRECISION=_input_precision(q.dtype))
+    _bwd_dkdv_kernel[(nb * (block_size // cfg_kv.block_n), B * Hkv)](
+        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
+        S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, num_warps=cfg_kv.num_warps,
+        num_stages=cfg_kv.num_stages, **common,
+    )
+    _bwd_dq_kernel[(nb * (block_size // cfg_q.block_m), B * H)](
+        q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
+        S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+        BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, num_warps=cfg_q.num_warps,
+        num_stages=cfg_q.num_stages, **common,
+    )
+    return dq, dk, dv

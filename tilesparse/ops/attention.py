@@ -1,0 +1,218 @@
+"""Registered block-sparse attention ops, their autograd, and the public function.
+
+Layers: Triton kernels (:mod:`tilesparse.kernels.attention`) on CUDA, or the block-loop
+PyTorch path (:mod:`tilesparse.attention.reference`) on the CPU and for float64 ->
+``torch.library`` custom ops ``tilesparse::block_sparse_attention_fwd`` (out, lse) and
+``tilesparse::block_sparse_attention_bwd`` (dq, dk, dv), with fakes, so
+``torch.compile(fullgraph=True)`` traces them -> ``register_autograd``, whose backward
+calls the registered backward op (what AOTAutograd traces; see docs/notes.md) -> the
+public :func:`block_sparse_attention`, which checks its input and names the argument in
+every error.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..attention.layout import AttentionLayout
+from ..attention.reference import attention_backward_blocks, attention_forward_blocks, lse_dtype
+from .bsmm import _autocast
+
+__all__ = ["block_sparse_attention"]
+
+SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_HEAD_DIM = 128
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    """Triton on CUDA; the block-loop reference on the CPU and for float64 (no fp64 dot)."""
+    return t.device.type == "cuda" and t.dtype != torch.float64
+
+
+# --------------------------------------------------------------------------- registered ops
+
+
+@torch.library.custom_op("tilesparse::block_sparse_attention_fwd", mutates_args=())
+def _fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: torch.Tensor,
+    key_padding_mask: Optional[torch.Tensor],
+    layout_heads: int,
+    block_size: int,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, H, S, D], lse [B, H, S]) of block-sparse attention on the packed tables."""
+    if _use_triton(q):
+        from ..kernels import attention as kernels
+
+        return kernels.attention_forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+    return attention_forward_blocks(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale):
+    B, H, S, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty(B, H, S, dtype=lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("tilesparse::block_sparse_attention_bwd", mutates_args=())
+def _bwd_op(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    meta: torch.Tensor,
+    key_padding_mask: Optional[torch.Tensor],
+    layout_heads: int,
+    block_size: int,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of block-sparse attention, FlashAttention-2 style from the saved lse."""
+    args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+    if _use_triton(q):
+        from ..kernels import attention as kernels
+
+        return kernels.attention_backward(*args)
+    return attention_backward_blocks(*args)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, meta, key_padding_mask)
+    ctx.params = (layout_heads, block_size, causal, scale)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, meta, key_padding_mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = _bwd_op(grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must match")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    B, H, S, D = q.shape
+    if (k.shape[0], k.shape[2], k.shape[3]) != (B, S, D):
+        raise ValueError(f"k/v shape {tuple(k.shape)} must be [B={B}, Hkv, S={S}, D={D}] to match q "
+                         f"{tuple(q.shape)}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"q's {H} heads must be a multiple of k/v's {Hkv} heads (grouped-query attention)")
+    if not (16 <= D <= MAX_HEAD_DIM and D % 16 == 0):
+        raise ValueError(f"q's head dim D={D} is unsupported: it must be a multiple of 16 in [16, {MAX_HEAD_DIM}] "
+                         "(32, 64, 96 and 128 are the tested ones)")
+
+
+def _check_layout(layout, H: int, S: int) -> None:
+    if not isinstance(layout, AttentionLayout):
+        raise TypeError(f"layout must be a tilesparse.attention.AttentionLayout, got {type(layout).__name__}")
+    b = layout.block_size
+    if b not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(f"layout.block_size={b} is unsupported; supported: {SUPPORTED_BLOCK_SIZES}")
+    nb = -(-S // b)
+    if layout.num_blocks != nb:
+        raise ValueError(f"layout has {layout.num_blocks} blocks per side but seq_len S={S} with block_size={b} "
+                         f"needs ceil(S/b)={nb}")
+    if layout.layout_heads not in (1, H):
+        raise ValueError(f"layout has {layout.layout_heads} heads but q has {H}; use one pattern per query head "
+                         "or a shared [nb, nb] mask")
+
+
+def _check_padding(key_padding_mask, B: int, S: int, device) -> None:
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor):
+        raise TypeError(f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}")
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(f"key_padding_mask must be bool (True = padding), got {key_padding_mask.dtype}")
+    if tuple(key_padding_mask.shape) != (B, S):
+        raise ValueError(f"key_padding_mask must have shape [B, S] = {(B, S)}, got {tuple(key_padding_mask.shape)}")
+    if key_padding_mask.device != device:
+        raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but q is on {device}; they must match")
+
+
+# --------------------------------------------------------------------------- public function
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: AttentionLayout,
+    *,
+    causal: bool = False,
+    scale: Optional[float] = None,
+    key_padding_mask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v computed only on the layout's (query block, key block)
+    pairs, fused (FlashAttention-style: no S x S matrix in memory), differentiable in
+    q, k and v.
+
+    Args:
+        q: [B, H, S, D]; k, v: [B, Hkv, S, D] with H % Hkv == 0 (grouped-query
+            attention: query head h uses kv head h // (H / Hkv)). float16, bfloat16 or
+            float32 (fp32 accumulation); float64 runs the PyTorch path.
+        layout: an :class:`~tilesparse.attention.AttentionLayout` with ceil(S / b)
+            blocks per side, one pattern per query head or shared; b in 16, 32, 64, 128.
+        causal: also mask keys after the query (inside diagonal blocks; blocks above
+            the diagonal are skipped).
+        scale: softmax scale, default 1 / sqrt(D).
+        key_padding_mask: bool [B, S], True = that key is padding and ignored
+            (nn.MultiheadAttention's convention; gives per-sequence lengths).
+
+    Returns [B, H, S, D] in q's dtype (the autocast dtype under autocast). A query with
+    no kept key outputs zeros (and gets zero gradients). CUDA tensors run the Triton
+    kernels, CPU tensors the block-loop PyTorch path (same semantics, O(b * S) memory
+    per head).
+    """
+    _check_qkv(q, k, v)
+    q, k, v = _autocast(q, k, v)  # under autocast, attention runs in its 16-bit dtype (as SDPA does)
+    B, H, S, D = q.shape
+    _check_layout(layout, H, S)
+    _check_padding(key_padding_mask, B, S, q.device)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    meta = layout.meta_on(q.device, causal)
+    out, _ = _fwd_op(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale))
+    return out
