@@ -21,11 +21,13 @@ OUT = ROOT / "docs" / "api.md"
 MODULES = [
     ("tilesparse", "Top level"),
     ("tilesparse.layouts", "Layouts"),
+    ("tilesparse.attention", "Block-sparse attention"),
+    ("tilesparse.attention.layouts", "Attention layouts"),
     ("tilesparse.sparsity", "Sparsity recipes"),
     ("tilesparse.integrations.huggingface", "Hugging Face"),
     ("tilesparse.kernels.tuned", "Tuned launch configs"),
 ]
-SKIP = {"layouts", "sparsity", "__version__"}  # submodules and constants documented elsewhere
+SKIP = {"attention", "layouts", "sparsity", "__version__"}  # submodules and constants documented elsewhere
 
 
 def _signature(obj) -> str:

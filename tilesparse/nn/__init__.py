@@ -1,6 +1,7 @@
-"""Drop-in modules with sparse weights."""
+"""Drop-in modules with sparse weights, and block-sparse self-attention."""
 
+from .attention import BlockSparseSelfAttention
 from .linear import BlockSparseLinear
 from .lstm import BlockSparseLSTM
 
-__all__ = ["BlockSparseLinear", "BlockSparseLSTM"]
+__all__ = ["BlockSparseLinear", "BlockSparseLSTM", "BlockSparseSelfAttention"]
