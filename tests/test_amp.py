@@ -31,6 +31,23 @@ def test_autocast_runs_in_the_autocast_dtype_with_fp32_master_weights(dtype):
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_module_under_autocast(dtype):
+    from tilesparse.attention import layouts as attention_layouts
+
+    torch.manual_seed(0)
+    module = tilesparse.BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, window=32, causal=True))
+    x = torch.randn(2, 64, 32)
+    with torch.autocast("cpu", dtype=dtype):
+        y = module(x)
+    assert y.dtype == dtype
+    ref = module(x)  # fp32
+    assert (y.float() - ref).norm() / ref.norm() < 3e-2
+    y.float().square().mean().backward()
+    for p in module.parameters():
+        assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+
+
 def test_fp16_training_with_grad_scaler():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -123,18 +123,21 @@ def test_compiled_lstm_module_matches_eager(with_state):
 
 class _EveryModule(nn.Module):
     """One model using each module: a block-sparse linear, a gated one (hard-concrete
-    gates, deterministic in eval), a block-sparse LSTM."""
+    gates, deterministic in eval), block-sparse self-attention, a block-sparse LSTM."""
 
     def __init__(self):
         super().__init__()
+        from tilesparse.attention import layouts as attention_layouts
         from tilesparse.sparsity import GatedBlockSparseLinear
 
         self.inp = BlockSparseLinear(16, 32, block_size=8, density=0.5, seed=1)
         self.gated = GatedBlockSparseLinear(32, 32, block_size=8, density=0.5, seed=2, gate="hard_concrete")
+        self.attn = tilesparse.BlockSparseSelfAttention(32, 2, attention_layouts.local(32, 16, window=16, causal=True))
         self.lstm = tilesparse.BlockSparseLSTM(32, 16, block_size=8, density=0.5, batch_first=True, seed=3)
 
     def forward(self, x):
-        out, _ = self.lstm(torch.relu(self.gated(self.inp(x))))
+        h = torch.relu(self.gated(self.inp(x)))
+        out, _ = self.lstm(h + self.attn(h))
         return out
 
 

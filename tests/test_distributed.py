@@ -7,7 +7,8 @@ global batch:
 * DDP of a block-sparse MLP: the parameters after 3 SGD steps equal the single-process
   run on the concatenated batches;
 * FSDP2 (`fully_shard`) of the same model: the same, through the sharded parameters;
-* DDP and FSDP2 of a BlockSparseLSTM language model: the same after 2 steps;
+* DDP and FSDP2 of a BlockSparseLSTM language model and of a block-sparse
+  self-attention model: the same after 2 steps;
 * RigL under DDP: every rank captures a different batch, yet the rewired layouts are
   identical on both ranks (the grow scores are combined across ranks); under FSDP2 it
   refuses, by name, to rewire sharded weights.
@@ -56,9 +57,26 @@ def _lstm_lm() -> nn.Module:
     return _LstmLM().double()
 
 
+class _AttentionLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from tilesparse.attention import layouts as attention_layouts
+
+        self.attn = tilesparse.BlockSparseSelfAttention(32, 2, attention_layouts.local(32, 16, window=16, causal=True))
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.head(x + self.attn(x))
+
+
+def _attention_lm() -> nn.Module:
+    torch.manual_seed(0)
+    return _AttentionLM().double()
+
+
 def _batch(rank: int, kind: str) -> torch.Tensor:
     gen = torch.Generator().manual_seed(100 + rank)
-    shape = (BATCH, 32) if kind == "mlp" else (BATCH, 5, 8)
+    shape = {"mlp": (BATCH, 32), "lstm": (BATCH, 5, 8), "attention": (BATCH, 32, 32)}[kind]
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
@@ -117,6 +135,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         _train(lm_sharded, _lstm_loss, _batch(rank, "lstm"), 2)
         results["fsdp2_lstm"] = {k: _full(v).detach().clone() for k, v in lm_sharded.state_dict().items()}
 
+        attn = _train(DDP(_attention_lm()), _lstm_loss, _batch(rank, "attention"), 2)
+        results["ddp_attention"] = {k: v.detach().clone() for k, v in attn.module.state_dict().items()}
+        attn_sharded = _attention_lm()
+        fully_shard(attn_sharded.attn)
+        fully_shard(attn_sharded)
+        _train(attn_sharded, _lstm_loss, _batch(rank, "attention"), 2)
+        results["fsdp2_attention"] = {k: _full(v).detach().clone() for k, v in attn_sharded.state_dict().items()}
+
         model = _mlp()
         wrapped = DDP(model)
         opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
@@ -174,6 +200,13 @@ def test_fsdp2_lstm_matches_one_process_on_the_global_batch(ranks):
     want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
     for r, res in enumerate(ranks):
         _assert_state_close(res["fsdp2_lstm"], want, f"FSDP2 LSTM rank {r}")
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_attention_matches_one_process_on_the_global_batch(ranks, wrapper):
+    want = _reference(_attention_lm, _lstm_loss, "attention", 2)
+    for r, res in enumerate(ranks):
+        _assert_state_close(res[f"{wrapper}_attention"], want, f"{wrapper} attention rank {r}")
 
 
 def test_rigl_rewires_identically_on_every_rank(ranks):
