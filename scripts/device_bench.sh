@@ -9,6 +9,7 @@
 #   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS, e.g. "--quick --cuda-graph")
 #   attention - the 'attention' suite (vs FlexAttention and SDPA; ATTN_ARGS, e.g. --quick)
 #   attention-long - the 'attention-long' suite (S 131072 at 2-5 % of blocks: time and peak memory)
+#   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
@@ -36,6 +37,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/bench-attention.log" 2>&1 ;;
     attention-long) timeout "${ATTN_TIMEOUT:-300}" python3 -m tilesparse bench --suite attention-long --out "$OUT" \
               > "$OUT/bench-attention-long.log" 2>&1 ;;
+    attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
+              --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
   esac
