@@ -1,0 +1,177 @@
+"""Sparse-or-dense dispatch for the 2:4 products on a GPU.
+
+For each problem key (op, M bucket, N, K, dtype, device name, torch version) the
+dispatcher times the cuSPARSELt product against the dense masked product once, keeps the
+faster in memory and in a JSON file, and answers from the cache afterwards. M is
+bucketed to the next power of two (batch sizes vary; their crossover does not move
+much within a factor of two -- to be measured). ``mode="sparse"`` or ``"dense"``
+overrides; on the CPU the answer is always ``"dense"`` (the reference) and nothing is
+timed.
+
+The cache file is ``$TILESPARSE_SEMI24_CACHE`` or ``~/.cache/tilesparse/semi24_dispatch.json``:
+``{"version": 1, "entries": {key: {"choice": "sparse"|"dense", "sparse_ms": float,
+"dense_ms": float}}}``. A file that cannot be read or parsed is ignored with a warning
+(and overwritten by the next decision).
+
+Everything except the timing itself is plain Python, so tests drive it with a fake
+``timer(fn) -> milliseconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..kernels._tiles import next_power_of_2
+
+MODES = ("auto", "sparse", "dense")
+OPS = ("fprop", "bprop")
+CACHE_VERSION = 1
+
+
+def default_cache_path() -> Path:
+    env = os.environ.get("TILESPARSE_SEMI24_CACHE")
+    if env:
+        return Path(env)
+    return Path.home() / ".cache" / "tilesparse" / "semi24_dispatch.json"
+
+
+def _do_bench(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` on the GPU (triton.testing.do_bench)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def check_mode(mode: str, name: str = "mode") -> str:
+    if mode not in MODES:
+        raise ValueError(f"{name} must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+class Semi24Dispatcher:
+    """Chooses ``"sparse"`` (cuSPARSELt) or ``"dense"`` (masked dense matmul) per problem.
+
+    ``timer(fn)`` returns milliseconds (default: do_bench's median); ``cache_path``
+    defaults to :func:`default_cache_path` at first use; ``persist=False`` keeps the
+    decisions in memory only."""
+
+    def __init__(self, cache_path: str | os.PathLike | None = None, timer=None, persist: bool = True):
+        self._path = Path(cache_path) if cache_path is not None else None
+        self.timer = timer or _do_bench
+        self.persist = persist
+        self._entries: dict[str, dict] | None = None  # loaded lazily
+        self._lock = threading.Lock()
+        self.timings = 0  # how many problems were timed (for tests and logs)
+
+    @property
+    def cache_path(self) -> Path:
+        return self._path if self._path is not None else default_cache_path()
+
+    @staticmethod
+    def key(op: str, m: int, n: int, k: int, dtype: torch.dtype, device_name: str) -> str:
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, got {op!r}")
+        dtype_name = str(dtype).replace("torch.", "")
+        return f"{op}|m{next_power_of_2(max(1, m))}|n{n}|k{k}|{dtype_name}|{device_name}|torch{torch.__version__}"
+
+    # ----------------------------------------------------------------- cache file
+    def _load(self) -> dict[str, dict]:
+        if self._entries is not None:
+            return self._entries
+        entries: dict[str, dict] = {}
+        path = self.cache_path
+        if self.persist and path.exists():
+            try:
+                data = json.loads(path.read_text())
+                version = data.get("version") if isinstance(data, dict) else None
+                if version != CACHE_VERSION:
+                    raise ValueError(f"unknown format (version {version!r}, expected {CACHE_VERSION})")
+                raw = data.get("entries")
+                if not isinstance(raw, dict):
+                    raise ValueError("no 'entries' object")
+                for key, value in raw.items():
+                    if isinstance(value, dict) and value.get("choice") in ("sparse", "dense"):
+                        entries[key] = value
+            except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+                warnings.warn(f"tilesparse: ignoring the 2:4 dispatch cache {path}: {err}", stacklevel=3)
+                entries = {}
+        self._entries = entries
+        return entries
+
+    def _save(self) -> None:
+        if not self.persist:
+            return
+        path = self.cache_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            payload = json.dumps({"version": CACHE_VERSION, "entries": self._entries}, indent=1, sort_keys=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(payload)
+            os.replace(tmp, path)  # atomic: concurrent readers see the old or the new file
+        except OSError as err:
+            warnings.warn(f"tilesparse: could not write the 2:4 dispatch cache {path}: {err}", stacklevel=3)
+
+    # ----------------------------------------------------------------- decisions
+    def lookup(self, key: str) -> str | None:
+        with self._lock:
+            entry = self._load().get(key)
+        return entry["choice"] if entry else None
+
+    def choose(
+        self,
+        op: str,
+        m: int,
+        n: int,
+        k: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        sparse_fn: Callable[[], object] | None,
+        dense_fn: Callable[[], object] | None,
+        mode: str = "auto",
+        device_name: str | None = None,
+    ) -> str:
+        """``"sparse"`` or ``"dense"`` for this problem. ``sparse_fn``/``dense_fn`` run
+        one product each (timed only when the key is not cached); ``sparse_fn=None``
+        means the sparse path is unavailable."""
+        check_mode(mode)
+        device = torch.device(device)
+        if device.type != "cuda":
+            return "dense"
+        if mode != "auto":
+            return mode
+        if sparse_fn is None:
+            return "dense"
+        if device_name is None:
+            device_name = torch.cuda.get_device_name(device)
+        key = self.key(op, m, n, k, dtype, device_name)
+        cached = self.lookup(key)
+        if cached is not None:
+            return cached
+        sparse_ms = float(self.timer(sparse_fn))
+        dense_ms = float(self.timer(dense_fn))
+        choice = "sparse" if sparse_ms < dense_ms else "dense"
+        with self._lock:
+            self._load()[key] = {"choice": choice, "sparse_ms": sparse_ms, "dense_ms": dense_ms}
+            self.timings += 1
+            self._save()
+        return choice
+
+
+_DEFAULT: Semi24Dispatcher | None = None
+
+
+def default_dispatcher() -> Semi24Dispatcher:
+    """The process-wide dispatcher (cache file from :func:`default_cache_path`)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Semi24Dispatcher()
+    return _DEFAULT

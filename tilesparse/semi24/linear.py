@@ -1,0 +1,435 @@
+"""SemiSparseLinear: a drop-in nn.Linear trained with a 2:4 semi-structured mask.
+
+The layer keeps dense master weights W (a Parameter) and a bool mask M (a buffer,
+recomputed from |W| every ``mask_every`` calls of :meth:`SemiSparseLinear.step`):
+
+* fprop  Y  = X (W ⊙ M)^T + b
+* bprop  dX = dY (W ⊙ M)            (needs (W ⊙ M)^T 2:4 for a sparse product: the
+  transposable mask, ``transposable=True``, makes it so)
+* updat  dW = dY^T X, dense: the straight-through estimator (STE), plus the SR-STE term
+  ``srste_decay * (1 - M) ⊙ W`` when ``srste_decay > 0`` (Zhou et al. 2021, "Learning
+  N:M fine-grained structured sparse neural networks from scratch", Eq. 4).
+
+Hu et al. 2024 ("Accelerating Transformer Pre-training with 2:4 Sparsity", ICML; their
+code: huyz2023/2by4-pretrain, sparse/decay.py) apply the same masked term to the
+*gradient* once per optimizer step, ``grad += decay * (1 - M) ⊙ W`` (so that Adam
+normalizes it), rather than to the weights: :meth:`SemiSparseLinear.apply_masked_decay_`,
+called between ``backward()`` and ``optimizer.step()``. SR-STE through ``srste_decay``
+adds the term in every backward (so k accumulated micro-batches add it k times);
+``apply_masked_decay_`` adds it once.
+
+On a CUDA GPU with sparse tensor cores (sm80+) and cuSPARSELt in the PyTorch build, fp16
+and bf16 products run on ``torch._cslt_sparse_mm`` with the masked weight compressed by
+``torch._cslt_compress`` once per weight/mask change (eager mode; under torch.compile
+the op compresses per call); :mod:`tilesparse.semi24.dispatch` picks sparse or dense per
+problem by timing both once (``mode="auto"``). Anything else runs the dense masked
+product, with a one-time warning saying why. The CPU runs the dense masked reference.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..ops.bsmm import _autocast
+from . import dispatch as _dispatch
+from .reference import semi24_linear_reference
+
+__all__ = ["SemiSparseLinear", "semi24_linear", "sparse_unavailable_reason"]
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"tilesparse.SemiSparseLinear: {message}; running the dense masked product", stacklevel=4)
+
+
+# cuSPARSELt's shape constraints as torch 2.13's SparseSemiStructuredTensorCUSPARSELT
+# states them for fp16/bf16 (_DTYPE_SHAPE_CONSTRAINTS): sparse operand rows and columns
+# % 16, dense operand rows and columns % 8. The batch is padded to a multiple of 8 here,
+# and the dense operand's other side is the sparse one's columns (% 16).
+_SPARSE_ROWS, _SPARSE_COLS = 16, 16
+
+
+def sparse_unavailable_reason(device: torch.device, dtype: torch.dtype, rows: int, cols: int) -> Optional[str]:
+    """Why the cuSPARSELt product cannot run for a sparse operand [rows, cols] (2:4 along
+    cols), or None when it can."""
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {dtype} (the cuSPARSELt path takes float16 and bfloat16)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"the GPU is sm{major}{minor}, without sparse tensor cores (they need sm80+)"
+    cusparselt = getattr(torch.backends, "cusparselt", None)
+    if cusparselt is None or not cusparselt.is_available():
+        return "cuSPARSELt is not available in this PyTorch build"
+    if rows % _SPARSE_ROWS or cols % _SPARSE_COLS:
+        return f"the sparse operand [{rows}, {cols}] is not a multiple of [{_SPARSE_ROWS}, {_SPARSE_COLS}]"
+    return None
+
+
+def _masked(weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
+
+
+def _cslt_product(packed: torch.Tensor, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A @ S^T (+ bias) for S compressed by _cslt_compress, A [M, K] dense: computed as
+    S @ A^T on cuSPARSELt (sparse operand first) with the result transposed on output
+    (transpose_result=True gives [M, rows(S)] directly). M is padded to a multiple of 8."""
+    m = a.shape[0]
+    pad = (-m) % 8
+    if pad:
+        a = F.pad(a, (0, 0, 0, pad))
+    out = torch._cslt_sparse_mm(packed, a.t(), bias=bias, transpose_result=True)
+    return out[:m] if pad else out
+
+
+def _gpu_product(op, a, weight, mask, bias, packed, mode):
+    """fprop: A (W⊙M)^T + b (packed = compressed W⊙M); bprop: A (W⊙M) (packed =
+    compressed (W⊙M)^T, None when the mask is not transposable)."""
+    n, k = weight.shape if op == "fprop" else weight.t().shape  # the sparse operand [n, k]
+
+    def dense():
+        w = _masked(weight, mask)
+        return F.linear(a, w if op == "fprop" else w.t(), bias)
+
+    if mode == "dense":
+        return dense()
+    reason = sparse_unavailable_reason(a.device, a.dtype, n, k)
+    if reason is None and op == "bprop" and packed is None and not bool(_is_col24(mask)):
+        reason = "the mask is not transposable, so (W⊙M)^T is not 2:4 (bprop)"
+    if reason is not None:
+        if mode == "sparse":
+            _warn_once(f"mode='sparse' but {reason}")
+        else:
+            _warn_once(reason)
+        return dense()
+    if packed is None:  # under torch.compile, or a functional call: compress here
+        w = _masked(weight, mask)
+        packed = torch._cslt_compress((w if op == "fprop" else w.t()).contiguous())
+    choice = _dispatch.default_dispatcher().choose(
+        op, a.shape[0], n, k, a.dtype, a.device,
+        lambda: _cslt_product(packed, a, bias), dense, mode=mode,
+    )
+    return _cslt_product(packed, a, bias) if choice == "sparse" else dense()
+
+
+def _is_col24(mask: torch.Tensor) -> torch.Tensor:
+    n, k = mask.shape
+    if n % 4:
+        return torch.tensor(False)
+    return (mask.t().reshape(k, n // 4, 4).sum(-1) <= 2).all()
+
+
+# --------------------------------------------------------------------------- registered ops
+
+
+@torch.library.custom_op("tilesparse::semi24_linear", mutates_args=())
+def _fprop_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    packed: Optional[torch.Tensor],
+    packed_t: Optional[torch.Tensor],
+    srste_decay: float,
+    mode: str,
+) -> torch.Tensor:
+    """Y = X (W⊙M)^T + b, X [M, K]; ``packed``/``packed_t``: compressed W⊙M and
+    (W⊙M)^T for cuSPARSELt, or None."""
+    if x.device.type != "cuda":
+        return semi24_linear_reference(x, weight, mask, bias)
+    return _gpu_product("fprop", x, weight, mask, bias, packed, mode)
+
+
+@_fprop_op.register_fake
+def _fprop_fake(x, weight, mask, bias, packed, packed_t, srste_decay, mode):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("tilesparse::semi24_bprop", mutates_args=())
+def _bprop_op(
+    grad: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, packed_t: Optional[torch.Tensor], mode: str
+) -> torch.Tensor:
+    """dX = dY (W⊙M), dY [M, N]."""
+    if grad.device.type != "cuda":
+        return grad @ _masked(weight, mask)
+    return _gpu_product("bprop", grad, weight, mask, None, packed_t, mode)
+
+
+@_bprop_op.register_fake
+def _bprop_fake(grad, weight, mask, packed_t, mode):
+    return grad.new_empty(grad.shape[0], weight.shape[1])
+
+
+def _setup(ctx, inputs, output):
+    x, weight, mask, bias, packed, packed_t, srste_decay, mode = inputs
+    ctx.save_for_backward(x, weight, mask, packed_t)
+    ctx.srste_decay = srste_decay
+    ctx.mode = mode
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    x, weight, mask, packed_t = ctx.saved_tensors
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:  # bprop with the masked weight
+        grad_x = _bprop_op(grad, weight, mask, packed_t, ctx.mode)
+    if ctx.needs_input_grad[1]:  # updat: dense STE gradient (+ SR-STE's masked decay)
+        grad_w = grad.t() @ x
+        if ctx.srste_decay:
+            grad_w = grad_w + ctx.srste_decay * torch.where(mask, torch.zeros_like(weight), weight)
+    if ctx.has_bias and ctx.needs_input_grad[3]:
+        grad_b = grad.sum(0)
+    return grad_x, grad_w, None, grad_b, None, None, None, None
+
+
+_fprop_op.register_autograd(_backward, setup_context=_setup)
+
+
+def semi24_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mask: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    srste_decay: float = 0.0,
+    mode: str = "auto",
+    packed: Optional[torch.Tensor] = None,
+    packed_t: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Y = X (W⊙M)^T + b with the STE backward (see the module docstring); X [..., K]."""
+    _dispatch.check_mode(mode)
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"x must be a tensor with at least 1 dim, got {type(x).__name__}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x.shape[-1] is {x.shape[-1]} but weight has in_features={weight.shape[1]}")
+    x, weight, bias = _autocast(x, weight, bias)
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but weight has {weight.dtype}; they must match")
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but weight is on {weight.device}; they must match")
+    y = _fprop_op(x.reshape(-1, x.shape[-1]), weight, mask, bias, packed, packed_t, float(srste_decay), mode)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# --------------------------------------------------------------------------- module
+
+
+class SemiSparseLinear(nn.Module):
+    """y = x (W ⊙ M)^T + b, a drop-in nn.Linear with a 2:4 mask M along in_features.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as nn.Linear. in_features must be
+            a multiple of 4 (and out_features too when ``transposable``).
+        transposable: M is 2:4 along rows and columns of every 4x4 tile, so bprop's
+            (W ⊙ M)^T is 2:4 as well (default True: what training needs).
+        method: ``"optimal"`` or ``"greedy"`` transposable masks (see
+            :func:`tilesparse.semi24.transposable_mask`); ignored when not transposable.
+        mask_every: :meth:`step` recomputes M from |W| every this many calls.
+        srste_decay: SR-STE's λ: adds ``λ (1 - M) ⊙ W`` to W's gradient in every backward.
+        mode: ``"auto"`` (time cuSPARSELt against dense once per shape on the GPU),
+            ``"sparse"`` or ``"dense"``.
+
+    Buffers (in the state_dict): ``mask`` (bool [out, in]) and ``num_steps`` (int64).
+    :attr:`flip_rate` is the fraction of mask entries that changed at the last update.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        *,
+        transposable: bool = True,
+        method: str = "optimal",
+        mask_every: int = 100,
+        srste_decay: float = 0.0,
+        mode: str = "auto",
+    ):
+        super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if in_features % 4:
+            raise ValueError(f"in_features={in_features} must be a multiple of 4 (2:4 groups along it)")
+        if transposable and out_features % 4:
+            raise ValueError(f"out_features={out_features} must be a multiple of 4 for transposable=True")
+        if method not in ("optimal", "greedy"):
+            raise ValueError(f"method must be 'optimal' or 'greedy', got {method!r}")
+        if isinstance(mask_every, bool) or not isinstance(mask_every, int) or mask_every < 1:
+            raise ValueError(f"mask_every must be a positive int, got {mask_every!r}")
+        if not srste_decay >= 0:
+            raise ValueError(f"srste_decay must be >= 0, got {srste_decay!r}")
+        _dispatch.check_mode(mode)
+        factory = {"device": device, "dtype": dtype}
+        self.in_features = in_features
+        self.out_features = out_features
+        self.transposable = transposable
+        self.method = method
+        self.mask_every = mask_every
+        self.srste_decay = float(srste_decay)
+        self.mode = mode
+        self.densified = False
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.register_buffer("mask", torch.ones(out_features, in_features, dtype=torch.bool, device=device))
+        self.register_buffer("num_steps", torch.zeros((), dtype=torch.int64, device=device))
+        self.register_buffer("_flip_rate", torch.zeros((), dtype=torch.float32, device=device), persistent=False)
+        self._steps = 0
+        self._packed_key = None
+        self._packed = (None, None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's init, then a fresh mask from it (flip rate reset to 0)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features)
+            nn.init.uniform_(self.bias, -bound, bound)
+        self.update_mask()
+        self._flip_rate.zero_()
+
+    # ----------------------------------------------------------------- mask
+    def compute_mask(self) -> torch.Tensor:
+        """The 2:4 mask of the current |W| (not stored)."""
+        from . import prune_24_rows, transposable_mask
+
+        w = self.weight.detach()
+        if w.device.type == "meta":
+            return self.mask.clone()
+        if self.transposable:
+            return transposable_mask(w, self.method)
+        return prune_24_rows(w)[1]
+
+    @torch.no_grad()
+    def update_mask(self) -> None:
+        """Recompute M from |W| (no-op once densified) and record the flip rate."""
+        if self.densified:
+            return
+        new = self.compute_mask()
+        if self.mask.device.type != "meta":
+            self._flip_rate.copy_((new != self.mask).float().mean())
+        self.mask.copy_(new)
+        self._packed_key = None
+
+    def step(self) -> bool:
+        """Count a training step; recompute the mask every ``mask_every`` steps.
+        Returns whether the mask was recomputed."""
+        self.num_steps += 1  # the buffer (checkpointed) and a host mirror: no device sync per step
+        self._steps += 1
+        if self._steps % self.mask_every == 0:
+            self.update_mask()
+            return True
+        return False
+
+    @property
+    def flip_rate(self) -> float:
+        """Fraction of mask entries that changed at the last :meth:`update_mask`
+        (Hu et al. 2024's flip rate)."""
+        return float(self._flip_rate)
+
+    def masked_weight(self) -> torch.Tensor:
+        """W ⊙ M (a new tensor, attached to the graph)."""
+        return _masked(self.weight, self.mask)
+
+    @torch.no_grad()
+    def apply_masked_decay_(self, decay: float) -> None:
+        """Hu et al. 2024's masked decay on gradients: ``W.grad += decay * (1 - M) ⊙ W``.
+        Call once per optimizer step, after backward() and before optimizer.step()."""
+        if self.weight.grad is None:
+            raise RuntimeError("apply_masked_decay_ needs weight.grad: call it after backward()")
+        self.weight.grad.add_(torch.where(self.mask, torch.zeros_like(self.weight), self.weight), alpha=decay)
+
+    # ----------------------------------------------------------------- cuSPARSELt cache
+    def _compressed(self):
+        """(compressed W⊙M, compressed (W⊙M)^T or None), rebuilt when the weight or the
+        mask changed (their version counters); (None, None) off the sparse GPU path."""
+        w = self.weight
+        if w.device.type != "cuda" or self.mode == "dense" or self.densified or torch.compiler.is_compiling():
+            return None, None
+        n, k = w.shape
+        if sparse_unavailable_reason(w.device, w.dtype, n, k) is not None:
+            return None, None
+        key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr())
+        if key != self._packed_key:
+            with torch.no_grad():
+                wm = _masked(w, self.mask)
+                packed = torch._cslt_compress(wm.contiguous())
+                packed_t = None
+                if self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None:
+                    packed_t = torch._cslt_compress(wm.t().contiguous())
+            self._packed, self._packed_key = (packed, packed_t), key
+        return self._packed
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Y = X (W ⊙ M)^T + b; X [..., in_features]."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x.shape[-1] must be in_features={self.in_features}, got shape {tuple(x.shape)}")
+        packed, packed_t = self._compressed()
+        mode = "dense" if self.densified else self.mode
+        decay = 0.0 if self.densified else self.srste_decay
+        return semi24_linear(x, self.weight, self.mask, self.bias, srste_decay=decay, mode=mode,
+                             packed=packed, packed_t=packed_t)
+
+    # ----------------------------------------------------------------- conversions
+    @torch.no_grad()
+    def densify(self, as_linear: bool = False):
+        """Turn the layer dense for fine-tuning (Hu et al. 2024's dense fine-tuning):
+        the mask becomes all ones and stops updating. With ``as_linear=True`` return an
+        nn.Linear holding the current dense W (not W ⊙ M) and b instead."""
+        if as_linear:
+            linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                               device=self.weight.device, dtype=self.weight.dtype)
+            linear.weight.copy_(self.weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+            return linear
+        self.mask.fill_(True)
+        self.densified = True
+        self._packed_key = None
+        return self
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, **kwargs) -> "SemiSparseLinear":
+        """A SemiSparseLinear with ``linear``'s weight and bias and a mask computed from
+        them; keyword arguments as the constructor (transposable, method, ...)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     device=weight.device, dtype=weight.dtype, **kwargs)
+        with torch.no_grad():
+            module.weight.copy_(weight)
+            if linear.bias is not None:
+                module.bias.copy_(linear.bias.detach())
+            module.update_mask()
+            module._flip_rate.zero_()
+        return module
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._packed_key = None  # the weight or mask may have changed in place
+        if self.num_steps.device.type != "meta":
+            self._steps = int(self.num_steps)
+
+    def extra_repr(self) -> str:
+        """Sizes, mask settings and recipe options, for print(module)."""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"transposable={self.transposable}, method={self.method!r}, mask_every={self.mask_every}, "
+            f"srste_decay={self.srste_decay}, mode={self.mode!r}, densified={self.densified}"
+        )
