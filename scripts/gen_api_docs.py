@@ -23,11 +23,12 @@ MODULES = [
     ("tilesparse.layouts", "Layouts"),
     ("tilesparse.attention", "Block-sparse attention"),
     ("tilesparse.attention.layouts", "Attention layouts"),
+    ("tilesparse.semi24", "2:4 semi-structured sparsity"),
     ("tilesparse.sparsity", "Sparsity recipes"),
     ("tilesparse.integrations.huggingface", "Hugging Face"),
     ("tilesparse.kernels.tuned", "Tuned launch configs"),
 ]
-SKIP = {"attention", "layouts", "sparsity", "__version__"}  # submodules and constants documented elsewhere
+SKIP = {"attention", "layouts", "semi24", "sparsity", "__version__"}  # submodules and constants documented elsewhere
 
 
 def _signature(obj) -> str:
