@@ -48,6 +48,20 @@ def test_attention_module_under_autocast(dtype):
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_semi_sparse_linear_under_autocast(dtype):
+    torch.manual_seed(0)
+    layer = tilesparse.SemiSparseLinear(32, 16)
+    x = torch.randn(8, 32)
+    with torch.autocast("cpu", dtype=dtype):
+        y = layer(x)
+    assert y.dtype == dtype
+    ref = layer(x)  # fp32
+    assert (y.float() - ref).norm() / ref.norm() < 2e-2
+    y.float().square().mean().backward()
+    assert layer.weight.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+
+
 def test_fp16_training_with_grad_scaler():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

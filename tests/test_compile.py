@@ -123,7 +123,8 @@ def test_compiled_lstm_module_matches_eager(with_state):
 
 class _EveryModule(nn.Module):
     """One model using each module: a block-sparse linear, a gated one (hard-concrete
-    gates, deterministic in eval), block-sparse self-attention, a block-sparse LSTM."""
+    gates, deterministic in eval), block-sparse self-attention, a 2:4 linear, a block-sparse
+    LSTM."""
 
     def __init__(self):
         super().__init__()
@@ -133,11 +134,12 @@ class _EveryModule(nn.Module):
         self.inp = BlockSparseLinear(16, 32, block_size=8, density=0.5, seed=1)
         self.gated = GatedBlockSparseLinear(32, 32, block_size=8, density=0.5, seed=2, gate="hard_concrete")
         self.attn = tilesparse.BlockSparseSelfAttention(32, 2, attention_layouts.local(32, 16, window=16, causal=True))
+        self.semi = tilesparse.SemiSparseLinear(32, 32)
         self.lstm = tilesparse.BlockSparseLSTM(32, 16, block_size=8, density=0.5, batch_first=True, seed=3)
 
     def forward(self, x):
         h = torch.relu(self.gated(self.inp(x)))
-        out, _ = self.lstm(h + self.attn(h))
+        out, _ = self.lstm(self.semi(h + self.attn(h)))
         return out
 
 

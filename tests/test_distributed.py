@@ -8,7 +8,8 @@ global batch:
   run on the concatenated batches;
 * FSDP2 (`fully_shard`) of the same model: the same, through the sharded parameters;
 * DDP and FSDP2 of a BlockSparseLSTM language model and of a block-sparse
-  self-attention model: the same after 2 steps;
+  self-attention model: the same after 2 steps; of a 2:4 (SemiSparseLinear) MLP whose
+  masks are recomputed during training: the same after 3 steps;
 * RigL under DDP: every rank captures a different batch, yet the rewired layouts are
   identical on both ranks (the grow scores are combined across ranks); under FSDP2 it
   refuses, by name, to rewire sharded weights.
@@ -67,6 +68,26 @@ class _AttentionLM(nn.Module):
 
     def forward(self, x):
         return self.head(x + self.attn(x))
+
+
+def _semi_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(tilesparse.SemiSparseLinear(32, 64, mask_every=2), nn.GELU(),
+                         tilesparse.SemiSparseLinear(64, 32, mask_every=2))  # fp32: 2:4 masks take no fp64
+
+
+def _train_semi(model, batches, steps):
+    """SGD with the 2:4 masks recomputed every 2 steps (from the weights every rank holds
+    identically, so the masks agree across ranks)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    layers = [m for m in model.modules() if isinstance(m, tilesparse.SemiSparseLinear)]
+    for _ in range(steps):
+        opt.zero_grad()
+        _mlp_loss(model, batches).backward()
+        opt.step()
+        for layer in layers:
+            layer.step()
+    return model
 
 
 def _attention_lm() -> nn.Module:
@@ -134,6 +155,17 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         fully_shard(lm_sharded)
         _train(lm_sharded, _lstm_loss, _batch(rank, "lstm"), 2)
         results["fsdp2_lstm"] = {k: _full(v).detach().clone() for k, v in lm_sharded.state_dict().items()}
+
+        semi = _semi_mlp()
+        _train_semi(DDP(semi), _batch(rank, "mlp").float(), 3)
+        results["ddp_semi"] = {k: v.detach().clone() for k, v in semi.state_dict().items()}
+        semi_sharded = _semi_mlp()
+        for layer in semi_sharded:
+            if isinstance(layer, tilesparse.SemiSparseLinear):
+                fully_shard(layer)
+        fully_shard(semi_sharded)
+        _train_semi(semi_sharded, _batch(rank, "mlp").float(), 3)
+        results["fsdp2_semi"] = {k: _full(v).detach().clone() for k, v in semi_sharded.state_dict().items()}
 
         attn = _train(DDP(_attention_lm()), _lstm_loss, _batch(rank, "attention"), 2)
         results["ddp_attention"] = {k: v.detach().clone() for k, v in attn.module.state_dict().items()}
@@ -207,6 +239,17 @@ def test_attention_matches_one_process_on_the_global_batch(ranks, wrapper):
     want = _reference(_attention_lm, _lstm_loss, "attention", 2)
     for r, res in enumerate(ranks):
         _assert_state_close(res[f"{wrapper}_attention"], want, f"{wrapper} attention rank {r}")
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_semi_sparse_linear_matches_one_process_on_the_global_batch(ranks, wrapper):
+    both = torch.cat([_batch(r, "mlp") for r in range(WORLD)]).float()
+    want = {k: v.detach() for k, v in _train_semi(_semi_mlp(), both, 3).state_dict().items()}
+    for r, res in enumerate(ranks):
+        got = res[f"{wrapper}_semi"]
+        assert got.keys() == want.keys()
+        for k in want:  # fp32: the all-reduce's mean rounds differently from one batch's
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=f"{wrapper} 2:4 rank {r}: {k}")
 
 
 def test_rigl_rewires_identically_on_every_rank(ranks):

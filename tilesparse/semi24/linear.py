@@ -306,6 +306,8 @@ class SemiSparseLinear(nn.Module):
         from . import prune_24_rows, transposable_mask
 
         w = self.weight.detach()
+        if hasattr(w, "full_tensor"):  # FSDP2 shards W between steps; the mask is whole on every rank
+            w = w.full_tensor()
         if w.device.type == "meta":
             return self.mask.clone()
         if self.transposable:
@@ -349,6 +351,9 @@ class SemiSparseLinear(nn.Module):
         Call once per optimizer step, after backward() and before optimizer.step()."""
         if self.weight.grad is None:
             raise RuntimeError("apply_masked_decay_ needs weight.grad: call it after backward()")
+        if hasattr(self.weight, "full_tensor"):
+            raise TypeError("apply_masked_decay_ does not take FSDP2-sharded weights (the mask is whole, the "
+                            "gradient a shard); use srste_decay=..., which applies the same term inside backward")
         self.weight.grad.add_(torch.where(self.mask, torch.zeros_like(self.weight), self.weight), alpha=decay)
 
     # ----------------------------------------------------------------- cuSPARSELt cache
