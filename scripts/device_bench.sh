@@ -9,6 +9,7 @@
 #   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS, e.g. "--quick --cuda-graph")
 #   attention - the 'attention' suite (vs FlexAttention and SDPA; ATTN_ARGS, e.g. --quick)
 #   attention-long - the 'attention-long' suite (S 131072 at 2-5 % of blocks: time and peak memory)
+#   semi24 - the 'semi24' suite (2:4 GEMMs and the FFN block vs dense; SEMI24_ARGS, e.g. --quick)
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
@@ -39,6 +40,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/bench-attention-long.log" 2>&1 ;;
     attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
+    semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \
+              > "$OUT/bench-semi24.log" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
   esac

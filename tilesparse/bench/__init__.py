@@ -92,7 +92,7 @@ def _load_builtin_suites() -> None:
 
     # Suites of other capabilities register themselves from their own modules; one that
     # fails to import (e.g. its op's module is missing) warns and the others still load.
-    for module in ("lstm", "attention"):  # 'lstm', 'lstm-paper'; 'attention', 'attention-long', 'attention-cpu'
+    for module in ("lstm", "attention", "semi24"):  # + 'lstm-paper'; 'attention-long', '-cpu'; 'semi24-cpu'
         try:
             importlib.import_module(f"{__name__}.{module}")
         except ImportError as exc:

@@ -1,0 +1,41 @@
+"""The 'semi24' benchmark suite's CPU-side parts: its tables, their validation, and an
+end-to-end run of the CPU smoke table through the reference paths."""
+
+import pytest
+import torch
+
+from tilesparse.bench import get_suite, semi24, suite_names
+from tilesparse.bench.matmul import RunContext
+
+
+def test_the_suites_are_registered_and_the_issue_ffn_is_in_the_table():
+    assert {"semi24", "semi24-cpu"} <= set(suite_names())
+    table = semi24.resolve_table("semi24")
+    assert {"tokens": 16384, "dim": 4096, "hidden": 16384} in table["ffns"]
+    assert semi24.resolve_table("semi24", quick=True)["gemms"] == [[16384, 16384, 4096]]
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"dtypes": ["fp32"]}, "bf16 or fp16"),
+    ({"shapes": [(64, 100, 64)]}, "multiples of 16"),
+    ({"prep": [[6, 8]]}, "multiples of 4"),
+    ({"ffns": [{"tokens": 0, "dim": 8, "hidden": 8}]}, "ffn tokens"),
+])
+def test_bad_tables_are_refused_by_name(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        semi24.resolve_table("semi24", overrides=overrides)
+
+
+def test_cpu_table_runs_end_to_end():
+    table = semi24.resolve_table("semi24-cpu")
+    ctx = RunContext(cuda=False, stamp={"gpu": "cpu", "torch": torch.__version__, "triton": "", "commit": "test"},
+                     log=lambda msg: None)
+    rows = get_suite("semi24-cpu").run("semi24-cpu", table, ctx)
+    assert all(r["ms"] and r["ms"] > 0 and not str(r["note"]).startswith("error") for r in rows), \
+        [r["note"] for r in rows if r["ms"] is None]
+    gemm = {r["method"]: r for r in rows if r["case"] == "gemm"}
+    assert set(gemm) == {"dense", "semi24", "semi24-auto"}
+    assert gemm["semi24"]["rel_err"] < 2e-2 and gemm["semi24"]["speedup_vs_dense"] is not None
+    ffn = {(r["method"], r["op"]) for r in rows if r["case"] == "ffn"}
+    assert ffn == {(m, op) for m in ("dense", "semi24", "semi24-auto", "act_dense", "act24") for op in ("fwd", "fwd_bwd")}
+    assert {r["method"] for r in rows if r["case"] == "prep"} == {"optimal", "greedy"}

@@ -1,0 +1,236 @@
+"""The 'semi24' suite: 2:4 semi-structured sparsity against dense cuBLAS.
+
+Three kinds of case, from ``cases/semi24.json``:
+
+* ``gemm`` shapes [M, N, K] (X [M, K], W [N, K]), op ``fprop``: Y = X (W⊙M)^T through
+  :func:`tilesparse.semi24.semi24_linear` with ``mode="sparse"`` (cuSPARSELt, compressed
+  once outside the timed call, as a trained layer holds it) and ``mode="auto"`` (the
+  dispatcher's choice), against ``F.linear`` on the dense weight;
+* ``ffn`` blocks {tokens, dim, hidden}, ops ``fwd`` and ``fwd_bwd``: Linear -> GELU ->
+  Linear with both weights 2:4 (:class:`~tilesparse.SemiSparseLinear`, modes sparse and
+  auto), and the squared-ReLU FFN with 2:4 activations
+  (:class:`~tilesparse.semi24.SquaredReLUFFN`, method ``act24``; its dense twin is
+  ``act_dense``), against the dense FFN;
+* ``prep`` shapes [N, K], ops ``mask`` (transposable 2:4 mask + W⊙M + (W⊙M)^T in one pass,
+  ``transposable_prune``) and ``compress`` (``torch._cslt_compress``): what a mask
+  update costs, next to one fprop of that weight at the table's ``prep_tokens`` rows.
+
+Columns as the other suites (``block`` 0, ``density`` 0.5 for 2:4 rows and 1 for dense);
+extras ``case`` (gemm / ffn / prep), ``rel_err`` (against the dense product on the
+masked weight) and ``note``. ``tflops_nnz`` counts the kept weights' flops (half of
+dense's for 2:4 rows); the issue's goals read ``speedup_vs_dense``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import case_table, register
+from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
+from .timing import bench_ms_noted
+
+__all__ = ["OPS", "resolve_table", "prepare", "run"]
+
+OPS = ("fprop", "fwd", "fwd_bwd", "mask", "compress")
+
+
+def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
+    """The case table ``name`` of cases/semi24.json with --quick's subset and overrides
+    (``shapes`` from --shape replace the gemm shapes) applied; ValueError naming the
+    bad entry."""
+    overrides = dict(overrides or {})
+    shapes = overrides.pop("shapes", None)
+    table = case_table("semi24", name, quick=quick, overrides=overrides)
+    if shapes:
+        table["gemms"] = [list(s) for s in shapes]
+    for d in table["dtypes"]:
+        if d not in ("bf16", "fp16"):
+            raise ValueError(f"semi24 dtype must be bf16 or fp16 (cuSPARSELt's 16-bit types), got {d!r}")
+    for m, n, k in table.get("gemms", []):
+        for v, what in ((m, "M"), (n, "N"), (k, "K")):
+            positive_int(v, f"gemm {what}")
+        if n % 16 or k % 16:
+            raise ValueError(f"gemm {m}x{n}x{k}: N and K must be multiples of 16 for cuSPARSELt")
+    for ffn in table.get("ffns", []):
+        for key in ("tokens", "dim", "hidden"):
+            positive_int(ffn.get(key), f"ffn {key}")
+    for n, k in table.get("prep", []):
+        if n % 4 or k % 4:
+            raise ValueError(f"prep weight [{n}, {k}]: both sides must be multiples of 4")
+    return table
+
+
+def prepare(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
+    return resolve_table(name, quick=quick, overrides=overrides)
+
+
+def _row(suite, case, op, method, dtype_name, shape, density, ms, dense_ms, flops, err, note, ctx) -> dict:
+    m, n, k = shape
+    row = {"suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": m, "N": n, "K": k, "block": 0,
+           "density": density, "ms": ms,
+           "tflops_nnz": flops / (ms * 1e-3) / 1e12 if ms and flops else None,
+           "speedup_vs_dense": dense_ms / ms if ms and dense_ms else None}
+    row.update(ctx.stamp)
+    row.update({"case": case, "rel_err": err, "note": note})
+    return row
+
+
+def _time(fn, ctx):
+    try:
+        fn()
+        if ctx.cuda:
+            torch.cuda.synchronize()
+        return (*bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph), None)
+    except Exception as exc:  # a failing method gets an error row, the suite goes on
+        return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def _log(ctx, row):
+    if row["ms"] is None:
+        ctx.log(f"  {row['case']:4} {row['op']:8} {row['method']:10} [red]{row['note']}[/]")
+    else:
+        x = f"{row['speedup_vs_dense']:5.2f}x" if row["speedup_vs_dense"] else "     "
+        ctx.log(f"  {row['case']:4} {row['op']:8} {row['method']:10} {row['ms']:8.3f} ms {x}")
+
+
+def _gemm(suite, table, dtype_name, shape, ctx, rows):
+    from ..semi24 import transposable_mask
+    from ..semi24.linear import semi24_linear
+
+    m, n, k = shape
+    dtype, device = DTYPES[dtype_name], torch.device("cuda" if ctx.cuda else "cpu")
+    gen = torch.Generator(device=device).manual_seed(table["seed"])
+    x = torch.randn(m, k, generator=gen, device=device, dtype=dtype)
+    w = (torch.randn(n, k, generator=gen, device=device, dtype=torch.float32) * k ** -0.5).to(dtype)
+    mask = transposable_mask(w)
+    wm = torch.where(mask, w, torch.zeros_like(w))
+    ref = F.linear(x.float(), wm.float())
+    dense_ms, note, error = _time(lambda: F.linear(x, w), ctx)
+    rows.append(_row(suite, "gemm", "fprop", "dense", dtype_name, shape, 1.0, dense_ms, dense_ms, 2.0 * m * n * k,
+                     None, error or note, ctx))
+    _log(ctx, rows[-1])
+    packed = None
+    if ctx.cuda:
+        try:
+            packed = torch._cslt_compress(wm.contiguous())
+        except Exception as exc:  # no cuSPARSELt: mode "sparse" then falls back (and says so)
+            ctx.log(f"  [yellow]_cslt_compress failed: {exc}[/]")
+    for method, mode in (("semi24", "sparse"), ("semi24-auto", "auto")):
+        def fn(mode=mode):
+            return semi24_linear(x, w, mask, mode=mode, packed=packed)
+
+        ms, note, error = _time(fn, ctx)
+        err = rel_err(fn(), ref) if error is None else None
+        if err is not None and err > SUSPECT_REL_ERR:
+            note = "; ".join(filter(None, [note, f"suspect: rel_err above {SUSPECT_REL_ERR:.0e}"]))
+        rows.append(_row(suite, "gemm", "fprop", method, dtype_name, shape, 0.5, ms, dense_ms, 1.0 * m * n * k, err,
+                         error or note, ctx))
+        _log(ctx, rows[-1])
+
+
+class _DenseFFN(nn.Module):
+    def __init__(self, dim, hidden, act, **factory):
+        super().__init__()
+        self.up, self.down, self.act = nn.Linear(dim, hidden, **factory), nn.Linear(hidden, dim, **factory), act
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+def _ffn(suite, table, dtype_name, spec, ctx, rows):
+    from ..semi24 import SemiSparseLinear, SquaredReLUFFN
+
+    tokens, dim, hidden = spec["tokens"], spec["dim"], spec["hidden"]
+    dtype, device = DTYPES[dtype_name], torch.device("cuda" if ctx.cuda else "cpu")
+    factory = {"device": device, "dtype": dtype}
+    torch.manual_seed(table["seed"])
+    x = torch.randn(tokens, dim, **factory).requires_grad_()
+    grad = torch.randn(tokens, dim, **factory)
+    shape = (tokens, hidden, dim)
+    dense = _DenseFFN(dim, hidden, nn.GELU(), **factory)
+    models = {"dense": dense}
+    for method, mode in (("semi24", "sparse"), ("semi24-auto", "auto")):
+        sparse = _DenseFFN(dim, hidden, nn.GELU(), **factory)
+        sparse.up = SemiSparseLinear.from_dense(dense.up, mode=mode)
+        sparse.down = SemiSparseLinear.from_dense(dense.down, mode=mode)
+        models[method] = sparse
+    models["act_dense"] = SquaredReLUFFN(dim, hidden, sparse=False, **factory)
+    models["act24"] = SquaredReLUFFN(dim, hidden, sparse=True, **factory)
+    models["act24"].load_state_dict(models["act_dense"].state_dict())
+    base = {}
+    for method, model in models.items():
+        for op in table["ops"]:
+            if op not in ("fwd", "fwd_bwd"):
+                continue
+            if op == "fwd":
+                def fn(model=model):
+                    with torch.no_grad():
+                        return model(x)
+            else:
+                params = [x, *model.parameters()]
+
+                def fn(model=model, params=params):
+                    return torch.autograd.grad(model(x), params, grad)
+            ms, note, error = _time(fn, ctx)
+            baseline = "act_dense" if method.startswith("act") else "dense"
+            if method == baseline:
+                base[(baseline, op)] = ms
+            density = 1.0 if method in ("dense", "act_dense") else 0.5
+            mult = 3.0 if op == "fwd_bwd" else 1.0
+            flops = mult * 2.0 * 2 * tokens * dim * hidden * density
+            rows.append(_row(suite, "ffn", op, method, dtype_name, shape, density, ms, base.get((baseline, op)),
+                             flops, None, error or note, ctx))
+            _log(ctx, rows[-1])
+
+
+def _prep(suite, table, dtype_name, nk, ctx, rows):
+    from ..semi24 import transposable_prune
+
+    n, k = nk
+    m = table.get("prep_tokens", 8192)
+    dtype, device = DTYPES[dtype_name], torch.device("cuda" if ctx.cuda else "cpu")
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    fprop_ms, _, _ = _time(lambda: F.linear(x, w), ctx)
+    shape = (m, n, k)
+    for method, fn in (("optimal", lambda: transposable_prune(w, "optimal")),
+                       ("greedy", lambda: transposable_prune(w, "greedy"))):
+        ms, note, error = _time(fn, ctx)
+        rows.append(_row(suite, "prep", "mask", method, dtype_name, shape, 0.5, ms, fprop_ms, None, None,
+                         error or note or "speedup_vs_dense: one dense fprop's time over this", ctx))
+        _log(ctx, rows[-1])
+    if ctx.cuda:
+        wm = transposable_prune(w)[0]
+        ms, note, error = _time(lambda: torch._cslt_compress(wm), ctx)
+        rows.append(_row(suite, "prep", "compress", "cusparselt", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
+                         error or note, ctx))
+        _log(ctx, rows[-1])
+
+
+def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
+    """Every dtype: the gemm shapes, the FFN blocks, the mask/compress costs."""
+    rows: list[dict] = []
+    for dtype_name in table["dtypes"]:
+        start = time.perf_counter()
+        ctx.log(f"[bold]{suite} {dtype_name}[/]")
+        if "fprop" in table["ops"]:
+            for shape in table.get("gemms", []):
+                _gemm(suite, table, dtype_name, tuple(shape), ctx, rows)
+                ctx.checkpoint(rows)
+        for spec in table.get("ffns", []):
+            _ffn(suite, table, dtype_name, spec, ctx, rows)
+            ctx.checkpoint(rows)
+        if "mask" in table["ops"]:
+            for nk in table.get("prep", []):
+                _prep(suite, table, dtype_name, tuple(nk), ctx, rows)
+                ctx.checkpoint(rows)
+        ctx.log(f"  ({time.perf_counter() - start:.0f} s)")
+    return rows
+
+
+for _name in ("semi24", "semi24-cpu"):
+    register(_name, prepare=prepare, run=run)
