@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+import tilesparse
 from tilesparse import BlockLayout, BlockSparseLinear, layouts
 from tilesparse.layouts.magnitude import block_norms as magnitude_block_norms
 from tilesparse.sparsity import (
@@ -465,3 +466,35 @@ class TestGroupLasso:
     def test_dense_weight_not_divisible_raises(self):
         with pytest.raises(ValueError, match="not divisible"):
             dense_group_lasso(torch.randn(10, 16), B)
+
+
+# --------------------------------------------------------------------------- 2:4
+
+
+def test_sparsify_2_4_converts_linears_to_semi_sparse():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 30), nn.Linear(30, 8))
+    dense = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match="left 2 module"):
+        report = tilesparse.sparsify(model, pattern="2:4", semi24_options={"mask_every": 5})
+    assert list(report.converted) == ["0"] and set(report.skipped) == {"2", "3"}
+    assert "divisible by block_size=4" in report.skipped["2"]
+    layer = model[0]
+    assert isinstance(layer, tilesparse.SemiSparseLinear) and layer.mask_every == 5
+    assert report.weights_after * 2 == report.weights_before and report.converted["0"].density == 0.5
+    assert tilesparse.semi24.is_24(layer.mask) and tilesparse.semi24.is_24(layer.mask.t())  # transposable
+    x = torch.randn(4, 32)
+    w = torch.where(layer.mask, dense[0].weight, torch.zeros(()))
+    torch.testing.assert_close(layer(x), x @ w.t() + dense[0].bias)
+
+
+def test_sparsify_2_4_refuses_block_arguments_and_unknown_patterns():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="takes no block_size"):
+        tilesparse.sparsify(model, pattern="2:4", block_size=4, density=0.5)
+    with pytest.raises(ValueError, match="pattern must be"):
+        tilesparse.sparsify(model, pattern="4:8")
+    with pytest.raises(ValueError, match="needs block_size and density"):
+        tilesparse.sparsify(model, block_size=4)
+    with pytest.raises(ValueError, match="semi24_options"):
+        tilesparse.sparsify(model, block_size=4, density=0.5, semi24_options={})

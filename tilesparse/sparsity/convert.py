@@ -14,6 +14,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+import torch
 from torch import nn
 
 from .. import layouts as layout_generators
@@ -263,19 +264,22 @@ def _convert(linear: nn.Linear, layout: BlockLayout | None, block_size: int, den
 def sparsify(
     model: nn.Module,
     *,
-    block_size: int,
-    density: float,
+    block_size: int | None = None,
+    density: float | None = None,
     layout: Union[str, LayoutFn] = "magnitude",
     filter_fn: Callable[[str, nn.Module], bool] | None = None,
     seed: int = 0,
     strict: bool = False,
+    pattern: str = "block",
+    semi24_options: dict | None = None,
 ) -> SparsifyReport:
-    """Replace the ``nn.Linear`` modules of ``model`` by :class:`BlockSparseLinear`, in place.
+    """Replace the ``nn.Linear`` modules of ``model`` by :class:`BlockSparseLinear` (or, with
+    ``pattern="2:4"``, by :class:`~tilesparse.semi24.SemiSparseLinear`), in place.
 
     Args:
         model: the model; modified in place (build optimizers afterwards).
-        block_size: side b of the square blocks.
-        density: fraction of blocks kept in every converted weight.
+        block_size: side b of the square blocks (block pattern only).
+        density: fraction of blocks kept in every converted weight (block pattern only).
         layout: how each layout is chosen:
             ``"magnitude"``: the blocks of the dense weight with the largest L2 norm
             (:meth:`BlockSparseLinear.from_dense`);
@@ -288,6 +292,12 @@ def sparsify(
         seed: base seed of the random layouts.
         strict: raise ``ValueError`` (before touching the model) if any selected module
             would be skipped.
+        pattern: ``"block"`` (default) or ``"2:4"``: semi-structured 2:4 weights trained
+            with a dense master copy (STE), masks from the weights' magnitudes
+            (transposable by default); ``block_size``, ``density`` and ``layout`` do not
+            apply, and both feature counts must be multiples of 4.
+        semi24_options: keyword arguments for each SemiSparseLinear (``mask_every``,
+            ``srste_decay``, ``method``, ``mode`` ...), with ``pattern="2:4"``.
 
     Only modules of exact type ``nn.Linear`` are converted. Skipped, with the reason in
     ``report.skipped``: subclasses (e.g. nn.MultiheadAttention's out_proj), children of
@@ -299,6 +309,14 @@ def sparsify(
     Each converted module is, on the same device and dtype, exactly the masked dense
     module: its output equals ``x @ (W * mask)^T + b``.
     """
+    if pattern == "2:4":
+        return _sparsify_24(model, block_size, density, layout, filter_fn, strict, semi24_options)
+    if pattern != "block":
+        raise ValueError(f"pattern must be 'block' or '2:4', got {pattern!r}")
+    if semi24_options is not None:
+        raise ValueError("semi24_options applies to pattern='2:4' only")
+    if density is None or block_size is None:
+        raise ValueError("sparsify(pattern='block') needs block_size and density")
     check_density(density)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -337,5 +355,45 @@ def sparsify(
             f"sparsify left {len(report.skipped)} module(s) dense: {', '.join(report.skipped)} "
             "(reasons in the returned report's .skipped)",
             stacklevel=2,
+        )
+    return report
+
+
+def _sparsify_24(model, block_size, density, layout, filter_fn, strict, options) -> SparsifyReport:
+    """sparsify(pattern="2:4"): every selected nn.Linear becomes a SemiSparseLinear holding
+    its weight and bias, with a 2:4 mask from the weight's magnitudes."""
+    from ..semi24 import SemiSparseLinear
+
+    if block_size is not None or density is not None or layout != "magnitude":
+        raise ValueError("pattern='2:4' takes no block_size, density or layout (2 of every 4 weights are kept)")
+    options = dict(options or {})
+    report = SparsifyReport(block_size=4, density=0.5, layout="2:4")
+    sites = _select(model, 4, filter_fn, report.skipped, report.excluded)
+    for site in list(sites):
+        if site.module.weight.dtype == torch.float64:  # the 2:4 masks and cuSPARSELt take 16/32-bit floats
+            report.skipped[site.names[0]] = "weight dtype torch.float64 is not supported by 2:4 (float16, bfloat16, float32)"
+            sites.remove(site)
+    if strict and report.skipped:
+        details = "; ".join(f"{n}: {r}" for n, r in report.skipped.items())
+        raise ValueError(f"sparsify(strict=True): {len(report.skipped)} module(s) cannot be converted: {details}")
+    for site in sites:
+        linear = site.module
+        new = SemiSparseLinear.from_dense(linear, **options)
+        new.weight.requires_grad_(linear.weight.requires_grad)
+        if linear.bias is not None:
+            new.bias.requires_grad_(linear.bias.requires_grad)
+        new.train(linear.training)
+        for parent, attr in site.slots:
+            setattr(parent, attr, new)
+        tiles = linear.in_features * linear.out_features // 16  # 4x4 tiles, 8 of 16 weights kept
+        report.converted[site.names[0]] = ConvertedModule(
+            name=site.names[0], in_features=new.in_features, out_features=new.out_features,
+            nnz_blocks=tiles // 2, total_blocks=tiles, aliases=tuple(site.names[1:]),
+        )
+    if report.skipped:
+        warnings.warn(
+            f"sparsify left {len(report.skipped)} module(s) dense: {', '.join(report.skipped)} "
+            "(reasons in the returned report's .skipped)",
+            stacklevel=3,
         )
     return report
