@@ -92,6 +92,9 @@ def main() -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
+    # every rank reaches here before any tears down: a gloo peer that closes its
+    # connections while another still uses them can abort it (SIGABRT seen once in CI)
+    dist.barrier()
     dist.destroy_process_group()
 
 
