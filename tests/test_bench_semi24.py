@@ -37,5 +37,5 @@ def test_cpu_table_runs_end_to_end():
     assert set(gemm) == {"dense", "semi24", "semi24-auto"}
     assert gemm["semi24"]["rel_err"] < 2e-2 and gemm["semi24"]["speedup_vs_dense"] is not None
     ffn = {(r["method"], r["op"]) for r in rows if r["case"] == "ffn"}
-    assert ffn == {(m, op) for m in ("dense", "semi24", "semi24-auto", "act_dense", "act24") for op in ("fwd", "fwd_bwd")}
+    assert ffn == {(m, op) for m in ("dense", "semi24", "semi24-auto", "act_dense", "act24") for op in ("fwd", "fwd_bwd", "train_step")}
     assert {r["method"] for r in rows if r["case"] == "prep"} == {"optimal", "greedy"}

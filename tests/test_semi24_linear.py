@@ -406,3 +406,37 @@ def test_squared_relu_ffn_dense_baseline_compile_and_errors():
         SquaredReLUFFN(8, 6)
     with pytest.raises(ValueError, match="dim=8"):
         ffn(torch.randn(2, 4))
+
+
+def test_cslt_algorithm_is_searched_once_per_problem(monkeypatch):
+    # The search itself needs cuSPARSELt (GPU); here it is faked to count its calls.
+    from tilesparse.semi24 import linear as semi_linear
+
+    calls = []
+
+    def fake_search(packed, dense_b, bias=None, transpose_result=False):
+        calls.append((tuple(packed.shape), tuple(dense_b.shape), transpose_result))
+        return 17
+
+    monkeypatch.setattr(torch, "_cslt_sparse_mm_search", fake_search)
+    monkeypatch.setattr(semi_linear, "_ALG_IDS", {})
+    packed, b = torch.empty(64, 40), torch.empty(64, 32)
+    assert semi_linear.cslt_algorithm(packed, b, None) == 17
+    assert semi_linear.cslt_algorithm(packed, b, None) == 17
+    assert calls == [((64, 40), (64, 32), True)]  # remembered
+    assert semi_linear.cslt_algorithm(packed, torch.empty(64, 48), None) == 17 and len(calls) == 2
+    monkeypatch.setenv("TILESPARSE_CSLT_SEARCH", "0")
+    assert semi_linear.cslt_algorithm(packed, torch.empty(64, 56), None) == 0 and len(calls) == 2
+
+
+def test_a_failed_cslt_search_warns_and_keeps_the_default(monkeypatch):
+    from tilesparse.semi24 import linear as semi_linear
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no cuSPARSELt here")
+
+    monkeypatch.setattr(torch, "_cslt_sparse_mm_search", broken)
+    monkeypatch.setattr(semi_linear, "_ALG_IDS", {})
+    monkeypatch.setattr(semi_linear, "_WARNED", set())
+    with pytest.warns(UserWarning, match="algorithm search failed"):
+        assert semi_linear.cslt_algorithm(torch.empty(64, 40), torch.empty(64, 8), None) == 0

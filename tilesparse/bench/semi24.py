@@ -6,7 +6,11 @@ Three kinds of case, from ``cases/semi24.json``:
   :func:`tilesparse.semi24.semi24_linear` with ``mode="sparse"`` (cuSPARSELt, compressed
   once outside the timed call, as a trained layer holds it) and ``mode="auto"`` (the
   dispatcher's choice), against ``F.linear`` on the dense weight;
-* ``ffn`` blocks {tokens, dim, hidden}, ops ``fwd`` and ``fwd_bwd``: Linear -> GELU ->
+* ``ffn`` blocks {tokens, dim, hidden}, ops ``fwd``, ``fwd_bwd`` (weights fixed: their
+  compressed copies are reused) and ``train_step`` (fwd_bwd after an in-place weight
+  update, as an optimizer step makes it: every 2:4 weight is masked and compressed again,
+  the cost training pays; mask recomputation every ``mask_every`` steps not included):
+  Linear -> GELU ->
   Linear with both weights 2:4 (:class:`~tilesparse.SemiSparseLinear`, modes sparse and
   auto), and the squared-ReLU FFN with 2:4 activations
   (:class:`~tilesparse.semi24.SquaredReLUFFN`, method ``act24``; its dense twin is
@@ -35,7 +39,7 @@ from .timing import bench_ms_noted
 
 __all__ = ["OPS", "resolve_table", "prepare", "run"]
 
-OPS = ("fprop", "fwd", "fwd_bwd", "mask", "compress")
+OPS = ("fprop", "fwd", "fwd_bwd", "train_step", "mask", "compress")
 
 
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
@@ -164,23 +168,30 @@ def _ffn(suite, table, dtype_name, spec, ctx, rows):
     base = {}
     for method, model in models.items():
         for op in table["ops"]:
-            if op not in ("fwd", "fwd_bwd"):
+            if op not in ("fwd", "fwd_bwd", "train_step"):
                 continue
+            params = [x, *model.parameters()]
             if op == "fwd":
                 def fn(model=model):
                     with torch.no_grad():
                         return model(x)
-            else:
-                params = [x, *model.parameters()]
-
+            elif op == "fwd_bwd":
                 def fn(model=model, params=params):
+                    return torch.autograd.grad(model(x), params, grad)
+            else:
+                weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, SemiSparseLinear))]
+
+                def fn(model=model, params=params, weights=weights):
+                    with torch.no_grad():
+                        for w in weights:
+                            w.mul_(1.0)  # an in-place update: new version, so compressed copies are stale
                     return torch.autograd.grad(model(x), params, grad)
             ms, note, error = _time(fn, ctx)
             baseline = "act_dense" if method.startswith("act") else "dense"
             if method == baseline:
                 base[(baseline, op)] = ms
             density = 1.0 if method in ("dense", "act_dense") else 0.5
-            mult = 3.0 if op == "fwd_bwd" else 1.0
+            mult = 1.0 if op == "fwd" else 3.0
             flops = mult * 2.0 * 2 * tokens * dim * hidden * density
             rows.append(_row(suite, "ffn", op, method, dtype_name, shape, density, ms, base.get((baseline, op)),
                              flops, None, error or note, ctx))

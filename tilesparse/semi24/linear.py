@@ -29,6 +29,7 @@ product, with a one-time warning saying why. The CPU runs the dense masked refer
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import Optional
 
@@ -40,7 +41,7 @@ from ..ops.bsmm import _autocast
 from . import dispatch as _dispatch
 from .reference import semi24_linear_reference
 
-__all__ = ["SemiSparseLinear", "semi24_linear", "sparse_unavailable_reason"]
+__all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
 
 _WARNED: set[str] = set()
 
@@ -80,15 +81,41 @@ def _masked(weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
 
 
+_ALG_IDS: dict[tuple, int] = {}
+
+
+def cslt_algorithm(packed: torch.Tensor, dense_b: torch.Tensor, bias: Optional[torch.Tensor]) -> int:
+    """cuSPARSELt's fastest algorithm for ``packed @ dense_b`` (transposed result), found
+    by ``torch._cslt_sparse_mm_search`` once per problem and remembered. On an H200 the
+    default algorithm ran FFN-sized GEMMs at 0.76-1.01x of dense, the searched one at
+    1.44-1.58x (/work/shared/anchors/README.md). ``TILESPARSE_CSLT_SEARCH=0`` keeps the
+    default (0); a failed search warns once and keeps it too."""
+    if os.environ.get("TILESPARSE_CSLT_SEARCH", "1") == "0":
+        return 0
+    key = (tuple(packed.shape), tuple(dense_b.shape), dense_b.dtype, bias is not None, str(packed.device))
+    alg = _ALG_IDS.get(key)
+    if alg is None:
+        try:
+            alg = int(torch._cslt_sparse_mm_search(packed, dense_b, bias=bias, transpose_result=True))
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt algorithm search failed ({type(exc).__name__}: "
+                          f"{exc}); using its default algorithm for {key[:2]}", stacklevel=3)
+            alg = 0
+        _ALG_IDS[key] = alg
+    return alg
+
+
 def _cslt_product(packed: torch.Tensor, a: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """A @ S^T (+ bias) for S compressed by _cslt_compress, A [M, K] dense: computed as
     S @ A^T on cuSPARSELt (sparse operand first) with the result transposed on output
-    (transpose_result=True gives [M, rows(S)] directly). M is padded to a multiple of 8."""
+    (transpose_result=True gives [M, rows(S)] directly), with the searched algorithm
+    (:func:`cslt_algorithm`). M is padded to a multiple of 8."""
     m = a.shape[0]
     pad = (-m) % 8
     if pad:
         a = F.pad(a, (0, 0, 0, pad))
-    out = torch._cslt_sparse_mm(packed, a.t(), bias=bias, transpose_result=True)
+    b = a.t()
+    out = torch._cslt_sparse_mm(packed, b, bias=bias, transpose_result=True, alg_id=cslt_algorithm(packed, b, bias))
     return out[:m] if pad else out
 
 
