@@ -15,11 +15,14 @@ def check_layout(layout, name: str = "layout") -> BlockLayout:
     return layout
 
 
-def check_tensor(t, name: str, *, dim: int | None = None, min_dim: int | None = None) -> torch.Tensor:
+def check_tensor(t, name: str, *, dim: int | None = None, min_dim: int | None = None,
+                 dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES) -> torch.Tensor:
+    """``t`` must be a tensor of one of ``dtypes`` (and ``dim`` / at least ``min_dim`` dims)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+    if t.dtype not in dtypes:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} has dtype {t.dtype}; supported: {supported}")
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if min_dim is not None and t.dim() < min_dim:

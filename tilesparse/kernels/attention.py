@@ -74,6 +74,20 @@ def _needs_mask(kblk, qblk, S, BS: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: 
 
 
 @triton.jit
+def _query_tile(bh, H, GROUP, L_HEADS, BS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The query tile of program (program_id(0), bh) in the forward and dQ kernels: its
+    query block, batch (int64), head, kv head, layout head (L_HEADS is 1 when the
+    layout is shared, else H) and its BLOCK_M row offsets (int64)."""
+    M_SPLIT: tl.constexpr = BS // BLOCK_M
+    pid = tl.program_id(0)
+    qblk = pid // M_SPLIT
+    bz = (bh // H).to(tl.int64)
+    h = bh % H
+    offs_m = (qblk * BS + (pid % M_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return qblk, bz, h, h // GROUP, h % L_HEADS, offs_m
+
+
+@triton.jit
 def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr,
     row_ptr_ptr, row_cols_ptr,
@@ -85,17 +99,9 @@ def _fwd_kernel(
 ):
     """O[tile] = softmax(Q[tile] K^T * scale) V over the tile's block row; qk_scale is
     scale * log2(e) (the softmax runs in base 2)."""
-    M_SPLIT: tl.constexpr = BS // BLOCK_M
     N_STEPS: tl.constexpr = BS // BLOCK_N
-    pid = tl.program_id(0)
     bh = tl.program_id(1)
-    qblk = pid // M_SPLIT
-    bz = (bh // H).to(tl.int64)
-    h = bh % H
-    hkv = h // GROUP
-    lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
-
-    offs_m = (qblk * BS + (pid % M_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
     offs_d = tl.arange(0, D_TILE)
     d_ok = offs_d < D
     q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
@@ -242,17 +248,9 @@ def _bwd_dq_kernel(
 ):
     """dQ of one query tile: scale * sum over the block row of dS K. dq is contiguous
     [B, H, S, D]."""
-    M_SPLIT: tl.constexpr = BS // BLOCK_M
     N_STEPS: tl.constexpr = BS // BLOCK_N
-    pid = tl.program_id(0)
     bh = tl.program_id(1)
-    qblk = pid // M_SPLIT
-    bz = (bh // H).to(tl.int64)
-    h = bh % H
-    hkv = h // GROUP
-    lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
-
-    offs_m = (qblk * BS + (pid % M_SPLIT) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
     offs_d = tl.arange(0, D_TILE)
     d_ok = offs_d < D
     m_ok = offs_m < S

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from .._checks import check_same, check_tensor
 from ..attention.layout import AttentionLayout
 from ..attention.reference import attention_backward_blocks, attention_forward_blocks, lse_dtype
 from .bsmm import _autocast
@@ -24,7 +25,6 @@ from .bsmm import _autocast
 __all__ = ["block_sparse_attention"]
 
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 128
 
 
@@ -115,17 +115,11 @@ _fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16, float32, float64")
+        check_tensor(t, name)
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D [batch, heads, seq_len, head_dim], got shape {tuple(t.shape)}")
     for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; they must match")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; they must match")
+        check_same(t, name, q, "q")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
     B, H, S, D = q.shape

@@ -27,6 +27,7 @@ import os
 
 import torch
 
+from .._checks import check_tensor
 from . import reference
 
 __all__ = [
@@ -50,10 +51,7 @@ is_24 = reference.is_24
 
 
 def _check_weight(w, name: str, *, transposable: bool) -> None:
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
-    if w.dtype not in DTYPES:
-        raise TypeError(f"{name} has dtype {w.dtype}; supported: float32, float16, bfloat16")
+    check_tensor(w, name, dtypes=DTYPES)
     if w.dim() != 2:
         raise ValueError(f"{name} must be 2-D [N, K], got shape {tuple(w.shape)}")
     n, k = w.shape
@@ -132,10 +130,7 @@ def apply_mask_and_transpose(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(W * M [N, K], (W * M)^T [K, N]) in one pass, both contiguous (the transposed copy
     is bprop's weight). Masked-out entries are exactly 0."""
-    if not isinstance(w, torch.Tensor):
-        raise TypeError(f"w must be a torch.Tensor, got {type(w).__name__}")
-    if w.dtype not in DTYPES:
-        raise TypeError(f"w has dtype {w.dtype}; supported: float32, float16, bfloat16")
+    check_tensor(w, "w", dtypes=DTYPES)
     if w.dim() != 2:
         raise ValueError(f"w must be 2-D [N, K], got shape {tuple(w.shape)}")
     if not isinstance(mask, torch.Tensor):
