@@ -1,0 +1,106 @@
+"""Compile Triton kernels for Hopper (sm_90) on a machine without a GPU.
+
+The CPU test suite runs the kernels under the Triton interpreter, which checks their
+results but not that they compile for a GPU (layouts, shared memory, tuple returns...).
+This script compiles them with ``triton.compile(ASTSource(...), target=sm_90)``, which
+needs only the ptxas bundled with Triton, and exits 1 if any fails. It must run without
+TRITON_INTERPRET (the interpreter replaces the JIT functions).
+
+    python scripts/sm90_compile_check.py            # the attention and 2:4 kernels, all variants
+    python scripts/sm90_compile_check.py --quick    # one variant of each (tests/test_sm90_codegen.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("run without TRITON_INTERPRET=1: the interpreter replaces the kernels being compiled")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from tilesparse.kernels import attention as attn  # noqa: E402
+from tilesparse.kernels import semi24  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in ("lse_ptr", "delta_ptr"):
+            sig[name] = "*fp32"
+        elif name == "kpm_ptr":
+            sig[name] = "*u8"
+        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr")):
+            sig[name] = "*i32"
+        elif name.endswith("_ptr"):
+            sig[name] = f"*{dtype}"
+        elif name in ("qk_scale", "scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def attention_cases(quick: bool):
+    shapes = ((128, 128), (16, 32)) if quick else ((128, 128), (128, 96), (64, 64), (32, 64), (16, 32))
+    flags = ((True, True),) if quick else ((False, False), (True, False), (False, True), (True, True))
+    for block, head_dim in shapes:
+        d_tile = max(16, triton.next_power_of_2(head_dim))
+        for causal, kpm in flags:
+            common = dict(BS=block, D=head_dim, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=kpm, INPUT_PRECISION="ieee")
+            for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
+                cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
+                const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm}", fn,
+                       _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
+        const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
+        fn = attn._bwd_preprocess_kernel
+        yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
+
+
+def semi24_cases(quick: bool):
+    for dt in (("bf16",) if quick else ("fp32", "fp16", "bf16")):
+        yield (f"2:4 prune rows {dt}", semi24._prune_rows_kernel,
+               {"w_ptr": f"*{dt}", "out_ptr": f"*{dt}", "mask_ptr": "*u8", "n_groups": "i64", "BLOCK_G": "constexpr"},
+               {"BLOCK_G": 256}, 4, 2)
+        for greedy in ((False,) if quick else (False, True)):
+            for values in ((True,) if quick else (False, True)):
+                const = {"BLOCK_T": 64, "GREEDY": greedy, "WRITE_VALUES": values}
+                yield (f"2:4 transposable {dt} greedy={greedy} values={values}", semi24._transposable_kernel,
+                       {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}",
+                        "rows_table_ptr": "*i32", "bits_table_ptr": "*i32", "N": "i32", "K": "i32", "n_tiles": "i64",
+                        "tiles_per_row": "i32", "BLOCK_T": "constexpr", "GREEDY": "constexpr",
+                        "WRITE_VALUES": "constexpr"}, const, 4, 2)
+        yield (f"2:4 apply+transpose {dt}", semi24._apply_transpose_kernel,
+               {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}", "N": "i32",
+                "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
+    args = parser.parse_args()
+    failures = 0
+    for label, fn, signature, constexprs, warps, stages in (*attention_cases(args.quick), *semi24_cases(args.quick)):
+        try:
+            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=TARGET,
+                                      options={"num_warps": warps, "num_stages": stages})
+            print(f"ok    {label}: shared memory {compiled.metadata.shared} B")
+        except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
+            failures += 1
+            print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[:600]}")
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
