@@ -102,6 +102,24 @@ def _build_meta_with_nnz(mask: torch.Tensor, coords: torch.Tensor) -> torch.Tens
     return torch.cat([row_ptr, cols, rows, col_ptr, col_rows, col_slot]).to(torch.int32)
 
 
+def cache_device(device) -> torch.device:
+    """``device`` as a key of the per-device table caches: a bare "cuda" names the
+    current CUDA device, so "cuda" and "cuda:0" share one entry."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_mask_values(mask: torch.Tensor) -> None:
+    """A block mask must be bool, or integer holding only 0 and 1."""
+    if mask.dtype != torch.bool:
+        if mask.dtype.is_floating_point or mask.dtype.is_complex:
+            raise TypeError(f"mask must be bool or integer 0/1, got {mask.dtype}")
+        if bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("mask must hold only 0 and 1")
+
+
 class BlockLayout:
     """Which ``block_size`` x ``block_size`` blocks of a matrix are nonzero.
 
@@ -118,11 +136,7 @@ class BlockLayout:
             raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
         if mask.dim() != 2:
             raise ValueError(f"mask must be 2-D [block_rows, block_cols], got shape {tuple(mask.shape)}")
-        if mask.dtype != torch.bool:
-            if mask.dtype.is_floating_point or mask.dtype.is_complex:
-                raise TypeError(f"mask must be bool or integer 0/1, got {mask.dtype}")
-            if bool(((mask != 0) & (mask != 1)).any()):
-                raise ValueError("mask must hold only 0 and 1")
+        check_mask_values(mask)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.mask = mask.to(torch.bool).contiguous()
@@ -165,9 +179,7 @@ class BlockLayout:
         coords = coords_with_nnz(layout.mask, nnz)
         layout._nnz = nnz
         layout._coords = coords
-        device = layout.mask.device
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = cache_device(layout.mask.device)
         layout._meta_by_device[device] = _build_meta_with_nnz(layout.mask, coords)
         return layout
 
@@ -225,9 +237,7 @@ class BlockLayout:
 
     def meta_on(self, device) -> torch.Tensor:
         """The packed tables on ``device``, built once per device and cached."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = cache_device(device)
         meta = self._meta_by_device.get(device)
         if meta is None:
             source = next(iter(self._meta_by_device.values()), None)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from ..layout import cache_device, check_mask_values
+
 __all__ = ["AttentionLayout", "attention_table_views", "attention_meta_nnz"]
 
 
@@ -76,11 +78,7 @@ class AttentionLayout:
         if mask.dim() not in (2, 3) or mask.shape[-1] != mask.shape[-2]:
             raise ValueError(f"mask must be [H, nb, nb] or [nb, nb] (square per head), got shape "
                              f"{tuple(mask.shape)}")
-        if mask.dtype != torch.bool:
-            if mask.dtype.is_floating_point or mask.dtype.is_complex:
-                raise TypeError(f"mask must be bool or integer 0/1, got {mask.dtype}")
-            if bool(((mask != 0) & (mask != 1)).any()):
-                raise ValueError("mask must hold only 0 and 1")
+        check_mask_values(mask)
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         nb = mask.shape[-1]
@@ -128,9 +126,7 @@ class AttentionLayout:
     def meta_on(self, device, causal: bool = False) -> torch.Tensor:
         """The packed int32 tables on ``device`` (blocks above the diagonal dropped when
         ``causal``), built once per (device, causal) and cached."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = cache_device(device)
         key = (device, bool(causal))
         meta = self._meta.get(key)
         if meta is None:
