@@ -88,6 +88,19 @@ def _query_tile(bh, H, GROUP, L_HEADS, BS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S, BS: tl.constexpr, BLOCK_N: tl.constexpr,
+             N_STEPS: tl.constexpr):
+    """Step t of a query block's row walk (forward and dQ): the key block (int64), its
+    BLOCK_N key offsets, and those K and V rows (zeros past S and past D)."""
+    kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
+    offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
+    k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    return kblk, offs_n, k, v
+
+
+@triton.jit
 def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr,
     row_ptr_ptr, row_cols_ptr,
@@ -117,11 +130,8 @@ def _fwd_kernel(
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
     end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
     for t in range(start * N_STEPS, end * N_STEPS):
-        kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
-        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S,
+                                      BS, BLOCK_N, N_STEPS)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
             s = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
@@ -269,11 +279,8 @@ def _bwd_dq_kernel(
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
     end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
     for t in range(start * N_STEPS, end * N_STEPS):
-        kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
-        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
-        kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S,
+                                      BS, BLOCK_N, N_STEPS)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         p = tl.exp2(s - lse[:, None])
         if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
