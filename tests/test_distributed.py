@@ -76,20 +76,6 @@ def _semi_mlp() -> nn.Module:
                          tilesparse.SemiSparseLinear(64, 32, mask_every=2))  # fp32: 2:4 masks take no fp64
 
 
-def _train_semi(model, batches, steps):
-    """SGD with the 2:4 masks recomputed every 2 steps (from the weights every rank holds
-    identically, so the masks agree across ranks)."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    layers = [m for m in model.modules() if isinstance(m, tilesparse.SemiSparseLinear)]
-    for _ in range(steps):
-        opt.zero_grad()
-        _mlp_loss(model, batches).backward()
-        opt.step()
-        for layer in layers:
-            layer.step()
-    return model
-
-
 def _attention_lm() -> nn.Module:
     torch.manual_seed(0)
     return _AttentionLM().double()
@@ -101,25 +87,38 @@ def _batch(rank: int, kind: str) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64)
 
 
-def _mlp_loss(model, x):
+def _loss(model, x):
     return model(x).square().mean()
 
 
-def _lstm_loss(model, x):
-    return model(x).square().mean()
-
-
-def _train(model, loss_fn, batches, steps):
+def _train(model, batches, steps):
+    """SGD on ``batches`` (cast to the model's dtype); SemiSparseLinear layers count each
+    step, recomputing their 2:4 masks every 2 steps from the weights every rank holds
+    identically, so the masks agree across ranks."""
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batches = batches.to(next(model.parameters()).dtype)
+    semi_layers = [m for m in model.modules() if isinstance(m, tilesparse.SemiSparseLinear)]
     for _ in range(steps):
         opt.zero_grad()
-        loss_fn(model, batches).backward()
+        _loss(model, batches).backward()
         opt.step()
+        for layer in semi_layers:
+            layer.step()
     return model
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# name -> (model factory, batch kind, SGD steps, the submodules FSDP2 shards on their own).
+# The LSTM and attention are one group each: their forward reads child weights directly.
+SCENARIOS = {
+    "mlp": (_mlp, "mlp", 3, lambda m: [x for x in m if isinstance(x, tilesparse.BlockSparseLinear)]),
+    "lstm": (_lstm_lm, "lstm", 2, lambda m: [m.lstm]),
+    "attention": (_attention_lm, "attention", 2, lambda m: [m.attn]),
+    "semi": (_semi_mlp, "mlp", 3, lambda m: [x for x in m if isinstance(x, tilesparse.SemiSparseLinear)]),
+}
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -130,50 +129,23 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         results = {}
-        # (through the DDP wrapper's forward: that is what arms its gradient all-reduce)
-        ddp = _train(DDP(_mlp()), _mlp_loss, _batch(rank, "mlp"), 3)
-        results["ddp_mlp"] = {k: v.detach().clone() for k, v in ddp.module.state_dict().items()}
-
-        sharded = _mlp()
-        for layer in sharded:
-            if isinstance(layer, tilesparse.BlockSparseLinear):
-                fully_shard(layer)
-        fully_shard(sharded)
-        _train(sharded, _mlp_loss, _batch(rank, "mlp"), 3)
-        results["fsdp2_mlp"] = {k: _full(v).detach().clone() for k, v in sharded.state_dict().items()}
-        try:
-            tilesparse.sparsity.RigL(sharded, None, every=2, total_steps=10)
-            results["rigl_on_fsdp2"] = "accepted"
-        except TypeError as exc:
-            results["rigl_on_fsdp2"] = str(exc)
-
-        lm = _train(DDP(_lstm_lm()), _lstm_loss, _batch(rank, "lstm"), 2)
-        results["ddp_lstm"] = {k: v.detach().clone() for k, v in lm.module.state_dict().items()}
-
-        lm_sharded = _lstm_lm()
-        fully_shard(lm_sharded.lstm)  # one group: the recurrence reads hh.weight directly
-        fully_shard(lm_sharded)
-        _train(lm_sharded, _lstm_loss, _batch(rank, "lstm"), 2)
-        results["fsdp2_lstm"] = {k: _full(v).detach().clone() for k, v in lm_sharded.state_dict().items()}
-
-        semi = _semi_mlp()
-        _train_semi(DDP(semi), _batch(rank, "mlp").float(), 3)
-        results["ddp_semi"] = {k: v.detach().clone() for k, v in semi.state_dict().items()}
-        semi_sharded = _semi_mlp()
-        for layer in semi_sharded:
-            if isinstance(layer, tilesparse.SemiSparseLinear):
-                fully_shard(layer)
-        fully_shard(semi_sharded)
-        _train_semi(semi_sharded, _batch(rank, "mlp").float(), 3)
-        results["fsdp2_semi"] = {k: _full(v).detach().clone() for k, v in semi_sharded.state_dict().items()}
-
-        attn = _train(DDP(_attention_lm()), _lstm_loss, _batch(rank, "attention"), 2)
-        results["ddp_attention"] = {k: v.detach().clone() for k, v in attn.module.state_dict().items()}
-        attn_sharded = _attention_lm()
-        fully_shard(attn_sharded.attn)
-        fully_shard(attn_sharded)
-        _train(attn_sharded, _lstm_loss, _batch(rank, "attention"), 2)
-        results["fsdp2_attention"] = {k: _full(v).detach().clone() for k, v in attn_sharded.state_dict().items()}
+        for name, (make, kind, steps, shard_groups) in SCENARIOS.items():
+            # (through the DDP wrapper's forward: that is what arms its gradient all-reduce)
+            model = make()
+            _train(DDP(model), _batch(rank, kind), steps)
+            results[f"ddp_{name}"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            sharded = make()
+            for group in shard_groups(sharded):
+                fully_shard(group)
+            fully_shard(sharded)
+            _train(sharded, _batch(rank, kind), steps)
+            results[f"fsdp2_{name}"] = {k: _full(v).detach().clone() for k, v in sharded.state_dict().items()}
+            if name == "mlp":
+                try:
+                    tilesparse.sparsity.RigL(sharded, None, every=2, total_steps=10)
+                    results["rigl_on_fsdp2"] = "accepted"
+                except TypeError as exc:
+                    results["rigl_on_fsdp2"] = str(exc)
 
         model = _mlp()
         wrapped = DDP(model)
@@ -199,57 +171,19 @@ def ranks(tmp_path_factory):
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 
-def _assert_state_close(got: dict, want: dict, what: str) -> None:
-    assert got.keys() == want.keys(), what
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-10, atol=1e-12, msg=f"{what}: {k}")
-
-
-def _reference(make, loss_fn, kind, steps):
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_matches_one_process_on_the_global_batch(ranks, wrapper, name):
+    make, kind, steps, _ = SCENARIOS[name]
     both = torch.cat([_batch(r, kind) for r in range(WORLD)])  # the global batch
-    return {k: v.detach() for k, v in _train(make(), loss_fn, both, steps).state_dict().items()}
-
-
-def test_ddp_matches_one_process_on_the_global_batch(ranks):
-    want = _reference(_mlp, _mlp_loss, "mlp", 3)
+    want = {k: v.detach() for k, v in _train(make(), both, steps).state_dict().items()}
+    # fp64 models agree to rounding; the fp32 one (2:4) within the all-reduce mean's rounding
+    rtol, atol = (1e-10, 1e-12) if next(iter(want.values())).dtype == torch.float64 else (1e-5, 1e-6)
     for r, res in enumerate(ranks):
-        _assert_state_close(res["ddp_mlp"], want, f"DDP rank {r}")
-
-
-def test_fsdp2_matches_one_process_on_the_global_batch(ranks):
-    want = _reference(_mlp, _mlp_loss, "mlp", 3)
-    for r, res in enumerate(ranks):
-        _assert_state_close(res["fsdp2_mlp"], want, f"FSDP2 rank {r}")
-
-
-def test_ddp_lstm_matches_one_process_on_the_global_batch(ranks):
-    want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
-    for r, res in enumerate(ranks):
-        _assert_state_close(res["ddp_lstm"], want, f"DDP LSTM rank {r}")
-
-
-def test_fsdp2_lstm_matches_one_process_on_the_global_batch(ranks):
-    want = _reference(_lstm_lm, _lstm_loss, "lstm", 2)
-    for r, res in enumerate(ranks):
-        _assert_state_close(res["fsdp2_lstm"], want, f"FSDP2 LSTM rank {r}")
-
-
-@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
-def test_attention_matches_one_process_on_the_global_batch(ranks, wrapper):
-    want = _reference(_attention_lm, _lstm_loss, "attention", 2)
-    for r, res in enumerate(ranks):
-        _assert_state_close(res[f"{wrapper}_attention"], want, f"{wrapper} attention rank {r}")
-
-
-@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
-def test_semi_sparse_linear_matches_one_process_on_the_global_batch(ranks, wrapper):
-    both = torch.cat([_batch(r, "mlp") for r in range(WORLD)]).float()
-    want = {k: v.detach() for k, v in _train_semi(_semi_mlp(), both, 3).state_dict().items()}
-    for r, res in enumerate(ranks):
-        got = res[f"{wrapper}_semi"]
-        assert got.keys() == want.keys()
-        for k in want:  # fp32: the all-reduce's mean rounds differently from one batch's
-            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=f"{wrapper} 2:4 rank {r}: {k}")
+        got = res[f"{wrapper}_{name}"]
+        assert got.keys() == want.keys(), f"{wrapper} {name} rank {r}"
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=rtol, atol=atol, msg=f"{wrapper} {name} rank {r}: {k}")
 
 
 def test_rigl_rewires_identically_on_every_rank(ranks):
