@@ -9,6 +9,7 @@ error raised before the model is touched.
 
 from __future__ import annotations
 
+import functools
 import warnings
 import zlib
 from dataclasses import dataclass, field
@@ -247,18 +248,47 @@ def _check_layout(layout, name: str, linear: nn.Linear, block_size: int) -> Bloc
 # --------------------------------------------------------------------------- conversion
 
 
-def _convert(linear: nn.Linear, layout: BlockLayout | None, block_size: int, density: float) -> BlockSparseLinear:
+def _convert(linear: nn.Linear, layout: BlockLayout | None, block_size: int,
+             density: float) -> tuple[BlockSparseLinear, int, int]:
     """A BlockSparseLinear holding ``linear``'s weight on ``layout`` (magnitude-pruned
-    when None), on the same device and dtype, with the same requires_grad and mode."""
+    when None), on the same device and dtype; with its stored and total block counts."""
     if layout is None:
         module = BlockSparseLinear.from_dense(linear, block_size=block_size, density=density)
     else:
         module = BlockSparseLinear.from_dense(linear, block_size=block_size, layout=layout)
-    module.weight.requires_grad_(linear.weight.requires_grad)
-    if linear.bias is not None:
-        module.bias.requires_grad_(linear.bias.requires_grad)
-    module.train(linear.training)
-    return module
+    return module, module.layout.nnz, module.layout.mask.numel()
+
+
+def _convert_24(linear: nn.Linear, options: dict) -> tuple[nn.Module, int, int]:
+    """A SemiSparseLinear holding ``linear``'s weight and bias, its 2:4 mask from their
+    magnitudes; with its kept and total 4x4 tiles' worth of weights (8 of 16 kept)."""
+    from ..semi24 import SemiSparseLinear
+
+    tiles = linear.in_features * linear.out_features // 16
+    return SemiSparseLinear.from_dense(linear, **options), tiles // 2, tiles
+
+
+def _replace(report: SparsifyReport, strict: bool, planned: list) -> None:
+    """Convert the planned sites: ``planned`` is [(site, build)], ``build(linear) ->
+    (module, stored blocks, total blocks)``. With ``strict``, refuse (before touching the
+    model) if anything was skipped. Each new module keeps its Linear's requires_grad and
+    train/eval mode, replaces it under every name, and is recorded in ``report``."""
+    if strict and report.skipped:
+        details = "; ".join(f"{n}: {r}" for n, r in report.skipped.items())
+        raise ValueError(f"sparsify(strict=True): {len(report.skipped)} module(s) cannot be converted: {details}")
+    for site, build in planned:
+        linear = site.module
+        new, stored, total = build(linear)
+        new.weight.requires_grad_(linear.weight.requires_grad)
+        if linear.bias is not None:
+            new.bias.requires_grad_(linear.bias.requires_grad)
+        new.train(linear.training)
+        for parent, attr in site.slots:
+            setattr(parent, attr, new)
+        report.converted[site.names[0]] = ConvertedModule(
+            name=site.names[0], in_features=new.in_features, out_features=new.out_features,
+            nnz_blocks=stored, total_blocks=total, aliases=tuple(site.names[1:]),
+        )
 
 
 def sparsify(
@@ -310,9 +340,24 @@ def sparsify(
     module: its output equals ``x @ (W * mask)^T + b``.
     """
     if pattern == "2:4":
-        return _sparsify_24(model, block_size, density, layout, filter_fn, strict, semi24_options)
-    if pattern != "block":
+        report, planned = _plan_24(model, block_size, density, layout, filter_fn, semi24_options)
+    elif pattern == "block":
+        report, planned = _plan_blocks(model, block_size, density, layout, filter_fn, seed, semi24_options)
+    else:
         raise ValueError(f"pattern must be 'block' or '2:4', got {pattern!r}")
+    _replace(report, strict, planned)
+    if report.skipped:
+        warnings.warn(
+            f"sparsify left {len(report.skipped)} module(s) dense: {', '.join(report.skipped)} "
+            "(reasons in the returned report's .skipped)",
+            stacklevel=2,
+        )
+    return report
+
+
+def _plan_blocks(model, block_size, density, layout, filter_fn, seed, semi24_options):
+    """(report, [(site, build)]) for sparsify(pattern="block"): each site's layout chosen
+    (and checked) before the model is touched."""
     if semi24_options is not None:
         raise ValueError("semi24_options applies to pattern='2:4' only")
     if density is None or block_size is None:
@@ -325,75 +370,28 @@ def sparsify(
     report = SparsifyReport(block_size=block_size, density=float(density), layout=layout_name)
 
     sites = _select(model, block_size, filter_fn, report.skipped, report.excluded)
-    plan: list[tuple[_Site, BlockLayout | None]] = []
+    planned = []
     for site in sites:
         name = site.names[0]
         chosen = None
         if make_layout is not None:
             chosen = _check_layout(make_layout(name, site.module, block_size), name, site.module, block_size)
-        plan.append((site, chosen))
-
-    if strict and report.skipped:
-        details = "; ".join(f"{n}: {r}" for n, r in report.skipped.items())
-        raise ValueError(f"sparsify(strict=True): {len(report.skipped)} module(s) cannot be converted: {details}")
-
-    for site, chosen in plan:
-        new = _convert(site.module, chosen, block_size, density)
-        for parent, attr in site.slots:
-            setattr(parent, attr, new)
-        report.converted[site.names[0]] = ConvertedModule(
-            name=site.names[0],
-            in_features=new.in_features,
-            out_features=new.out_features,
-            nnz_blocks=new.layout.nnz,
-            total_blocks=new.layout.mask.numel(),
-            aliases=tuple(site.names[1:]),
-        )
-
-    if report.skipped:
-        warnings.warn(
-            f"sparsify left {len(report.skipped)} module(s) dense: {', '.join(report.skipped)} "
-            "(reasons in the returned report's .skipped)",
-            stacklevel=2,
-        )
-    return report
+        planned.append((site, functools.partial(_convert, layout=chosen, block_size=block_size, density=density)))
+    return report, planned
 
 
-def _sparsify_24(model, block_size, density, layout, filter_fn, strict, options) -> SparsifyReport:
-    """sparsify(pattern="2:4"): every selected nn.Linear becomes a SemiSparseLinear holding
-    its weight and bias, with a 2:4 mask from the weight's magnitudes."""
-    from ..semi24 import SemiSparseLinear
-
+def _plan_24(model, block_size, density, layout, filter_fn, options):
+    """(report, [(site, build)]) for sparsify(pattern="2:4"): every selected nn.Linear
+    whose sides are multiples of 4 and whose dtype 2:4 takes."""
     if block_size is not None or density is not None or layout != "magnitude":
         raise ValueError("pattern='2:4' takes no block_size, density or layout (2 of every 4 weights are kept)")
     options = dict(options or {})
     report = SparsifyReport(block_size=4, density=0.5, layout="2:4")
-    sites = _select(model, 4, filter_fn, report.skipped, report.excluded)
-    for site in list(sites):
+    planned = []
+    for site in _select(model, 4, filter_fn, report.skipped, report.excluded):
         if site.module.weight.dtype == torch.float64:  # the 2:4 masks and cuSPARSELt take 16/32-bit floats
-            report.skipped[site.names[0]] = "weight dtype torch.float64 is not supported by 2:4 (float16, bfloat16, float32)"
-            sites.remove(site)
-    if strict and report.skipped:
-        details = "; ".join(f"{n}: {r}" for n, r in report.skipped.items())
-        raise ValueError(f"sparsify(strict=True): {len(report.skipped)} module(s) cannot be converted: {details}")
-    for site in sites:
-        linear = site.module
-        new = SemiSparseLinear.from_dense(linear, **options)
-        new.weight.requires_grad_(linear.weight.requires_grad)
-        if linear.bias is not None:
-            new.bias.requires_grad_(linear.bias.requires_grad)
-        new.train(linear.training)
-        for parent, attr in site.slots:
-            setattr(parent, attr, new)
-        tiles = linear.in_features * linear.out_features // 16  # 4x4 tiles, 8 of 16 weights kept
-        report.converted[site.names[0]] = ConvertedModule(
-            name=site.names[0], in_features=new.in_features, out_features=new.out_features,
-            nnz_blocks=tiles // 2, total_blocks=tiles, aliases=tuple(site.names[1:]),
-        )
-    if report.skipped:
-        warnings.warn(
-            f"sparsify left {len(report.skipped)} module(s) dense: {', '.join(report.skipped)} "
-            "(reasons in the returned report's .skipped)",
-            stacklevel=3,
-        )
-    return report
+            report.skipped[site.names[0]] = ("weight dtype torch.float64 is not supported by 2:4 "
+                                             "(float16, bfloat16, float32)")
+            continue
+        planned.append((site, functools.partial(_convert_24, options=options)))
+    return report, planned
