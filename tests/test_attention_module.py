@@ -24,7 +24,7 @@ def _expected(module: BlockSparseSelfAttention, x, layout, key_padding_mask=None
     k = k.view(batch, seq, module.num_kv_heads, module.head_dim).transpose(1, 2)
     v = v.view(batch, seq, module.num_kv_heads, module.head_dim).transpose(1, 2)
     attn = attention_reference(q, k, v, layout, causal=module.causal, key_padding_mask=key_padding_mask)
-    return module.out(attn.to(x.dtype).transpose(1, 2).reshape(batch, seq, embed))
+    return module.out(attn.to(x.device, x.dtype).transpose(1, 2).reshape(batch, seq, embed))
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=lambda h: f"kv{h}")
