@@ -100,3 +100,16 @@ def test_argument_errors_exit_nonzero(argv, tmp_path, capsys):
         main(argv + (["--out", str(tmp_path)] if argv[:1] == ["bench"] else []))
     assert info.value.code not in (0, None)
     assert not list(tmp_path.iterdir())  # nothing written before the arguments are checked
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_every_suite_header_names_its_cases(quick):
+    """The bench header line is built from any suite's case table (a GPU run of the
+    attention and 2:4 suites once failed on a header that assumed matmul shapes)."""
+    from tilesparse import bench
+    from tilesparse.cli import describe_table
+
+    for name in bench.suite_names():
+        table = bench.get_suite(name).prepare(name, quick=quick, overrides={})
+        line = describe_table(table)
+        assert line and "entries" in line or "[" in line, (name, line)

@@ -198,6 +198,20 @@ def _timing_description(cuda: bool, graph: bool, cold_l2: bool = False, l2_bytes
     return text
 
 
+def describe_table(table: dict) -> str:
+    """One line naming a suite's cases: each top-level list or scalar of its table (the
+    suites' tables differ: matmul shapes are [M, N, K], attention cases name layouts)."""
+    parts = []
+    for key, value in table.items():
+        if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, str)) for v in value):
+            parts.append(f"{key} {list(value)}")
+        elif isinstance(value, (list, tuple)):
+            parts.append(f"{key} {len(value)} entries")
+        elif isinstance(value, (int, float, str, bool)):
+            parts.append(f"{key} {value}")
+    return ", ".join(parts)
+
+
 def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     from . import bench
     from .bench import env, report
@@ -237,9 +251,7 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     stem = f"{_dt.date.today().isoformat()}-{env.device_slug(stamp['gpu'])}-{file_label}"
     csv_path, json_path, png_path = (out_dir / f"{stem}{ext}" for ext in (".csv", ".json", ".png"))
 
-    console.print(f"suite {label} on {stamp['gpu']}: dtypes {table['dtypes']}, shapes "
-                  f"{[f'{m}x{n}x{k}' for m, n, k in table['shapes']]}, blocks {table['blocks']}, "
-                  f"densities {table['densities']}, ops {table['ops']}")
+    console.print(f"suite {label} on {stamp['gpu']}: {describe_table(table)}")
     info = env.environment()  # measures copy bandwidth before the suite, on an idle GPU
     info.update({"suite": label, "argv": sys.argv[1:] if argv is None else argv, "cases": table,
                  "complete": False, "rows": None, "csv": csv_path.name, "methods": DESCRIPTIONS,
