@@ -89,8 +89,11 @@ def cslt_algorithm(packed: torch.Tensor, dense_b: torch.Tensor, bias: Optional[t
     by ``torch._cslt_sparse_mm_search`` once per problem and remembered. On an H200 the
     default algorithm ran FFN-sized GEMMs at 0.76-1.01x of dense, the searched one at
     1.44-1.58x (/work/shared/anchors/README.md). ``TILESPARSE_CSLT_SEARCH=0`` keeps the
-    default (0); a failed search warns once and keeps it too."""
-    if os.environ.get("TILESPARSE_CSLT_SEARCH", "1") == "0":
+    default (0); a failed search warns once and keeps it too. fp16 keeps the default: on
+    the H200 (torch 2.11) every fp16 search failed with an internal cuSPARSELt error that
+    left the CUDA context unusable, while the default algorithm ran
+    (scripts/probes/cslt_cases.py)."""
+    if os.environ.get("TILESPARSE_CSLT_SEARCH", "1") == "0" or dense_b.dtype == torch.float16:
         return 0
     key = (tuple(packed.shape), tuple(dense_b.shape), dense_b.dtype, bias is not None, str(packed.device))
     alg = _ALG_IDS.get(key)
