@@ -71,3 +71,25 @@ def test_cpu_table_runs_end_to_end(tmp_path):
         header = next(csv.reader(f))
     assert header[: len(COLUMNS)] == COLUMNS and {"layout", "speedup_vs_flex", "peak_mib"} <= set(header)
     assert attention.plot_attention(rows, tmp_path / "attention.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per_head"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flex_mask_mod_keeps_the_layouts_elements(per_head, causal):
+    """The mask_mod handed to FlexAttention keeps exactly the layout's elements for every
+    head index (a shared layout's mask is [1, nb, nb]; indexing it by head overflowed)."""
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.bench.attention import _mask_mod
+
+    heads, seq, block = 3, 64, 16
+    layout = (attention_layouts.random(seq, block, density=0.4, num_heads=heads, seed=1) if per_head
+              else attention_layouts.local(seq, block, window=32, causal=causal))
+    mod = _mask_mod(layout.mask, block, causal)
+    q_idx, kv_idx = torch.meshgrid(torch.arange(seq), torch.arange(seq), indexing="ij")
+    for h in range(heads):
+        got = mod(0, torch.tensor(h), q_idx, kv_idx)
+        blocks = layout.mask[h if per_head else 0]
+        want = blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)
+        if causal:
+            want = want & (q_idx >= kv_idx)
+        assert torch.equal(got, want), h

@@ -111,7 +111,10 @@ def build_layout(spec: dict, seq: int, block: int, heads: int):
 
 def _mask_mod(block_mask: torch.Tensor, block: int, causal: bool):
     """FlexAttention's mask_mod for a [H, nb, nb] block mask (and causality): the same
-    elements our kernel keeps."""
+    elements our kernel keeps. A [1, nb, nb] mask is shared by every head (FlexAttention
+    still calls the mask_mod with each head's index)."""
+    if block_mask.dim() == 3 and block_mask.shape[0] == 1:
+        block_mask = block_mask[0]
     shared = block_mask.dim() == 2
 
     def mask_mod(b, h, q, kv):
@@ -139,9 +142,9 @@ def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out
         if not q.is_cuda:
             return None, "FlexAttention is timed on the GPU only"
         heads, seq = q.shape[1], q.shape[2]
-        mask = layout.mask.to(q.device)
+        mask = layout.mask.to(q.device)  # [1 or H, nb, nb]
         block = layout.block_size
-        block_mask = create_block_mask(_mask_mod(mask, block, causal), None, None if mask.dim() == 2 else heads,
+        block_mask = create_block_mask(_mask_mod(mask, block, causal), None, None if mask.shape[0] == 1 else heads,
                                        seq, seq, device=q.device, BLOCK_SIZE=block, _compile=True)
         compiled = torch.compile(flex_attention)
         enable_gqa = q.shape[1] != k.shape[1]
