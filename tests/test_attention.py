@@ -439,3 +439,20 @@ def test_gpu_offsets_past_2_31():
     for heads in (slice(H - 1, H), slice(0, 1)):
         alone = block_sparse_attention(q[:, heads].contiguous(), k, v, layout, causal=True)
         assert torch.equal(out[:, heads], alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
+def test_every_config_fits_its_block(dtype):
+    """attention_config gives launchable tiles (powers of two >= 16 dividing b) for every
+    pass, block size and head dim, and the H200-measured ones where they apply."""
+    from tilesparse.kernels.attention import _MEASURED, attention_config
+
+    for kind in ("fwd", "dkdv", "dq"):
+        for block in (16, 32, 64, 128):
+            for head_dim in (32, 64, 96, 128):
+                cfg = attention_config(kind, block, head_dim, dtype)
+                cfg.check(block)
+                measured = dtype != torch.float32 and head_dim > 64 and block >= 128
+                assert (cfg == _MEASURED[kind]) == measured, (kind, block, head_dim, cfg)
+    with pytest.raises(ValueError, match="kind"):
+        attention_config("dx", 64, 64, dtype)

@@ -66,6 +66,9 @@ def test_cpu_table_runs_end_to_end(tmp_path):
     assert causal["speedup_vs_dense"] is not None
     local = next(r for r in ours if r["layout"] == "local64")
     assert 0 < local["density"] < causal["density"] <= 1
+    nb = table["shapes"][0][2] // table["blocks"][0]  # shapes are (B, H, S, D)
+    # the causal dense layout computes the lower triangle of blocks, diagonal included
+    assert causal["density"] == pytest.approx((nb + 1) / (2 * nb))
     path = report.write_csv(rows, tmp_path / "attention.csv")
     with path.open() as f:
         header = next(csv.reader(f))

@@ -34,8 +34,10 @@ def test_cpu_table_runs_end_to_end():
     assert all(r["ms"] and r["ms"] > 0 and not str(r["note"]).startswith("error") for r in rows), \
         [r["note"] for r in rows if r["ms"] is None]
     gemm = {r["method"]: r for r in rows if r["case"] == "gemm"}
-    assert set(gemm) == {"dense", "semi24", "semi24-auto"}
-    assert gemm["semi24"]["rel_err"] < 2e-2 and gemm["semi24"]["speedup_vs_dense"] is not None
+    assert set(gemm) == {"dense", "tilesparse", "tilesparse_auto"}
+    assert gemm["tilesparse"]["rel_err"] < 2e-2 and gemm["tilesparse"]["speedup_vs_dense"] is not None
     ffn = {(r["method"], r["op"]) for r in rows if r["case"] == "ffn"}
-    assert ffn == {(m, op) for m in ("dense", "semi24", "semi24-auto", "act_dense", "act24") for op in ("fwd", "fwd_bwd", "train_step")}
+    assert ffn == {(m, op) for m in ("dense", "tilesparse", "tilesparse_auto", "act_dense", "tilesparse_act24")
+                   for op in ("ffn_fwd", "ffn_step", "ffn_train_step")}
+    assert all(r["speedup_vs_dense"] for r in rows if r["method"].startswith("tilesparse"))
     assert {r["method"] for r in rows if r["case"] == "prep"} == {"optimal", "greedy"}

@@ -214,9 +214,11 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
     grad_out = torch.randn(batch, heads, seq, head_dim, generator=gen, device=device, dtype=dtype)
     pattern, causal = spec["name"], bool(spec.get("causal", False))
     layout = build_layout(spec, seq, block, heads)
-    mask = layout.mask
-    nnz_blocks = int(mask.sum()) * (1 if mask.dim() == 3 else heads)
-    density = nnz_blocks / (heads * mask.shape[-1] * mask.shape[-2])
+    # the fraction of (query block, key block) pairs computed, causal trimming included;
+    # the mask is [1 or H, nb, nb], and a shared one counts the same for every head
+    blocks = layout.block_mask(causal)
+    density = blocks.float().mean().item()
+    nnz_blocks = int(blocks.sum()) * (heads if blocks.shape[0] == 1 else 1)  # summed over the query heads
 
     results: dict[str, dict] = {}
     outputs: dict[str, torch.Tensor] = {}

@@ -39,6 +39,7 @@ from torch.nn import functional as F
 
 from ..ops.bsmm import _autocast
 from . import dispatch as _dispatch
+from .packing import compress_pair
 from .reference import semi24_linear_reference
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
@@ -157,6 +158,15 @@ def _is_col24(mask: torch.Tensor) -> torch.Tensor:
     if n % 4:
         return torch.tensor(False)
     return (mask.t().reshape(k, n // 4, 4).sum(-1) <= 2).all()
+
+
+def _is_tile24(mask: torch.Tensor) -> torch.Tensor:
+    """At most two kept per row and per column of every aligned 4x4 tile (a transposable
+    2:4 mask: what the one-pass W/Wᵀ packer keeps unchanged)."""
+    n, k = mask.shape
+    if k % 4:
+        return torch.tensor(False)
+    return _is_col24(mask) & (mask.reshape(n, k // 4, 4).sum(-1) <= 2).all()
 
 
 # --------------------------------------------------------------------------- registered ops
@@ -319,6 +329,7 @@ class SemiSparseLinear(nn.Module):
         self._steps = 0
         self._packed_key = None
         self._packed = (None, None)
+        self._tile24_key, self._tile24 = None, False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -398,12 +409,13 @@ class SemiSparseLinear(nn.Module):
             return None, None
         key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr())
         if key != self._packed_key:
+            mask_key = key[1::2]
+            if mask_key != self._tile24_key:  # checked once per mask, not per weight update
+                self._tile24 = self.transposable and bool(_is_tile24(self.mask))
+                self._tile24_key = mask_key
             with torch.no_grad():
-                wm = _masked(w, self.mask)
-                packed = torch._cslt_compress(wm.contiguous())
-                packed_t = None
-                if self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None:
-                    packed_t = torch._cslt_compress(wm.t().contiguous())
+                want_t = self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None
+                packed, packed_t = compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
             self._packed, self._packed_key = (packed, packed_t), key
         return self._packed
 
