@@ -362,6 +362,29 @@ def test_gpu_cusparselt_matches_dense_masked(mode, dtype, tmp_path, monkeypatch)
         assert m._packed_key != key  # recompressed after the weight changed
 
 
+@pytest.mark.gpu
+def test_gpu_auto_training_is_decided_once_with_the_compression_cost(tmp_path, monkeypatch):
+    """In training (W changes every step), mode='auto' times compress + sparse products
+    against the dense products once per problem (op train_step), caches it, and is right
+    either way; in eval it falls back to the per-product decision."""
+    monkeypatch.setenv("TILESPARSE_SEMI24_CACHE", str(tmp_path / "c.json"))
+    monkeypatch.setattr(dsp, "_DEFAULT", None)
+    m = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="auto")
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    m(x).sum().backward()
+    d = dsp.default_dispatcher()
+    assert [key.split("|")[0] for key in d._load()] == ["train_step"]
+    timings = d.timings
+    y = m(x)
+    assert d.timings == timings  # answered from the cache
+    wm = (m.weight.detach() * m.mask).double()
+    assert_close(y, x.detach().double() @ wm.t() + m.bias.detach().double(), torch.bfloat16, "fprop")
+    m.eval()
+    with torch.no_grad():
+        m(x)
+    assert sorted(key.split("|")[0] for key in d._load()) == ["fprop", "train_step"]
+
+
 # --------------------------------------------------------------------------- activation sparsity
 
 

@@ -19,7 +19,7 @@ Three kinds of case, from ``cases/semi24.json``:
   ``act_dense``), against the dense FFN;
 * ``prep`` shapes [N, K], ops ``mask`` (transposable 2:4 mask + W⊙M + (W⊙M)^T in one pass,
   ``transposable_prune``) and ``compress`` (``torch._cslt_compress`` of W, method
-  ``cusparselt``, and W with Wᵀ in one pass, ``tile_pair``): what a mask
+  ``cusparselt``, and W with Wᵀ as the module packs them, ``pair``): what a mask
   update costs, next to one fprop of that weight at the table's ``prep_tokens`` rows.
 
 Columns as the other suites (``block`` 0, ``density`` 0.5 for 2:4 rows and 1 for dense);
@@ -228,10 +228,10 @@ def _prep(suite, table, dtype_name, nk, ctx, rows):
         from ..semi24.packing import compress_pair
 
         pair = lambda: compress_pair(wm, transposable=True, want_t=True)  # noqa: E731
-        pair()  # the first call checks the one-pass packing against _cslt_compress
+        pair()  # an opt-in one-pass packer checks itself against _cslt_compress on first use
         ms, note, error = _time(pair, ctx)
-        rows.append(_row(suite, "prep", "compress", "tile_pair", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
-                         error or note or "W and Wᵀ in one pass (semi24.packing)", ctx))
+        rows.append(_row(suite, "prep", "compress", "pair", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
+                         error or note or "W and Wᵀ, as SemiSparseLinear packs them each training step", ctx))
         _log(ctx, rows[-1])
 
 

@@ -32,7 +32,9 @@ import torch
 from ..kernels._tiles import next_power_of_2
 
 MODES = ("auto", "sparse", "dense")
-OPS = ("fprop", "bprop")
+# "train_step": one training step of a layer whose weight changes every step (compress W
+# and Wᵀ, then fprop and bprop), against the dense fprop and bprop (updat is dense in both)
+OPS = ("fprop", "bprop", "train_step")
 CACHE_VERSION = 1
 
 

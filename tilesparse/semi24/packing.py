@@ -8,10 +8,13 @@ W⊙M with M a transposable 2:4 mask, every kept value is nonzero and no row or 
 tile holds more than two, so the greedy pass keeps exactly W⊙M's nonzeros: the packing
 of the same matrix. Its output is 1-D; cuSPARSELt reads it as [rows, -1].
 
-The first use per (shape, dtype, device) checks the tile packing against
-``_cslt_compress`` through one product each; a mismatch (or a failure of the tile kernel)
-warns once and keeps ``_cslt_compress`` for that key. ``TILESPARSE_SEMI24_PACKER=cslt``
-forces ``_cslt_compress`` everywhere.
+On the H200 (torch 2.11, cuSPARSELt 0.8) that packing is NOT cuSPARSELt's: its products
+with ``torch._cslt_sparse_mm`` were wrong (relative error 1.07, scripts/probes/tile_packer.py;
+torch marks the layout as unverified). So ``_cslt_compress`` is the default, and the tile
+packer is opt-in (``TILESPARSE_SEMI24_PACKER=tile``), for GPUs where it holds: its first
+use per (shape, dtype, device) checks it against ``_cslt_compress`` through one product
+each, and a mismatch (or a failure of the tile kernel) warns once and keeps
+``_cslt_compress`` for that key, so it is never silently wrong.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def compress_pair(wm: torch.Tensor, *, transposable: bool, want_t: bool) -> tupl
     ``wm`` is the masked weight on a CUDA device; ``transposable`` says its mask is 2:4
     in rows and in columns of every 4x4 tile (the tile packer needs that); ``want_t``
     asks for the transpose's packing too (bprop)."""
-    if not transposable or os.environ.get("TILESPARSE_SEMI24_PACKER", "tile") == "cslt":
+    if not transposable or os.environ.get("TILESPARSE_SEMI24_PACKER", "cslt") != "tile":
         return _cslt_pair(wm, want_t)
     key = (tuple(wm.shape), wm.dtype, str(wm.device))
     ok = _TILE_OK.get(key)
