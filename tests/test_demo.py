@@ -98,3 +98,40 @@ def test_demo_density_override_widens_and_names_its_files(tmp_path):
 def test_demo_files_without_an_override_keep_the_preset_name(tmp_path):
     run_demo(model="lstm", steps=2, out=tmp_path, plot=False)
     assert [p.name.split("-demo-")[1] for p in tmp_path.glob("*.csv")] == ["lstm-cpu.csv"]
+
+
+def test_run_demo_gpt24_applies_the_recipe(tmp_path):
+    """The 2:4 GPT learns, keeps 2:4 masks (masked decay, mask updates with flip rates)
+    until the switch, and ends dense-fine-tuned; files named demo-gpt24."""
+    results = run_demo(model="gpt24", steps=40, out=tmp_path, plot=False)
+    dense, sparse = results
+    assert sparse["density"] == 0.5 and sparse["hidden"] == dense["hidden"] and sparse["params"] == dense["params"]
+    assert sparse["nonzero_params"] < dense["nonzero_params"]
+    assert sparse["dense_from_step"] == 35  # 40 steps, the last 15% dense
+    assert [s for s, _ in sparse["flip_rates"]] == [10, 20, 30]
+    assert all(0.0 <= rate <= 1.0 for _, rate in sparse["flip_rates"])
+    assert sparse["curve"]["val_bpc"][-1] < sparse["curve"]["val_bpc"][0] - 1.0
+    assert next(tmp_path.glob("*-demo-gpt24-cpu.csv"))
+
+
+def test_semi24_recipe_decays_then_densifies():
+    from tilesparse.demo.recipe24 import Semi24Recipe
+    from tilesparse.semi24 import SemiSparseLinear
+
+    layer = SemiSparseLinear(16, 8, mask_every=2)
+    model = torch.nn.Sequential(layer)
+    recipe = Semi24Recipe(10, decay=0.5, dense_fraction=0.2)
+    assert recipe.switch == 8
+    layer.weight.grad = torch.zeros_like(layer.weight)
+    recipe.after_backward(model, 1)
+    pruned = ~layer.mask
+    assert torch.equal(layer.weight.grad[pruned], 0.5 * layer.weight.detach()[pruned])
+    assert torch.all(layer.weight.grad[layer.mask] == 0)
+    for step in range(1, 9):
+        recipe.after_step(model, step)
+    assert layer.densified and [s for s, _ in recipe.flip_rates] == [2, 4, 6]
+    layer.weight.grad.zero_()
+    recipe.after_backward(model, 9)  # dense fine-tune: no decay
+    assert torch.all(layer.weight.grad == 0)
+    with pytest.raises(ValueError, match="dense_fraction"):
+        Semi24Recipe(10, dense_fraction=1.0)

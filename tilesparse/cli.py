@@ -83,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a dense byte-level GPT and one whose MLPs are block-sparse and wider "
                        "by 1/density (equal stored parameters), on the same bytes for the same steps, and "
                        "compare validation bits per byte.")
-    d.add_argument("--model", default="gpt", choices=["gpt", "lstm"],
+    d.add_argument("--model", default="gpt", choices=["gpt", "lstm", "gpt24"],
                    help="gpt: block-sparse MLPs; lstm: the paper's byte-level LSTM with block-sparse "
-                   "small-world weights")
+                   "small-world weights; gpt24: the same GPT with 2:4 MLP weights (transposable masks, "
+                   "masked decay, dense fine-tune over the last 15%% of steps) against dense")
     d.add_argument("--preset", default="cpu", choices=["cpu", "gpu"],
                    help="cpu: a few minutes on 2 cores (default); gpu: the real comparison on one GPU")
     d.add_argument("--data", default=None, help="a text or bytes file (default: the Python stdlib sources)")

@@ -20,9 +20,19 @@ def sparse_hidden(dense_hidden: int, density: float, block_size: int) -> int:
 
 
 class MLP(nn.Module):
-    def __init__(self, d_model: int, hidden: int, *, block_size: int | None, density: float | None, seed: int):
+    """up -> GELU -> down; dense, block-sparse (``density`` of ``block_size`` blocks), or
+    2:4 (``semi24``: SemiSparseLinear options, e.g. transposable masks recomputed every
+    few steps)."""
+
+    def __init__(self, d_model: int, hidden: int, *, block_size: int | None, density: float | None, seed: int,
+                 semi24: dict | None = None):
         super().__init__()
-        if density is None:
+        if semi24 is not None:
+            from ..semi24 import SemiSparseLinear
+
+            self.up = SemiSparseLinear(d_model, hidden, **semi24)
+            self.down = SemiSparseLinear(hidden, d_model, **semi24)
+        elif density is None:
             self.up, self.down = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
         else:
             self.up = BlockSparseLinear(d_model, hidden, block_size=block_size, density=density, seed=seed)
@@ -56,14 +66,15 @@ class ByteGPT(nn.Module):
     memorised over several epochs."""
 
     def __init__(self, *, d_model: int, n_layers: int, n_heads: int, context: int, mlp_hidden: int,
-                 block_size: int | None = None, density: float | None = None, seed: int = 0, dropout: float = 0.0):
+                 block_size: int | None = None, density: float | None = None, seed: int = 0, dropout: float = 0.0,
+                 semi24: dict | None = None):
         super().__init__()
         self.embed = nn.Embedding(256, d_model)
         self.drop = nn.Dropout(dropout)
         self.pos = nn.Parameter(torch.zeros(context, d_model))
         self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, MLP(d_model, mlp_hidden, block_size=block_size, density=density, seed=seed + 2 * i),
-                  dropout)
+            Block(d_model, n_heads, MLP(d_model, mlp_hidden, block_size=block_size, density=density, seed=seed + 2 * i,
+                                        semi24=semi24), dropout)
             for i in range(n_layers)
         )
         self.ln_f = nn.LayerNorm(d_model)
@@ -77,13 +88,18 @@ class ByteGPT(nn.Module):
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
-    """(dense-equivalent parameters, stored parameters). A block-sparse layer stores only
-    its blocks; its dense equivalent is in_features x out_features."""
+    """(dense-equivalent parameters, nonzero parameters). A block-sparse layer stores only
+    its blocks; its dense equivalent is in_features x out_features. A 2:4 layer counts
+    half its weight as nonzero."""
+    from ..semi24 import SemiSparseLinear
+
     stored = sum(p.numel() for p in model.parameters())
     dense_equivalent = stored
     for module in model.modules():
         if isinstance(module, BlockSparseLinear):
             dense_equivalent += module.in_features * module.out_features - module.weight.numel()
+        elif isinstance(module, SemiSparseLinear) and not module.densified:
+            stored -= module.weight.numel() // 2  # half of a 2:4 weight is kept (W is held dense for the STE)
     return dense_equivalent, stored
 
 

@@ -14,14 +14,19 @@ import torch
 from . import corpus as corpus_mod
 from .model import ByteGPT, ByteLSTM, lstm_sparse_hidden, parameter_counts, sparse_hidden
 from .presets import PRESETS
+from .recipe24 import Semi24Recipe
 from .train import train
 
 COLUMNS = ["suite", "model", "variant", "params", "nonzero_params", "hidden", "density", "block", "steps",
            "wall_s", "val_bpc", "tokens_per_s", "device"]
 
 
+SEMI24_OPTIONS = dict(transposable=True, mask_every=10, mode="auto")
+
+
 def _models(model: str, cfg: dict, seed: int):
-    """[(variant, module, hidden, density, block)] for the dense and the sparse-wide model."""
+    """[(variant, module, hidden, density, block)] for the dense and the sparse-wide model
+    (``gpt24``: the same GPT with 2:4 MLP weights; block 0)."""
     if model == "lstm":
         embed, dense_hidden = cfg["lstm_embed"], cfg["lstm_hidden"]
         wide = lstm_sparse_hidden(embed, dense_hidden, cfg["density"], cfg["block_size"])
@@ -33,6 +38,12 @@ def _models(model: str, cfg: dict, seed: int):
     dense_hidden = 4 * cfg["d_model"]
     common = dict(d_model=cfg["d_model"], n_layers=cfg["n_layers"], n_heads=cfg["n_heads"], context=cfg["context"],
                   dropout=cfg.get("dropout", 0.0))
+    if model == "gpt24":
+        torch.manual_seed(seed)
+        dense = ByteGPT(mlp_hidden=dense_hidden, seed=seed, **common)
+        torch.manual_seed(seed)
+        sparse = ByteGPT(mlp_hidden=dense_hidden, seed=seed, semi24=SEMI24_OPTIONS, **common)
+        return [("dense", dense, dense_hidden, 1.0, 0), ("sparse", sparse, dense_hidden, 0.5, 0)]
     wide = sparse_hidden(dense_hidden, cfg["density"], cfg["block_size"])
     torch.manual_seed(seed)
     dense = ByteGPT(mlp_hidden=dense_hidden, seed=seed, **common)
@@ -134,8 +145,9 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     with Progress(*columns, console=console, transient=False) as progress:
         for variant, net, hidden, variant_density, block in _models(model, cfg, seed):
             net.to(device)
-            curve = train(net, text, cfg, device, autocast, progress, f"{variant:6s}", seed)
-            params, nonzero = parameter_counts(net)
+            recipe = Semi24Recipe(cfg["steps"]) if model == "gpt24" and variant == "sparse" else None
+            params, nonzero = parameter_counts(net)  # before a 2:4 model's dense fine-tune
+            curve = train(net, text, cfg, device, autocast, progress, f"{variant:6s}", seed, recipe=recipe)
             tokens = cfg["steps"] * cfg["batch_size"] * cfg["context"]
             results.append({
                 "suite": "demo", "model": model, "variant": variant, "params": params, "nonzero_params": nonzero,
@@ -144,6 +156,9 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
                 "tokens_per_s": round(tokens / max(curve.wall_s[-1], 1e-9), 1), "device": env.device_name(),
                 "curve": curve.__dict__,
             })
+            if recipe is not None:
+                results[-1].update(dense_from_step=recipe.switch + 1, masked_decay=recipe.decay,
+                                   flip_rates=recipe.flip_rates)
     table = Table(title=f"demo {model} ({preset}): equal stored parameters, same steps and batches")
     for name in ("variant", "hidden", "density", "block", "params", "nonzero_params", "val_bpc", "wall_s",
                  "tokens_per_s"):
@@ -157,7 +172,7 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     answer = verdict(results)
     for name, v in (("equal steps", answer["equal_steps"]), ("equal training time", answer["equal_time"])):
         where = f"{v['steps']} steps" if "steps" in v else f"{v['wall_s']:.1f} s"
-        better = "sparse-wide" if v["sparse_minus_dense"] < 0 else "dense"
+        better = ("2:4" if model == "gpt24" else "sparse-wide") if v["sparse_minus_dense"] < 0 else "dense"
         console.print(f"at {name} ({where}): dense {v['dense']:.4f}, sparse {v['sparse']:.4f} bits/byte: "
                       f"{better} is better by {abs(v['sparse_minus_dense']):.4f}")
 

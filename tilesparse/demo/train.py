@@ -34,9 +34,12 @@ def evaluate(model, corpus: Corpus, cfg: dict, device, autocast) -> float:
     return total / cfg["eval_batches"] / math.log(2)
 
 
-def train(model, corpus: Corpus, cfg: dict, device, autocast, progress, label: str, seed: int) -> Curve:
+def train(model, corpus: Corpus, cfg: dict, device, autocast, progress, label: str, seed: int,
+          recipe=None) -> Curve:
     """AdamW with linear warm-up and cosine decay; the same data order for every model
-    (seeded), so the comparison is step for step."""
+    (seeded), so the comparison is step for step. ``recipe`` (optional) has
+    ``after_backward(model, step)`` (after clipping) and ``after_step(model, step)``
+    hooks, e.g. :class:`tilesparse.demo.recipe24.Semi24Recipe`."""
     steps = cfg["steps"]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.01)
     warmup = max(1, steps // 20)
@@ -56,8 +59,12 @@ def train(model, corpus: Corpus, cfg: dict, device, autocast, progress, label: s
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if recipe is not None:
+            recipe.after_backward(model, step)
         opt.step()
         sched.step()
+        if recipe is not None:
+            recipe.after_step(model, step)
         if device.type == "cuda":
             torch.cuda.synchronize()
         train_time += time.perf_counter() - t0
