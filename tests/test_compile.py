@@ -126,16 +126,19 @@ class _EveryModule(nn.Module):
     gates, deterministic in eval), block-sparse self-attention, a 2:4 linear, a block-sparse
     LSTM."""
 
-    def __init__(self):
+    def __init__(self, features=16, width=32, block_size=8, seq=32):
         super().__init__()
         from tilesparse.attention import layouts as attention_layouts
         from tilesparse.sparsity import GatedBlockSparseLinear
 
-        self.inp = BlockSparseLinear(16, 32, block_size=8, density=0.5, seed=1)
-        self.gated = GatedBlockSparseLinear(32, 32, block_size=8, density=0.5, seed=2, gate="hard_concrete")
-        self.attn = tilesparse.BlockSparseSelfAttention(32, 2, attention_layouts.local(32, 16, window=16, causal=True))
-        self.semi = tilesparse.SemiSparseLinear(32, 32)
-        self.lstm = tilesparse.BlockSparseLSTM(32, 16, block_size=8, density=0.5, batch_first=True, seed=3)
+        self.inp = BlockSparseLinear(features, width, block_size=block_size, density=0.5, seed=1)
+        self.gated = GatedBlockSparseLinear(width, width, block_size=block_size, density=0.5, seed=2,
+                                            gate="hard_concrete")
+        self.attn = tilesparse.BlockSparseSelfAttention(width, 2, attention_layouts.local(seq, 16, window=16,
+                                                                                          causal=True))
+        self.semi = tilesparse.SemiSparseLinear(width, width)
+        self.lstm = tilesparse.BlockSparseLSTM(width, width // 2, block_size=block_size, density=0.5,
+                                               batch_first=True, seed=3)
 
     def forward(self, x):
         h = torch.relu(self.gated(self.inp(x)))
@@ -158,3 +161,33 @@ def test_a_model_using_every_module_compiles_fullgraph():
             assert p_c.grad is None, name
             continue
         torch.testing.assert_close(p_c.grad, p_e.grad, rtol=RTOL, atol=ATOL, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16_autocast"])
+def test_gpu_model_using_every_module_compiles_fullgraph(amp):
+    """The same model on the GPU (the Triton kernels, cuSPARSELt or its dense fallback),
+    in fp32 and under bf16 autocast: compiled fullgraph matches eager, forward and every
+    parameter's gradient."""
+    import contextlib
+
+    from tolerances import REL_TOL, rel_error
+
+    torch.manual_seed(0)
+    eager = _EveryModule(features=64, width=128, block_size=16, seq=64).cuda().eval()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    x = torch.randn(2, 64, 64, device="cuda")
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if amp else contextlib.nullcontext
+    tol = REL_TOL[torch.bfloat16 if amp else torch.float32] * 4  # inductor fuses around the ops differently
+    with autocast():
+        y_e, y_c = eager(x), compiled(x)
+    assert y_c.dtype == y_e.dtype and rel_error(y_c, y_e) <= tol
+    y_e.float().square().sum().backward()
+    y_c.float().square().sum().backward()
+    for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+        if p_e.grad is None:
+            assert p_c.grad is None, name
+            continue
+        assert p_c.grad.dtype == p_e.grad.dtype == torch.float32, name  # fp32 master weights
+        assert rel_error(p_c.grad, p_e.grad) <= tol, name
