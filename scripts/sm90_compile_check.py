@@ -13,6 +13,7 @@ TRITON_INTERPRET (the interpreter replaces the JIT functions).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -55,12 +56,14 @@ def attention_cases(quick: bool):
     flags = ((True, True),) if quick else ((False, False), (True, False), (False, True), (True, True))
     for block, head_dim in shapes:
         d_tile = max(16, triton.next_power_of_2(head_dim))
-        for causal, kpm in flags:
-            common = dict(BS=block, D=head_dim, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=kpm, INPUT_PRECISION="ieee")
+        # tensor-descriptor (TMA) loads where D fills the box
+        for (causal, kpm), tma in itertools.product(flags, (False, True) if head_dim == d_tile else (False,)):
+            common = dict(BS=block, D=head_dim, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=kpm, INPUT_PRECISION="ieee",
+                          TMA=tma)
             for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
                 const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-                yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm}", fn,
+                yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}", fn,
                        _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
         const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
         fn = attn._bwd_preprocess_kernel

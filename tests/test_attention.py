@@ -168,6 +168,13 @@ KERNEL_CASES = {
     "D48_causal_fp16": (lambda: layouts.local(64, 16, 32), 1, 2, 1, 48, torch.float16, True, None, {}),
     "split_tiles_b32_fp32": (lambda: layouts.random(96, 32, 0.6, _seed(), num_heads=2), 1, 2, 1, 32,
                              torch.float32, True, "tail", {"configs": (kernels.AttentionConfig(16, 16),) * 3}),
+    # tensor descriptors (TMA) for the walked operands: zero fill past an odd S, GQA,
+    # sequence-major strides, padding
+    "tma_local_gqa_oddS_fp16": (lambda: layouts.local(75, 16, 24, causal=True), 1, 4, 2, 32, torch.float16,
+                                True, None, {"configs": (kernels.AttentionConfig(16, 16, tma=True),) * 3}),
+    "tma_seqmajor_pad_b32_fp32": (lambda: layouts.random(100, 32, 0.5, _seed(), num_heads=2), 2, 2, 1, 32,
+                                  torch.float32, False, "tail",
+                                  {"seq_major": True, "configs": (kernels.AttentionConfig(32, 16, tma=True),) * 3}),
 }
 
 
@@ -191,6 +198,31 @@ def test_kernel_gradients_are_bitwise_deterministic():
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
     for a, b in zip(first[2], second[2]):
         assert torch.equal(a, b)
+
+
+@interpreter
+def test_tma_loads_give_the_pointer_path_bitwise():
+    layout = layouts.strided(80, 16, 32)
+    q, k, v = make_inputs(1, 2, 1, 80, 32, torch.float16)
+    grad_out = torch.randn(1, 2, 80, 32).to(torch.float16)
+    plain = run_kernels(q, k, v, layout, True, None, 0.25, grad_out, configs=(kernels.AttentionConfig(16, 16),) * 3)
+    tma = run_kernels(q, k, v, layout, True, None, 0.25, grad_out,
+                      configs=(kernels.AttentionConfig(16, 16, tma=True),) * 3)
+    assert torch.equal(plain[0], tma[0]) and torch.equal(plain[1], tma[1])
+    for a, b in zip(plain[2], tma[2]):
+        assert torch.equal(a, b)
+
+
+def test_tma_is_refused_where_a_descriptor_cannot_address_the_tensors():
+    cfg = kernels.AttentionConfig(16, 16, tma=True)
+    t = torch.randn(1, 2, 64, 32)
+    assert kernels._tma_ok(cfg, 32, 32, t, t)
+    assert not kernels._tma_ok(kernels.AttentionConfig(16, 16), 32, 32, t, t)  # not asked for
+    assert not kernels._tma_ok(cfg, 48, 64, t, t)  # D is not the whole box
+    odd = torch.randn(1, 2, 64, 33)[..., :32]  # row pitch 33 * 4 bytes: not 16-byte aligned
+    assert not kernels._tma_ok(cfg, 32, 32, t, odd)
+    shifted = torch.randn(2 * 64 * 32 + 1)[1:].view(1, 2, 64, 32)  # base 4 bytes past alignment
+    assert not kernels._tma_ok(cfg, 32, 32, shifted, t)
 
 
 def test_config_must_divide_block_size():
@@ -381,6 +413,29 @@ GPU_CASES = [
     (128, 96, 1000, 8, 4, False, torch.float16),
     (64, 128, 4096, 2, 2, False, torch.float16),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,D,S,dtype,seq_major", [(128, 128, 2000, torch.bfloat16, True),
+                                                   (64, 64, 1000, torch.float16, False)])
+def test_gpu_tma_kernels_match_reference(b, D, S, dtype, seq_major):
+    """The tensor-descriptor (TMA) loads on the GPU: odd S (zero fill), GQA, padding,
+    sequence-major strides; the same as the pointer path, bitwise."""
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda", seq_major=seq_major)
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, "tail").cuda()
+    base = [kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dkdv", "dq")]
+    tma = [kernels.AttentionConfig(c.block_m, c.block_n, c.num_warps, c.num_stages, tma=True) for c in base]
+    assert kernels._tma_ok(tma[0], D, D, k, v)
+    got = run_kernels(q, k, v, layout, True, kpm, D ** -0.5, grad_out, configs=tma)
+    plain = run_kernels(q, k, v, layout, True, kpm, D ** -0.5, grad_out, configs=base)
+    assert torch.equal(got[0], plain[0]) and all(torch.equal(a, p) for a, p in zip(got[2], plain[2]))
+    ref, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=True,
+                                             scale=D ** -0.5, key_padding_mask=kpm.cpu())
+    assert_close(got[0], ref, dtype, "out")
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
 
 
 @pytest.mark.gpu

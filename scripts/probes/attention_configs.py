@@ -29,7 +29,14 @@ from tilesparse.kernels import attention as K  # noqa: E402
 
 
 def candidates(kind: str, block: int, head_dim: int):
-    """Tile shapes, warps and stages worth trying for one pass (each side divides b)."""
+    """Tile shapes, warps and stages worth trying for one pass (each side divides b);
+    first the measured config with tensor-descriptor loads (TMA), when D fills the box."""
+    if head_dim & (head_dim - 1) == 0:
+        base = K.attention_config(kind, block, head_dim, torch.bfloat16)
+        yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, base.num_stages, tma=True)
+        for stages in (2, 3, 4):
+            if stages != base.num_stages:
+                yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
     sides = [s for s in (16, 32, 64, 128) if s <= block]
     for bm, bn in itertools.product(sides, sides):
         if bm * bn < 32 * 32 or (kind == "fwd" and bm < 64 <= block):

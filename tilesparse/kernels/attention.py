@@ -39,6 +39,8 @@ import triton.language as tl
 
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
+from ._device import capability_major
+from .bsmm_tma import ensure_allocator
 from ._tiles import cdiv, next_power_of_2
 
 LOG2E = 1.4426950408889634
@@ -88,15 +90,36 @@ def _query_tile(bh, H, GROUP, L_HEADS, BS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S, BS: tl.constexpr, BLOCK_N: tl.constexpr,
-             N_STEPS: tl.constexpr):
+def _kv_sources(k_ptr, v_ptr, k_base, v_base, B, HKV, S, skb, skh, sks, svb, svh, svs, D: tl.constexpr,
+                D_TILE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """Where the row walk reads K and V: tensor descriptors over [B, HKV, S, D] with
+    [1, 1, BLOCK_N, D] boxes (TMA: zero-filled past S, no address math or masks in the
+    loop), or this (batch, kv head)'s base pointers."""
+    if TMA:
+        k_src = tl.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D_TILE])
+        v_src = tl.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D_TILE])
+    else:
+        k_src = k_base
+        v_src = v_base
+    return k_src, v_src
+
+
+@triton.jit
+def _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S, BS: tl.constexpr,
+             BLOCK_N: tl.constexpr, N_STEPS: tl.constexpr, D_TILE: tl.constexpr, TMA: tl.constexpr):
     """Step t of a query block's row walk (forward and dQ): the key block (int64), its
     BLOCK_N key offsets, and those K and V rows (zeros past S and past D)."""
     kblk = tl.load(row_cols_ptr + t // N_STEPS).to(tl.int64)
-    offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
-    k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
+    start = kblk * BS + (t % N_STEPS) * BLOCK_N
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if TMA:
+        where = [bz.to(tl.int32), hkv.to(tl.int32), start.to(tl.int32), 0]
+        k = k_src.load(where).reshape(BLOCK_N, D_TILE)
+        v = v_src.load(where).reshape(BLOCK_N, D_TILE)
+    else:
+        kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
+        k = tl.load(k_src + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_src + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask, other=0.0)
     return kblk, offs_n, k, v
 
 
@@ -104,11 +127,11 @@ def _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S, BS: tl.
 def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr,
     row_ptr_ptr, row_cols_ptr,
-    S, H, GROUP, NB, L_HEADS, qk_scale,
+    B, S, H, GROUP, NB, L_HEADS, qk_scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """O[tile] = softmax(Q[tile] K^T * scale) V over the tile's block row; qk_scale is
     scale * log2(e) (the softmax runs in base 2)."""
@@ -118,8 +141,9 @@ def _fwd_kernel(
     offs_d = tl.arange(0, D_TILE)
     d_ok = offs_d < D
     q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
-    k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
-    v_base = v_ptr + bz * svb + hkv.to(tl.int64) * svh
+    k_src, v_src = _kv_sources(k_ptr, v_ptr, k_ptr + bz * skb + hkv.to(tl.int64) * skh,
+                               v_ptr + bz * svb + hkv.to(tl.int64) * svh, B, H // GROUP, S,
+                               skb, skh, sks, svb, svh, svs, D, D_TILE, BLOCK_N, TMA)
     q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=(offs_m < S)[:, None] & d_ok[None, :],
                 other=0.0)
 
@@ -130,8 +154,8 @@ def _fwd_kernel(
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
     end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
     for t in range(start * N_STEPS, end * N_STEPS):
-        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S,
-                                      BS, BLOCK_N, N_STEPS)
+        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S,
+                                      BS, BLOCK_N, N_STEPS, D_TILE, TMA)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
             s = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
@@ -177,11 +201,11 @@ def _bwd_preprocess_kernel(
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr,
     col_ptr_ptr, col_rows_ptr,
-    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
@@ -208,6 +232,9 @@ def _bwd_dkdv_kernel(
         n_keep = n_keep & (pad == 0)
     dk = tl.zeros((BLOCK_N, D_TILE), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, D_TILE), dtype=tl.float32)
+    if TMA:  # Q and dO tiles through descriptors over [B, H, S, D] (zero-filled past S)
+        q_desc = tl.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D_TILE])
+        do_desc = tl.make_tensor_descriptor(do_ptr, [B, H, S, D], [sdb, sdh, sds, 1], [1, 1, BLOCK_M, D_TILE])
 
     for g in range(0, GROUP):
         h = hkv * GROUP + g
@@ -219,12 +246,18 @@ def _bwd_dkdv_kernel(
         end = tl.load(col_ptr_ptr + lh * NB + kblk + 1)
         for t in range(start * M_STEPS, end * M_STEPS):
             qblk = tl.load(col_rows_ptr + t // M_STEPS).to(tl.int64)
-            offs_m = qblk * BS + (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            offs_m = row + tl.arange(0, BLOCK_M)
             m_ok = offs_m < S
-            q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                        other=0.0)
-            do = tl.load(do_base + offs_m[:, None] * sds + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                         other=0.0)
+            if TMA:
+                where = [bz.to(tl.int32), h.to(tl.int32), row.to(tl.int32), 0]
+                q = q_desc.load(where).reshape(BLOCK_M, D_TILE)
+                do = do_desc.load(where).reshape(BLOCK_M, D_TILE)
+            else:
+                q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                            other=0.0)
+                do = tl.load(do_base + offs_m[:, None] * sds + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
+                             other=0.0)
             lse = tl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
             lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
             delta = tl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
@@ -250,11 +283,11 @@ def _bwd_dkdv_kernel(
 def _bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr,
     row_ptr_ptr, row_cols_ptr,
-    S, H, GROUP, NB, L_HEADS, qk_scale, scale,
+    B, S, H, GROUP, NB, L_HEADS, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """dQ of one query tile: scale * sum over the block row of dS K. dq is contiguous
     [B, H, S, D]."""
@@ -272,15 +305,16 @@ def _bwd_dq_kernel(
     lse = tl.load(lse_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
     delta = tl.load(delta_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
-    k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
-    v_base = v_ptr + bz * svb + hkv.to(tl.int64) * svh
+    k_src, v_src = _kv_sources(k_ptr, v_ptr, k_ptr + bz * skb + hkv.to(tl.int64) * skh,
+                               v_ptr + bz * svb + hkv.to(tl.int64) * svh, B, H // GROUP, S,
+                               skb, skh, sks, svb, svh, svs, D, D_TILE, BLOCK_N, TMA)
     dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
 
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
     end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
     for t in range(start * N_STEPS, end * N_STEPS):
-        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_base, v_base, sks, svs, offs_d, d_ok, S,
-                                      BS, BLOCK_N, N_STEPS)
+        kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S,
+                                      BS, BLOCK_N, N_STEPS, D_TILE, TMA)
         s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
         p = tl.exp2(s - lse[:, None])
         if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
@@ -305,6 +339,7 @@ class AttentionConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+    tma: bool = False  # the walked operands through tensor descriptors (Hopper TMA) where they qualify
 
     def check(self, block_size: int) -> None:
         """Raise ValueError unless both tile sides are powers of two >= 16 dividing b."""
@@ -387,6 +422,23 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, where the launchers put batch * heads
 
 
+def _tma_ok(cfg: AttentionConfig, head_dim: int, d_tile: int, *tensors: torch.Tensor) -> bool:
+    """Whether ``cfg.tma`` can be honoured: a Hopper-class GPU (or the interpreter on the
+    CPU), D a power of two (the box is the whole head), and every tensor addressable by a
+    descriptor (unit inner stride, 16-byte aligned base and outer strides). Otherwise the
+    pointer path runs: a config is a speed hint, never a correctness switch."""
+    if not cfg.tma or head_dim != d_tile:
+        return False
+    device = tensors[0].device
+    if device.type == "cuda" and capability_major(device) < 9:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
 def _common(q, k, meta, layout_heads, block_size):
     B, H, S, D = q.shape
     if B * H > MAX_GRID_Y:
@@ -412,13 +464,16 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     cfg.check(block_size)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
+    tma = _tma_ok(cfg, D, d_tile, k, v)
+    if tma:
+        ensure_allocator()
     _fwd_kernel[(nb * (block_size // cfg.block_m), B * H)](
         q, k, v, out, lse, kpm, row_ptr, row_cols,
-        S, H, H // Hkv, nb, layout_heads, scale * LOG2E,
+        B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, HAS_KPM=key_padding_mask is not None, INPUT_PRECISION=_input_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
@@ -448,16 +503,19 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
                   INPUT_PRECISION=_input_precision(q.dtype))
+    tma_kv, tma_q = _tma_ok(cfg_kv, D, d_tile, q, grad_out), _tma_ok(cfg_q, D, d_tile, k, v)
+    if tma_kv or tma_q:
+        ensure_allocator()
     _bwd_dkdv_kernel[(nb * (block_size // cfg_kv.block_n), B * Hkv)](
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
-        S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
-        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, num_warps=cfg_kv.num_warps,
+        B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, num_warps=cfg_kv.num_warps,
         num_stages=cfg_kv.num_stages, **common,
     )
     _bwd_dq_kernel[(nb * (block_size // cfg_q.block_m), B * H)](
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
-        S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
-        BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, num_warps=cfg_q.num_warps,
+        B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+        BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, TMA=tma_q, num_warps=cfg_q.num_warps,
         num_stages=cfg_q.num_stages, **common,
     )
     return dq, dk, dv
