@@ -436,7 +436,7 @@ def test_squared_relu_ffn_dense_baseline_compile_and_errors():
 
 def test_cslt_algorithm_is_searched_once_per_problem(monkeypatch):
     # The search itself needs cuSPARSELt (GPU); here it is faked to count its calls.
-    from tilesparse.semi24 import linear as semi_linear
+    from tilesparse.semi24 import cusparselt as semi_linear
 
     calls = []
 
@@ -456,13 +456,12 @@ def test_cslt_algorithm_is_searched_once_per_problem(monkeypatch):
 
 
 def test_a_failed_cslt_search_warns_and_keeps_the_default(monkeypatch):
-    from tilesparse.semi24 import linear as semi_linear
+    from tilesparse.semi24 import cusparselt as semi_linear
 
     def broken(*args, **kwargs):
         raise RuntimeError("no cuSPARSELt here")
 
     monkeypatch.setattr(torch, "_cslt_sparse_mm_search", broken)
     monkeypatch.setattr(semi_linear, "_ALG_IDS", {})
-    monkeypatch.setattr(semi_linear, "_WARNED", set())
     with pytest.warns(UserWarning, match="algorithm search failed"):
         assert semi_linear.cslt_algorithm(torch.empty(64, 40), torch.empty(64, 8), None) == 0

@@ -4,7 +4,7 @@
 
 The GPU suite found `torch._cslt_sparse_mm_search` on an fp16 weight with bias and
 transpose_result=True crashing the context on the H200 (bf16 passed). This probe maps
-where it happens so that `semi24.linear.cslt_algorithm` can avoid it. Not part of the
+where it happens so that `semi24.cusparselt.cslt_algorithm` can avoid it. Not part of the
 library; its findings go into semi24/linear.py with a line in docs/notes.md.
 
     python scripts/probes/cslt_cases.py --out /tmp/cslt-cases.json
