@@ -19,7 +19,8 @@ Three kinds of case, from ``cases/semi24.json``:
   ``act_dense``), against the dense FFN;
 * ``prep`` shapes [N, K], ops ``mask`` (transposable 2:4 mask + W⊙M + (W⊙M)^T in one pass,
   ``transposable_prune``) and ``compress`` (``torch._cslt_compress`` of W, method
-  ``cusparselt``, and W with Wᵀ as the module packs them, ``pair``): what a mask
+  ``cusparselt``; W with Wᵀ by compression, ``pair``, and by the value-map gather that
+  repacks them under an unchanged mask, ``map_pair``): what a mask
   update costs, next to one fprop of that weight at the table's ``prep_tokens`` rows.
 
 Columns as the other suites (``block`` 0, ``density`` 0.5 for 2:4 rows and 1 for dense);
@@ -231,8 +232,19 @@ def _prep(suite, table, dtype_name, nk, ctx, rows):
         pair()  # an opt-in one-pass packer checks itself against _cslt_compress on first use
         ms, note, error = _time(pair, ctx)
         rows.append(_row(suite, "prep", "compress", "pair", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
-                         error or note or "W and Wᵀ, as SemiSparseLinear packs them each training step", ctx))
+                         error or note or "W and Wᵀ by compression (a new mask's first step)", ctx))
         _log(ctx, rows[-1])
+        from ..semi24.value_map import maps_for
+
+        mask = wm != 0
+        maps = maps_for(mask, wm.dtype, want_t=True)
+        if maps is None or maps[1] is None:
+            ctx.log("  [yellow]value maps could not be learned on this GPU[/]")
+        else:
+            ms, note, error = _time(lambda: (maps[0].pack(w), maps[1].pack(w)), ctx)
+            rows.append(_row(suite, "prep", "compress", "map_pair", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
+                             error or note or "W and Wᵀ by gather under an unchanged mask (every other step)", ctx))
+            _log(ctx, rows[-1])
 
 
 def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:

@@ -40,6 +40,7 @@ from ..ops.bsmm import _autocast
 from . import dispatch as _dispatch
 from .cusparselt import cslt_algorithm, cslt_product, sparse_unavailable_reason
 from .packing import compress_pair
+from .value_map import maps_for, use_value_maps
 from .reference import semi24_linear_reference
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
@@ -264,6 +265,7 @@ class SemiSparseLinear(nn.Module):
         self._packed_key = None
         self._packed = (None, None)
         self._tile24_key, self._tile24 = None, False
+        self._maps, self._packs_under_mask = None, 0  # semi24.value_map, learned per mask
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -343,13 +345,30 @@ class SemiSparseLinear(nn.Module):
             return None, None
         key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr())
         if key != self._packed_key:
-            mask_key = key[1::2]
+            mask_key = (self.mask._version, self.mask.data_ptr(), w.dtype)
             if mask_key != self._tile24_key:  # checked once per mask, not per weight update
                 self._tile24 = self.transposable and bool(_is_tile24(self.mask))
                 self._tile24_key = mask_key
+                self._maps, self._packs_under_mask = None, 0
             with torch.no_grad():
                 want_t = self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None
-                packed, packed_t = compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
+                self._packs_under_mask += 1
+                if self._maps is None and self._packs_under_mask == 2 and use_value_maps():
+                    # the weight changed under the same mask: from now on repack by a gather
+                    self._maps = maps_for(self.mask, w.dtype, want_t) or False
+                    if not self._maps:
+                        warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt's placement of a {n}x{k} "
+                                      f"weight's values could not be learned and verified; it is compressed "
+                                      f"again after every update (slower)", stacklevel=3)
+                if self._maps:
+                    forward, backward = self._maps
+                    packed = forward.pack(w)
+                    packed_t = None
+                    if want_t:
+                        packed_t = (backward.pack(w) if backward is not None
+                                    else torch._cslt_compress(_masked(w, self.mask).t().contiguous()))
+                else:
+                    packed, packed_t = compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
             self._packed, self._packed_key = (packed, packed_t), key
         return self._packed
 
@@ -385,7 +404,14 @@ class SemiSparseLinear(nn.Module):
 
         def sparse():
             a, g, wm = data()
-            packed, packed_t = compress_pair(wm, transposable=self._tile24, want_t=want_t)
+            if "maps" not in inputs:  # what training would repack with (learned once, not timed)
+                inputs["maps"] = maps_for(self.mask, w.dtype, want_t) if use_value_maps() else None
+            maps = inputs["maps"]
+            if maps and (maps[1] is not None or not want_t):
+                packed = maps[0].pack(wm)
+                packed_t = maps[1].pack(wm) if want_t else None
+            else:
+                packed, packed_t = compress_pair(wm, transposable=self._tile24, want_t=want_t)
             cslt_product(packed, a, None)
             if packed_t is not None:
                 cslt_product(packed_t, g, None)

@@ -10,8 +10,10 @@ of the same matrix. Its output is 1-D; cuSPARSELt reads it as [rows, -1].
 
 On the H200 (torch 2.11, cuSPARSELt 0.8) that packing is NOT cuSPARSELt's: its products
 with ``torch._cslt_sparse_mm`` were wrong (relative error 1.07, scripts/probes/tile_packer.py;
-torch marks the layout as unverified). So ``_cslt_compress`` is the default, and the tile
-packer is opt-in (``TILESPARSE_SEMI24_PACKER=tile``), for GPUs where it holds: its first
+torch marks the layout as unverified). So ``_cslt_compress`` is what this module uses by
+default (after a weight update under an unchanged mask, :mod:`~tilesparse.semi24.value_map`
+repacks by a gather instead), and the tile packer is opt-in
+(``TILESPARSE_SEMI24_PACKER=tile``), for GPUs where it holds: its first
 use per (shape, dtype, device) checks it against ``_cslt_compress`` through one product
 each, and a mismatch (or a failure of the tile kernel) warns once and keeps
 ``_cslt_compress`` for that key, so it is never silently wrong.

@@ -1,0 +1,105 @@
+"""semi24.value_map: learning where cuSPARSELt puts each kept value, so that a weight
+update under the same mask is repacked by one gather. On the CPU against a stand-in
+compressor with its own (deliberately scrambled) layout; on the GPU against
+torch._cslt_compress itself (marked)."""
+
+import warnings
+
+import pytest
+import torch
+
+from tilesparse.semi24 import transposable_mask
+from tilesparse.semi24.value_map import build_value_map, maps_for
+
+
+def fake_compress(dense: torch.Tensor) -> torch.Tensor:
+    """A 2:4 'compressor' with a layout of its own: the kept values of each group of 4,
+    visited group-column-major (not row-major), then one int16 of metadata per group
+    (the kept positions as bits): [rows, cols / 2 + cols / 4] in the input's dtype."""
+    rows, cols = dense.shape
+    groups = dense.reshape(rows, cols // 4, 4)
+    kept = groups != 0
+    order = torch.argsort((~kept).to(torch.uint8), dim=-1, stable=True)[..., :2]  # the 2 kept, in position order
+    values = torch.gather(groups, -1, order)  # [rows, G, 2]
+    values = values.transpose(0, 1).reshape(-1)  # group-column-major
+    meta = (kept.to(torch.int16) * torch.tensor([1, 2, 4, 8], dtype=torch.int16)).sum(-1).reshape(-1)
+    return torch.cat([values, meta.view(dense.dtype)]).view(rows, -1)
+
+
+def _masked(shape, dtype=torch.float16):
+    w = torch.randn(*shape).to(dtype)
+    mask = transposable_mask(w)
+    return w, mask
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (128, 256)], ids=["one_pass", "two_passes"])
+def test_gathered_packing_equals_compression(shape):
+    w, mask = _masked(shape)
+    forward, backward = maps_for(mask, w.dtype, want_t=True, compress=fake_compress)
+    wm = torch.where(mask, w, torch.zeros_like(w))
+    assert torch.equal(forward.pack(w).view(torch.int16), fake_compress(wm).view(torch.int16))
+    assert torch.equal(backward.pack(w).view(torch.int16), fake_compress(wm.t().contiguous()).view(torch.int16))
+    w2 = torch.randn(*shape).to(w.dtype)  # an update under the same mask: one gather
+    wm2 = torch.where(mask, w2, torch.zeros_like(w2))
+    assert torch.equal(forward.pack(w2).view(torch.int16), fake_compress(wm2).view(torch.int16))
+    assert forward.index.dtype == torch.int32 and forward.n_values == shape[0] * shape[1] // 2
+
+
+def test_a_mask_that_is_not_exactly_two_of_four_is_refused():
+    _, mask = _masked((16, 32))
+    mask[0, :4] = torch.tensor([True, False, False, False])
+    assert build_value_map(mask, torch.arange(16 * 32).view(16, 32), torch.float16, fake_compress) is None
+    assert maps_for(mask, torch.float16, want_t=True, compress=fake_compress) is None
+
+
+@pytest.mark.parametrize("fault", ["values_altered", "meta_depends_on_values", "too_short"])
+def test_a_compressor_that_breaks_the_assumptions_is_refused(fault):
+    _, mask = _masked((32, 64))
+
+    def broken(dense):
+        out = fake_compress(dense)
+        if fault == "values_altered":
+            return out * 2  # codes come back changed
+        if fault == "meta_depends_on_values":
+            flat = out.reshape(-1).clone()
+            flat[-1] = dense.reshape(-1)[mask.reshape(-1).nonzero()[0]]  # a value leaks into the metadata
+            return flat.view(out.shape)
+        return out.reshape(-1)[: dense.numel() // 2]  # no metadata region
+
+    assert build_value_map(mask, torch.arange(32 * 64).view(32, 64), torch.float16, broken) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("shape", [(512, 1024), (1024, 4096)])
+def test_gpu_gathered_packing_equals_cslt_compress(dtype, shape):
+    w = torch.randn(*shape, device="cuda", dtype=dtype)
+    mask = transposable_mask(w)
+    maps = maps_for(mask, dtype, want_t=True)
+    assert maps is not None and maps[1] is not None, "cuSPARSELt's placement could not be learned"
+    w2 = torch.randn(*shape, device="cuda", dtype=dtype)
+    wm2 = torch.where(mask, w2, torch.zeros_like(w2))
+    assert torch.equal(maps[0].pack(w2).view(torch.int16), torch._cslt_compress(wm2).view(torch.int16))
+    assert torch.equal(maps[1].pack(w2).view(torch.int16),
+                       torch._cslt_compress(wm2.t().contiguous()).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_gpu_module_repacks_by_gather_after_an_update():
+    from tilesparse.semi24 import SemiSparseLinear
+
+    m = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="sparse")
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m(x)
+        with torch.no_grad():
+            m.weight.mul_(1.5)  # an optimizer step: same mask
+        y = m(x)
+    assert m._maps, "the second pack under one mask learns the placement"
+    y.sum().backward()
+    wm = (m.weight.detach() * m.mask).double()
+    want = x.detach().double() @ wm.t() + m.bias.detach().double()
+    assert ((y.double() - want).norm() / want.norm()).item() < 1e-2
+    want_dx = torch.ones(64, 512, dtype=torch.float64, device="cuda") @ wm
+    assert ((x.grad.double() - want_dx).norm() / want_dx.norm()).item() < 1e-2
