@@ -103,3 +103,24 @@ def test_gpu_module_repacks_by_gather_after_an_update():
     assert ((y.double() - want).norm() / want.norm()).item() < 1e-2
     want_dx = torch.ones(64, 512, dtype=torch.float64, device="cuda") @ wm
     assert ((x.grad.double() - want_dx).norm() / want_dx.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_master_weights_under_autocast_pack_the_cast_weight():
+    """AMP: an fp32 layer under bf16 autocast packs its bf16 cast once per weight version
+    (then by gather), instead of compressing inside every product."""
+    from tilesparse.semi24 import SemiSparseLinear
+
+    m = SemiSparseLinear(1024, 512, device="cuda", mode="sparse")
+    x = torch.randn(64, 1024, device="cuda")
+    for _ in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x)
+        with torch.no_grad():
+            m.weight.add_(0.01)
+    assert y.dtype == torch.bfloat16 and m._packed[0].dtype == torch.bfloat16 and m._maps
+    y.float().sum().backward()
+    assert m.weight.grad.dtype == torch.float32
+    wm = (m.weight.detach() - 0.01).to(torch.bfloat16).double() * m.mask
+    want = x.to(torch.bfloat16).double() @ wm.t() + m.bias.detach().to(torch.bfloat16).double()
+    assert ((y.double() - want).norm() / want.norm()).item() < 2e-2

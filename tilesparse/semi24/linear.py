@@ -341,21 +341,23 @@ class SemiSparseLinear(nn.Module):
         if w.device.type != "cuda" or self.mode == "dense" or self.densified or torch.compiler.is_compiling():
             return None, None
         n, k = w.shape
-        if sparse_unavailable_reason(w.device, w.dtype, n, k) is not None:
+        dtype = self._compute_dtype()
+        if sparse_unavailable_reason(w.device, dtype, n, k) is not None:
             return None, None
-        key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr())
+        key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr(), dtype)
         if key != self._packed_key:
-            mask_key = (self.mask._version, self.mask.data_ptr(), w.dtype)
+            mask_key = (self.mask._version, self.mask.data_ptr(), dtype)
             if mask_key != self._tile24_key:  # checked once per mask, not per weight update
                 self._tile24 = self.transposable and bool(_is_tile24(self.mask))
                 self._tile24_key = mask_key
                 self._maps, self._packs_under_mask = None, 0
             with torch.no_grad():
-                want_t = self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None
+                w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
+                want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
                 self._packs_under_mask += 1
                 if self._maps is None and self._packs_under_mask == 2 and use_value_maps():
                     # the weight changed under the same mask: from now on repack by a gather
-                    self._maps = maps_for(self.mask, w.dtype, want_t) or False
+                    self._maps = maps_for(self.mask, dtype, want_t) or False
                     if not self._maps:
                         warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt's placement of a {n}x{k} "
                                       f"weight's values could not be learned and verified; it is compressed "
@@ -371,6 +373,15 @@ class SemiSparseLinear(nn.Module):
                     packed, packed_t = compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
             self._packed, self._packed_key = (packed, packed_t), key
         return self._packed
+
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the products run in: CUDA autocast's for a float weight (fp32 master
+        weights under AMP: the packs are of the cast weight), else the weight's."""
+        w = self.weight
+        if (w.device.type == "cuda" and torch.is_autocast_enabled("cuda")
+                and w.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+            return torch.get_autocast_dtype("cuda")
+        return w.dtype
 
     # ----------------------------------------------------------------- training dispatch
     def _recompresses_every_step(self) -> bool:
@@ -389,23 +400,24 @@ class SemiSparseLinear(nn.Module):
         once; inference and frozen weights keep the per-product choice."""
         w = self.weight
         n, k = w.shape
-        if sparse_unavailable_reason(w.device, w.dtype, n, k) is not None:
+        dtype = self._compute_dtype()
+        if sparse_unavailable_reason(w.device, dtype, n, k) is not None:
             return "dense"
         m = max(1, x.numel() // max(1, self.in_features))
-        want_t = self.transposable and sparse_unavailable_reason(w.device, w.dtype, k, n) is None
+        want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
         inputs = {}
 
         def data():
             if not inputs:
-                a = torch.randn(m, k, device=w.device, dtype=w.dtype)
-                inputs.update(a=a, g=torch.randn(m, n, device=w.device, dtype=w.dtype),
-                              wm=_masked(w.detach(), self.mask))
+                a = torch.randn(m, k, device=w.device, dtype=dtype)
+                inputs.update(a=a, g=torch.randn(m, n, device=w.device, dtype=dtype),
+                              wm=_masked(w.detach().to(dtype), self.mask))
             return inputs["a"], inputs["g"], inputs["wm"]
 
         def sparse():
             a, g, wm = data()
             if "maps" not in inputs:  # what training would repack with (learned once, not timed)
-                inputs["maps"] = maps_for(self.mask, w.dtype, want_t) if use_value_maps() else None
+                inputs["maps"] = maps_for(self.mask, dtype, want_t) if use_value_maps() else None
             maps = inputs["maps"]
             if maps and (maps[1] is not None or not want_t):
                 packed = maps[0].pack(wm)
@@ -423,7 +435,7 @@ class SemiSparseLinear(nn.Module):
             F.linear(a, wm)
             g @ wm
 
-        choice = _dispatch.default_dispatcher().choose("train_step", m, n, k, w.dtype, w.device, sparse, dense)
+        choice = _dispatch.default_dispatcher().choose("train_step", m, n, k, dtype, w.device, sparse, dense)
         if choice == "dense":
             _warn_once(f"mode='auto': training a {n}x{k} 2:4 weight dense, because compressing it every step "
                        f"costs more than its sparse products save (timed once; mode='sparse' forces sparse)")
