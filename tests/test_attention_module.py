@@ -148,3 +148,18 @@ def test_gpu_bf16_module_matches_its_definition(kv_heads):
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
     out.float().square().sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_prefix_layouts_are_built_before_graph_capture(monkeypatch):
+    """A sequence length first seen inside a CUDA-graph capture gets a clear error that
+    names prepare(); prepare() builds it beforehand."""
+    module = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, window=32, causal=True))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"prepare\(40\)"):
+        module.layout_for(40)
+    assert module.layout_for(64) is module.layout  # the full length is always ready
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    module.prepare(40, 20)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert module.layout_for(40).num_blocks == 3 and module.layout_for(20).num_blocks == 2

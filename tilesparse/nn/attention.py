@@ -76,10 +76,26 @@ class BlockSparseSelfAttention(nn.Module):
             return self.layout
         prefix = self._prefix_layouts.get(blocks)
         if prefix is None:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"BlockSparseSelfAttention: sequence length {seq_len} was first seen while a CUDA graph was "
+                    f"being captured, where its layout tables cannot be built; call module.prepare({seq_len}) "
+                    f"(every length you will use) before capturing")
             mask = self.layout.mask[:, :blocks, :blocks]
             prefix = AttentionLayout(mask[0] if self.layout.shared else mask, self.layout.block_size)
             self._prefix_layouts[blocks] = prefix
         return prefix
+
+    def prepare(self, *seq_lens: int) -> None:
+        """Build the layouts of these sequence lengths and their tables on the module's
+        device now, before capturing CUDA graphs (``torch.compile(mode="reduce-overhead")``,
+        ``make_graphed_callables``), which must not build them. The full length is always
+        ready."""
+        device = self.qkv.weight.device
+        for seq_len in seq_lens:
+            layout = self.layout_for(int(seq_len))
+            if device.type not in ("cpu", "meta"):
+                layout.meta_on(device, self.causal)
 
     def _apply(self, fn, recurse=True):
         """After ``.to()`` / ``.cuda()``: build the layout's tables on the new device now,
