@@ -151,15 +151,18 @@ def test_gpu_bf16_module_matches_its_definition(kv_heads):
 
 
 def test_prefix_layouts_are_built_before_graph_capture(monkeypatch):
-    """A sequence length first seen inside a CUDA-graph capture gets a clear error that
-    names prepare(); prepare() builds it beforehand."""
+    """A sequence length whose tables are not built yet gets a clear error naming
+    prepare() when it is first seen inside a CUDA-graph capture; prepare() builds it (and
+    the full length's tables) beforehand."""
     module = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, window=32, causal=True))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match=r"prepare\(40\)"):
         module.layout_for(40)
-    assert module.layout_for(64) is module.layout  # the full length is always ready
+    assert module.layout_for(64) is module.layout  # the module built the full layout's CPU tables
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     module.prepare(40, 20)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert module.layout_for(64) is module.layout
     assert module.layout_for(40).num_blocks == 3 and module.layout_for(20).num_blocks == 2
+    assert module.layout_for(40).has_tables("cpu", True)

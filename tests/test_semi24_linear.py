@@ -353,7 +353,7 @@ def test_gpu_cusparselt_matches_dense_masked(mode, dtype, tmp_path, monkeypatch)
     assert_close(m.weight.grad, dy.double().t() @ x.detach().double(), dtype, "updat")
     trained_sparse = mode == "sparse" or (mode == "auto" and any(  # auto in training: the train_step decision
         entry["choice"] == "sparse" for key, entry in dsp.default_dispatcher()._load().items()
-        if key.startswith("train_step|")))
+        if key.startswith("train_step")))
     if trained_sparse:
         assert m._packed_key is not None  # compressed once, cached
         key = m._packed_key
@@ -367,8 +367,8 @@ def test_gpu_cusparselt_matches_dense_masked(mode, dtype, tmp_path, monkeypatch)
 
 @pytest.mark.gpu
 def test_gpu_auto_training_is_decided_once_with_the_compression_cost(tmp_path, monkeypatch):
-    """In training (W changes every step), mode='auto' times compress + sparse products
-    against the dense products once per problem (op train_step), caches it, and is right
+    """In training (W changes every step), mode='auto' times repacking + sparse products
+    against the dense products once per problem (op train_step_map), caches it, and is right
     either way; in eval it falls back to the per-product decision."""
     monkeypatch.setenv("TILESPARSE_SEMI24_CACHE", str(tmp_path / "c.json"))
     monkeypatch.setattr(dsp, "_DEFAULT", None)
@@ -376,7 +376,7 @@ def test_gpu_auto_training_is_decided_once_with_the_compression_cost(tmp_path, m
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     m(x).sum().backward()
     d = dsp.default_dispatcher()
-    assert [key.split("|")[0] for key in d._load()] == ["train_step"]
+    assert [key.split("|")[0] for key in d._load()] == ["train_step_map"]
     timings = d.timings
     y = m(x)
     assert d.timings == timings  # answered from the cache
@@ -385,7 +385,7 @@ def test_gpu_auto_training_is_decided_once_with_the_compression_cost(tmp_path, m
     m.eval()
     with torch.no_grad():
         m(x)
-    assert sorted(key.split("|")[0] for key in d._load()) == ["fprop", "train_step"]
+    assert sorted(key.split("|")[0] for key in d._load()) == ["fprop", "train_step_map"]
 
 
 # --------------------------------------------------------------------------- activation sparsity

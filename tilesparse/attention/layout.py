@@ -135,6 +135,10 @@ class AttentionLayout:
             self._meta[key] = meta
         return meta
 
+    def has_tables(self, device, causal: bool = False) -> bool:
+        """Whether ``meta_on(device, causal)`` is built already (no host work left)."""
+        return (cache_device(device), bool(causal)) in self._meta
+
     def tables(self, causal: bool = False) -> tuple[torch.Tensor, ...]:
         """(row_ptr, col_ptr, row_cols, col_rows) on the CPU, as views of ``meta_on``."""
         return attention_table_views(self.meta_on("cpu", causal), self.layout_heads, self.num_blocks)

@@ -436,6 +436,8 @@ def _tma_ok(cfg: AttentionConfig, head_dim: int, d_tile: int, *tensors: torch.Te
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((st * size) % 16 for st in t.stride()[:-1]):
             return False
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+            return False  # a broadcast (expanded) dimension: not a descriptor's kind of tensor
     return True
 
 

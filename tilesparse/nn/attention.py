@@ -72,29 +72,28 @@ class BlockSparseSelfAttention(nn.Module):
         if seq_len > self.max_seq_len:
             raise ValueError(f"sequence length {seq_len} exceeds the layout's {self.max_seq_len} tokens")
         blocks = -(-seq_len // self.layout.block_size)
-        if blocks == self.layout.num_blocks:
-            return self.layout
-        prefix = self._prefix_layouts.get(blocks)
-        if prefix is None:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        layout = self.layout if blocks == self.layout.num_blocks else self._prefix_layouts.get(blocks)
+        if not torch.compiler.is_compiling() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            device = self.qkv.weight.device
+            if layout is None or not layout.has_tables(device, self.causal):
                 raise RuntimeError(
                     f"BlockSparseSelfAttention: sequence length {seq_len} was first seen while a CUDA graph was "
                     f"being captured, where its layout tables cannot be built; call module.prepare({seq_len}) "
                     f"(every length you will use) before capturing")
+        if layout is None:
             mask = self.layout.mask[:, :blocks, :blocks]
-            prefix = AttentionLayout(mask[0] if self.layout.shared else mask, self.layout.block_size)
-            self._prefix_layouts[blocks] = prefix
-        return prefix
+            layout = AttentionLayout(mask[0] if self.layout.shared else mask, self.layout.block_size)
+            self._prefix_layouts[blocks] = layout
+        return layout
 
     def prepare(self, *seq_lens: int) -> None:
         """Build the layouts of these sequence lengths and their tables on the module's
         device now, before capturing CUDA graphs (``torch.compile(mode="reduce-overhead")``,
-        ``make_graphed_callables``), which must not build them. The full length is always
-        ready."""
+        ``make_graphed_callables``), which must not build them; the full length's too."""
         device = self.qkv.weight.device
-        for seq_len in seq_lens:
+        for seq_len in (self.max_seq_len, *seq_lens):
             layout = self.layout_for(int(seq_len))
-            if device.type not in ("cpu", "meta"):
+            if device.type != "meta":
                 layout.meta_on(device, self.causal)
 
     def _apply(self, fn, recurse=True):

@@ -32,9 +32,10 @@ import torch
 from ..kernels._tiles import next_power_of_2
 
 MODES = ("auto", "sparse", "dense")
-# "train_step": one training step of a layer whose weight changes every step (compress W
-# and Wᵀ, then fprop and bprop), against the dense fprop and bprop (updat is dense in both)
-OPS = ("fprop", "bprop", "train_step")
+# "train_step_*": one training step of a layer whose weight changes every step (pack W and
+# Wᵀ, by value-map gather or by compression, then fprop and bprop), against the dense
+# fprop and bprop (updat is dense in both)
+OPS = ("fprop", "bprop", "train_step_map", "train_step_compress")
 CACHE_VERSION = 1
 
 

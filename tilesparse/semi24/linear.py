@@ -262,10 +262,7 @@ class SemiSparseLinear(nn.Module):
         self.register_buffer("num_steps", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("_flip_rate", torch.zeros((), dtype=torch.float32, device=device), persistent=False)
         self._steps = 0
-        self._packed_key = None
-        self._packed = (None, None)
-        self._tile24_key, self._tile24 = None, False
-        self._maps, self._packs_under_mask = None, 0  # semi24.value_map, learned per mask
+        self._forget_packs()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -300,7 +297,7 @@ class SemiSparseLinear(nn.Module):
         if self.mask.device.type != "meta":
             self._flip_rate.copy_((new != self.mask).float().mean())
         self.mask.copy_(new)
-        self._packed_key = None
+        self._forget_packs()
 
     def step(self) -> bool:
         """Count a training step; recompute the mask every ``mask_every`` steps.
@@ -334,6 +331,18 @@ class SemiSparseLinear(nn.Module):
         self.weight.grad.add_(torch.where(self.mask, torch.zeros_like(self.weight), self.weight), alpha=decay)
 
     # ----------------------------------------------------------------- cuSPARSELt cache
+    def _forget_packs(self) -> None:
+        """Drop the compressed copies and everything learned about the mask (its 2:4
+        check, the value maps): after a mask update, densify, a load or a move."""
+        self._packed_key, self._packed = None, (None, None)
+        self._tile24_key, self._tile24_mask, self._tile24 = None, None, False
+        self._maps, self._packs_under_mask = None, 0  # semi24.value_map, learned per mask
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        self._forget_packs()  # new tensors: a freed block's pointer and version may repeat
+        return result
+
     def _compressed(self):
         """(compressed W⊙M, compressed (W⊙M)^T or None), rebuilt when the weight or the
         mask changed (their version counters); (None, None) off the sparse GPU path."""
@@ -347,9 +356,9 @@ class SemiSparseLinear(nn.Module):
         key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr(), dtype)
         if key != self._packed_key:
             mask_key = (self.mask._version, self.mask.data_ptr(), dtype)
-            if mask_key != self._tile24_key:  # checked once per mask, not per weight update
+            if mask_key != self._tile24_key or self.mask is not self._tile24_mask:  # once per mask
                 self._tile24 = self.transposable and bool(_is_tile24(self.mask))
-                self._tile24_key = mask_key
+                self._tile24_key, self._tile24_mask = mask_key, self.mask
                 self._maps, self._packs_under_mask = None, 0
             with torch.no_grad():
                 w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
@@ -393,11 +402,12 @@ class SemiSparseLinear(nn.Module):
 
     def _training_choice(self, x: torch.Tensor) -> str:
         """"sparse" or "dense" for a training step of this layer, timed once per problem
-        (op ``train_step`` of the dispatcher): compress W⊙M and (W⊙M)ᵀ plus the sparse
-        fprop and bprop, against the dense fprop and bprop. On the H200 the compression
-        (~1.4 ms per 16384x4096 weight, twice) outweighs the sparse products' gain in an
-        FFN block (ffn_train_step 0.94-0.97x), so auto mode trains dense there and says so
-        once; inference and frozen weights keep the per-product choice."""
+        (dispatcher op ``train_step_map``, or ``train_step_compress`` when value maps are
+        off): repack W⊙M and (W⊙M)ᵀ as training does plus the sparse fprop and bprop,
+        against the dense fprop and bprop. With compression alone (~1.4 ms per 16384x4096
+        weight, twice) an FFN block lost on the H200 (ffn_train_step 0.94-0.97x), and auto
+        mode trains dense then and says so once; inference and frozen weights keep the
+        per-product choice."""
         w = self.weight
         n, k = w.shape
         dtype = self._compute_dtype()
@@ -435,7 +445,8 @@ class SemiSparseLinear(nn.Module):
             F.linear(a, wm)
             g @ wm
 
-        choice = _dispatch.default_dispatcher().choose("train_step", m, n, k, dtype, w.device, sparse, dense)
+        op = "train_step_map" if use_value_maps() else "train_step_compress"  # timed with that packing
+        choice = _dispatch.default_dispatcher().choose(op, m, n, k, dtype, w.device, sparse, dense)
         if choice == "dense":
             _warn_once(f"mode='auto': training a {n}x{k} 2:4 weight dense, because compressing it every step "
                        f"costs more than its sparse products save (timed once; mode='sparse' forces sparse)")
@@ -472,7 +483,7 @@ class SemiSparseLinear(nn.Module):
             return linear
         self.mask.fill_(True)
         self.densified = True
-        self._packed_key = None
+        self._forget_packs()
         return self
 
     @classmethod
@@ -494,7 +505,7 @@ class SemiSparseLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._packed_key = None  # the weight or mask may have changed in place
+        self._forget_packs()  # the weight or mask may have changed in place
         if self.num_steps.device.type != "meta":
             self._steps = int(self.num_steps)
 

@@ -9,15 +9,18 @@ the mask alone. So, once per mask, learn that placement without knowing cuSPARSE
 (undocumented) layout: compress a matrix whose kept entries are distinct codes (a kept
 entry's flat index in W, 14 bits per pass, written as normal, positive 16-bit floats),
 read the codes back from the compressed buffer's value region, and keep the resulting
-index map. Each step then packs with ``values = W.flatten()[index]`` into a copy of the
-template (metadata included): a memory-bound gather, no masking pass either.
+index map. Each step then packs with ``values = W.flatten()[index]`` next to a copy of the
+metadata: a memory-bound gather, no masking pass either.
 
 The map is trusted only after checks on the GPU it runs on: the value region decodes to
 exactly the mask's kept entries (a permutation), every pass (one more than the digits
-need, re-encoding the first digit with other codes) produced the same metadata and the
-same placement, and the codes survived the round trip. Otherwise :func:`build_value_map` returns None and
-the caller keeps ``_cslt_compress``. Memory: one int32 (or int64) index per kept value:
-for bf16 weights the same bytes as the weight itself, per orientation.
+need, re-encoding the first digit with complemented codes, so their order reverses)
+produced the same metadata and the same placement, and the codes survived the round
+trip. torch allocates the compressed buffer in whole rows, so up to a row's worth of
+trailing elements may be uninitialised: metadata differences there are ignored. Otherwise :func:`build_value_map` returns None and
+the caller keeps ``_cslt_compress``. Memory: one int32 (or int64) index per kept value
+(for bf16 weights the weight's own size) and the metadata, per orientation; building a
+map holds a few int64 temporaries per kept value for a moment.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from typing import Optional
 import torch
 
 _BITS = 14  # code bits per pass
-_OFFSET = 0x0400  # codes are OFFSET + digit: normal, positive, finite in fp16 and bf16 alike
-_CHECK_OFFSET = 0x0800  # a last pass re-encodes digit 0 with other codes (and values): same answer
+_DIGIT = (1 << _BITS) - 1
+_OFFSET = 0x0400  # codes are OFFSET + digit: normal, positive, finite in fp16 and bf16 alike (up to 0x43FF)
 
 
 def use_value_maps() -> bool:
@@ -41,78 +44,84 @@ def use_value_maps() -> bool:
 
 @dataclass
 class ValueMap:
-    """cuSPARSELt's compressed buffer for one mask: ``template`` (values region, then
-    metadata) and ``index`` (for each value slot, the flat index in W of its value)."""
+    """cuSPARSELt's compressed buffer for one mask: its ``shape`` and dtype, the metadata
+    ``meta`` (everything after the ``n_values`` value slots) and ``index`` (for each value
+    slot, the flat index in W of its value)."""
 
-    template: torch.Tensor
+    shape: tuple
+    meta: torch.Tensor
     index: torch.Tensor
     n_values: int
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """The compressed buffer of W⊙M (or (W⊙M)ᵀ) for this mask, from W itself."""
-        out = self.template.clone()
+        out = torch.empty(self.shape, dtype=self.meta.dtype, device=self.meta.device)
         flat = out.view(-1)
+        flat[self.n_values:].copy_(self.meta)
         torch.index_select(weight.reshape(-1), 0, self.index, out=flat[: self.n_values])
         return out
 
 
-def _codes(n_elements: int, kept: torch.Tensor, src: torch.Tensor, digit: int, dtype: torch.dtype,
-           offset: int) -> torch.Tensor:
-    code = torch.zeros(n_elements, dtype=torch.int16, device=kept.device)
-    code[kept] = (((src >> (_BITS * digit)) & ((1 << _BITS) - 1)) + offset).to(torch.int16)
-    return code.view(dtype)
+def _same_meta(a: torch.Tensor, b: torch.Tensor, slack: int) -> bool:
+    """Equal metadata, except within the last ``slack`` elements (a row's worth of
+    allocation padding that torch leaves uninitialised)."""
+    differ = (a.view(torch.int16) != b.view(torch.int16)).nonzero()
+    return differ.numel() == 0 or int(differ[0]) >= a.numel() - slack
 
 
-def build_value_map(mask: torch.Tensor, source_index: torch.Tensor, dtype: torch.dtype,
+def build_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool = False,
                     compress=None) -> Optional[ValueMap]:
-    """The value map of the sparse operand whose kept entries are ``mask`` ([rows, cols],
-    2:4 along cols, exactly half kept). ``source_index`` [rows, cols] gives each entry's
-    flat index in W (``arange(W.numel()).view(W.shape)`` for W, its transpose for Wᵀ).
-    ``compress`` defaults to ``torch._cslt_compress``. None when the placement cannot be
-    learned and verified."""
+    """The value map of W⊙M (``transposed``: of (W⊙M)ᵀ) for W's mask [n, k], 2:4 along
+    the rows of the compressed operand with exactly half kept. ``compress`` defaults to
+    ``torch._cslt_compress``. None when the placement cannot be learned and verified."""
     compress = compress or torch._cslt_compress
-    rows, cols = mask.shape
+    n, k = mask.shape
+    operand = mask.t().contiguous() if transposed else mask
+    rows, cols = operand.shape
     n_values = rows * cols // 2
-    kept = mask.reshape(-1).nonzero().squeeze(1)
+    kept = operand.reshape(-1).nonzero().squeeze(1)  # flat positions in the operand
     if kept.numel() != n_values or n_values == 0:
         return None  # not exactly 2 of every 4: placement would depend on which zeros are "kept"
-    src = source_index.reshape(-1)[kept].to(torch.int64)
-    top = int(src.max()) + 1
-    digits = max(1, math.ceil(math.log2(top) / _BITS)) if top > 1 else 1
+    src = (kept % n) * k + kept // n if transposed else kept  # their flat positions in W
+    digits = max(1, math.ceil(math.log2(n * k) / _BITS))
     decoded = torch.zeros(n_values, dtype=torch.int64, device=mask.device)
-    template, first_digit = None, None
+    first, meta, shape = None, None, None
     for step in range(digits + 1):
-        digit, offset = (step, _OFFSET) if step < digits else (0, _CHECK_OFFSET)
-        packed = compress(_codes(rows * cols, kept, src, digit, dtype, offset).view(rows, cols))
+        check = step == digits  # digit 0 again, complemented
+        digit = 0 if check else step
+        part = (src >> (_BITS * digit)) & _DIGIT
+        codes = torch.zeros(rows * cols, dtype=torch.int16, device=mask.device)
+        codes[kept] = ((_DIGIT - part if check else part) + _OFFSET).to(torch.int16)
+        packed = compress(codes.view(dtype).view(rows, cols))
         flat = packed.reshape(-1)
         if flat.numel() <= n_values:
             return None
-        values = flat[:n_values].view(torch.int16).to(torch.int64) - offset
-        if bool(((values < 0) | (values >= (1 << _BITS))).any()):
+        values = flat[:n_values].view(torch.int16).to(torch.int64) - _OFFSET
+        if bool(((values < 0) | (values > _DIGIT)).any()):
             return None  # the value region is not where we read it, or codes were altered
-        if step < digits:
+        if check:
+            if not torch.equal(_DIGIT - values, first):
+                return None  # other codes, other placement: the placement depends on the values
+        else:
             decoded |= values << (_BITS * digit)
-            first_digit = values if step == 0 else first_digit
-        elif not torch.equal(values, first_digit):
-            return None  # other codes, other placement: the placement depends on the values
-        meta = flat[n_values:]
-        if template is None:
-            template = packed
-        elif not torch.equal(meta.view(torch.int16), template.reshape(-1)[n_values:].view(torch.int16)):
+            first = values if step == 0 else first
+        if meta is None:
+            meta, shape = flat[n_values:].clone(), tuple(packed.shape)
+        elif meta.numel() != flat.numel() - n_values or not _same_meta(flat[n_values:], meta, rows):
             return None  # metadata must depend on the mask only
-    if not torch.equal(torch.sort(decoded).values, torch.sort(src).values):
+    seen = torch.zeros(n * k, dtype=torch.bool, device=mask.device)
+    seen[decoded] = True  # a permutation of the kept entries: distinct, and every one of them
+    if int(seen.sum()) != n_values or not bool(seen[src].all()):
         return None
-    index = decoded.to(torch.int32) if top < 2**31 else decoded
-    return ValueMap(template=template, index=index, n_values=n_values)
+    index = decoded.to(torch.int32) if n * k < 2**31 else decoded
+    return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
 
 
 def maps_for(mask: torch.Tensor, dtype: torch.dtype, want_t: bool, compress=None):
     """(map of W⊙M, map of (W⊙M)ᵀ or None) for a [n, k] mask, or None if W's cannot be
     built; a failed transpose map leaves its slot None (the caller compresses Wᵀ)."""
-    n, k = mask.shape
-    index = torch.arange(n * k, device=mask.device).view(n, k)
-    forward = build_value_map(mask, index, dtype, compress)
+    forward = build_value_map(mask, dtype, compress=compress)
     if forward is None:
         return None
-    backward = build_value_map(mask.t(), index.t(), dtype, compress) if want_t else None
+    backward = build_value_map(mask, dtype, transposed=True, compress=compress) if want_t else None
     return forward, backward
