@@ -45,6 +45,10 @@ from .reference import semi24_linear_reference
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
 
+# Learning a value map costs ~3 compressions per orientation (two code passes and a check
+# for weights up to 2**28 entries); it pays off when a mask lives for several updates.
+_MAP_MIN_STEPS = 8
+
 _WARNED: set[str] = set()
 
 
@@ -364,7 +368,8 @@ class SemiSparseLinear(nn.Module):
                 w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
                 want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
                 self._packs_under_mask += 1
-                if self._maps is None and self._packs_under_mask == 2 and use_value_maps():
+                if (self._maps is None and self._packs_under_mask == 2 and self.mask_every >= _MAP_MIN_STEPS
+                        and use_value_maps()):
                     # the weight changed under the same mask: from now on repack by a gather
                     self._maps = maps_for(self.mask, dtype, want_t) or False
                     if not self._maps:
