@@ -21,7 +21,7 @@ from typing import Callable
 
 __all__ = [
     "COLUMNS", "EXTRA_COLUMNS", "BANDWIDTH_COLUMNS", "SUITES", "Suite",
-    "register", "get_suite", "suite_names", "load_cases", "case_table",
+    "register", "get_suite", "suite_names", "load_cases", "case_table", "base_row",
 ]
 
 # The CSV's leading columns, in this order; extras follow.
@@ -33,6 +33,21 @@ EXTRA_COLUMNS = ["rel_err", "note"]
 # Written after the extras, only when some row has them (the 'small' suite's rows do):
 # achieved GB/s on the op's nominal bytes, and that over the device copy bandwidth.
 BANDWIDTH_COLUMNS = ["gbps", "bw_fraction"]
+
+
+def base_row(suite: str, op: str, method: str, dtype_name: str, m: int, n: int, k: int, block: int,
+             density: float, ms: float | None, flops: float | None, ref_ms: float | None, stamp: dict) -> dict:
+    """The :data:`COLUMNS` of one result row, in order: ``tflops_nnz`` from the op's
+    nominal ``flops`` (None when not counted), ``speedup_vs_dense`` against ``ref_ms``
+    (the baseline timed in the same run), then the run's stamp (gpu, versions, commit)."""
+    row = {
+        "suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": m, "N": n, "K": k,
+        "block": block, "density": density, "ms": ms,
+        "tflops_nnz": flops / (ms * 1e-3) / 1e12 if ms and flops is not None else None,
+        "speedup_vs_dense": ref_ms / ms if ms and ref_ms else None,
+    }
+    row.update(stamp)
+    return row
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import case_table, register
+from . import base_row, case_table, register
 from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
 from .timing import bench_ms_noted
 
@@ -176,13 +176,8 @@ def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out
 def _row(suite, op, method, dtype_name, shape, block, density, pattern, causal, ms, ref_ms, flex_ms, err, note,
          nnz_blocks, ctx) -> dict:
     batch, heads, seq, head_dim = shape
-    row = {
-        "suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": batch * heads * seq, "N": seq,
-        "K": head_dim, "block": block, "density": density, "ms": ms,
-        "tflops_nnz": flops(op, nnz_blocks, block, head_dim, batch) / (ms * 1e-3) / 1e12 if ms else None,
-        "speedup_vs_dense": ref_ms / ms if ms and ref_ms else None,
-    }
-    row.update(ctx.stamp)
+    row = base_row(suite, op, method, dtype_name, batch * heads * seq, seq, head_dim, block, density, ms,
+                   flops(op, nnz_blocks, block, head_dim, batch), ref_ms, ctx.stamp)
     row.update({"rel_err": err, "note": note, "layout": pattern, "batch": batch, "heads": heads, "seq": seq,
                 "head_dim": head_dim, "causal": causal,
                 "speedup_vs_flex": flex_ms / ms if ms and flex_ms else None})

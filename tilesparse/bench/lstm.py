@@ -33,7 +33,7 @@ from torch import nn
 
 from .. import layouts
 from ..nn import BlockSparseLSTM
-from . import case_table, register
+from . import base_row, case_table, register
 from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities,
                      positive_int, rel_err)
 from .timing import bench_ms_noted
@@ -144,13 +144,8 @@ def _row(suite, op, method, dtype_name, batch, steps, hidden, input_size, block,
          dense_ms, ctx, **extra) -> dict:
     ms = result["ms"]
     flops = 2.0 * batch * steps * params * (3 if op == "lstm_step" else 1)
-    row = {
-        "suite": suite, "op": op, "method": method, "dtype": dtype_name,
-        "M": batch * steps, "N": 4 * hidden, "K": hidden, "block": block, "density": density, "ms": ms,
-        "tflops_nnz": flops / (ms * 1e-3) / 1e12 if ms else None,
-        "speedup_vs_dense": dense_ms / ms if ms and dense_ms else None,
-    }
-    row.update(ctx.stamp)
+    row = base_row(suite, op, method, dtype_name, batch * steps, 4 * hidden, hidden, block, density, ms, flops,
+                   dense_ms, ctx.stamp)
     row.update({"hidden": hidden, "input_size": input_size, "batch": batch, "steps": steps, "params": params,
                 "ms_per_step": ms / steps if ms else None, "rel_err": None, "speedup_vs_equal_params": None})
     row.update(extra)

@@ -27,7 +27,7 @@ import torch
 
 from .. import layouts
 from ..layout import BlockLayout
-from . import case_table, env, register
+from . import base_row, case_table, env, register
 from .peers import ADAPTERS, Operands
 from .timing import bench_ms_noted, rotation_copies
 
@@ -183,15 +183,8 @@ def _in_turn(fns: list[Callable[[], object]]) -> Callable[[], list]:
 def _row(suite, op, method, dtype_name, shape, block, density, flops, dense_ms, result, ctx,
          nbytes: int | None = None) -> dict:
     """One CSV row; with ``nbytes`` (the op's nominal traffic) also gbps and bw_fraction."""
-    m, n, k = shape
     ms = result["ms"]
-    row = {
-        "suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": m, "N": n, "K": k,
-        "block": block, "density": density, "ms": ms,
-        "tflops_nnz": flops / (ms * 1e-3) / 1e12 if ms else None,
-        "speedup_vs_dense": dense_ms / ms if ms and dense_ms else None,
-    }
-    row.update(ctx.stamp)
+    row = base_row(suite, op, method, dtype_name, *shape, block, density, ms, flops, dense_ms, ctx.stamp)
     row["rel_err"] = result["rel_err"]
     row["note"] = result["note"]
     if nbytes is not None:

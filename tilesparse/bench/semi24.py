@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import case_table, register
+from . import base_row, case_table, register
 from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
 from .timing import bench_ms_noted
 
@@ -79,12 +79,7 @@ def prepare(name: str, *, quick: bool = False, overrides: dict | None = None) ->
 
 
 def _row(suite, case, op, method, dtype_name, shape, density, ms, dense_ms, flops, err, note, ctx) -> dict:
-    m, n, k = shape
-    row = {"suite": suite, "op": op, "method": method, "dtype": dtype_name, "M": m, "N": n, "K": k, "block": 0,
-           "density": density, "ms": ms,
-           "tflops_nnz": flops / (ms * 1e-3) / 1e12 if ms and flops else None,
-           "speedup_vs_dense": dense_ms / ms if ms and dense_ms else None}
-    row.update(ctx.stamp)
+    row = base_row(suite, op, method, dtype_name, *shape, 0, density, ms, flops, dense_ms, ctx.stamp)
     row.update({"case": case, "rel_err": err, "note": note})
     return row
 
