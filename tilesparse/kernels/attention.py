@@ -90,17 +90,17 @@ def _query_tile(bh, H, GROUP, L_HEADS, BS: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _kv_sources(k_ptr, v_ptr, k_base, v_base, B, HKV, S, skb, skh, sks, svb, svh, svs, D: tl.constexpr,
+def _kv_sources(k_ptr, v_ptr, bz, hkv, B, HKV, S, skb, skh, sks, svb, svh, svs, D: tl.constexpr,
                 D_TILE: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     """Where the row walk reads K and V: tensor descriptors over [B, HKV, S, D] with
     [1, 1, BLOCK_N, D] boxes (TMA: zero-filled past S, no address math or masks in the
-    loop), or this (batch, kv head)'s base pointers."""
+    loop), or the base pointers of batch ``bz`` (int64), kv head ``hkv``."""
     if TMA:
         k_src = tl.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D_TILE])
         v_src = tl.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D_TILE])
     else:
-        k_src = k_base
-        v_src = v_base
+        k_src = k_ptr + bz * skb + hkv.to(tl.int64) * skh
+        v_src = v_ptr + bz * svb + hkv.to(tl.int64) * svh
     return k_src, v_src
 
 
@@ -141,9 +141,8 @@ def _fwd_kernel(
     offs_d = tl.arange(0, D_TILE)
     d_ok = offs_d < D
     q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
-    k_src, v_src = _kv_sources(k_ptr, v_ptr, k_ptr + bz * skb + hkv.to(tl.int64) * skh,
-                               v_ptr + bz * svb + hkv.to(tl.int64) * svh, B, H // GROUP, S,
-                               skb, skh, sks, svb, svh, svs, D, D_TILE, BLOCK_N, TMA)
+    k_src, v_src = _kv_sources(k_ptr, v_ptr, bz, hkv, B, H // GROUP, S, skb, skh, sks, svb, svh, svs,
+                               D, D_TILE, BLOCK_N, TMA)
     q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=(offs_m < S)[:, None] & d_ok[None, :],
                 other=0.0)
 
@@ -305,9 +304,8 @@ def _bwd_dq_kernel(
     lse = tl.load(lse_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
     delta = tl.load(delta_ptr + bh.to(tl.int64) * S + offs_m, mask=m_ok, other=0.0)
-    k_src, v_src = _kv_sources(k_ptr, v_ptr, k_ptr + bz * skb + hkv.to(tl.int64) * skh,
-                               v_ptr + bz * svb + hkv.to(tl.int64) * svh, B, H // GROUP, S,
-                               skb, skh, sks, svb, svh, svs, D, D_TILE, BLOCK_N, TMA)
+    k_src, v_src = _kv_sources(k_ptr, v_ptr, bz, hkv, B, H // GROUP, S, skb, skh, sks, svb, svh, svs,
+                               D, D_TILE, BLOCK_N, TMA)
     dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
 
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
