@@ -120,6 +120,18 @@ def _scores(q, k, hs, ks, G, q0, q1, keys, kpm, causal, scale, ct):
     return s.masked_fill(~keep, float("-inf")), qg, kb
 
 
+def _tiles(q, k, v, meta, kpm, layout_heads: int, b: int, causal: bool, scale: float, ct):
+    """Every (query block, head group) the layout computes, with what both passes need:
+    (q0, q1, hs, ks, G, keys, masked scores, gathered q, k and v [B, nkv, 1, n, D])."""
+    for l, _, q0, q1, keys in _blocks(meta, layout_heads, q.shape[2], b):
+        for _, hs, ks, G in _head_groups(q.shape[1], k.shape[1], layout_heads):
+            if layout_heads > 1 and hs.start != l:
+                continue
+            s, qg, kb = _scores(q, k, hs, ks, G, q0, q1, keys, kpm, causal, scale, ct)
+            vb = v[:, ks][:, :, keys].to(ct).unsqueeze(2)
+            yield q0, q1, hs, ks, G, keys, s, qg, kb, vb
+
+
 @_without_autocast
 def attention_forward_blocks(q, k, v, meta, key_padding_mask, layout_heads: int, block_size: int, causal: bool,
                              scale: float):
@@ -129,20 +141,16 @@ def attention_forward_blocks(q, k, v, meta, key_padding_mask, layout_heads: int,
     ct = _compute_dtype(q.dtype)
     out = torch.zeros(B, H, S, D, dtype=ct, device=q.device)
     lse = torch.full((B, H, S), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    for l, m, q0, q1, keys in _blocks(meta, layout_heads, S, block_size):
-        for _, hs, ks, G in _head_groups(H, k.shape[1], layout_heads):
-            if layout_heads > 1 and hs.start != l:
-                continue
-            s, _, _ = _scores(q, k, hs, ks, G, q0, q1, keys, key_padding_mask, causal, scale, ct)
-            vb = v[:, ks][:, :, keys].to(ct).unsqueeze(2)
-            mx = s.amax(-1, keepdim=True)
-            mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
-            p = torch.exp(s - mx)
-            denom = p.sum(-1, keepdim=True)
-            o = (p @ vb) / torch.where(denom == 0, torch.ones_like(denom), denom)
-            nh = hs.stop - hs.start
-            out[:, hs, q0:q1] = o.reshape(B, nh, q1 - q0, D)
-            lse[:, hs, q0:q1] = (mx + torch.log(denom)).reshape(B, nh, q1 - q0).to(lse.dtype)
+    tiles = _tiles(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, ct)
+    for q0, q1, hs, _, _, _, s, _, _, vb in tiles:
+        mx = s.amax(-1, keepdim=True)
+        mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+        p = torch.exp(s - mx)
+        denom = p.sum(-1, keepdim=True)
+        o = (p @ vb) / torch.where(denom == 0, torch.ones_like(denom), denom)
+        nh = hs.stop - hs.start
+        out[:, hs, q0:q1] = o.reshape(B, nh, q1 - q0, D)
+        lse[:, hs, q0:q1] = (mx + torch.log(denom)).reshape(B, nh, q1 - q0).to(lse.dtype)
     return out.to(q.dtype), lse
 
 
@@ -158,18 +166,14 @@ def attention_backward_blocks(grad_out, q, k, v, out, lse, meta, key_padding_mas
     dq = torch.zeros(B, H, S, D, dtype=ct, device=q.device)
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
-    for l, m, q0, q1, keys in _blocks(meta, layout_heads, S, block_size):
-        for _, hs, ks, G in _head_groups(H, k.shape[1], layout_heads):
-            if layout_heads > 1 and hs.start != l:
-                continue
-            s, qg, kb = _scores(q, k, hs, ks, G, q0, q1, keys, key_padding_mask, causal, scale, ct)
-            vb = v[:, ks][:, :, keys].to(ct).unsqueeze(2)
-            nkv, bq = kb.shape[1], q1 - q0
-            p = torch.exp(s - lse_safe[:, hs, q0:q1].reshape(B, nkv, G, bq, 1))
-            dob = grad_out[:, hs, q0:q1].to(ct).reshape(B, nkv, G, bq, D)
-            dp = dob @ vb.transpose(-1, -2)
-            ds = p * (dp - delta[:, hs, q0:q1].reshape(B, nkv, G, bq, 1))
-            dq[:, hs, q0:q1] = (ds @ kb).reshape(B, G * nkv, bq, D) * scale
-            dv[:, ks].index_add_(2, keys, (p.transpose(-1, -2) @ dob).sum(2))
-            dk[:, ks].index_add_(2, keys, (ds.transpose(-1, -2) @ qg).sum(2) * scale)
+    tiles = _tiles(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, ct)
+    for q0, q1, hs, ks, G, keys, s, qg, kb, vb in tiles:
+        nkv, bq = kb.shape[1], q1 - q0
+        p = torch.exp(s - lse_safe[:, hs, q0:q1].reshape(B, nkv, G, bq, 1))
+        dob = grad_out[:, hs, q0:q1].to(ct).reshape(B, nkv, G, bq, D)
+        dp = dob @ vb.transpose(-1, -2)
+        ds = p * (dp - delta[:, hs, q0:q1].reshape(B, nkv, G, bq, 1))
+        dq[:, hs, q0:q1] = (ds @ kb).reshape(B, G * nkv, bq, D) * scale
+        dv[:, ks].index_add_(2, keys, (p.transpose(-1, -2) @ dob).sum(2))
+        dk[:, ks].index_add_(2, keys, (ds.transpose(-1, -2) @ qg).sum(2) * scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
