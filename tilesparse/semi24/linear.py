@@ -376,17 +376,21 @@ class SemiSparseLinear(nn.Module):
                         warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt's placement of a {n}x{k} "
                                       f"weight's values could not be learned and verified; it is compressed "
                                       f"again after every update (slower)", stacklevel=3)
-                if self._maps:
-                    forward, backward = self._maps
-                    packed = forward.pack(w)
-                    packed_t = None
-                    if want_t:
-                        packed_t = (backward.pack(w) if backward is not None
-                                    else torch._cslt_compress(_masked(w, self.mask).t().contiguous()))
-                else:
-                    packed, packed_t = compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
+                packed, packed_t = self._pack(w, self._maps, want_t)
             self._packed, self._packed_key = (packed, packed_t), key
         return self._packed
+
+    def _pack(self, w: torch.Tensor, maps, want_t: bool):
+        """(compressed W⊙M, compressed (W⊙M)ᵀ or None) of ``w`` (in the compute dtype):
+        by the value maps' gather where they exist, else by compression."""
+        if not maps:
+            return compress_pair(_masked(w, self.mask), transposable=self._tile24, want_t=want_t)
+        forward, backward = maps
+        if not want_t:
+            return forward.pack(w), None
+        if backward is not None:
+            return forward.pack(w), backward.pack(w)
+        return forward.pack(w), torch._cslt_compress(_masked(w, self.mask).t().contiguous())
 
     def _compute_dtype(self) -> torch.dtype:
         """The dtype the products run in: CUDA autocast's for a float weight (fp32 master
@@ -433,12 +437,7 @@ class SemiSparseLinear(nn.Module):
             a, g, wm = data()
             if "maps" not in inputs:  # what training would repack with (learned once, not timed)
                 inputs["maps"] = maps_for(self.mask, dtype, want_t) if use_value_maps() else None
-            maps = inputs["maps"]
-            if maps and (maps[1] is not None or not want_t):
-                packed = maps[0].pack(wm)
-                packed_t = maps[1].pack(wm) if want_t else None
-            else:
-                packed, packed_t = compress_pair(wm, transposable=self._tile24, want_t=want_t)
+            packed, packed_t = self._pack(wm, inputs["maps"], want_t)
             cslt_product(packed, a, None)
             if packed_t is not None:
                 cslt_product(packed_t, g, None)
