@@ -30,175 +30,22 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..ops.bsmm import _autocast
 from . import dispatch as _dispatch
 from .cusparselt import cslt_algorithm, cslt_product, sparse_unavailable_reason
+from .functional import _is_tile24, _masked, _warn_once, semi24_linear
 from .packing import compress_pair
 from .value_map import maps_for, use_value_maps
-from .reference import semi24_linear_reference
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
 
 # Learning a value map costs ~3 compressions per orientation (two code passes and a check
 # for weights up to 2**28 entries); it pays off when a mask lives for several updates.
 _MAP_MIN_STEPS = 8
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(f"tilesparse.SemiSparseLinear: {message}; running the dense masked product", stacklevel=4)
-
-
-def _masked(weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
-
-
-def _gpu_product(op, a, weight, mask, bias, packed, mode):
-    """fprop: A (W⊙M)^T + b (packed = compressed W⊙M); bprop: A (W⊙M) (packed =
-    compressed (W⊙M)^T, None when the mask is not transposable)."""
-    n, k = weight.shape if op == "fprop" else weight.t().shape  # the sparse operand [n, k]
-
-    def dense():
-        w = _masked(weight, mask)
-        return F.linear(a, w if op == "fprop" else w.t(), bias)
-
-    if mode == "dense":
-        return dense()
-    reason = sparse_unavailable_reason(a.device, a.dtype, n, k)
-    if reason is None and op == "bprop" and packed is None and not bool(_is_col24(mask)):
-        reason = "the mask is not transposable, so (W⊙M)^T is not 2:4 (bprop)"
-    if reason is not None:
-        if mode == "sparse":
-            _warn_once(f"mode='sparse' but {reason}")
-        else:
-            _warn_once(reason)
-        return dense()
-    if packed is None:  # under torch.compile, or a functional call: compress here
-        w = _masked(weight, mask)
-        packed = torch._cslt_compress((w if op == "fprop" else w.t()).contiguous())
-    choice = _dispatch.default_dispatcher().choose(
-        op, a.shape[0], n, k, a.dtype, a.device,
-        lambda: cslt_product(packed, a, bias), dense, mode=mode,
-    )
-    return cslt_product(packed, a, bias) if choice == "sparse" else dense()
-
-
-def _is_col24(mask: torch.Tensor) -> torch.Tensor:
-    n, k = mask.shape
-    if n % 4:
-        return torch.tensor(False)
-    return (mask.t().reshape(k, n // 4, 4).sum(-1) <= 2).all()
-
-
-def _is_tile24(mask: torch.Tensor) -> torch.Tensor:
-    """At most two kept per row and per column of every aligned 4x4 tile (a transposable
-    2:4 mask: what the one-pass W/Wᵀ packer keeps unchanged)."""
-    n, k = mask.shape
-    if k % 4:
-        return torch.tensor(False)
-    return _is_col24(mask) & (mask.reshape(n, k // 4, 4).sum(-1) <= 2).all()
-
-
-# --------------------------------------------------------------------------- registered ops
-
-
-@torch.library.custom_op("tilesparse::semi24_linear", mutates_args=())
-def _fprop_op(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    mask: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    packed: Optional[torch.Tensor],
-    packed_t: Optional[torch.Tensor],
-    srste_decay: float,
-    mode: str,
-) -> torch.Tensor:
-    """Y = X (W⊙M)^T + b, X [M, K]; ``packed``/``packed_t``: compressed W⊙M and
-    (W⊙M)^T for cuSPARSELt, or None."""
-    if x.device.type != "cuda":
-        return semi24_linear_reference(x, weight, mask, bias)
-    return _gpu_product("fprop", x, weight, mask, bias, packed, mode)
-
-
-@_fprop_op.register_fake
-def _fprop_fake(x, weight, mask, bias, packed, packed_t, srste_decay, mode):
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
-@torch.library.custom_op("tilesparse::semi24_bprop", mutates_args=())
-def _bprop_op(
-    grad: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, packed_t: Optional[torch.Tensor], mode: str
-) -> torch.Tensor:
-    """dX = dY (W⊙M), dY [M, N]."""
-    if grad.device.type != "cuda":
-        return grad @ _masked(weight, mask)
-    return _gpu_product("bprop", grad, weight, mask, None, packed_t, mode)
-
-
-@_bprop_op.register_fake
-def _bprop_fake(grad, weight, mask, packed_t, mode):
-    return grad.new_empty(grad.shape[0], weight.shape[1])
-
-
-def _setup(ctx, inputs, output):
-    x, weight, mask, bias, packed, packed_t, srste_decay, mode = inputs
-    ctx.save_for_backward(x, weight, mask, packed_t)
-    ctx.srste_decay = srste_decay
-    ctx.mode = mode
-    ctx.has_bias = bias is not None
-
-
-def _backward(ctx, grad):
-    x, weight, mask, packed_t = ctx.saved_tensors
-    grad_x = grad_w = grad_b = None
-    if ctx.needs_input_grad[0]:  # bprop with the masked weight
-        grad_x = _bprop_op(grad, weight, mask, packed_t, ctx.mode)
-    if ctx.needs_input_grad[1]:  # updat: dense STE gradient (+ SR-STE's masked decay)
-        grad_w = grad.t() @ x
-        if ctx.srste_decay:
-            grad_w = grad_w + ctx.srste_decay * torch.where(mask, torch.zeros_like(weight), weight)
-    if ctx.has_bias and ctx.needs_input_grad[3]:
-        grad_b = grad.sum(0)
-    return grad_x, grad_w, None, grad_b, None, None, None, None
-
-
-_fprop_op.register_autograd(_backward, setup_context=_setup)
-
-
-def semi24_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    mask: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
-    *,
-    srste_decay: float = 0.0,
-    mode: str = "auto",
-    packed: Optional[torch.Tensor] = None,
-    packed_t: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Y = X (W⊙M)^T + b with the STE backward (see the module docstring); X [..., K]."""
-    _dispatch.check_mode(mode)
-    if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError(f"x must be a tensor with at least 1 dim, got {type(x).__name__}")
-    if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x.shape[-1] is {x.shape[-1]} but weight has in_features={weight.shape[1]}")
-    x, weight, bias = _autocast(x, weight, bias)
-    if x.dtype != weight.dtype:
-        raise TypeError(f"x has dtype {x.dtype} but weight has {weight.dtype}; they must match")
-    if x.device != weight.device:
-        raise ValueError(f"x is on {x.device} but weight is on {weight.device}; they must match")
-    y = _fprop_op(x.reshape(-1, x.shape[-1]), weight, mask, bias, packed, packed_t, float(srste_decay), mode)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
-
 
 # --------------------------------------------------------------------------- module
 
