@@ -502,7 +502,7 @@ def test_gpu_offsets_past_2_31():
 def test_every_config_fits_its_block(dtype):
     """attention_config gives launchable tiles (powers of two >= 16 dividing b) for every
     pass, block size and head dim, and the H200-measured ones where they apply."""
-    from tilesparse.kernels.attention import _MEASURED, attention_config
+    from tilesparse.kernels.attention_configs import _MEASURED, attention_config
 
     for kind in ("fwd", "dkdv", "dq"):
         for block in (16, 32, 64, 128):

@@ -1,5 +1,5 @@
 """Sweep launch configs of the fused attention kernels on this GPU and print which beat
-the heuristic (`tilesparse.kernels.attention.attention_config`).
+the heuristic (`tilesparse.kernels.attention_configs.attention_config`).
 
 For each pattern and pass (fwd, dkdv, dq) the heuristic config is timed first, then each
 candidate: BLOCK_M x BLOCK_N tiles, warps, stages. A candidate's result must match the
