@@ -366,6 +366,26 @@ def test_gpu_cusparselt_matches_dense_masked(mode, dtype, tmp_path, monkeypatch)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("packer", ["map", "cslt"])
+def test_gpu_broadcast_gradient_and_strided_input(packer, monkeypatch):
+    """``y.sum().backward()`` hands the layer a stride-0 gradient, and a transposed view
+    is a legal input: cuSPARSELt must see contiguous operands (the broadcast gradient
+    once came back as garbage, dX off by 1e24)."""
+    monkeypatch.setenv("TILESPARSE_SEMI24_PACKER", packer)
+    m = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="sparse")
+    x = torch.randn(1024, 64, device="cuda", dtype=torch.bfloat16).t().requires_grad_()
+    for _ in range(3):  # compress, then (map packer) learn the placement and gather
+        with torch.no_grad():
+            m.weight.mul_(1.01)
+        x.grad = None
+        y = m(x)
+        y.sum().backward()
+    wm = (m.weight.detach() * m.mask).double()
+    assert_close(y, x.detach().double() @ wm.t() + m.bias.detach().double(), torch.bfloat16, "fprop")
+    assert_close(x.grad, torch.ones(64, 512, dtype=torch.float64, device="cuda") @ wm, torch.bfloat16, "bprop")
+
+
+@pytest.mark.gpu
 def test_gpu_auto_training_is_decided_once_with_the_compression_cost(tmp_path, monkeypatch):
     """In training (W changes every step), mode='auto' times repacking + sparse products
     against the dense products once per problem (op train_step_map), caches it, and is right

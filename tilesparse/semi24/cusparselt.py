@@ -69,7 +69,10 @@ def cslt_product(packed: torch.Tensor, a: torch.Tensor, bias: Optional[torch.Ten
     """A @ S^T (+ bias) for S compressed by _cslt_compress, A [M, K] dense: computed as
     S @ A^T on cuSPARSELt (sparse operand first) with the result transposed on output
     (transpose_result=True gives [M, rows(S)] directly), with the searched algorithm
-    (:func:`cslt_algorithm`). M is padded to a multiple of 8."""
+    (:func:`cslt_algorithm`). M is padded to a multiple of 8. A is made contiguous
+    first: cuSPARSELt reads the dense operand by its leading dimension alone, and a
+    broadcast gradient (the stride-0 ones of ``y.sum().backward()``) came out as garbage."""
+    a = a.contiguous()
     m = a.shape[0]
     pad = (-m) % 8
     if pad:
