@@ -216,7 +216,7 @@ def _prep(suite, table, dtype_name, nk, ctx, rows):
                          error or note or "speedup_vs_dense: one dense fprop's time over this", ctx))
         _log(ctx, rows[-1])
     if ctx.cuda:
-        wm = transposable_prune(w)[0]
+        wm, _, mask = transposable_prune(w)  # the mask itself: randn has exact zeros at kept entries
         ms, note, error = _time(lambda: torch._cslt_compress(wm), ctx)
         rows.append(_row(suite, "prep", "compress", "cusparselt", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
                          error or note or "W only (bprop's Wᵀ costs the same again)", ctx))
@@ -231,7 +231,6 @@ def _prep(suite, table, dtype_name, nk, ctx, rows):
         _log(ctx, rows[-1])
         from ..semi24.value_map import maps_for
 
-        mask = wm != 0
         maps = maps_for(mask, wm.dtype, want_t=True)
         if maps is None or maps[1] is None:
             ctx.log("  [yellow]value maps could not be learned on this GPU[/]")

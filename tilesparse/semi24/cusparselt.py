@@ -56,7 +56,9 @@ def cslt_algorithm(packed: torch.Tensor, dense_b: torch.Tensor, bias: Optional[t
     alg = _ALG_IDS.get(key)
     if alg is None:
         try:
-            alg = int(torch._cslt_sparse_mm_search(packed, dense_b, bias=bias, transpose_result=True))
+            with warnings.catch_warnings():  # torch 2.11+ calls this entry point deprecated; it still works
+                warnings.filterwarnings("ignore", message=".*_cslt_sparse_mm_search is deprecated")
+                alg = int(torch._cslt_sparse_mm_search(packed, dense_b, bias=bias, transpose_result=True))
         except (RuntimeError, TypeError, AttributeError) as exc:
             warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt algorithm search failed ({type(exc).__name__}: "
                           f"{exc}); using its default algorithm for {key[:2]}", stacklevel=3)

@@ -69,11 +69,25 @@ def _same_meta(a: torch.Tensor, b: torch.Tensor, slack: int) -> bool:
     return differ.numel() == 0 or int(differ[0]) >= a.numel() - slack
 
 
+class ValueMapError(RuntimeError):
+    """cuSPARSELt's placement could not be learned or verified; the message says which check failed."""
+
+
 def build_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool = False,
                     compress=None) -> Optional[ValueMap]:
     """The value map of W⊙M (``transposed``: of (W⊙M)ᵀ) for W's mask [n, k], 2:4 along
     the rows of the compressed operand with exactly half kept. ``compress`` defaults to
-    ``torch._cslt_compress``. None when the placement cannot be learned and verified."""
+    ``torch._cslt_compress``. None when the placement cannot be learned and verified
+    (:func:`learn_value_map` says why)."""
+    try:
+        return learn_value_map(mask, dtype, transposed=transposed, compress=compress)
+    except ValueMapError:
+        return None
+
+
+def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool = False,
+                    compress=None) -> ValueMap:
+    """:func:`build_value_map`, raising :class:`ValueMapError` with the failed check."""
     compress = compress or torch._cslt_compress
     n, k = mask.shape
     operand = mask.t().contiguous() if transposed else mask
@@ -81,7 +95,8 @@ def build_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
     n_values = rows * cols // 2
     kept = operand.reshape(-1).nonzero().squeeze(1)  # flat positions in the operand
     if kept.numel() != n_values or n_values == 0:
-        return None  # not exactly 2 of every 4: placement would depend on which zeros are "kept"
+        raise ValueMapError(f"the mask keeps {kept.numel()} of {rows * cols}, not exactly half: placement "
+                            f"would depend on which zeros count as kept")
     src = (kept % n) * k + kept // n if transposed else kept  # their flat positions in W
     digits = max(1, math.ceil(math.log2(n * k) / _BITS))
     decoded = torch.zeros(n_values, dtype=torch.int64, device=mask.device)
@@ -95,24 +110,32 @@ def build_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
         packed = compress(codes.view(dtype).view(rows, cols))
         flat = packed.reshape(-1)
         if flat.numel() <= n_values:
-            return None
+            raise ValueMapError(f"the compressed buffer has {flat.numel()} elements, no room for metadata after "
+                                f"{n_values} values")
         values = flat[:n_values].view(torch.int16).to(torch.int64) - _OFFSET
-        if bool(((values < 0) | (values > _DIGIT)).any()):
-            return None  # the value region is not where we read it, or codes were altered
+        bad = ((values < 0) | (values > _DIGIT)).nonzero()
+        if bad.numel():
+            raise ValueMapError(f"pass {step}: {bad.numel()} value slots (first {int(bad[0])}) hold no code: the "
+                                f"value region is not where it was read, or the codes were altered")
         if check:
-            if not torch.equal(_DIGIT - values, first):
-                return None  # other codes, other placement: the placement depends on the values
+            differ = (_DIGIT - values != first).nonzero()
+            if differ.numel():
+                raise ValueMapError(f"{differ.numel()} slots (first {int(differ[0])}) moved when the codes "
+                                    f"changed: the placement depends on the values")
         else:
             decoded |= values << (_BITS * digit)
             first = values if step == 0 else first
         if meta is None:
             meta, shape = flat[n_values:].clone(), tuple(packed.shape)
         elif meta.numel() != flat.numel() - n_values or not _same_meta(flat[n_values:], meta, rows):
-            return None  # metadata must depend on the mask only
+            differ = (flat[n_values:].view(torch.int16) != meta.view(torch.int16)).nonzero()
+            raise ValueMapError(f"pass {step}: {differ.numel()} metadata elements of {meta.numel()} (first "
+                                f"{int(differ[0]) if differ.numel() else -1}) changed with the values")
     seen = torch.zeros(n * k, dtype=torch.bool, device=mask.device)
     seen[decoded] = True  # a permutation of the kept entries: distinct, and every one of them
     if int(seen.sum()) != n_values or not bool(seen[src].all()):
-        return None
+        raise ValueMapError(f"the decoded slots name {int(seen.sum())} distinct entries of W, not the mask's "
+                            f"{n_values} kept ones")
     index = decoded.to(torch.int32) if n * k < 2**31 else decoded
     return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
 
