@@ -250,6 +250,8 @@ def test_errors_name_the_argument():
         m([1.0] * 8)
     with pytest.raises(ValueError, match="x is on meta but weight is on cpu"):
         m(torch.randn(3, 8, device="meta"))
+    with pytest.raises(ValueError, match="masked must be W⊙M like weight"):
+        semi24_linear(torch.randn(3, 8), m.weight, m.mask, masked=torch.zeros(8, 4))
 
 
 # --------------------------------------------------------------------------- dispatcher
@@ -383,6 +385,42 @@ def test_gpu_broadcast_gradient_and_strided_input(packer, monkeypatch):
     wm = (m.weight.detach() * m.mask).double()
     assert_close(y, x.detach().double() @ wm.t() + m.bias.detach().double(), torch.bfloat16, "fprop")
     assert_close(x.grad, torch.ones(64, 512, dtype=torch.float64, device="cuda") @ wm, torch.bfloat16, "bprop")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_gpu_dense_products_reuse_the_masked_weight_until_it_changes(grad):
+    """mode dense (and auto where dense was decided) keeps W⊙M between products; an
+    update of W or M must be seen at once (a stale copy would be a silent wrong result)."""
+    m = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="dense")
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+
+    def check():
+        with torch.set_grad_enabled(grad):
+            y = m(x)
+        wm = (m.weight.detach() * m.mask).double()
+        assert_close(y, x.detach().double() @ wm.t() + m.bias.detach().double(), torch.bfloat16, "fprop")
+        if grad:
+            x.grad = None
+            dy = torch.randn_like(y)
+            y.backward(dy)
+            assert_close(x.grad, dy.double() @ wm, torch.bfloat16, "bprop")
+
+    check()
+    held = m._masked_weight
+    assert held is not None
+    check()
+    assert m._masked_weight is held, "kept while W and M are unchanged"
+    with torch.no_grad():
+        m.weight.mul_(-2.0)
+    check()
+    assert m._masked_weight is not held
+    with torch.no_grad():
+        m.update_mask()
+    check()
+    m.densify()
+    check()
+    assert m._dense_masked("dense", x) is m.weight  # densified: the weight itself, no copy
 
 
 @pytest.mark.gpu

@@ -3,9 +3,10 @@
 Three kinds of case, from ``cases/semi24.json``:
 
 * ``gemm`` shapes [M, N, K] (X [M, K], W [N, K]), op ``fprop``: Y = X (W⊙M)^T through
-  :func:`tilesparse.semi24.semi24_linear` with ``mode="sparse"`` (cuSPARSELt, compressed
-  once outside the timed call, as a trained layer holds it) and ``mode="auto"`` (the
-  dispatcher's choice; methods ``tilesparse`` and ``tilesparse_auto``), against
+  a :class:`~tilesparse.SemiSparseLinear` layer at inference (no grad) with
+  ``mode="sparse"`` (cuSPARSELt; the layer compresses W⊙M on its first call and keeps
+  it) and ``mode="auto"`` (the dispatcher's choice; where that is dense the layer keeps
+  W⊙M instead; methods ``tilesparse`` and ``tilesparse_auto``), against
   ``F.linear`` on the dense weight;
 * ``ffn`` blocks {tokens, dim, hidden}, ops ``fwd``, ``fwd_bwd`` (named ``ffn_fwd``,
   ``ffn_step`` and ``ffn_train_step`` in the CSV; weights fixed: their
@@ -103,8 +104,7 @@ def _log(ctx, row):
 
 
 def _gemm(suite, table, dtype_name, shape, ctx, rows):
-    from ..semi24 import transposable_mask
-    from ..semi24.linear import semi24_linear
+    from ..semi24 import SemiSparseLinear, transposable_mask
 
     m, n, k = shape
     dtype, device = DTYPES[dtype_name], torch.device("cuda" if ctx.cuda else "cpu")
@@ -118,15 +118,15 @@ def _gemm(suite, table, dtype_name, shape, ctx, rows):
     rows.append(_row(suite, "gemm", "fprop", "dense", dtype_name, shape, 1.0, dense_ms, dense_ms, 2.0 * m * n * k,
                      None, error or note, ctx))
     _log(ctx, rows[-1])
-    packed = None
-    if ctx.cuda:
-        try:
-            packed = torch._cslt_compress(wm.contiguous())
-        except Exception as exc:  # no cuSPARSELt: mode "sparse" then falls back (and says so)
-            ctx.log(f"  [yellow]_cslt_compress failed: {exc}[/]")
     for method, mode in (("tilesparse", "sparse"), ("tilesparse_auto", "auto")):
-        def fn(mode=mode):
-            return semi24_linear(x, w, mask, mode=mode, packed=packed)
+        layer = SemiSparseLinear(k, n, bias=False, device=device, dtype=dtype, mode=mode).eval()
+        with torch.no_grad():
+            layer.weight.copy_(w)
+            layer.mask.copy_(mask)
+
+        @torch.no_grad()
+        def fn(layer=layer):
+            return layer(x)
 
         ms, note, error = _time(fn, ctx)
         err = rel_err(fn(), ref) if error is None else None

@@ -32,13 +32,14 @@ def _masked(weight: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, weight, torch.zeros((), dtype=weight.dtype, device=weight.device))
 
 
-def _gpu_product(op, a, weight, mask, bias, packed, mode):
+def _gpu_product(op, a, weight, mask, bias, packed, mode, masked=None):
     """fprop: A (W⊙M)^T + b (packed = compressed W⊙M); bprop: A (W⊙M) (packed =
-    compressed (W⊙M)^T, None when the mask is not transposable)."""
+    compressed (W⊙M)^T, None when the mask is not transposable). ``masked``: W⊙M when
+    the caller holds it, so that the dense path skips a masking pass over W."""
     n, k = weight.shape if op == "fprop" else weight.t().shape  # the sparse operand [n, k]
 
     def dense():
-        w = _masked(weight, mask)
+        w = _masked(weight, mask) if masked is None else masked
         return F.linear(a, w if op == "fprop" else w.t(), bias)
 
     if mode == "dense":
@@ -89,56 +90,58 @@ def _fprop_op(
     bias: Optional[torch.Tensor],
     packed: Optional[torch.Tensor],
     packed_t: Optional[torch.Tensor],
+    masked: Optional[torch.Tensor],
     srste_decay: float,
     mode: str,
 ) -> torch.Tensor:
     """Y = X (W⊙M)^T + b, X [M, K]; ``packed``/``packed_t``: compressed W⊙M and
-    (W⊙M)^T for cuSPARSELt, or None."""
+    (W⊙M)^T for cuSPARSELt, or None; ``masked``: W⊙M for the dense path, or None."""
     if x.device.type != "cuda":
         return semi24_linear_reference(x, weight, mask, bias)
-    return _gpu_product("fprop", x, weight, mask, bias, packed, mode)
+    return _gpu_product("fprop", x, weight, mask, bias, packed, mode, masked)
 
 
 @_fprop_op.register_fake
-def _fprop_fake(x, weight, mask, bias, packed, packed_t, srste_decay, mode):
+def _fprop_fake(x, weight, mask, bias, packed, packed_t, masked, srste_decay, mode):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("tilesparse::semi24_bprop", mutates_args=())
 def _bprop_op(
-    grad: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, packed_t: Optional[torch.Tensor], mode: str
+    grad: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, packed_t: Optional[torch.Tensor],
+    masked: Optional[torch.Tensor], mode: str
 ) -> torch.Tensor:
     """dX = dY (W⊙M), dY [M, N]."""
     if grad.device.type != "cuda":
         return grad @ _masked(weight, mask)
-    return _gpu_product("bprop", grad, weight, mask, None, packed_t, mode)
+    return _gpu_product("bprop", grad, weight, mask, None, packed_t, mode, masked)
 
 
 @_bprop_op.register_fake
-def _bprop_fake(grad, weight, mask, packed_t, mode):
+def _bprop_fake(grad, weight, mask, packed_t, masked, mode):
     return grad.new_empty(grad.shape[0], weight.shape[1])
 
 
 def _setup(ctx, inputs, output):
-    x, weight, mask, bias, packed, packed_t, srste_decay, mode = inputs
-    ctx.save_for_backward(x, weight, mask, packed_t)
+    x, weight, mask, bias, packed, packed_t, masked, srste_decay, mode = inputs
+    ctx.save_for_backward(x, weight, mask, packed_t, masked)
     ctx.srste_decay = srste_decay
     ctx.mode = mode
     ctx.has_bias = bias is not None
 
 
 def _backward(ctx, grad):
-    x, weight, mask, packed_t = ctx.saved_tensors
+    x, weight, mask, packed_t, masked = ctx.saved_tensors
     grad_x = grad_w = grad_b = None
     if ctx.needs_input_grad[0]:  # bprop with the masked weight
-        grad_x = _bprop_op(grad, weight, mask, packed_t, ctx.mode)
+        grad_x = _bprop_op(grad, weight, mask, packed_t, masked, ctx.mode)
     if ctx.needs_input_grad[1]:  # updat: dense STE gradient (+ SR-STE's masked decay)
         grad_w = grad.t() @ x
         if ctx.srste_decay:
             grad_w = grad_w + ctx.srste_decay * torch.where(mask, torch.zeros_like(weight), weight)
     if ctx.has_bias and ctx.needs_input_grad[3]:
         grad_b = grad.sum(0)
-    return grad_x, grad_w, None, grad_b, None, None, None, None
+    return grad_x, grad_w, None, grad_b, None, None, None, None, None
 
 
 _fprop_op.register_autograd(_backward, setup_context=_setup)
@@ -154,8 +157,12 @@ def semi24_linear(
     mode: str = "auto",
     packed: Optional[torch.Tensor] = None,
     packed_t: Optional[torch.Tensor] = None,
+    masked: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Y = X (W⊙M)^T + b with the STE backward (see the module docstring); X [..., K]."""
+    """Y = X (W⊙M)^T + b with the STE backward (see the module docstring); X [..., K].
+    ``packed``/``packed_t``: compressed W⊙M and (W⊙M)ᵀ held by the caller (else
+    compressed here); ``masked``: W⊙M itself in the compute dtype, held by the caller,
+    used wherever the product runs dense (else W is masked again in each product)."""
     _dispatch.check_mode(mode)
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError(f"x must be a tensor with at least 1 dim, got {type(x).__name__}")
@@ -166,5 +173,10 @@ def semi24_linear(
         raise TypeError(f"x has dtype {x.dtype} but weight has {weight.dtype}; they must match")
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}; they must match")
-    y = _fprop_op(x.reshape(-1, x.shape[-1]), weight, mask, bias, packed, packed_t, float(srste_decay), mode)
+    if masked is not None and (masked.shape != weight.shape or masked.dtype != weight.dtype
+                               or masked.device != weight.device):
+        raise ValueError(f"masked must be W⊙M like weight ({tuple(weight.shape)}, {weight.dtype}, {weight.device}), "
+                         f"got {tuple(masked.shape)}, {masked.dtype}, {masked.device}")
+    y = _fprop_op(x.reshape(-1, x.shape[-1]), weight, mask, bias, packed, packed_t, masked, float(srste_decay),
+                  mode)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], weight.shape[0])
