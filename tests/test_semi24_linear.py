@@ -418,6 +418,9 @@ def test_gpu_dense_products_reuse_the_masked_weight_until_it_changes(grad):
     with torch.no_grad():
         m.update_mask()
     check()
+    with torch.no_grad():  # inference that runs dense: F.linear on the held W⊙M, same numbers
+        wm = (m.weight.detach() * m.mask).double()
+        assert_close(m(x.detach()), x.detach().double() @ wm.t() + m.bias.detach().double(), torch.bfloat16, "plain")
     m.densify()
     check()
     assert m._dense_masked("dense", x) is m.weight  # densified: the weight itself, no copy

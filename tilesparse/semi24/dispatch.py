@@ -19,6 +19,7 @@ Everything except the timing itself is plain Python, so tests drive it with a fa
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -51,6 +52,12 @@ def _do_bench(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_name(device: torch.device) -> str:
+    """The GPU's name (part of every decision's key), asked of the driver once per device."""
+    return torch.cuda.get_device_name(device)
 
 
 def check_mode(mode: str, name: str = "mode") -> str:
@@ -154,7 +161,7 @@ class Semi24Dispatcher:
         if sparse_fn is None:
             return "dense"
         if device_name is None:
-            device_name = torch.cuda.get_device_name(device)
+            device_name = gpu_name(device)
         key = self.key(op, m, n, k, dtype, device_name)
         cached = self.lookup(key)
         if cached is not None:

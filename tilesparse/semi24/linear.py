@@ -243,7 +243,7 @@ class SemiSparseLinear(nn.Module):
         if mode == "auto":
             n, k = w.shape
             key = _dispatch.Semi24Dispatcher.key("fprop", max(1, x.numel() // k), n, k, dtype,
-                                                 torch.cuda.get_device_name(w.device))
+                                                 _dispatch.gpu_name(w.device))
             if _dispatch.default_dispatcher().lookup(key) != "dense":
                 return None
         elif mode != "dense":
@@ -254,6 +254,13 @@ class SemiSparseLinear(nn.Module):
                 self._masked_weight = _masked(w.detach().to(dtype), self.mask)
             self._masked_key = key
         return self._masked_weight
+
+    def _plain_inference(self, x: torch.Tensor, masked: torch.Tensor) -> bool:
+        """No gradient to compute, and x already in W⊙M's dtype and device: a plain
+        F.linear on the held W⊙M is the whole product."""
+        needs_grad = torch.is_grad_enabled() and (
+            x.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))
+        return not needs_grad and x.dtype == masked.dtype and x.device == masked.device
 
     def _pack(self, w: torch.Tensor, maps, want_t: bool):
         """(compressed W⊙M, compressed (W⊙M)ᵀ or None) of ``w`` (in the compute dtype):
@@ -342,10 +349,13 @@ class SemiSparseLinear(nn.Module):
         mode = "dense" if self.densified else self.mode
         if mode == "auto" and self._recompresses_every_step():
             mode = self._training_choice(x)
+        masked = self._dense_masked(mode, x)
+        if masked is not None and self._plain_inference(x, masked):
+            return F.linear(x, masked, self.bias)  # runs dense without autograd: no custom op in between
         packed, packed_t = self._compressed() if mode != "dense" else (None, None)
         decay = 0.0 if self.densified else self.srste_decay
         return semi24_linear(x, self.weight, self.mask, self.bias, srste_decay=decay, mode=mode,
-                             packed=packed, packed_t=packed_t, masked=self._dense_masked(mode, x))
+                             packed=packed, packed_t=packed_t, masked=masked)
 
     # ----------------------------------------------------------------- conversions
     @torch.no_grad()
