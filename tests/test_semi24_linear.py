@@ -283,7 +283,7 @@ def test_dispatcher_picks_the_faster_and_caches(tmp_path, sparse_ms, dense_ms, e
     assert timer.calls == ["sparse", "dense"] and d.timings == 1  # timed once
     data = json.loads(path.read_text())
     key = d.key("fprop", 128, 256, 512, torch.bfloat16, "FakeGPU")
-    assert data["version"] == 1 and data["entries"][key]["choice"] == expected
+    assert data["version"] == dsp.CACHE_VERSION and data["entries"][key]["choice"] == expected
     assert data["entries"][key]["sparse_ms"] == sparse_ms
     # a new process (new dispatcher) reads the file and times nothing
     timer2 = FakeTimer(100.0, 100.0)
@@ -307,7 +307,7 @@ def test_dispatcher_override_cpu_and_unavailable(tmp_path):
         d.key("wgrad", 1, 1, 1, torch.float16, "x")
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"version": 99, "entries": {}}', '[1, 2]', '{"version": 1}'])
+@pytest.mark.parametrize("content", ["{not json", '{"version": 99, "entries": {}}', '[1, 2]', '{"version": 2}'])
 def test_dispatcher_corrupt_cache_warns_and_is_ignored(tmp_path, content):
     path = tmp_path / "cache.json"
     path.write_text(content)
@@ -316,7 +316,7 @@ def test_dispatcher_corrupt_cache_warns_and_is_ignored(tmp_path, content):
     with pytest.warns(UserWarning, match="ignoring the 2:4 dispatch cache"):
         assert _choose(d) == "sparse"
     assert timer.calls == ["sparse", "dense"]
-    assert json.loads(path.read_text())["version"] == 1  # rewritten in the good format
+    assert json.loads(path.read_text())["version"] == dsp.CACHE_VERSION  # rewritten in the good format
 
 
 def test_dispatcher_cache_path_from_env(tmp_path, monkeypatch):
@@ -324,6 +324,17 @@ def test_dispatcher_cache_path_from_env(tmp_path, monkeypatch):
     assert dsp.Semi24Dispatcher().cache_path == tmp_path / "env.json"
     monkeypatch.delenv("TILESPARSE_SEMI24_CACHE")
     assert dsp.default_cache_path().parts[-3:] == (".cache", "tilesparse", "semi24_dispatch.json")
+
+
+def test_dispatcher_times_again_quietly_after_a_timing_method_change(tmp_path):
+    path = tmp_path / "old.json"
+    key = dsp.Semi24Dispatcher.key("fprop", 128, 256, 512, torch.bfloat16, "FakeGPU")
+    path.write_text(json.dumps({"version": 1, "entries": {key: {"choice": "dense"}}}))
+    d = dsp.Semi24Dispatcher(path, timer=FakeTimer(1.0, 2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _choose(d) == "sparse"  # the version-1 "dense" is not trusted
+    assert d.timings == 1 and json.loads(path.read_text())["version"] == dsp.CACHE_VERSION
 
 
 def test_dispatcher_in_memory_only(tmp_path):
