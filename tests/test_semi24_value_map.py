@@ -45,6 +45,52 @@ def test_gathered_packing_equals_compression(shape):
     assert forward.index.dtype == torch.int32 and forward.n_values == shape[0] * shape[1] // 2
 
 
+def row_major_compress(dense: torch.Tensor) -> torch.Tensor:
+    """A compressor that stores the kept values in row-major order (as cuSPARSELt does on
+    the H200), then one int16 of metadata per group."""
+    rows, cols = dense.shape
+    groups = dense.reshape(rows, cols // 4, 4)
+    kept = groups != 0
+    order = torch.argsort((~kept).to(torch.uint8), dim=-1, stable=True)[..., :2]
+    values = torch.gather(groups, -1, order).reshape(-1)
+    meta = (kept.to(torch.int16) * torch.tensor([1, 2, 4, 8], dtype=torch.int16)).sum(-1).reshape(-1)
+    return torch.cat([values, meta.view(dense.dtype)]).view(rows, -1)
+
+
+def test_a_row_major_placement_is_learned_once_per_shape_then_checked_in_one_pass():
+    calls = []
+
+    def counting(dense):
+        calls.append(1)
+        return row_major_compress(dense)
+
+    shape = (64, 128)
+    for trial in range(3):
+        w, mask = _masked(shape)
+        calls.clear()
+        value_map = build_value_map(mask, torch.float16, compress=counting)
+        assert len(calls) == (2 if trial == 0 else 1)  # decoded (1 digit + check) the first time only
+        w2 = torch.randn(*shape).to(torch.float16)
+        wm2 = torch.where(mask, w2, torch.zeros_like(w2))
+        assert torch.equal(value_map.pack(w2).view(torch.int16), row_major_compress(wm2).view(torch.int16))
+
+
+def test_a_mask_that_breaks_the_row_major_pattern_is_decoded_instead():
+    """The one-pass check must catch a placement that differs for a later mask."""
+    state = {"scrambled": False}
+
+    def changing(dense):
+        return fake_compress(dense) if state["scrambled"] else row_major_compress(dense)
+
+    shape = (32, 64)
+    build_value_map(_masked(shape)[1], torch.float16, compress=changing)  # row-major: learned as such
+    state["scrambled"] = True
+    w, mask = _masked(shape)
+    value_map = build_value_map(mask, torch.float16, compress=changing)
+    wm = torch.where(mask, w, torch.zeros_like(w))
+    assert torch.equal(value_map.pack(w).view(torch.int16), fake_compress(wm).view(torch.int16))
+
+
 def test_a_mask_that_is_not_exactly_two_of_four_is_refused():
     _, mask = _masked((16, 32))
     mask[0, :4] = torch.tensor([True, False, False, False])

@@ -233,7 +233,7 @@ def _prep(suite, table, dtype_name, nk, ctx, rows):
 
         ms, note, error = _time(lambda: maps_for(mask, wm.dtype, want_t=True), ctx)
         rows.append(_row(suite, "prep", "compress", "learn_maps", dtype_name, shape, 0.5, ms, fprop_ms, None, None,
-                         error or note or "learning the placement for W and Wᵀ: once per mask", ctx))
+                         error or note or "learning the placement for W and Wᵀ, once per mask (median: the one-pass learn of a shape already decoded row-major)", ctx))
         _log(ctx, rows[-1])
         maps = maps_for(mask, wm.dtype, want_t=True)
         if maps is None or maps[1] is None:

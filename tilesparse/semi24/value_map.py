@@ -17,8 +17,15 @@ exactly the mask's kept entries (a permutation), every pass (one more than the d
 need, re-encoding the first digit with complemented codes, so their order reverses)
 produced the same metadata and the same placement, and the codes survived the round
 trip. torch allocates the compressed buffer in whole rows, so up to a row's worth of
-trailing elements may be uninitialised: metadata differences there are ignored. Otherwise :func:`build_value_map` returns None and
-the caller keeps ``_cslt_compress``. Memory: one int32 (or int64) index per kept value
+trailing elements may be uninitialised: metadata differences there are ignored. Otherwise
+:func:`build_value_map` returns None and the caller keeps ``_cslt_compress``.
+
+On the H200 (torch 2.11, cuSPARSELt 0.8) the decoded placement was plain row-major: slot
+i holds the operand's i-th kept entry, for every shape and mask tried. A shape whose
+decoded map came out row-major is remembered, and its later masks are learned in one
+compression: kept entries coded by the low 14 bits of their rank, every slot checked
+against its rank's code, the metadata taken from that pass. A slot that disagrees sends
+that shape back to full decoding. Memory: one int32 (or int64) index per kept value
 (for bf16 weights the weight's own size) and the metadata, per orientation; building a
 map holds a few int64 temporaries per kept value for a moment.
 """
@@ -98,14 +105,54 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
         raise ValueMapError(f"the mask keeps {kept.numel()} of {rows * cols}, not exactly half: placement "
                             f"would depend on which zeros count as kept")
     src = (kept % n) * k + kept // n if transposed else kept  # their flat positions in W
-    digits = max(1, math.ceil(math.log2(n * k) / _BITS))
-    decoded = torch.zeros(n_values, dtype=torch.int64, device=mask.device)
+    key = (rows, cols, dtype, str(mask.device), compress)
+    if _ROW_MAJOR.get(key):
+        value_map = _row_major_map(operand, dtype, kept, src, n * k, compress)
+        if value_map is not None:
+            return value_map
+        _ROW_MAJOR[key] = False  # this mask broke the pattern: decode every mask of this shape from now on
+    value_map = _decoded_map(operand, dtype, kept, src, n * k, compress)
+    _ROW_MAJOR[key] = torch.equal(value_map.index.to(torch.int64), src)  # slot i holds the i-th kept entry
+    return value_map
+
+
+# (rows, cols, dtype, device, compress) -> whether a fully decoded map of that shape put the
+# kept values in row-major order; the H200 with torch 2.11 did for every shape and mask
+# tried (scripts/probes/value_map_structure.py)
+_ROW_MAJOR: dict[tuple, bool] = {}
+
+
+def _row_major_map(operand, dtype, kept, src, numel, compress) -> Optional[ValueMap]:
+    """The map in one compression, for a shape whose decoded placement was row-major:
+    code every kept entry by the low 14 bits of its rank, check that slot i came back
+    with rank i's code, and take the metadata from that pass. None if a slot disagrees."""
+    rows, cols = operand.shape
+    n_values = kept.numel()
+    ranks = torch.arange(n_values, dtype=torch.int32, device=operand.device)
+    expected = ((ranks & _DIGIT) + _OFFSET).to(torch.int16)
+    codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
+    codes[kept] = expected
+    packed = compress(codes.view(dtype).view(rows, cols))
+    flat = packed.reshape(-1)
+    if flat.numel() <= n_values or not torch.equal(flat[:n_values].view(torch.int16), expected):
+        return None
+    index = src.to(torch.int32) if numel < 2**31 else src
+    return ValueMap(shape=tuple(packed.shape), meta=flat[n_values:].clone(), index=index, n_values=n_values)
+
+
+def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
+    """The map for any placement: the kept entries' flat indices in W written as codes, 14
+    bits per compression, decoded from the value region, then verified."""
+    rows, cols = operand.shape
+    n_values = kept.numel()
+    digits = max(1, math.ceil(math.log2(numel) / _BITS))
+    decoded = torch.zeros(n_values, dtype=torch.int64, device=operand.device)
     first, meta, shape = None, None, None
     for step in range(digits + 1):
         check = step == digits  # digit 0 again, complemented
         digit = 0 if check else step
         part = (src >> (_BITS * digit)) & _DIGIT
-        codes = torch.zeros(rows * cols, dtype=torch.int16, device=mask.device)
+        codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
         codes[kept] = ((_DIGIT - part if check else part) + _OFFSET).to(torch.int16)
         packed = compress(codes.view(dtype).view(rows, cols))
         flat = packed.reshape(-1)
@@ -131,12 +178,12 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
             differ = (flat[n_values:].view(torch.int16) != meta.view(torch.int16)).nonzero()
             raise ValueMapError(f"pass {step}: {differ.numel()} metadata elements of {meta.numel()} (first "
                                 f"{int(differ[0]) if differ.numel() else -1}) changed with the values")
-    seen = torch.zeros(n * k, dtype=torch.bool, device=mask.device)
+    seen = torch.zeros(numel, dtype=torch.bool, device=operand.device)
     seen[decoded] = True  # a permutation of the kept entries: distinct, and every one of them
     if int(seen.sum()) != n_values or not bool(seen[src].all()):
         raise ValueMapError(f"the decoded slots name {int(seen.sum())} distinct entries of W, not the mask's "
                             f"{n_values} kept ones")
-    index = decoded.to(torch.int32) if n * k < 2**31 else decoded
+    index = decoded.to(torch.int32) if numel < 2**31 else decoded
     return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
 
 
