@@ -70,9 +70,28 @@ def test_a_row_major_placement_is_learned_once_per_shape_then_checked_in_one_pas
         calls.clear()
         value_map = build_value_map(mask, torch.float16, compress=counting)
         assert len(calls) == (2 if trial == 0 else 1)  # decoded (1 digit + check) the first time only
+        assert (value_map.index is None) == (trial > 0)  # then packed from the mask, no index held
         w2 = torch.randn(*shape).to(torch.float16)
         wm2 = torch.where(mask, w2, torch.zeros_like(w2))
         assert torch.equal(value_map.pack(w2).view(torch.int16), row_major_compress(wm2).view(torch.int16))
+
+
+def test_a_row_major_packer_that_disagrees_keeps_the_index(monkeypatch):
+    from tilesparse.semi24 import value_map as vm
+
+    shape = (32, 64)
+    build_value_map(_masked(shape)[1], torch.float16, compress=row_major_compress)  # decoded: row-major
+
+    def wrong(weight, mask, out, transposed):
+        out.zero_()
+
+    monkeypatch.setattr(vm, "pack_row_major", wrong)
+    w, mask = _masked(shape)
+    with pytest.warns(UserWarning, match="row-major 2:4 packing kernel is not used"):
+        value_map = build_value_map(mask, torch.float16, compress=row_major_compress)
+    assert value_map.index is not None
+    wm = torch.where(mask, w, torch.zeros_like(w))
+    assert torch.equal(value_map.pack(w).view(torch.int16), row_major_compress(wm).view(torch.int16))
 
 
 def test_a_mask_that_breaks_the_row_major_pattern_is_decoded_instead():
@@ -144,27 +163,33 @@ def test_a_compressor_that_breaks_the_assumptions_is_refused(fault):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("shape", [(512, 1024), (1024, 4096)])
 def test_gpu_gathered_packing_equals_cslt_compress(dtype, shape):
-    w = torch.randn(*shape, device="cuda", dtype=dtype)
-    mask = transposable_mask(w)
-    maps = maps_for(mask, dtype, want_t=True)
-    assert maps is not None and maps[1] is not None, "cuSPARSELt's placement could not be learned"
-    w2 = torch.randn(*shape, device="cuda", dtype=dtype)
-    # randn has exact zeros now and then (a few per 10^7 in bf16 on the H200); a kept zero
-    # leaves cuSPARSELt free to pick either zero of its group, so bitwise equality needs none
-    w2 = torch.where(w2 == 0, torch.ones_like(w2), w2)
-    wm2 = torch.where(mask, w2, torch.zeros_like(w2))
-    for value_map, dense in ((maps[0], wm2), (maps[1], wm2.t().contiguous())):
-        got, want = value_map.pack(w2), torch._cslt_compress(dense)
-        assert got.shape == want.shape
-        n = value_map.n_values
-        got_bits, want_bits = got.view(-1).view(torch.int16), want.view(-1).view(torch.int16)
-        assert torch.equal(got_bits[:n], want_bits[:n]), "the gathered values are not where cuSPARSELt puts them"
-        # metadata equal up to the trailing row of allocation padding, which torch leaves
-        # uninitialised (it differed once on the H200, fp16 1024x4096)
-        assert torch.equal(got_bits[n:-dense.shape[0]], want_bits[n:-dense.shape[0]])
-        a = torch.randn(64, dense.shape[1], device="cuda", dtype=dtype)
-        assert torch.equal(torch._cslt_sparse_mm(got, a.t(), transpose_result=True),
-                           torch._cslt_sparse_mm(want, a.t(), transpose_result=True))
+    """Two masks per shape: the first decoded in full (or, if an earlier test decoded
+    this shape, already the one-pass learn), the second by the one-pass learn, which on
+    the H200 packs with the row-major kernel and holds no index."""
+    for trial in range(2):
+        w = torch.randn(*shape, device="cuda", dtype=dtype)
+        mask = transposable_mask(w)
+        maps = maps_for(mask, dtype, want_t=True)
+        assert maps is not None and maps[1] is not None, "cuSPARSELt's placement could not be learned"
+        if trial == 1:
+            assert maps[0].index is None and maps[1].index is None, "the row-major packer was not taken"
+        w2 = torch.randn(*shape, device="cuda", dtype=dtype)
+        # randn has exact zeros now and then (a few per 10^7 in bf16 on the H200); a kept zero
+        # leaves cuSPARSELt free to pick either zero of its group, so bitwise equality needs none
+        w2 = torch.where(w2 == 0, torch.ones_like(w2), w2)
+        wm2 = torch.where(mask, w2, torch.zeros_like(w2))
+        for value_map, dense in ((maps[0], wm2), (maps[1], wm2.t().contiguous())):
+            got, want = value_map.pack(w2), torch._cslt_compress(dense)
+            assert got.shape == want.shape
+            n = value_map.n_values
+            got_bits, want_bits = got.view(-1).view(torch.int16), want.view(-1).view(torch.int16)
+            assert torch.equal(got_bits[:n], want_bits[:n]), "the packed values are not where cuSPARSELt puts them"
+            # metadata equal up to the trailing row of allocation padding, which torch leaves
+            # uninitialised (it differed once on the H200, fp16 1024x4096)
+            assert torch.equal(got_bits[n:-dense.shape[0]], want_bits[n:-dense.shape[0]])
+            a = torch.randn(64, dense.shape[1], device="cuda", dtype=dtype)
+            assert torch.equal(torch._cslt_sparse_mm(got, a.t(), transpose_result=True),
+                               torch._cslt_sparse_mm(want, a.t(), transpose_result=True))
 
 
 @pytest.mark.gpu

@@ -3,6 +3,7 @@ and rank (first or second kept of its group of 4)? If only on (group, rank), the
 layout can be learned once per shape and a new mask's map computed without compressing."""
 import torch
 from tilesparse.semi24 import transposable_mask
+from tilesparse.semi24 import value_map as value_maps
 from tilesparse.semi24.value_map import learn_value_map
 
 for dtype in (torch.bfloat16,):
@@ -11,6 +12,7 @@ for dtype in (torch.bfloat16,):
         for trial in range(2):
             mask = transposable_mask(torch.randn(*shape, device="cuda", dtype=dtype))
             for transposed in (False, True):
+                value_maps._ROW_MAJOR.clear()  # decode in full every time: the question is the layout
                 vm = learn_value_map(mask, dtype, transposed=transposed)
                 op = mask.t().contiguous() if transposed else mask
                 n, k = shape

@@ -25,7 +25,10 @@ i holds the operand's i-th kept entry, for every shape and mask tried. A shape w
 decoded map came out row-major is remembered, and its later masks are learned in one
 compression: kept entries coded by the low 14 bits of their rank, every slot checked
 against its rank's code, the metadata taken from that pass. A slot that disagrees sends
-that shape back to full decoding. Memory: one int32 (or int64) index per kept value
+that shape back to full decoding. Such a map holds no index: it packs with a Triton
+kernel that compacts each row's kept values straight from W and the mask
+(:mod:`tilesparse.kernels.semi24_pack`), once that kernel has reproduced the coded value
+region on this GPU (else it keeps the index, with a warning). Memory: one int32 (or int64) index per kept value
 (for bf16 weights the weight's own size) and the metadata, per orientation; building a
 map holds a few int64 temporaries per kept value for a moment.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -52,21 +56,41 @@ def use_value_maps() -> bool:
 @dataclass
 class ValueMap:
     """cuSPARSELt's compressed buffer for one mask: its ``shape`` and dtype, the metadata
-    ``meta`` (everything after the ``n_values`` value slots) and ``index`` (for each value
-    slot, the flat index in W of its value)."""
+    ``meta`` (everything after the ``n_values`` value slots), and where each slot's value
+    comes from: ``index`` (the flat index in W of each slot's value), or, for a verified
+    row-major placement, no index but W's ``mask`` [n, k] itself (slot i holds the i-th
+    kept entry of W⊙M, or of (W⊙M)ᵀ when ``transposed``)."""
 
     shape: tuple
     meta: torch.Tensor
-    index: torch.Tensor
+    index: Optional[torch.Tensor]
     n_values: int
+    mask: Optional[torch.Tensor] = None
+    transposed: bool = False
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """The compressed buffer of W⊙M (or (W⊙M)ᵀ) for this mask, from W itself."""
         out = torch.empty(self.shape, dtype=self.meta.dtype, device=self.meta.device)
         flat = out.view(-1)
         flat[self.n_values:].copy_(self.meta)
-        torch.index_select(weight.reshape(-1), 0, self.index, out=flat[: self.n_values])
+        if self.index is None:
+            pack_row_major(weight, self.mask, flat[: self.n_values], self.transposed)
+        else:
+            torch.index_select(weight.reshape(-1), 0, self.index, out=flat[: self.n_values])
         return out
+
+
+def pack_row_major(weight: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, transposed: bool) -> None:
+    """The kept values of W⊙M (or (W⊙M)ᵀ) row by row into ``out``: the Triton kernel on
+    the GPU (or under TRITON_INTERPRET=1), ``torch.masked_select`` elsewhere."""
+    if weight.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        from ..kernels.semi24_pack import pack_kept_rows
+
+        pack_kept_rows(weight, mask, out, transposed=transposed)
+    else:
+        from ..kernels.semi24_pack import pack_kept_rows_reference
+
+        out.copy_(pack_kept_rows_reference(weight, mask, transposed=transposed))
 
 
 def _same_meta(a: torch.Tensor, b: torch.Tensor, slack: int) -> bool:
@@ -107,7 +131,7 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
     src = (kept % n) * k + kept // n if transposed else kept  # their flat positions in W
     key = (rows, cols, dtype, str(mask.device), compress)
     if _ROW_MAJOR.get(key):
-        value_map = _row_major_map(operand, dtype, kept, src, n * k, compress)
+        value_map = _row_major_map(operand, dtype, kept, src, n * k, compress, mask, transposed)
         if value_map is not None:
             return value_map
         _ROW_MAJOR[key] = False  # this mask broke the pattern: decode every mask of this shape from now on
@@ -122,10 +146,12 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
 _ROW_MAJOR: dict[tuple, bool] = {}
 
 
-def _row_major_map(operand, dtype, kept, src, numel, compress) -> Optional[ValueMap]:
+def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed) -> Optional[ValueMap]:
     """The map in one compression, for a shape whose decoded placement was row-major:
     code every kept entry by the low 14 bits of its rank, check that slot i came back
-    with rank i's code, and take the metadata from that pass. None if a slot disagrees."""
+    with rank i's code, and take the metadata from that pass. None if a slot disagrees.
+    The map packs through :func:`pack_row_major` (no index) once that has reproduced the
+    coded value region here; otherwise it keeps an index."""
     rows, cols = operand.shape
     n_values = kept.numel()
     ranks = torch.arange(n_values, dtype=torch.int32, device=operand.device)
@@ -136,8 +162,21 @@ def _row_major_map(operand, dtype, kept, src, numel, compress) -> Optional[Value
     flat = packed.reshape(-1)
     if flat.numel() <= n_values or not torch.equal(flat[:n_values].view(torch.int16), expected):
         return None
+    shape, meta = tuple(packed.shape), flat[n_values:].clone()
+    coded_w = codes.view(dtype).view(rows, cols)
+    coded_w = coded_w.t() if transposed else coded_w  # W's orientation, as pack() receives it
+    got = torch.empty(n_values, dtype=dtype, device=operand.device)
+    try:
+        pack_row_major(coded_w, mask, got, transposed)
+        if torch.equal(got.view(torch.int16), expected):
+            return ValueMap(shape=shape, meta=meta, index=None, n_values=n_values, mask=mask, transposed=transposed)
+        reason = "it did not reproduce the verified placement"
+    except Exception as exc:  # a kernel that fails to build or run here: keep the gather
+        reason = f"{type(exc).__name__}: {exc}"
+    warnings.warn(f"tilesparse: the row-major 2:4 packing kernel is not used ({reason}); packing by a "
+                  f"gather index instead", stacklevel=4)
     index = src.to(torch.int32) if numel < 2**31 else src
-    return ValueMap(shape=tuple(packed.shape), meta=flat[n_values:].clone(), index=index, n_values=n_values)
+    return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
 
 
 def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
