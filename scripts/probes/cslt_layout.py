@@ -24,6 +24,7 @@ import json
 
 import torch
 
+from tilesparse.semi24 import value_map as value_maps
 from tilesparse.semi24.value_map import build_value_map
 
 PAIRS = list(itertools.combinations(range(4), 2))  # the 6 ways to keep 2 of 4
@@ -40,6 +41,7 @@ def _mask(rows, cols, pattern_of):
 
 def _slots(mask, dtype):
     """{(r, g, j): slot} from a value map: the j-th kept value of group g in row r."""
+    value_maps._ROW_MAJOR.clear()  # decode in full (an index per slot), not the one-pass learn
     value_map = build_value_map(mask.cuda(), dtype)
     if value_map is None:
         return None, None
