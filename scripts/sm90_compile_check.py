@@ -27,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
+from tilesparse.kernels import semi24_pack  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -83,6 +84,11 @@ def semi24_cases(quick: bool):
                         "rows_table_ptr": "*i32", "bits_table_ptr": "*i32", "N": "i32", "K": "i32", "n_tiles": "i64",
                         "tiles_per_row": "i32", "BLOCK_T": "constexpr", "GREEDY": "constexpr",
                         "WRITE_VALUES": "constexpr"}, const, 4, 2)
+        if dt != "fp32":  # the pack kernel moves 16-bit patterns (cuSPARSELt's 2:4 dtypes)
+            yield (f"2:4 pack kept rows {dt}", semi24_pack._pack_kept_rows_kernel,
+                   {"w_ptr": f"*{dt}", "m_ptr": "*u8", "out_ptr": f"*{dt}", "R": "i32", "C": "i32", "swr": "i32",
+                    "swc": "i32", "smr": "i32", "smc": "i32", "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"},
+                   {"BLOCK_R": 32, "BLOCK_C": 128}, 4, 2)
         yield (f"2:4 apply+transpose {dt}", semi24._apply_transpose_kernel,
                {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}", "N": "i32",
                 "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)
