@@ -37,7 +37,7 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
-        elif name in ("lse_ptr", "delta_ptr"):
+        elif name in ("lse_ptr", "delta_ptr", "dq_acc_ptr"):
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
@@ -63,9 +63,13 @@ def attention_cases(quick: bool):
                           TMA=tma)
             for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
-                const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-                yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}", fn,
-                       _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
+                for atomic in (False, True) if kind == "dkdv" else (False,):  # dQ by atomics (deterministic=False)
+                    const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+                    if atomic:
+                        const["ATOMIC_DQ"] = True
+                    yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}"
+                           f"{' atomic_dq' if atomic else ''}", fn,
+                           _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
         const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
         fn = attn._bwd_preprocess_kernel
         yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2

@@ -75,23 +75,25 @@ def empty_rows(layout, S, causal, kpm, H):
     return ~keep.any(-1).expand(-1, H, -1)
 
 
-def run_kernels(q, k, v, layout, causal, kpm, scale, grad_out, configs=None):
+def run_kernels(q, k, v, layout, causal, kpm, scale, grad_out, configs=None, deterministic=True):
     meta = layout.meta_on(q.device, causal)
     fwd_cfg, bwd_cfgs = (None, None) if configs is None else (configs[0], configs[1:])
     out, lse = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, layout.block_size, causal, scale,
                                          config=fwd_cfg)
     grads = kernels.attention_backward(grad_out, q, k, v, out, lse, meta, kpm, layout.layout_heads,
-                                       layout.block_size, causal, scale, configs=bwd_cfgs)
+                                       layout.block_size, causal, scale, configs=bwd_cfgs,
+                                       deterministic=deterministic)
     return out, lse, grads
 
 
-def check_case(layout, B, H, Hkv, D, dtype, causal, kpm_kind, *, scale=None, seq_major=False, configs=None):
+def check_case(layout, B, H, Hkv, D, dtype, causal, kpm_kind, *, scale=None, seq_major=False, configs=None,
+               deterministic=True):
     S = layout.seq_len
     q, k, v = make_inputs(B, H, Hkv, S, D, dtype, seq_major=seq_major)
     kpm = padding(B, S, kpm_kind)
     scale_ = 1.0 / math.sqrt(D) if scale is None else scale
     grad_out = torch.randn(B, H, S, D).to(dtype)
-    out, lse, grads = run_kernels(q, k, v, layout, causal, kpm, scale_, grad_out, configs)
+    out, lse, grads = run_kernels(q, k, v, layout, causal, kpm, scale_, grad_out, configs, deterministic)
     ref, ref_lse, ref_grads = reference_with_grads(q, k, v, layout, grad_out, causal=causal, scale=scale_,
                                                    key_padding_mask=kpm)
     assert_close(out, ref, dtype, "out")
@@ -176,6 +178,13 @@ KERNEL_CASES = {
     "tma_seqmajor_pad_b32_fp32": (lambda: layouts.random(100, 32, 0.5, _seed(), num_heads=2), 2, 2, 1, 32,
                                   torch.float32, False, "tail",
                                   {"seq_major": True, "configs": (kernels.AttentionConfig(32, 16, tma=True),) * 3}),
+    # deterministic=False: dQ by atomics in the dK/dV kernel (GQA sums several heads' key tiles)
+    "atomic_dq_local_gqa_oddS_fp16": (lambda: layouts.local(75, 16, 24, causal=True), 1, 4, 2, 32, torch.float16,
+                                      True, None, {"deterministic": False}),
+    "atomic_dq_bigbird_pad_split_fp32": (lambda: layouts.bigbird(96, 32, window_blocks=2, random_blocks=1,
+                                                                 seed=_seed()),
+                                         2, 2, 1, 32, torch.float32, False, "tail",
+                                         {"deterministic": False, "configs": (kernels.AttentionConfig(16, 16),) * 3}),
 }
 
 
@@ -370,12 +379,14 @@ def _good():
      "key_padding_mask must be bool"),
     (lambda q, k, v, L: (q, k, v, L, {"scale": -1.0}), ValueError, "scale must be"),
     (lambda q, k, v, L: (q, k, v, L, {"causal": 1}), TypeError, "causal must be a bool"),
+    (lambda q, k, v, L: (q, k, v, L, {"deterministic": 0}), TypeError, "deterministic must be a bool"),
     # the meta device stands in for a second device on a CPU-only machine
     (lambda q, k, v, L: (q.to("meta"), k, v, L, {}), ValueError, "k is on cpu but q is on meta"),
     (lambda q, k, v, L: (q, k, v, L, {"key_padding_mask": torch.zeros(2, 40, dtype=torch.bool, device="meta")}),
      ValueError, "key_padding_mask is on meta"),
 ], ids=["q_dim", "k_dtype", "q_int", "v_heads", "kv_seq", "gqa", "head_dim", "layout_blocks", "layout_heads",
-        "block_size", "layout_type", "kpm_shape", "kpm_dtype", "scale", "causal_type", "device", "kpm_device"])
+        "block_size", "layout_type", "kpm_shape", "kpm_dtype", "scale", "causal_type", "deterministic_type", "device",
+        "kpm_device"])
 def test_bad_input_names_the_argument(mutate, exc, match):
     q, k, v, layout, kw = mutate(*_good())
     with pytest.raises(exc, match=match):
@@ -441,6 +452,10 @@ def test_gpu_matches_reference(b, D, S, H, Hkv, causal, dtype):
                                  (q, k, v), grad_out)
     for a, b_ in zip(grads, grads2):
         assert torch.equal(a, b_), "gradients must be bitwise deterministic"
+    atomic = torch.autograd.grad(block_sparse_attention(q, k, v, layout, causal=causal, key_padding_mask=kpm,
+                                                        deterministic=False), (q, k, v), grad_out)
+    for n, got, want in zip(("dq atomic", "dk atomic", "dv atomic"), atomic, ref_grads):
+        assert_close(got, want, dtype, n)
 
 
 @pytest.mark.gpu

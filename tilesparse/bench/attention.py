@@ -43,7 +43,7 @@ from .timing import bench_ms_noted
 __all__ = ["OPS", "METHODS", "resolve_table", "prepare", "run", "plot_attention", "flops"]
 
 OPS = ("fwd", "fwd_bwd")
-METHODS = ("tilesparse", "flex", "sdpa")
+METHODS = ("tilesparse", "tilesparse_atomic", "flex", "sdpa")  # _atomic: deterministic=False (dQ by atomics)
 DENSE_PATTERNS = ("causal", "full")  # patterns SDPA computes without a mask
 
 
@@ -129,11 +129,11 @@ def _mask_mod(block_mask: torch.Tensor, block: int, causal: bool):
 
 def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out):
     """(forward fn, fwd+bwd fn) of one method, or (None, reason) when it cannot run."""
-    if method == "tilesparse":
+    if method in ("tilesparse", "tilesparse_atomic"):
         from ..attention import block_sparse_attention
 
         def fwd():
-            return block_sparse_attention(q, k, v, layout, causal=causal)
+            return block_sparse_attention(q, k, v, layout, causal=causal, deterministic=method == "tilesparse")
     elif method == "flex":
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -239,7 +239,7 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
                     results.setdefault(method, {})[op] = (ms, note)
         except Exception as exc:  # a peer that fails is skipped; tilesparse gets an error row
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-            if method == "tilesparse":
+            if method.startswith("tilesparse"):
                 results[method] = {op: (None, f"error: {msg}") for op in table["ops"]}
             else:
                 ctx.skipped.setdefault(f"{method}/{pattern}", f"failed: {msg}")
@@ -251,7 +251,7 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
     reference = outputs.get("flex", outputs.get("sdpa") if pattern in DENSE_PATTERNS else None)
     for method, per_op in results.items():
         err = None
-        if method == "tilesparse" and method in outputs and reference is not None:
+        if method.startswith("tilesparse") and method in outputs and reference is not None:
             err = rel_err(outputs[method], reference.float())
         for op, (ms, note) in per_op.items():
             if err is not None and not math.isfinite(err):
@@ -303,7 +303,7 @@ def plot_attention(rows: list[dict], path, title: str = ""):
         return None
     panels = list(dict.fromkeys((r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) for r in timed))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False, layout="constrained")
-    styles = {"tilesparse": ("o", "tab:blue"), "flex": ("s", "tab:orange")}
+    styles = {"tilesparse": ("o", "tab:blue"), "tilesparse_atomic": ("^", "tab:green"), "flex": ("s", "tab:orange")}
     for ax, key in zip(axes[0], panels):
         mine = [r for r in timed if (r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) == key]
         for method, (marker, color) in styles.items():

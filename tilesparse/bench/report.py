@@ -13,7 +13,7 @@ from . import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS
 
 __all__ = ["write_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
 
-PEER_ORDER = ("tilesparse", "torch_bsr", "stk", "flex", "tilesparse_auto", "tilesparse_act24")
+PEER_ORDER = ("tilesparse", "torch_bsr", "stk", "flex", "tilesparse_auto", "tilesparse_act24", "tilesparse_atomic")
 # Rows of these methods are a suite's dense baseline (the 'dense ms' column), not peers.
 BASELINE_METHODS = ("dense", "cudnn", "sdpa", "act_dense")
 METHOD_STYLES = {"tilesparse": ("-", "o"), "torch_bsr": ("--", "s"), "stk": (":", "^")}  # line, marker

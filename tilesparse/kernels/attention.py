@@ -18,11 +18,14 @@ nb = ceil(S / b) blocks of b tokens.
 * ``_bwd_dq_kernel``: program (query tile, batch*head) walks the CSR row again:
   dQ = scale * sum dS K.
 
-No atomics anywhere, and every reduction runs in a fixed order: gradients are bitwise
-deterministic. Kept pairs: block in the layout, key < S, not padding, and key <= query
-when causal (diagonal blocks are masked inside; blocks above the diagonal are not in
-the causal tables at all). A D that is not a power of two (96) runs on the next
-power-of-two tile with masked loads. Row offsets are int64 (B*H*S*D can pass 2**31).
+By default no atomics anywhere, and every reduction runs in a fixed order: gradients
+are bitwise deterministic. ``deterministic=False`` opts into the one exception: dQ
+accumulated by fp32 atomics inside ``_bwd_dkdv_kernel`` (FlashAttention-2's way), which
+drops the dQ kernel's recomputation of QKᵀ and dO Vᵀ. Kept pairs: block in the
+layout, key < S, not padding, and key <= query when causal (diagonal blocks are masked
+inside; blocks above the diagonal are not in the causal tables at all). A D that is
+not a power of two (96) runs on the next power-of-two tile with masked loads. Row
+offsets are int64 (B*H*S*D can pass 2**31).
 
 The launchers take raw tensors and tables and check nothing beyond what they need; the
 registered ops in :mod:`tilesparse.ops.attention` check user input.
@@ -197,16 +200,18 @@ def _bwd_preprocess_kernel(
 @triton.jit
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr,
-    col_ptr_ptr, col_rows_ptr,
+    col_ptr_ptr, col_rows_ptr, dq_acc_ptr,
     B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr = False,
 ):
     """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
-    contiguous [B, HKV, S, D]."""
+    contiguous [B, HKV, S, D]. With ATOMIC_DQ, also dQ += scale * dS K into the fp32
+    [B, H, S, D] ``dq_acc`` by atomic adds (no dQ kernel; not bitwise reproducible)."""
     N_SPLIT: tl.constexpr = BS // BLOCK_N
     M_STEPS: tl.constexpr = BS // BLOCK_M
     pid = tl.program_id(0)
@@ -270,6 +275,10 @@ def _bwd_dkdv_kernel(
             dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
             dsT = pT * (dpT - delta[None, :])
             dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
+            if ATOMIC_DQ:
+                dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
+                tl.atomic_add(dq_acc_ptr + bh * S * D + offs_m[:, None] * D + offs_d[None, :], dq_part,
+                              mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
 
     out_off = bhk.to(tl.int64) * S * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr + out_off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
@@ -386,9 +395,13 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
 
 
 def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads: int, block_size: int,
-                       causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None):
+                       causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None,
+                       deterministic: bool = True):
     """(dq, dk, dv) in the inputs' dtypes: delta = rowsum(dO * O), then the dK/dV kernel
-    over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq))."""
+    over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq)).
+    ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
+    an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
+    then depend on the order the adds land in)."""
     q, k, v, out, grad_out = (_rows(t) for t in (q, k, v, out, grad_out))
     B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
@@ -413,12 +426,15 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     tma_kv, tma_q = _tma_ok(cfg_kv, D, d_tile, q, grad_out), _tma_ok(cfg_q, D, d_tile, k, v)
     if tma_kv or tma_q:
         ensure_allocator()
+    dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
     _bwd_dkdv_kernel[(nb * (block_size // cfg_kv.block_n), B * Hkv)](
-        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
+        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
         B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
-        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, num_warps=cfg_kv.num_warps,
-        num_stages=cfg_kv.num_stages, **common,
+        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
+        num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages, **common,
     )
+    if dq_acc is not None:
+        return dq_acc.to(q.dtype), dk, dv
     _bwd_dq_kernel[(nb * (block_size // cfg_q.block_m), B * H)](
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,

@@ -27,6 +27,9 @@ class BlockSparseSelfAttention(nn.Module):
         causal: mask future keys inside the computed blocks (and drop blocks above the
             diagonal).
         bias: biases on the projections.
+        deterministic: bitwise-reproducible gradients (default); False lets the GPU
+            backward accumulate dq by atomics (fewer matmuls; see
+            :func:`~tilesparse.attention.block_sparse_attention`).
 
     ``forward(x, key_padding_mask=None)``: x [B, S, E] -> [B, S, E]; key_padding_mask
     [B, S] bool, True = a padding key to ignore (nn.MultiheadAttention's convention).
@@ -35,7 +38,7 @@ class BlockSparseSelfAttention(nn.Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, layout: AttentionLayout, *, num_kv_heads: int | None = None,
-                 causal: bool = True, bias: bool = True, device=None, dtype=None):
+                 causal: bool = True, bias: bool = True, deterministic: bool = True, device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
@@ -52,6 +55,9 @@ class BlockSparseSelfAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal = bool(causal)
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+        self.deterministic = deterministic
         self.layout = layout
         self._prefix_layouts: dict[int, AttentionLayout] = {}
         # In the state_dict, so a checkpoint says which pattern it was trained with.
@@ -132,7 +138,7 @@ class BlockSparseSelfAttention(nn.Module):
         k = k.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         attn = block_sparse_attention(q, k, v, self.layout_for(seq), causal=self.causal,
-                                      key_padding_mask=key_padding_mask)
+                                      key_padding_mask=key_padding_mask, deterministic=self.deterministic)
         return self.out(attn.transpose(1, 2).reshape(batch, seq, self.embed_dim))
 
     def extra_repr(self) -> str:

@@ -47,8 +47,10 @@ def _fwd_op(
     block_size: int,
     causal: bool,
     scale: float,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, H, S, D], lse [B, H, S]) of block-sparse attention on the packed tables."""
+    """(out [B, H, S, D], lse [B, H, S]) of block-sparse attention on the packed tables
+    (``deterministic`` is the backward's: carried here for autograd)."""
     if _use_triton(q):
         from ..kernels import attention as kernels
 
@@ -57,7 +59,7 @@ def _fwd_op(
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale):
+def _fwd_fake(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic):
     B, H, S, _ = q.shape
     return q.new_empty(q.shape), q.new_empty(B, H, S, dtype=lse_dtype(q.dtype))
 
@@ -76,26 +78,29 @@ def _bwd_op(
     block_size: int,
     causal: bool,
     scale: float,
+    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of block-sparse attention, FlashAttention-2 style from the saved lse."""
+    """(dq, dk, dv) of block-sparse attention, FlashAttention-2 style from the saved lse;
+    ``deterministic=False`` lets the Triton path accumulate dQ by atomics."""
     args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale)
     if _use_triton(q):
         from ..kernels import attention as kernels
 
-        return kernels.attention_backward(*args)
+        return kernels.attention_backward(*args, deterministic=deterministic)
     return attention_backward_blocks(*args)
 
 
 @_bwd_op.register_fake
-def _bwd_fake(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale):
+def _bwd_fake(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale,
+              deterministic):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale = inputs
+    q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, meta, key_padding_mask)
-    ctx.params = (layout_heads, block_size, causal, scale)
+    ctx.params = (layout_heads, block_size, causal, scale, deterministic)
     ctx.mark_non_differentiable(lse)
 
 
@@ -104,7 +109,7 @@ def _backward(ctx, grad_out, grad_lse):
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = _bwd_op(grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
@@ -174,6 +179,7 @@ def block_sparse_attention(
     causal: bool = False,
     scale: Optional[float] = None,
     key_padding_mask: Optional[torch.Tensor] = None,
+    deterministic: bool = True,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v computed only on the layout's (query block, key block)
     pairs, fused (FlashAttention-style: no S x S matrix in memory), differentiable in
@@ -190,6 +196,11 @@ def block_sparse_attention(
         scale: softmax scale, default 1 / sqrt(D).
         key_padding_mask: bool [B, S], True = that key is padding and ignored
             (nn.MultiheadAttention's convention; gives per-sequence lengths).
+        deterministic: True (default) gives bitwise-reproducible gradients. False lets
+            the GPU backward accumulate dq with fp32 atomics inside the dK/dV kernel
+            (FlashAttention-2's way: 5 matmuls per block pair instead of 7), so dq may
+            differ in its last bits from run to run; ignored (deterministic) while
+            ``torch.use_deterministic_algorithms(True)`` is on, and on the CPU path.
 
     Returns [B, H, S, D] in q's dtype (the autocast dtype under autocast). A query with
     no kept key outputs zeros (and gets zero gradients). CUDA tensors run the Triton
@@ -207,6 +218,10 @@ def block_sparse_attention(
         scale = 1.0 / math.sqrt(D)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
     meta = layout.meta_on(q.device, causal)
-    out, _ = _fwd_op(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale))
+    out, _ = _fwd_op(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale),
+                     deterministic)
     return out
