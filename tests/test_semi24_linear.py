@@ -368,14 +368,22 @@ def test_gpu_cusparselt_matches_dense_masked(mode, dtype, tmp_path, monkeypatch)
         entry["choice"] == "sparse" for key, entry in dsp.default_dispatcher()._load().items()
         if key.startswith("train_step")))
     if trained_sparse:
-        assert m._packed_key is not None  # compressed once, cached
-        key = m._packed_key
-        m(x)
-        assert m._packed_key == key
-        with torch.no_grad():
+        with torch.no_grad():  # inference: packed once, kept while W and M are unchanged
+            m(x)
+            key = m._packed_key
+            assert key is not None
+            m(x)
+            assert m._packed_key == key
             m.weight.add_(1.0)
-        m(x)
-        assert m._packed_key != key  # recompressed after the weight changed
+            m(x)
+            assert m._packed_key != key  # repacked after the weight changed
+        # training packs on every forward: FSDP2 writes the all-gathered W into the same
+        # storage with its version counter preserved, which a cache key cannot see
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(m.weight):
+            m.weight.mul_(-1.0)
+        y = m(x)
+        wm = (m.weight.detach() * m.mask).double()
+        assert_close(y, x.detach().double() @ wm.t() + m.bias.detach().double(), dtype, "fprop after a silent write")
 
 
 @pytest.mark.gpu
@@ -401,8 +409,9 @@ def test_gpu_broadcast_gradient_and_strided_input(packer, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 def test_gpu_dense_products_reuse_the_masked_weight_until_it_changes(grad):
-    """mode dense (and auto where dense was decided) keeps W⊙M between products; an
-    update of W or M must be seen at once (a stale copy would be a silent wrong result)."""
+    """mode dense (and auto where dense was decided) keeps W⊙M between inference calls
+    and builds it per forward in training; an update of W or M must be seen at once (a
+    stale copy would be a silent wrong result), also after inference mode."""
     m = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="dense")
     x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
 
@@ -419,15 +428,21 @@ def test_gpu_dense_products_reuse_the_masked_weight_until_it_changes(grad):
 
     check()
     held = m._masked_weight
-    assert held is not None
-    check()
-    assert m._masked_weight is held, "kept while W and M are unchanged"
+    if grad:  # training: W⊙M is built per forward (W changes every step), never held across calls
+        assert held is None
+    else:
+        assert held is not None
+        check()
+        assert m._masked_weight is held, "kept while W and M are unchanged"
     with torch.no_grad():
         m.weight.mul_(-2.0)
     check()
-    assert m._masked_weight is not held
+    assert held is None or m._masked_weight is not held
     with torch.no_grad():
         m.update_mask()
+    check()
+    with torch.inference_mode():  # a copy cached under inference mode must still serve what follows
+        m(x.detach())
     check()
     with torch.no_grad():  # inference that runs dense: F.linear on the held W⊙M, same numbers
         wm = (m.weight.detach() * m.mask).double()

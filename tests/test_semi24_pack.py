@@ -82,3 +82,20 @@ def test_gpu_kernel_equals_masked_select(dtype, transposed):
     w, mask = _case((4096, 1040), dtype, "cuda")  # 1040: a partial column tile
     got = _pack(w, mask, transposed)
     assert torch.equal(_bits(got), _bits(pack_kept_rows_reference(w, mask, transposed=transposed)))
+
+
+@_interp
+def test_uint8_and_strided_masks_and_bad_arguments():
+    w, mask = _case((32, 64), torch.bfloat16)
+    want = pack_kept_rows_reference(w, mask)
+    assert torch.equal(_bits(_pack(w, mask.to(torch.uint8) * 3, False)), _bits(want))  # any nonzero keeps
+    wide = torch.zeros(32, 128, dtype=torch.bool)
+    wide[:, ::2] = mask  # a strided view of the same mask
+    assert torch.equal(_bits(_pack(w, wide[:, ::2], False)), _bits(want))
+    out = torch.empty(32 * 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="16-bit"):
+        pack_kept_rows(w.float(), mask, out.float())
+    with pytest.raises(ValueError, match="mask must match"):
+        pack_kept_rows(w, mask[:16], out)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        pack_kept_rows(w, mask, out[:-1])

@@ -94,6 +94,19 @@ def test_a_row_major_packer_that_disagrees_keeps_the_index(monkeypatch):
     assert torch.equal(value_map.pack(w).view(torch.int16), row_major_compress(wm).view(torch.int16))
 
 
+def test_a_mask_changed_in_place_after_learning_is_refused():
+    """A row-major map packs from the live mask but holds a copy of its metadata: packing
+    after the mask changed in place would mix two masks, silently."""
+    shape = (32, 64)
+    build_value_map(_masked(shape)[1], torch.float16, compress=row_major_compress)  # decoded: row-major
+    w, mask = _masked(shape)
+    value_map = build_value_map(mask, torch.float16, compress=row_major_compress)
+    assert value_map.index is None
+    mask.copy_(_masked(shape)[1])
+    with pytest.raises(RuntimeError, match="mask changed in place"):
+        value_map.pack(w)
+
+
 def test_a_mask_that_breaks_the_row_major_pattern_is_decoded_instead():
     """The one-pass check must catch a placement that differs for a later mask."""
     state = {"scrambled": False}

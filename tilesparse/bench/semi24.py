@@ -9,10 +9,12 @@ Three kinds of case, from ``cases/semi24.json``:
   W⊙M instead; methods ``tilesparse`` and ``tilesparse_auto``), against
   ``F.linear`` on the dense weight;
 * ``ffn`` blocks {tokens, dim, hidden}, ops ``fwd``, ``fwd_bwd`` (named ``ffn_fwd``,
-  ``ffn_step`` and ``ffn_train_step`` in the CSV; weights fixed: their
-  compressed copies are reused) and ``train_step`` (fwd_bwd after an in-place weight
-  update, as an optimizer step makes it: every 2:4 weight is masked and compressed again,
-  the cost training pays; mask recomputation every ``mask_every`` steps not included):
+  ``ffn_step`` and ``ffn_train_step`` in the CSV; weights fixed) and ``train_step``
+  (fwd_bwd after an in-place weight update, as an optimizer step makes it; mask
+  recomputation every ``mask_every`` steps not included). A training forward now
+  repacks its 2:4 weights on every call (FSDP2 rewrites W without a version bump), so
+  ``ffn_step`` pays the repacking too and differs from ``ffn_train_step`` only by the
+  weight update; results up to 9b25e99 are from when ``ffn_step`` reused the packs:
   Linear -> GELU ->
   Linear with both weights 2:4 (:class:`~tilesparse.SemiSparseLinear`, modes sparse and
   auto), and the squared-ReLU FFN with 2:4 activations

@@ -32,7 +32,7 @@ def _pack_kept_rows_kernel(
     cols = tl.program_id(1).to(tl.int64) * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = (rows < R)[:, None] & (cols < C)[None, :]
     w = tl.load(w_ptr + rows[:, None] * swr + cols[None, :] * swc, mask=ok, other=0.0)
-    keep = tl.load(m_ptr + rows[:, None] * smr + cols[None, :] * smc, mask=ok, other=0).to(tl.int32)
+    keep = (tl.load(m_ptr + rows[:, None] * smr + cols[None, :] * smc, mask=ok, other=0) != 0).to(tl.int32)
     bits = w.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     bits = tl.reshape(bits, (BLOCK_R, BLOCK_C // 4, 4))
     keep = tl.reshape(keep, (BLOCK_R, BLOCK_C // 4, 4))
@@ -52,6 +52,15 @@ def pack_kept_rows(weight: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, 
     W⊙M [R, C] (``transposed``: of (W⊙M)ᵀ, [C, R] read through W's strides), row by row.
     ``weight`` and ``mask`` share a shape and are 2-D; the operand's rows are 2:4."""
     rows, cols = (weight.shape[1], weight.shape[0]) if transposed else tuple(weight.shape)
+    if weight.element_size() != 2 or weight.dim() != 2 or cols % 4:
+        raise ValueError(f"weight must be a 2-D 16-bit tensor whose packed operand has a multiple of 4 columns, "
+                         f"got {tuple(weight.shape)} {weight.dtype} (transposed={transposed})")
+    if mask.shape != weight.shape or mask.device != weight.device:
+        raise ValueError(f"mask must match weight: {tuple(mask.shape)} on {mask.device} against "
+                         f"{tuple(weight.shape)} on {weight.device}")
+    if out.dtype != weight.dtype or not out.is_contiguous() or out.numel() != rows * cols // 2:
+        raise ValueError(f"out must be contiguous {weight.dtype} with {rows * cols // 2} elements, got "
+                         f"{out.dtype}, {out.numel()}, contiguous={out.is_contiguous()}")
     if out.numel() == 0:
         return out
     m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask

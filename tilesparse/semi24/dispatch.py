@@ -1,15 +1,15 @@
 """Sparse-or-dense dispatch for the 2:4 products on a GPU.
 
 For each problem key (op, M bucket, N, K, dtype, device name, torch version) the
-dispatcher times the cuSPARSELt product against the dense masked product once, keeps the
-faster in memory and in a JSON file, and answers from the cache afterwards. M is
-bucketed to the next power of two (batch sizes vary; their crossover does not move
-much within a factor of two -- to be measured). ``mode="sparse"`` or ``"dense"``
+dispatcher times the cuSPARSELt product against the dense product on a held W⊙M once
+(back to back, host cost included), keeps the faster in memory and in a JSON file, and
+answers from the cache afterwards. M is bucketed to the next power of two (batch sizes
+vary; their crossover does not move much within a factor of two -- to be measured). ``mode="sparse"`` or ``"dense"``
 overrides; on the CPU the answer is always ``"dense"`` (the reference) and nothing is
 timed.
 
 The cache file is ``$TILESPARSE_SEMI24_CACHE`` or ``~/.cache/tilesparse/semi24_dispatch.json``:
-``{"version": 1, "entries": {key: {"choice": "sparse"|"dense", "sparse_ms": float,
+``{"version": 2, "entries": {key: {"choice": "sparse"|"dense", "sparse_ms": float,
 "dense_ms": float}}}``. A file that cannot be read or parsed is ignored with a warning
 (and overwritten by the next decision).
 
@@ -19,6 +19,7 @@ Everything except the timing itself is plain Python, so tests drive it with a fa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -187,8 +188,11 @@ class Semi24Dispatcher:
         cached = self.lookup(key)
         if cached is not None:
             return cached
-        sparse_ms = float(self.timer(sparse_fn))
-        dense_ms = float(self.timer(dense_fn))
+        on_device = (torch.cuda.device(device) if device.index is not None and torch.cuda.is_available()
+                     else contextlib.nullcontext())  # the timer synchronizes the current device
+        with on_device:
+            sparse_ms = float(self.timer(sparse_fn))
+            dense_ms = float(self.timer(dense_fn))
         choice = "sparse" if sparse_ms < dense_ms else "dense"
         with self._lock:
             self._load()[key] = {"choice": choice, "sparse_ms": sparse_ms, "dense_ms": dense_ms}

@@ -169,7 +169,9 @@ def semi24_linear(
     """Y = X (W⊙M)^T + b with the STE backward (see the module docstring); X [..., K].
     ``packed``/``packed_t``: compressed W⊙M and (W⊙M)ᵀ held by the caller (else
     compressed here); ``masked``: W⊙M itself in the compute dtype, held by the caller,
-    used wherever the product runs dense (else W is masked again in each product)."""
+    used where a GPU product runs dense (else W is masked again in each product). Both
+    are trusted as given (shapes checked, not contents) and get no gradient; the CPU
+    reference path ignores them."""
     _dispatch.check_mode(mode)
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError(f"x must be a tensor with at least 1 dim, got {type(x).__name__}")

@@ -192,14 +192,25 @@ class SemiSparseLinear(nn.Module):
         self._maps, self._packs_under_mask = None, 0  # semi24.value_map, learned per mask
         self._masked_key, self._masked_weight = None, None  # W⊙M for products that run dense
 
+    def refresh(self) -> None:
+        """Forget the packed copies of W and the held W⊙M. Needed only after W was written
+        without bumping its version counter (through ``.data``, say) between inference
+        calls; training packs on every forward anyway."""
+        self._packed_key, self._packed = None, (None, None)
+        self._masked_key, self._masked_weight = None, None
+
     def _apply(self, fn, recurse=True):
         result = super()._apply(fn, recurse)
         self._forget_packs()  # new tensors: a freed block's pointer and version may repeat
         return result
 
     def _compressed(self):
-        """(compressed W⊙M, compressed (W⊙M)^T or None), rebuilt when the weight or the
-        mask changed (their version counters); (None, None) off the sparse GPU path."""
+        """(compressed W⊙M, compressed (W⊙M)^T or None); (None, None) off the sparse GPU
+        path. In training they are packed on every forward: the optimizer changes W each
+        step anyway, and FSDP2 writes each step's all-gathered W into the same storage
+        with its version counter preserved, so a (version, pointer) key would keep stale
+        packs. Otherwise (inference, frozen weights) they are kept until the weight or the
+        mask changes by version; writes through ``.data`` need :meth:`refresh`."""
         w = self.weight
         if w.device.type != "cuda" or self.mode == "dense" or self.densified or torch.compiler.is_compiling():
             return None, None
@@ -208,13 +219,15 @@ class SemiSparseLinear(nn.Module):
         if sparse_unavailable_reason(w.device, dtype, n, k) is not None:
             return None, None
         key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr(), dtype)
-        if key != self._packed_key:
+        if self._recompresses_every_step():
+            key = None  # training: pack on every forward (see the docstring)
+        if key is None or key != self._packed_key:
             mask_key = (self.mask._version, self.mask.data_ptr(), dtype)
             if mask_key != self._tile24_key or self.mask is not self._tile24_mask:  # once per mask
                 self._tile24 = self.transposable and bool(_is_tile24(self.mask))
                 self._tile24_key, self._tile24_mask = mask_key, self.mask
                 self._maps, self._packs_under_mask = None, 0
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():  # a cache built in inference mode must serve training
                 w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
                 want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
                 self._packs_under_mask += 1
@@ -232,27 +245,33 @@ class SemiSparseLinear(nn.Module):
 
     def _dense_masked(self, mode: str, x: torch.Tensor):
         """W⊙M in the compute dtype for a product that will run dense on the GPU (mode
-        "dense", or "auto" with fprop decided dense for this batch), kept until W or M
-        changes, so that fprop and bprop do not mask W again each (a pass over W that
-        cost ~10 % of a 8192x4096x4096 fprop on the H200); the weight itself once
-        densified. None where the product may run sparse (no copy held then)."""
+        "dense", or "auto" with fprop decided dense for this batch), so that fprop and
+        bprop do not mask W again each (a pass over W that cost ~10 % of a
+        8192x4096x4096 fprop on the H200); the weight itself once densified. In training
+        it is built per forward; otherwise kept until W or M changes (by version, see
+        :meth:`refresh`). None where the product may run sparse (no copy held then)."""
         w = self.weight
         if w.device.type != "cuda" or torch.compiler.is_compiling():
             return None
         dtype = self._compute_dtype()
         if self.densified:
             return w if w.dtype == dtype else None
+        runs_dense = mode == "dense"
         if mode == "auto":
             n, k = w.shape
             key = _dispatch.Semi24Dispatcher.key("fprop", max(1, x.numel() // k), n, k, dtype,
                                                  _dispatch.gpu_name(w.device))
-            if _dispatch.default_dispatcher().lookup(key) != "dense":
-                return None
-        elif mode != "dense":
+            runs_dense = _dispatch.default_dispatcher().lookup(key) == "dense"
+        if not runs_dense:
+            self._masked_key, self._masked_weight = None, None  # hold no weight-sized copy for nothing
             return None
+        if self._recompresses_every_step():  # training: this forward's W, shared by its fprop and bprop only
+            with torch.no_grad():
+                self._masked_key, self._masked_weight = None, None
+                return _masked(w.detach().to(dtype), self.mask)
         key = (w._version, self.mask._version, w.data_ptr(), self.mask.data_ptr(), dtype)
         if key != self._masked_key:
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():
                 self._masked_weight = _masked(w.detach().to(dtype), self.mask)
             self._masked_key = key
         return self._masked_weight

@@ -23,7 +23,7 @@ trailing elements may be uninitialised: metadata differences there are ignored. 
 On the H200 (torch 2.11, cuSPARSELt 0.8) the decoded placement was plain row-major: slot
 i holds the operand's i-th kept entry, for every shape and mask tried. A shape whose
 decoded map came out row-major is remembered, and its later masks are learned in one
-compression: kept entries coded by the low 14 bits of their rank, every slot checked
+compression: kept entries coded by their rank folded to 14 bits, every slot checked
 against its rank's code, the metadata taken from that pass. A slot that disagrees sends
 that shape back to full decoding. Such a map holds no index: it packs with a Triton
 kernel that compacts each row's kept values straight from W and the mask
@@ -67,9 +67,12 @@ class ValueMap:
     n_values: int
     mask: Optional[torch.Tensor] = None
     transposed: bool = False
+    mask_version: int = 0  # the mask's version counter when learned (the metadata is a copy)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """The compressed buffer of W⊙M (or (W⊙M)ᵀ) for this mask, from W itself."""
+        if self.mask is not None and self.mask._version != self.mask_version:
+            raise RuntimeError("the mask changed in place since this value map was learned: learn a new one")
         out = torch.empty(self.shape, dtype=self.meta.dtype, device=self.meta.device)
         flat = out.view(-1)
         flat[self.n_values:].copy_(self.meta)
@@ -148,14 +151,17 @@ _ROW_MAJOR: dict[tuple, bool] = {}
 
 def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed) -> Optional[ValueMap]:
     """The map in one compression, for a shape whose decoded placement was row-major:
-    code every kept entry by the low 14 bits of its rank, check that slot i came back
-    with rank i's code, and take the metadata from that pass. None if a slot disagrees.
+    code every kept entry by its rank folded to 14 bits (every 14-bit digit XORed in, so
+    a slot holding a rank that differs only above bit 14 shows too, unless the digits
+    cancel), check that slot i came back with rank i's code, and take the metadata from
+    that pass. None if a slot disagrees.
     The map packs through :func:`pack_row_major` (no index) once that has reproduced the
     coded value region here; otherwise it keeps an index."""
     rows, cols = operand.shape
     n_values = kept.numel()
-    ranks = torch.arange(n_values, dtype=torch.int32, device=operand.device)
-    expected = ((ranks & _DIGIT) + _OFFSET).to(torch.int16)
+    ranks = torch.arange(n_values, dtype=torch.int64, device=operand.device)
+    folded = (ranks ^ (ranks >> _BITS) ^ (ranks >> (2 * _BITS)) ^ (ranks >> (3 * _BITS))) & _DIGIT
+    expected = (folded + _OFFSET).to(torch.int16)
     codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
     codes[kept] = expected
     packed = compress(codes.view(dtype).view(rows, cols))
@@ -169,7 +175,8 @@ def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed)
     try:
         pack_row_major(coded_w, mask, got, transposed)
         if torch.equal(got.view(torch.int16), expected):
-            return ValueMap(shape=shape, meta=meta, index=None, n_values=n_values, mask=mask, transposed=transposed)
+            return ValueMap(shape=shape, meta=meta, index=None, n_values=n_values, mask=mask, transposed=transposed,
+                            mask_version=mask._version)
         reason = "it did not reproduce the verified placement"
     except Exception as exc:  # a kernel that fails to build or run here: keep the gather
         reason = f"{type(exc).__name__}: {exc}"
