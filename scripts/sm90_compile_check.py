@@ -65,8 +65,8 @@ def attention_cases(quick: bool):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
                 for atomic in (False, True) if kind == "dkdv" else (False,):  # dQ by atomics (deterministic=False)
                     const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-                    if atomic:
-                        const["ATOMIC_DQ"] = True
+                    if kind == "dkdv":  # a constexpr left out would compile as a runtime int
+                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma)
                     yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}"
                            f"{' atomic_dq' if atomic else ''}", fn,
                            _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)

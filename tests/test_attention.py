@@ -181,10 +181,12 @@ KERNEL_CASES = {
     # deterministic=False: dQ by atomics in the dK/dV kernel (GQA sums several heads' key tiles)
     "atomic_dq_local_gqa_oddS_fp16": (lambda: layouts.local(75, 16, 24, causal=True), 1, 4, 2, 32, torch.float16,
                                       True, None, {"deterministic": False}),
-    "atomic_dq_bigbird_pad_split_fp32": (lambda: layouts.bigbird(96, 32, window_blocks=2, random_blocks=1,
-                                                                 seed=_seed()),
-                                         2, 2, 1, 32, torch.float32, False, "tail",
-                                         {"deterministic": False, "configs": (kernels.AttentionConfig(16, 16),) * 3}),
+    "atomic_dq_perhead_tma_pad_fp16": (lambda: layouts.random(80, 16, 0.5, _seed(), num_heads=4), 1, 4, 2, 32,
+                                       torch.float16, True, "tail",
+                                       {"deterministic": False,
+                                        "configs": (kernels.AttentionConfig(16, 16, tma=True),) * 3}),
+    "atomic_dq_empty_rows_split_fp32": (_empty_row_layout, 2, 1, 1, 32, torch.float32, False, "all",
+                                        {"deterministic": False, "configs": (kernels.AttentionConfig(16, 16),) * 3}),
 }
 
 

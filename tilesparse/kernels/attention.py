@@ -206,7 +206,7 @@ def _bwd_dkdv_kernel(
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr = False,
+    ATOMIC_DQ: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False,
 ):
     """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
@@ -237,6 +237,10 @@ def _bwd_dkdv_kernel(
     if TMA:  # Q and dO tiles through descriptors over [B, H, S, D] (zero-filled past S)
         q_desc = tl.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D_TILE])
         do_desc = tl.make_tensor_descriptor(do_ptr, [B, H, S, D], [sdb, sdh, sds, 1], [1, 1, BLOCK_M, D_TILE])
+        if TMA_REDUCE:  # dQ shares added by TMA reductions (one bulk async add per tile; rows past S clipped)
+            head_stride = S.to(tl.int64) * D
+            dq_desc = tl.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [H * head_stride, head_stride, D, 1],
+                                                [1, 1, BLOCK_M, D_TILE])
 
     for g in range(0, GROUP):
         h = hkv * GROUP + g
@@ -246,7 +250,12 @@ def _bwd_dkdv_kernel(
         do_base = do_ptr + bz * sdb + h.to(tl.int64) * sdh
         start = tl.load(col_ptr_ptr + lh * NB + kblk)
         end = tl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for t in range(start * M_STEPS, end * M_STEPS):
+        for i in range(start * M_STEPS, end * M_STEPS):
+            if ATOMIC_DQ:  # each key tile starts its column walk elsewhere: global query blocks, which
+                # every column shares, are not all hit by every program at once (same-address atomics serialize)
+                t = start * M_STEPS + (i - start * M_STEPS + pid * M_STEPS) % ((end - start) * M_STEPS)
+            else:
+                t = i
             qblk = tl.load(col_rows_ptr + t // M_STEPS).to(tl.int64)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             offs_m = row + tl.arange(0, BLOCK_M)
@@ -277,8 +286,11 @@ def _bwd_dkdv_kernel(
             dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
             if ATOMIC_DQ:
                 dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
-                tl.atomic_add(dq_acc_ptr + bh * S * D + offs_m[:, None] * D + offs_d[None, :], dq_part,
-                              mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+                if TMA_REDUCE:
+                    dq_desc.atomic_add(where, dq_part.reshape(1, 1, BLOCK_M, D_TILE))
+                else:
+                    tl.atomic_add(dq_acc_ptr + bh * S * D + offs_m[:, None] * D + offs_d[None, :], dq_part,
+                                  mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
 
     out_off = bhk.to(tl.int64) * S * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr + out_off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
@@ -404,11 +416,10 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     then depend on the order the adds land in)."""
     q, k, v, out, grad_out = (_rows(t) for t in (q, k, v, out, grad_out))
     B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
-    dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     dk = new_output(B, Hkv, S, D, dtype=k.dtype, device=k.device)
     dv = new_output(B, Hkv, S, D, dtype=v.dtype, device=v.device)
-    if dq.numel() == 0:
-        return dq, dk, dv
+    if dk.numel() == 0:
+        return new_output(B, H, S, D, dtype=q.dtype, device=q.device), dk, dv
     delta = new_output(B, H, S, dtype=torch.float32, device=q.device)
     _bwd_preprocess_kernel[(cdiv(S, 64), B * H)](
         out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
@@ -431,10 +442,13 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
         B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
         BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
+        # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
+        TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda",
         num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages, **common,
     )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
+    dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     _bwd_dq_kernel[(nb * (block_size // cfg_q.block_m), B * H)](
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,

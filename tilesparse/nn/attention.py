@@ -144,4 +144,4 @@ class BlockSparseSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         """Sizes, heads and the layout, for print(module)."""
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"causal={self.causal}, layout={self.layout!r}")
+                f"causal={self.causal}, deterministic={self.deterministic}, layout={self.layout!r}")

@@ -47,7 +47,7 @@ def _fwd_op(
     block_size: int,
     causal: bool,
     scale: float,
-    deterministic: bool,
+    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, S, D], lse [B, H, S]) of block-sparse attention on the packed tables
     (``deterministic`` is the backward's: carried here for autograd)."""
@@ -59,7 +59,7 @@ def _fwd_op(
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic):
+def _fwd_fake(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic=True):
     B, H, S, _ = q.shape
     return q.new_empty(q.shape), q.new_empty(B, H, S, dtype=lse_dtype(q.dtype))
 
@@ -78,7 +78,7 @@ def _bwd_op(
     block_size: int,
     causal: bool,
     scale: float,
-    deterministic: bool,
+    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of block-sparse attention, FlashAttention-2 style from the saved lse;
     ``deterministic=False`` lets the Triton path accumulate dQ by atomics."""
@@ -92,7 +92,7 @@ def _bwd_op(
 
 @_bwd_op.register_fake
 def _bwd_fake(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale,
-              deterministic):
+              deterministic=True):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -200,7 +200,8 @@ def block_sparse_attention(
             the GPU backward accumulate dq with fp32 atomics inside the dK/dV kernel
             (FlashAttention-2's way: 5 matmuls per block pair instead of 7), so dq may
             differ in its last bits from run to run; ignored (deterministic) while
-            ``torch.use_deterministic_algorithms(True)`` is on, and on the CPU path.
+            ``torch.use_deterministic_algorithms(True)`` is on when this is called (the
+            forward fixes the backward's mode), and on the CPU path.
 
     Returns [B, H, S, D] in q's dtype (the autocast dtype under autocast). A query with
     no kept key outputs zeros (and gets zero gradients). CUDA tensors run the Triton
