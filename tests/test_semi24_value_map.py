@@ -279,3 +279,26 @@ def test_what_was_learned_about_a_mask_is_forgotten_when_it_may_change():
         m._maps, m._tile24_key, m._packed_key, m._packs_under_mask = ("learned",), ("key",), ("key",), 3
         change()
         assert m._maps is None and m._tile24_key is None and m._packed_key is None and m._packs_under_mask == 0
+
+
+@pytest.mark.gpu
+def test_gpu_a_shape_known_row_major_learns_at_the_first_pack():
+    """Once a shape's placement decoded row-major, another layer of that shape learns its
+    map at its first pack (about one compression) instead of compressing first."""
+    from tolerances import assert_close
+
+    from tilesparse.semi24 import SemiSparseLinear
+
+    first = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="sparse")
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):  # the second pack under one mask learns (decoding the shape in full if new)
+            first.weight.mul_(1.01)
+            first(x)
+    assert first._maps
+    second = SemiSparseLinear(1024, 512, device="cuda", dtype=torch.bfloat16, mode="sparse")
+    with torch.no_grad():
+        y = second(x)
+    assert second._maps and second._maps[0].index is None, "learned at the first pack, packed by the kernel"
+    wm = (second.weight * second.mask).double()
+    assert_close(y, x.double() @ wm.t() + second.bias.double(), torch.bfloat16, "fprop")

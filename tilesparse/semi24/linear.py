@@ -39,7 +39,7 @@ from . import dispatch as _dispatch
 from .cusparselt import cslt_algorithm, cslt_product, sparse_unavailable_reason
 from .functional import _is_tile24, _masked, _warn_once, semi24_linear
 from .packing import compress_pair
-from .value_map import maps_for, use_value_maps
+from .value_map import learned_in_one_pass, maps_for, use_value_maps
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
 
@@ -231,9 +231,13 @@ class SemiSparseLinear(nn.Module):
                 w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
                 want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
                 self._packs_under_mask += 1
-                if (self._maps is None and self._packs_under_mask == 2 and self.mask_every >= _MAP_MIN_STEPS
-                        and use_value_maps()):
-                    # the weight changed under the same mask: from now on repack by a gather
+                # learn at the second pack under a mask (the weight changed under it), or at the
+                # first when learning costs about one compression (the shape is known row-major)
+                cheap = learned_in_one_pass(n, k, dtype, w.device) and (
+                    not want_t or learned_in_one_pass(k, n, dtype, w.device))
+                if (self._maps is None and self.mask_every >= _MAP_MIN_STEPS and use_value_maps()
+                        and (self._packs_under_mask == 2 or (cheap and self._packs_under_mask == 1))):
+                    # from now on repack by a gather
                     self._maps = maps_for(self.mask, dtype, want_t) or False
                     if not self._maps:
                         warnings.warn(f"tilesparse.SemiSparseLinear: cuSPARSELt's placement of a {n}x{k} "

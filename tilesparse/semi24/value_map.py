@@ -149,6 +149,12 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
 _ROW_MAJOR: dict[tuple, bool] = {}
 
 
+def learned_in_one_pass(rows: int, cols: int, dtype: torch.dtype, device: torch.device, compress=None) -> bool:
+    """Whether a new mask for a [rows, cols] operand would be learned in one compression
+    (a map of that shape already decoded row-major in this process)."""
+    return bool(_ROW_MAJOR.get((rows, cols, dtype, str(device), compress or torch._cslt_compress)))
+
+
 def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed) -> Optional[ValueMap]:
     """The map in one compression, for a shape whose decoded placement was row-major:
     code every kept entry by its rank folded to 14 bits (every 14-bit digit XORed in, so
