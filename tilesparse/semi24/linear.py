@@ -43,10 +43,10 @@ from .value_map import learned_in_one_pass, maps_for, use_value_maps
 
 __all__ = ["SemiSparseLinear", "cslt_algorithm", "semi24_linear", "sparse_unavailable_reason"]
 
-# Learning a value map costs one compression per orientation once a map of that shape has
-# been decoded row-major (the first: ~3 compressions and ~11 ms per 16384x4096 orientation
-# on the H200, once per process); it replaces the second compression under a mask and pays
-# off from the third update on.
+# Learning a value map costs about one compression per orientation once a map of that
+# shape has been decoded row-major (the first: ~3 compressions and ~11 ms per 16384x4096
+# orientation on the H200, once per process), and is then done at a mask's first pack;
+# masks that live fewer steps than this keep plain compression.
 _MAP_MIN_STEPS = 4
 
 # --------------------------------------------------------------------------- module
