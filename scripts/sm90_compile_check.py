@@ -63,12 +63,15 @@ def attention_cases(quick: bool):
                           TMA=tma)
             for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
-                for atomic in (False, True) if kind == "dkdv" else (False,):  # dQ by atomics (deterministic=False)
+                # variants: dQ by atomics (deterministic=False); the forward's split-off last block
+                for variant in (False, True) if kind != "dq" and not (kind == "fwd" and kpm) else (False,):
                     const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
                     if kind == "dkdv":  # a constexpr left out would compile as a runtime int
-                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma)
-                    yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}"
-                           f"{' atomic_dq' if atomic else ''}", fn,
+                        const.update(ATOMIC_DQ=variant, TMA_REDUCE=variant and tma)
+                    elif kind == "fwd":
+                        const.update(SPLIT_LAST=variant)
+                    name = {"dkdv": " atomic_dq", "fwd": " split_last"}.get(kind, "") if variant else ""
+                    yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}{name}", fn,
                            _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
         const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
         fn = attn._bwd_preprocess_kernel

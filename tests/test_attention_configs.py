@@ -1,10 +1,15 @@
 """Launch configs of the fused attention kernels (tilesparse.kernels.attention_configs):
-every config fits its block, the H200-measured ones apply where they were measured, and
-tensor-descriptor (TMA) loads are refused where a descriptor cannot address the tensors."""
+every config fits its block, the H200-measured ones apply where they were measured,
+tensor-descriptor (TMA) loads are refused where a descriptor cannot address the tensors,
+and the forward's split-off last block computes what the plain walk does."""
+
+import functools
 
 import pytest
 import torch
 
+from bsmm_cases import INTERPRETER_MARKS
+from tilesparse.attention import layouts
 from tilesparse.kernels import attention as kernels
 
 
@@ -43,3 +48,31 @@ def test_every_config_fits_its_block(dtype):
                 assert (cfg == _MEASURED[kind]) == measured, (kind, block, head_dim, cfg)
     with pytest.raises(ValueError, match="kind"):
         attention_config("dx", 64, 64, dtype)
+
+
+def _interp(test):
+    return functools.reduce(lambda t, mark: mark(t), INTERPRETER_MARKS, test)
+
+
+@_interp
+@pytest.mark.parametrize("case", ["causal_oddS", "local_subtiles", "random_padded"])
+def test_split_last_gives_the_plain_walk_bitwise(case):
+    """Rows are sorted, so only a row's last block can need the element mask (the causal
+    diagonal, the S tail): walking the others without the mask's branch must not change
+    a bit. With key padding the launcher keeps the plain walk."""
+    S, b = {"causal_oddS": (75, 16), "local_subtiles": (100, 32), "random_padded": (70, 16)}[case]
+    layout = {"causal_oddS": lambda: layouts.causal(S, b),
+              "local_subtiles": lambda: layouts.local(S, b, 48),
+              "random_padded": lambda: layouts.random(S, b, 0.5, 3, num_heads=2)}[case]()
+    causal = case == "causal_oddS"
+    q, k, v = (torch.randn(2, 2, S, 32).to(torch.float16) for _ in range(3))
+    kpm = None
+    if case == "random_padded":
+        kpm = torch.zeros(2, S, dtype=torch.bool)
+        kpm[1, -9:] = True
+    meta = layout.meta_on(q.device, causal)
+    plain = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, 0.2,
+                                      config=kernels.AttentionConfig(16, 16))
+    split = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, 0.2,
+                                      config=kernels.AttentionConfig(16, 16, split_last=True))
+    assert torch.equal(plain[0], split[0]) and torch.equal(plain[1], split[1])

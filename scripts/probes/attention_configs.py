@@ -30,10 +30,14 @@ from tilesparse.kernels import attention as K  # noqa: E402
 
 def candidates(kind: str, block: int, head_dim: int):
     """Tile shapes, warps and stages worth trying for one pass (each side divides b);
-    first the measured config with tensor-descriptor loads (TMA), when D fills the box."""
+    first the measured config with tensor-descriptor loads (TMA), when D fills the box
+    (and, for the forward, with the split-off last block)."""
     if head_dim & (head_dim - 1) == 0:
         base = K.attention_config(kind, block, head_dim, torch.bfloat16)
         yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, base.num_stages, tma=True)
+        if kind == "fwd":  # the unmasked blocks walked apart from each row's last
+            yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, base.num_stages, tma=True,
+                                    split_last=True)
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)

@@ -125,6 +125,27 @@ def _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S, 
 
 
 @triton.jit
+def _fwd_step(q, k, v, m_i, l_i, acc, kblk, qblk, offs_m, offs_n, kpm_ptr, bz, S, qk_scale, BS: tl.constexpr,
+              HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, MASK: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """One online-softmax step of the forward over a key tile: (m_i, l_i, acc) updated.
+    MASK: apply the element mask where :func:`_needs_mask` says so (False: the caller
+    knows the tile needs none)."""
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
+    if MASK:
+        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+            s = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with nothing kept so far has m_new = -inf: subtract 0 instead, so that
+    # exp2(-inf - -inf) never makes a NaN (p and alpha come out 0; l and acc stay 0).
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr,
     row_ptr_ptr, row_cols_ptr,
@@ -133,9 +154,12 @@ def _fwd_kernel(
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    SPLIT_LAST: tl.constexpr = False,
 ):
     """O[tile] = softmax(Q[tile] K^T * scale) V over the tile's block row; qk_scale is
-    scale * log2(e) (the softmax runs in base 2)."""
+    scale * log2(e) (the softmax runs in base 2). SPLIT_LAST (no key padding): a row's
+    blocks are sorted, so only its last can need the element mask (the causal diagonal,
+    the S tail); walk the others in a loop without the mask's branch, then the last."""
     N_STEPS: tl.constexpr = BS // BLOCK_N
     bh = tl.program_id(1)
     qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
@@ -153,21 +177,19 @@ def _fwd_kernel(
 
     start = tl.load(row_ptr_ptr + lh * NB + qblk)
     end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
-    for t in range(start * N_STEPS, end * N_STEPS):
+    masked_from = start
+    if SPLIT_LAST:
+        masked_from = tl.maximum(end - 1, start)
+        for t in range(start * N_STEPS, masked_from * N_STEPS):
+            kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S,
+                                          BS, BLOCK_N, N_STEPS, D_TILE, TMA)
+            m_i, l_i, acc = _fwd_step(q, k, v, m_i, l_i, acc, kblk, qblk, offs_m, offs_n, kpm_ptr, bz, S, qk_scale,
+                                      BS, HAS_KPM, CAUSAL, False, INPUT_PRECISION)
+    for t in range(masked_from * N_STEPS, end * N_STEPS):
         kblk, offs_n, k, v = _kv_step(t, row_cols_ptr, k_src, v_src, bz, hkv, sks, svs, offs_d, d_ok, S,
                                       BS, BLOCK_N, N_STEPS, D_TILE, TMA)
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * qk_scale
-        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-            s = tl.where(_tile_mask(offs_m, offs_n, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with nothing kept so far has m_new = -inf: subtract 0 instead, so that
-        # exp2(-inf - -inf) never makes a NaN (p and alpha come out 0; l and acc stay 0).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _fwd_step(q, k, v, m_i, l_i, acc, kblk, qblk, offs_m, offs_n, kpm_ptr, bz, S, qk_scale,
+                                  BS, HAS_KPM, CAUSAL, True, INPUT_PRECISION)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -401,7 +423,8 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, HAS_KPM=key_padding_mask is not None, INPUT_PRECISION=_input_precision(q.dtype),
-        TMA=tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TMA=tma, SPLIT_LAST=cfg.split_last and key_padding_mask is None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 

@@ -23,6 +23,7 @@ class AttentionConfig:
     num_warps: int = 4
     num_stages: int = 2
     tma: bool = False  # the walked operands through tensor descriptors (Hopper TMA) where they qualify
+    split_last: bool = False  # forward: walk a row's unmasked blocks apart from its last (no key padding)
 
     def check(self, block_size: int) -> None:
         """Raise ValueError unless both tile sides are powers of two >= 16 dividing b."""
