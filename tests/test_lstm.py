@@ -274,8 +274,9 @@ def test_training_on_bytes_lowers_loss():
     print(f"loss {initial:.3f} -> {final:.3f} in {elapsed:.1f} s")
     assert initial > 5.0  # about ln(256) at init
     assert final < 0.4 * initial, f"loss {initial:.3f} -> {final:.3f}"
-    # ~1 s alone; the bound only catches a pathological slowdown (shared CPUs are noisy)
-    assert elapsed < 30, f"training took {elapsed:.1f} s"
+    # ~1 s alone; the bound only catches a pathological slowdown (shared CPUs are noisy:
+    # 38 s once, with a second test process and sm_90 compiles on the same 2 cores)
+    assert elapsed < 90, f"training took {elapsed:.1f} s"
     # The training path is the sequence Function (one node for the whole recurrence).
     out, _ = lstm(embed(data[:4].view(1, 4)))  # batch_first: a transpose of the Function's output
     assert type(out.grad_fn.next_functions[0][0]).__name__ == "_LSTMSequenceBackward"
