@@ -160,6 +160,7 @@ def _fwd_kernel(
     scale * log2(e) (the softmax runs in base 2). SPLIT_LAST (no key padding): a row's
     blocks are sorted, so only its last can need the element mask (the causal diagonal,
     the S tail); walk the others in a loop without the mask's branch, then the last."""
+    tl.static_assert(not (SPLIT_LAST and HAS_KPM), "SPLIT_LAST assumes no key padding")
     N_STEPS: tl.constexpr = BS // BLOCK_N
     bh = tl.program_id(1)
     qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
@@ -234,6 +235,7 @@ def _bwd_dkdv_kernel(
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
     contiguous [B, HKV, S, D]. With ATOMIC_DQ, also dQ += scale * dS K into the fp32
     [B, H, S, D] ``dq_acc`` by atomic adds (no dQ kernel; not bitwise reproducible)."""
+    tl.static_assert(not TMA_REDUCE or (TMA and ATOMIC_DQ), "TMA_REDUCE needs TMA loads and ATOMIC_DQ")
     N_SPLIT: tl.constexpr = BS // BLOCK_N
     M_STEPS: tl.constexpr = BS // BLOCK_M
     pid = tl.program_id(0)

@@ -199,7 +199,8 @@ def block_sparse_attention(
         deterministic: True (default) gives bitwise-reproducible gradients. False lets
             the GPU backward accumulate dq with fp32 atomics inside the dK/dV kernel
             (FlashAttention-2's way: 5 matmuls per block pair instead of 7), so dq may
-            differ in its last bits from run to run; ignored (deterministic) while
+            differ in its last bits from run to run (dk and dv are summed in another, fixed
+            order: reproducible, but not bitwise those of ``deterministic=True``); ignored (deterministic) while
             ``torch.use_deterministic_algorithms(True)`` is on when this is called (the
             forward fixes the backward's mode), and on the CPU path.
 

@@ -231,9 +231,10 @@ class SemiSparseLinear(nn.Module):
                 w = w.detach() if w.dtype == dtype else w.detach().to(dtype)  # autocast: the op's cast
                 want_t = self.transposable and sparse_unavailable_reason(w.device, dtype, k, n) is None
                 self._packs_under_mask += 1
-                # learn at the second pack under a mask (the weight changed under it), or at the
-                # first when learning costs about one compression (the shape is known row-major)
-                cheap = learned_in_one_pass(n, k, dtype, w.device) and (
+                # learn at the second pack under a mask (the weight changed under it), or, in
+                # training, at the first when learning costs about one compression (the shape
+                # is known row-major); frozen weights packed once keep their compression
+                cheap = key is None and learned_in_one_pass(n, k, dtype, w.device) and (
                     not want_t or learned_in_one_pass(k, n, dtype, w.device))
                 if (self._maps is None and self.mask_every >= _MAP_MIN_STEPS and use_value_maps()
                         and (self._packs_under_mask == 2 or (cheap and self._packs_under_mask == 1))):
