@@ -39,6 +39,8 @@ class AttentionConfig:
 # heuristic below), dK/dV 64 x 128 with 8 warps (2.0x), dQ 128 x 32 with 8 warps. The
 # second sweep (2026-11-30, with tensor-descriptor loads) took TMA for the forward (causal
 # 2.76 -> 2.34 ms, local-1024 0.83 -> 0.80 ms) and for dK/dV (1 %); dQ kept pointers.
+# A dK/dV config must also fit its deterministic=False variant, whose TMA reduction stages
+# BLOCK_M x D fp32 in shared memory (64 x 128: 131.6 -> 180.8 KB of the H200's 227 KB).
 _MEASURED = {
     "fwd": AttentionConfig(128, 128, num_warps=8, num_stages=3, tma=True),
     "dkdv": AttentionConfig(64, 128, num_warps=8, num_stages=2, tma=True),
