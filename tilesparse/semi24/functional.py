@@ -37,10 +37,15 @@ def _gpu_product(op, a, weight, mask, bias, packed, mode, masked=None):
     compressed (W⊙M)^T, None when the mask is not transposable). ``masked``: W⊙M when
     the caller holds it, so that the dense path skips a masking pass over W."""
     n, k = weight.shape if op == "fprop" else weight.t().shape  # the sparse operand [n, k]
+    held = [masked]
 
-    def dense():
-        w = _masked(weight, mask) if masked is None else masked
-        return F.linear(a, w if op == "fprop" else w.t(), bias)
+    def operand():  # W⊙M (or its transpose), masked at most once per call
+        if held[0] is None:
+            held[0] = _masked(weight, mask)
+        return held[0] if op == "fprop" else held[0].t()
+
+    def dense():  # the dispatcher times it repeatedly: as a layer holding W⊙M runs it
+        return F.linear(a, operand(), bias)
 
     if mode == "dense":
         return dense()
@@ -54,18 +59,10 @@ def _gpu_product(op, a, weight, mask, bias, packed, mode, masked=None):
             _warn_once(reason)
         return dense()
     if packed is None:  # under torch.compile, or a functional call: compress here
-        w = _masked(weight, mask)
-        packed = torch._cslt_compress((w if op == "fprop" else w.t()).contiguous())
-    held = []
-
-    def dense_as_held():  # timed as a layer holding W⊙M runs it: without the masking pass
-        if not held:
-            held.append(_masked(weight, mask) if masked is None else masked)
-        return F.linear(a, held[0] if op == "fprop" else held[0].t(), bias)
-
+        packed = torch._cslt_compress(operand().contiguous())
     choice = _dispatch.default_dispatcher().choose(
         op, a.shape[0], n, k, a.dtype, a.device,
-        lambda: cslt_product(packed, a, bias), dense_as_held, mode=mode,
+        lambda: cslt_product(packed, a, bias), dense, mode=mode,
     )
     return cslt_product(packed, a, bias) if choice == "sparse" else dense()
 

@@ -187,17 +187,16 @@ class SemiSparseLinear(nn.Module):
     def _forget_packs(self) -> None:
         """Drop the compressed copies and everything learned about the mask (its 2:4
         check, the value maps): after a mask update, densify, a load or a move."""
-        self._packed_key, self._packed = None, (None, None)
+        self.refresh()
         self._tile24_key, self._tile24_mask, self._tile24 = None, None, False
         self._maps, self._packs_under_mask = None, 0  # semi24.value_map, learned per mask
-        self._masked_key, self._masked_weight = None, None  # W⊙M for products that run dense
 
     def refresh(self) -> None:
         """Forget the packed copies of W and the held W⊙M. Needed only after W was written
         without bumping its version counter (through ``.data``, say) between inference
         calls; training packs on every forward anyway."""
         self._packed_key, self._packed = None, (None, None)
-        self._masked_key, self._masked_weight = None, None
+        self._masked_key, self._masked_weight = None, None  # W⊙M for products that run dense
 
     def _apply(self, fn, recurse=True):
         result = super()._apply(fn, recurse)

@@ -132,7 +132,7 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
         raise ValueMapError(f"the mask keeps {kept.numel()} of {rows * cols}, not exactly half: placement "
                             f"would depend on which zeros count as kept")
     src = (kept % n) * k + kept // n if transposed else kept  # their flat positions in W
-    key = (rows, cols, dtype, str(mask.device), compress)
+    key = _shape_key(rows, cols, dtype, mask.device, compress)
     if _ROW_MAJOR.get(key):
         value_map = _row_major_map(operand, dtype, kept, src, n * k, compress, mask, transposed)
         if value_map is not None:
@@ -149,10 +149,29 @@ def learn_value_map(mask: torch.Tensor, dtype: torch.dtype, *, transposed: bool 
 _ROW_MAJOR: dict[tuple, bool] = {}
 
 
+def _shape_key(rows, cols, dtype, device, compress) -> tuple:
+    return rows, cols, dtype, str(device), compress
+
+
+def _index(flat_positions: torch.Tensor, numel: int) -> torch.Tensor:
+    """A map's gather index: int32 where W's flat positions fit, else int64."""
+    return flat_positions.to(torch.int32) if numel < 2**31 else flat_positions
+
+
+def _compress_codes(operand, kept, codes_of_kept, dtype, compress):
+    """(codes, compressed buffer flattened, its shape): the operand-shaped matrix holding
+    ``codes_of_kept`` (int16) at the kept entries, 0 elsewhere, compressed."""
+    rows, cols = operand.shape
+    codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
+    codes[kept] = codes_of_kept
+    packed = compress(codes.view(dtype).view(rows, cols))
+    return codes, packed.reshape(-1), tuple(packed.shape)
+
+
 def learned_in_one_pass(rows: int, cols: int, dtype: torch.dtype, device: torch.device, compress=None) -> bool:
     """Whether a new mask for a [rows, cols] operand would be learned in one compression
     (a map of that shape already decoded row-major in this process)."""
-    return bool(_ROW_MAJOR.get((rows, cols, dtype, str(device), compress or torch._cslt_compress)))
+    return bool(_ROW_MAJOR.get(_shape_key(rows, cols, dtype, device, compress or torch._cslt_compress)))
 
 
 def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed) -> Optional[ValueMap]:
@@ -168,13 +187,10 @@ def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed)
     ranks = torch.arange(n_values, dtype=torch.int64, device=operand.device)
     folded = (ranks ^ (ranks >> _BITS) ^ (ranks >> (2 * _BITS)) ^ (ranks >> (3 * _BITS))) & _DIGIT
     expected = (folded + _OFFSET).to(torch.int16)
-    codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
-    codes[kept] = expected
-    packed = compress(codes.view(dtype).view(rows, cols))
-    flat = packed.reshape(-1)
+    codes, flat, shape = _compress_codes(operand, kept, expected, dtype, compress)
     if flat.numel() <= n_values or not torch.equal(flat[:n_values].view(torch.int16), expected):
         return None
-    shape, meta = tuple(packed.shape), flat[n_values:].clone()
+    meta = flat[n_values:].clone()
     coded_w = codes.view(dtype).view(rows, cols)
     coded_w = coded_w.t() if transposed else coded_w  # W's orientation, as pack() receives it
     got = torch.empty(n_values, dtype=dtype, device=operand.device)
@@ -188,14 +204,13 @@ def _row_major_map(operand, dtype, kept, src, numel, compress, mask, transposed)
         reason = f"{type(exc).__name__}: {exc}"
     warnings.warn(f"tilesparse: the row-major 2:4 packing kernel is not used ({reason}); packing by a "
                   f"gather index instead", stacklevel=4)
-    index = src.to(torch.int32) if numel < 2**31 else src
-    return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
+    return ValueMap(shape=shape, meta=meta, index=_index(src, numel), n_values=n_values)
 
 
 def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
     """The map for any placement: the kept entries' flat indices in W written as codes, 14
     bits per compression, decoded from the value region, then verified."""
-    rows, cols = operand.shape
+    rows = operand.shape[0]
     n_values = kept.numel()
     digits = max(1, math.ceil(math.log2(numel) / _BITS))
     decoded = torch.zeros(n_values, dtype=torch.int64, device=operand.device)
@@ -204,10 +219,8 @@ def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
         check = step == digits  # digit 0 again, complemented
         digit = 0 if check else step
         part = (src >> (_BITS * digit)) & _DIGIT
-        codes = torch.zeros(rows * cols, dtype=torch.int16, device=operand.device)
-        codes[kept] = ((_DIGIT - part if check else part) + _OFFSET).to(torch.int16)
-        packed = compress(codes.view(dtype).view(rows, cols))
-        flat = packed.reshape(-1)
+        code = ((_DIGIT - part if check else part) + _OFFSET).to(torch.int16)
+        _, flat, packed_shape = _compress_codes(operand, kept, code, dtype, compress)
         if flat.numel() <= n_values:
             raise ValueMapError(f"the compressed buffer has {flat.numel()} elements, no room for metadata after "
                                 f"{n_values} values")
@@ -225,7 +238,7 @@ def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
             decoded |= values << (_BITS * digit)
             first = values if step == 0 else first
         if meta is None:
-            meta, shape = flat[n_values:].clone(), tuple(packed.shape)
+            meta, shape = flat[n_values:].clone(), packed_shape
         elif meta.numel() != flat.numel() - n_values or not _same_meta(flat[n_values:], meta, rows):
             differ = (flat[n_values:].view(torch.int16) != meta.view(torch.int16)).nonzero()
             raise ValueMapError(f"pass {step}: {differ.numel()} metadata elements of {meta.numel()} (first "
@@ -235,8 +248,7 @@ def _decoded_map(operand, dtype, kept, src, numel, compress) -> ValueMap:
     if int(seen.sum()) != n_values or not bool(seen[src].all()):
         raise ValueMapError(f"the decoded slots name {int(seen.sum())} distinct entries of W, not the mask's "
                             f"{n_values} kept ones")
-    index = decoded.to(torch.int32) if numel < 2**31 else decoded
-    return ValueMap(shape=shape, meta=meta, index=index, n_values=n_values)
+    return ValueMap(shape=shape, meta=meta, index=_index(decoded, numel), n_values=n_values)
 
 
 def maps_for(mask: torch.Tensor, dtype: torch.dtype, want_t: bool, compress=None):
