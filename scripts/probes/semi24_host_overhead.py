@@ -40,3 +40,18 @@ with torch.no_grad():
         layers["sparse"](x)
     prof.disable()
 pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+# What the dispatcher timed for the auto layer (back to back), against the same timer
+# run on the module calls themselves: the module's own host cost is not in its timing.
+from tilesparse.semi24 import dispatch  # noqa: E402
+from tilesparse.semi24.cusparselt import cslt_product  # noqa: E402
+
+disp = dispatch.default_dispatcher()
+print("dispatcher entries:", {k.split("|torch")[0]: v for k, v in disp._load().items()})
+packed, _ = layers["sparse"]._compressed()
+with torch.no_grad():
+    for name, fn in (("cslt_product", lambda: cslt_product(packed, x, None)),
+                     ("F.linear", lambda: F.linear(x, w)),
+                     ("layer sparse", lambda: layers["sparse"](x)),
+                     ("layer auto", lambda: layers["auto"](x))):
+        print(f"{name:14} back to back {dispatch._do_bench(fn):.3f} ms")

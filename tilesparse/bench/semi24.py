@@ -97,12 +97,25 @@ def _time(fn, ctx):
         return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
+def _decision_note(op, m, n, k, dtype, device):
+    """What the 2:4 dispatcher chose for this problem and the times it chose by."""
+    from ..semi24 import dispatch
+
+    key = dispatch.Semi24Dispatcher.key(op, m, n, k, dtype, dispatch.gpu_name(device))
+    entry = dispatch.default_dispatcher().entry(key)
+    if entry is None:
+        return f"dispatch: no {op} decision"
+    return (f"dispatch: {entry['choice']} (sparse {entry['sparse_ms']:.3f} ms, "
+            f"dense {entry['dense_ms']:.3f} ms, back to back)")
+
+
 def _log(ctx, row):
     if row["ms"] is None:
         ctx.log(f"  {row['case']:4} {row['op']:8} {row['method']:10} [red]{row['note']}[/]")
     else:
         x = f"{row['speedup_vs_dense']:5.2f}x" if row["speedup_vs_dense"] else "     "
-        ctx.log(f"  {row['case']:4} {row['op']:8} {row['method']:10} {row['ms']:8.3f} ms {x}")
+        note = f"  {row['note']}" if row["note"] else ""
+        ctx.log(f"  {row['case']:4} {row['op']:8} {row['method']:10} {row['ms']:8.3f} ms {x}{note}")
 
 
 def _gemm(suite, table, dtype_name, shape, ctx, rows):
@@ -134,6 +147,8 @@ def _gemm(suite, table, dtype_name, shape, ctx, rows):
         err = rel_err(fn(), ref) if error is None else None
         if err is not None and err > SUSPECT_REL_ERR:
             note = "; ".join(filter(None, [note, f"suspect: rel_err above {SUSPECT_REL_ERR:.0e}"]))
+        if mode == "auto" and ctx.cuda:
+            note = "; ".join(filter(None, [note, _decision_note("fprop", m, n, k, dtype, device)]))
         rows.append(_row(suite, "gemm", "fprop", method, dtype_name, shape, 0.5, ms, dense_ms, 1.0 * m * n * k, err,
                          error or note, ctx))
         _log(ctx, rows[-1])

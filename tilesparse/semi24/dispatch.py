@@ -154,9 +154,14 @@ class Semi24Dispatcher:
 
     # ----------------------------------------------------------------- decisions
     def lookup(self, key: str) -> str | None:
+        entry = self.entry(key)
+        return entry["choice"] if entry else None
+
+    def entry(self, key: str) -> dict | None:
+        """The cached decision for ``key`` (choice, sparse_ms, dense_ms), or None."""
         with self._lock:
             entry = self._load().get(key)
-        return entry["choice"] if entry else None
+        return dict(entry) if entry else None
 
     def choose(
         self,
