@@ -38,6 +38,31 @@ def test_cpu_table_runs_end_to_end():
     assert gemm["tilesparse"]["rel_err"] < 2e-2 and gemm["tilesparse"]["speedup_vs_dense"] is not None
     ffn = {(r["method"], r["op"]) for r in rows if r["case"] == "ffn"}
     assert ffn == {(m, op) for m in ("dense", "tilesparse", "tilesparse_auto", "act_dense", "tilesparse_act24")
-                   for op in ("ffn_fwd", "ffn_step", "ffn_train_step")}
+                   for op in ("ffn_fwd", "ffn_step", "ffn_train_step")} | {
+        (m, "ffn_train_loop") for m in ("dense", "tilesparse", "tilesparse_auto")}
+    loop = next(r for r in rows if r["op"] == "ffn_train_loop" and r["method"] == "tilesparse")
+    assert "100 steps per loop" in loop["note"] and "2 mask updates per loop" in loop["note"]
     assert all(r["speedup_vs_dense"] for r in rows if r["method"].startswith("tilesparse"))
     assert {r["method"] for r in rows if r["case"] == "prep"} == {"optimal", "greedy"}
+
+
+def test_prep_share_adds_repacking_and_amortized_mask_updates():
+    """prep_per_step = sum over both FFN weights of map_pair + (mask + learn_maps) / mask_every,
+    as a share of the dense FFN training step."""
+    table = {"ffns": [{"tokens": 64, "dim": 8, "hidden": 32}], "prep_tokens": 64}
+    ctx = RunContext(cuda=False, stamp={"gpu": "cpu", "torch": torch.__version__, "triton": "", "commit": "test"},
+                     log=lambda msg: None)
+
+    def row(op, method, shape, ms):
+        return {"op": op, "method": method, "dtype": "bf16", "M": shape[0], "N": shape[1], "K": shape[2], "ms": ms}
+
+    up, down = (64, 32, 8), (64, 8, 32)
+    rows = [row("ffn_train_step", "dense", (64, 32, 8), 20.0)]
+    for shape, (pair, mask, learn) in ((up, (0.2, 3.0, 9.0)), (down, (0.3, 4.0, 11.0))):
+        rows += [row("compress", "map_pair", shape, pair), row("mask", "optimal", shape, mask),
+                 row("mask", "greedy", shape, 0.5), row("compress", "learn_maps", shape, learn)]
+    semi24._prep_share("semi24", table, "bf16", ctx, rows)
+    share = rows[-1]
+    expected = 0.2 + 0.3 + (3.0 + 9.0 + 4.0 + 11.0) / 100
+    assert share["op"] == "prep_per_step" and share["ms"] == pytest.approx(expected)
+    assert f"{100 * expected / 20.0:.1f} %" in share["note"]

@@ -46,9 +46,10 @@ from .timing import bench_ms_noted
 
 __all__ = ["OPS", "resolve_table", "prepare", "run"]
 
-OPS = ("fprop", "fwd", "fwd_bwd", "train_step", "mask", "compress")
+OPS = ("fprop", "fwd", "fwd_bwd", "train_step", "train_loop", "mask", "compress")
 # the FFN block's ops as the CSV names them (the issue's `ffn_step` is forward + backward)
-FFN_OPS = {"fwd": "ffn_fwd", "fwd_bwd": "ffn_step", "train_step": "ffn_train_step"}
+FFN_OPS = {"fwd": "ffn_fwd", "fwd_bwd": "ffn_step", "train_step": "ffn_train_step", "train_loop": "ffn_train_loop"}
+TRAIN_LOOPS = 2  # timed loops of mask_every steps each (after one untimed loop)
 
 
 def resolve_table(name: str, *, quick: bool = False, overrides: dict | None = None) -> dict:
@@ -186,7 +187,17 @@ def _ffn(suite, table, dtype_name, spec, ctx, rows):
     base = {}
     for method, model in models.items():
         for op in table["ops"]:
-            if op not in ("fwd", "fwd_bwd", "train_step"):
+            if op not in FFN_OPS or (op == "train_loop" and "act" in method):
+                continue
+            if op == "train_loop":
+                ms, note, error = _train_loop_ms(model, x, grad, ctx)
+                density = 1.0 if method == "dense" else 0.5
+                if method == "dense":
+                    base[("dense", op)] = ms
+                rows.append(_row(suite, "ffn", FFN_OPS[op], method, dtype_name, shape, density, ms,
+                                 base.get(("dense", op)), 3.0 * 2.0 * 2 * tokens * dim * hidden * density, None,
+                                 error or note, ctx))
+                _log(ctx, rows[-1])
                 continue
             params = [x, *model.parameters()]
             if op == "fwd":
@@ -214,6 +225,82 @@ def _ffn(suite, table, dtype_name, spec, ctx, rows):
             rows.append(_row(suite, "ffn", FFN_OPS[op], method, dtype_name, shape, density, ms, base.get((baseline, op)),
                              flops, None, error or note, ctx))
             _log(ctx, rows[-1])
+
+
+def _train_loop_ms(model, x, grad, ctx):
+    """(ms per step, note, error) of training steps as a loop runs them: an in-place
+    weight update, forward + backward, then each 2:4 layer's ``step()``, which
+    recomputes its mask every ``mask_every`` steps (and the next forward learns the new
+    mask's value maps). Timed over TRAIN_LOOPS loops of ``mask_every`` steps after one
+    untimed loop: the per-step cost of mask updates included, amortized as in training."""
+    from ..semi24 import SemiSparseLinear
+
+    semis = [m for m in model.modules() if isinstance(m, SemiSparseLinear)]
+    weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, SemiSparseLinear))]
+    params = [x, *model.parameters()]
+    steps = semis[0].mask_every if semis else 100
+
+    def loop():
+        for _ in range(steps):
+            with torch.no_grad():
+                for w in weights:
+                    w.mul_(1.0)
+            torch.autograd.grad(model(x), params, grad)
+            for layer in semis:
+                layer.step()
+
+    try:
+        loop()
+        times = []
+        for _ in range(TRAIN_LOOPS):
+            if ctx.cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            loop()
+            if ctx.cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3 / steps)
+    except Exception as exc:
+        return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    updates = f", {len(semis)} mask updates per loop" if semis else ""
+    return min(times), f"{steps} steps per loop, best of {TRAIN_LOOPS} loops{updates}", None
+
+
+def _prep_share(suite, table, dtype_name, ctx, rows):
+    """The per-step cost of keeping the FFN's 2:4 weights packed, from this run's rows:
+    both weights repacked by gather every step (``map_pair``) plus, every ``mask_every``
+    steps, each weight's new mask (the layer's default method) and its value maps
+    (``learn_maps``); as a share of the dense FFN training step (issue 7: <= 5 %)."""
+    from ..semi24 import SemiSparseLinear
+
+    probe = SemiSparseLinear(8, 8, device="meta")
+    mask_every, method = probe.mask_every, probe.method
+
+    def ms_of(op, meth, shape):
+        for r in rows:
+            if (r["op"] == op and r["method"] == meth and r["dtype"] == dtype_name
+                    and (r["M"], r["N"], r["K"]) == shape and r["ms"] is not None):
+                return r["ms"]
+        return None
+
+    dense = next((r["ms"] for r in rows if r["op"] == "ffn_train_step" and r["method"] == "dense"
+                  and r["dtype"] == dtype_name and r["ms"]), None)
+    for spec in table.get("ffns", []):
+        t, d, h = spec["tokens"], spec["dim"], spec["hidden"]
+        m = table.get("prep_tokens", 8192)
+        shapes = [(m, h, d), (m, d, h)]  # the up and down weights, as the prep rows name them
+        parts = [(ms_of("compress", "map_pair", s), ms_of("mask", method, s), ms_of("compress", "learn_maps", s))
+                 for s in shapes]
+        if dense is None or any(v is None for part in parts for v in part):
+            continue
+        per_step = sum(pair + (mask + learn) / mask_every for pair, mask, learn in parts)
+        share = per_step / dense
+        note = (f"{100 * share:.1f} % of the dense FFN training step ({dense:.2f} ms): both weights' map_pair "
+                f"every step + ({method} mask + learn_maps)/{mask_every} per weight")
+        row = _row(suite, "prep", "prep_per_step", "tilesparse", dtype_name, (t, h, d), 0.5, per_step, None, None,
+                   None, note, ctx)
+        rows.append(row)
+        ctx.log(f"  prep per step {per_step:.3f} ms: {note}")
 
 
 def _prep(suite, table, dtype_name, nk, ctx, rows):
@@ -279,6 +366,7 @@ def run(suite: str, table: dict, ctx: RunContext) -> list[dict]:
             for nk in table.get("prep", []):
                 _prep(suite, table, dtype_name, tuple(nk), ctx, rows)
                 ctx.checkpoint(rows)
+            _prep_share(suite, table, dtype_name, ctx, rows)
         ctx.log(f"  ({time.perf_counter() - start:.0f} s)")
     return rows
 
