@@ -38,6 +38,15 @@ def candidates(kind: str, block: int, head_dim: int):
         if kind == "fwd":  # the unmasked blocks walked apart from each row's last
             yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, base.num_stages, tma=True,
                                     split_last=True)
+        # 16 warps (4 warpgroups): half the registers per thread for the same tiles; FlexAttention's
+        # Hopper backward default at D 128 (64 x 128, 16 warps, 3 stages). At 8 warps the dK/dV
+        # kernel spills (ptxas: 255 registers, 776 B of stack)
+        for bm, bn, stages in {"fwd": ((128, 128, 2), (128, 128, 3)),
+                               "dkdv": ((64, 128, 3), (64, 128, 2), (32, 128, 3), (128, 128, 2)),
+                               "dq": ((128, 64, 2), (128, 128, 2), (128, 32, 2))}[kind]:
+            if bm <= block and bn <= block:
+                for tma in (True, False):
+                    yield K.AttentionConfig(bm, bn, 16, stages, tma=tma)
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
