@@ -36,7 +36,7 @@ from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, 
 @triton.jit
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
-    ptr_ptr, idx_ptr, slot_ptr, bin_ptr_ptr, flat_e_ptr, flat_row_ptr,
+    ptr_ptr, idx_ptr, slot_ptr, bin_ptr_ptr, bin_rows_ptr,
     M, split_stride,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -51,10 +51,8 @@ def _dds_small_kernel(
     SPLITS > 1: split p takes the p-th of SPLITS equal runs of table j's entries and
     writes its fp32 partial sum (no bias) at c + p * split_stride; the launcher adds the
     partials in a fixed order (deterministic).
-    BINNED: program (bin * SUBS + s, m-tile) walks the bin's entries flat_e[bin_ptr[bin]:
-    bin_ptr[bin + 1]] as one stream (several whole tables, see :func:`balanced_bins`);
-    flat_row holds 2 * table + (1 at the table's last entry), where the slice is stored
-    and the sum restarts. flat_e -1 marks an empty table (stored as zeros + bias).
+    BINNED: program (bin * SUBS + s, m-tile) computes the slices of tables
+    bin_rows[bin_ptr[bin]:bin_ptr[bin + 1]] one after another (see :func:`balanced_bins`).
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
@@ -66,22 +64,17 @@ def _dds_small_kernel(
     f_ok = offs_f < B
     K_STEPS: tl.constexpr = TILE_B // BLOCK_K
     acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
-    if BINNED:
+    if BINNED:  # the bin's tables one after another, each summed and stored as below
         bin_id = pid // SUBS
-        first = tl.load(bin_ptr_ptr + bin_id)
-        last = tl.load(bin_ptr_ptr + bin_id + 1)
-        for t in range(first * K_STEPS, last * K_STEPS):
-            f = t // K_STEPS
-            e = tl.load(flat_e_ptr + f)
-            code = tl.load(flat_row_ptr + f)
-            e_ok = e >= 0
-            e = tl.maximum(e, 0)
-            acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, e, e_ok, (t % K_STEPS) * BLOCK_K + offs_k,
-                              offs_f, f_ok, offs_m, m_ok, stride_am, stride_ak, B, TRANS_V, HAS_SLOT, INPUT_PRECISION)
-            row_done = ((code & 1) == 1) & (t % K_STEPS == K_STEPS - 1)  # the table's last step: store
-            _small_store(acc, c_ptr, bias_ptr, code >> 1, offs_f, f_ok, offs_m, m_ok, stride_cm, stride_cn, B,
-                         HAS_BIAS, row_done)
-            acc = tl.where(row_done, 0.0, acc)
+        for r in range(tl.load(bin_ptr_ptr + bin_id), tl.load(bin_ptr_ptr + bin_id + 1)):
+            j = tl.load(bin_rows_ptr + r)
+            acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
+            for t in range(tl.load(ptr_ptr + j) * K_STEPS, tl.load(ptr_ptr + j + 1) * K_STEPS):
+                acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, t // K_STEPS,
+                                  (t % K_STEPS) * BLOCK_K + offs_k, offs_f, f_ok, offs_m, m_ok, stride_am, stride_ak,
+                                  B, TRANS_V, HAS_SLOT, INPUT_PRECISION)
+            _small_store(acc, c_ptr, bias_ptr, j, offs_f, f_ok, offs_m, m_ok, stride_cm, stride_cn, B, HAS_BIAS,
+                         True)
     else:
         j = pid // SUBS
         start = tl.load(ptr_ptr + j)
@@ -92,7 +85,7 @@ def _dds_small_kernel(
             start = tl.minimum(start + split * chunk, end)
             end = tl.minimum(start + chunk, end)
         for t in range(start * K_STEPS, end * K_STEPS):
-            acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, t // K_STEPS, True,
+            acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, t // K_STEPS,
                               (t % K_STEPS) * BLOCK_K + offs_k, offs_f, f_ok, offs_m, m_ok, stride_am, stride_ak,
                               B, TRANS_V, HAS_SLOT, INPUT_PRECISION)
         if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
@@ -106,11 +99,11 @@ def _dds_small_kernel(
 
 
 @triton.jit
-def _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, e, e_ok, k_in, offs_f, f_ok, offs_m, m_ok, stride_am,
+def _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, e, k_in, offs_f, f_ok, offs_m, m_ok, stride_am,
                 stride_ak, B: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr,
                 INPUT_PRECISION: tl.constexpr):
-    """acc += op(V[slot e])[offs_f, k_in] @ A[offs_m, block idx e, k_in]^T (nothing where not e_ok)."""
-    k_ok = (k_in < B) & e_ok
+    """acc += op(V[slot e])[offs_f, k_in] @ A[offs_m, block idx e, k_in]^T."""
+    k_ok = k_in < B
     blk = tl.load(idx_ptr + e).to(tl.int64)
     if HAS_SLOT:
         slot = tl.load(slot_ptr + e).to(tl.int64)
@@ -194,10 +187,10 @@ def balanced_bins(ptr: torch.Tensor, subs: int, min_programs: int):
     one bin, so each output is written once, summed in table order: results are
     bitwise those of the unbinned kernel.
 
-    Returns (bin_ptr [n_bins + 1], flat_e [entries], flat_row [entries]) as int32 on
-    ptr's device (see :func:`_dds_small_kernel`), or None where binning would change
-    nothing (equal tables, or as many bins as tables). An empty table costs one step
-    (its zeros are stored). Bins number ceil(work / longest table), at least
+    Returns (bin_ptr [n_bins + 1], bin_rows [tables]) as int32 on ptr's device: bin i
+    holds tables bin_rows[bin_ptr[i]:bin_ptr[i + 1]]; or None where binning would change
+    nothing (equal tables, or as many bins as tables). An empty table counts as one
+    step (its zeros are stored). Bins number ceil(work / longest table), at least
     ``min_programs / subs``. Reads ptr on the host: a launcher caches the result."""
     counts = (ptr[1:] - ptr[:-1]).to("cpu", torch.int64)
     tables = counts.numel()
@@ -207,26 +200,15 @@ def balanced_bins(ptr: torch.Tensor, subs: int, min_programs: int):
     n_bins = max(cdiv(int(work.sum()), int(work.max())), cdiv(min_programs, subs))
     if n_bins >= tables:
         return None
-    loads = [0] * n_bins
     members: list[list[int]] = [[] for _ in range(n_bins)]
     heap = [(0, b) for b in range(n_bins)]
     for table in torch.argsort(-work, stable=True).tolist():  # longest first, into the lightest bin
         load, b = heapq.heappop(heap)
         members[b].append(table)
         heapq.heappush(heap, (load + int(work[table]), b))
-        loads[b] = load + int(work[table])
-    order = torch.tensor([t for b in members for t in sorted(b)], dtype=torch.int64)
-    lens = work[order]
-    bin_ptr = torch.zeros(n_bins + 1, dtype=torch.int64)
-    bin_ptr[1:] = torch.tensor(loads, dtype=torch.int64).cumsum(0)
-    starts = torch.zeros_like(lens)
-    starts[1:] = lens.cumsum(0)[:-1]
-    pos = torch.arange(int(lens.sum())) - starts.repeat_interleave(lens)  # step within its table
-    flat_e = ptr.to("cpu", torch.int64)[order].repeat_interleave(lens) + pos
-    flat_e[(counts[order] == 0).repeat_interleave(lens)] = -1
-    is_last = pos == lens.repeat_interleave(lens) - 1
-    flat_row = order.repeat_interleave(lens) * 2 + is_last.to(torch.int64)
-    return tuple(t.to(device=ptr.device, dtype=torch.int32) for t in (bin_ptr, flat_e, flat_row))
+    bin_ptr = torch.tensor([0] + [len(m) for m in members]).cumsum(0)
+    bin_rows = torch.tensor([t for m in members for t in sorted(m)])
+    return tuple(t.to(device=ptr.device, dtype=torch.int32) for t in (bin_ptr, bin_rows))
 
 
 def _bins_for(ptr: torch.Tensor, subs: int):
@@ -258,10 +240,10 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
     n_programs = (bins[0].numel() - 1) if bins is not None else n_out
     grid = (n_programs * subs, cdiv(m, cfg.block_m), cfg.splits)
-    bin_ptr, flat_e, flat_row = bins if bins is not None else (ptr, ptr, ptr)
+    bin_ptr, bin_rows = bins if bins is not None else (ptr, ptr)
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, out,
-        ptr, idx, slot if slot is not None else ptr, bin_ptr, flat_e, flat_row,
+        ptr, idx, slot if slot is not None else ptr, bin_ptr, bin_rows,
         m, out.stride(0) if cfg.splits > 1 else 0,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
