@@ -12,11 +12,7 @@ import json
 import torch
 import triton.testing
 
-import dataclasses
-
 import tilesparse as ts
-from tilesparse.kernels import bsmm as K
-from tilesparse.kernels import bsmm_small as S
 
 p = argparse.ArgumentParser()
 p.add_argument("--weight", type=int, default=12288)
@@ -53,20 +49,15 @@ for b in args.blocks:
                 dy = torch.randn(m, n, device=dev, dtype=dt)
                 fprop = graph_ms(lambda: [ts.dds(x, v, layout, trans_b=True) for v in values])
                 bprop = graph_ms(lambda: [ts.dds(dy, v, layout) for v in values])
-                plain = dataclasses.replace(S.small_config(m, b, dt), balance=False)  # one program per table slice
-                meta, R, C = layout.meta, layout.block_rows, layout.block_cols
-                fprop_plain = graph_ms(lambda: [K.dds(x, v, meta, None, R, C, True, plain) for v in values])
-                bprop_plain = graph_ms(lambda: [K.dds(dy, v, meta, None, R, C, False, plain) for v in values])
                 row = {"block": b, "density": d, "layout": kind, "M": m, "mean_over_max_row": round(imbalance, 3),
                        "weight_mb": nbytes / 1e6, "copy_us": copy_ms * 1e3, "fprop_us": fprop * 1e3,
-                       "bprop_us": bprop * 1e3, "fprop_unbinned_us": fprop_plain * 1e3,
-                       "bprop_unbinned_us": bprop_plain * 1e3,
+                       "bprop_us": bprop * 1e3,
                        "fprop_tbs": nbytes / fprop / 1e9, "bprop_tbs": nbytes / bprop / 1e9,
                        "copy_tbs": 2 * nbytes / copy_ms / 1e9}
                 rows.append(row)
                 print(f"b{b:3} d{d:<5} {kind:8} M{m:<3} rows mean/max {imbalance:.2f}  weight {nbytes / 1e6:6.1f} MB: "
                       f"fprop {fprop * 1e3:6.1f} us ({row['fprop_tbs']:.2f} TB/s), bprop {bprop * 1e3:6.1f} us "
-                      f"({row['bprop_tbs']:.2f} TB/s); unbinned {fprop_plain * 1e3:5.1f} / {bprop_plain * 1e3:5.1f} us; copy of the same bytes {copy_ms * 1e3:6.1f} us "
+                      f"({row['bprop_tbs']:.2f} TB/s); copy of the same bytes {copy_ms * 1e3:6.1f} us "
                       f"(read+write {row['copy_tbs']:.2f} TB/s)", flush=True)
 if args.out:
     with open(args.out, "w") as f:

@@ -22,7 +22,6 @@ reduction order) as :mod:`tilesparse.kernels.bsmm`.
 from __future__ import annotations
 
 import functools
-import heapq
 from dataclasses import dataclass
 
 import torch
@@ -36,11 +35,11 @@ from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, 
 @triton.jit
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
-    ptr_ptr, idx_ptr, slot_ptr, bin_ptr_ptr, bin_rows_ptr,
+    ptr_ptr, idx_ptr, slot_ptr,
     M, split_stride,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr, BINNED: tl.constexpr,
+    SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
@@ -51,85 +50,54 @@ def _dds_small_kernel(
     SPLITS > 1: split p takes the p-th of SPLITS equal runs of table j's entries and
     writes its fp32 partial sum (no bias) at c + p * split_stride; the launcher adds the
     partials in a fixed order (deterministic).
-    BINNED: program (bin * SUBS + s, m-tile) computes the slices of tables
-    bin_rows[bin_ptr[bin]:bin_ptr[bin + 1]] one after another (see :func:`balanced_bins`).
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
+    j = pid // SUBS
     s = pid % SUBS
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_f = s * SUB + tl.arange(0, SUB)  # output features within the block
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     f_ok = offs_f < B
-    K_STEPS: tl.constexpr = TILE_B // BLOCK_K
+    start = tl.load(ptr_ptr + j)
+    end = tl.load(ptr_ptr + j + 1)
+    if SPLITS > 1:
+        split = tl.program_id(2)
+        chunk = (end - start + SPLITS - 1) // SPLITS
+        start = tl.minimum(start + split * chunk, end)
+        end = tl.minimum(start + chunk, end)
     acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
-    if BINNED:  # the bin's tables one after another, each summed and stored as below
-        bin_id = pid // SUBS
-        for r in range(tl.load(bin_ptr_ptr + bin_id), tl.load(bin_ptr_ptr + bin_id + 1)):
-            j = tl.load(bin_rows_ptr + r)
-            acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
-            for t in range(tl.load(ptr_ptr + j) * K_STEPS, tl.load(ptr_ptr + j + 1) * K_STEPS):
-                acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, t // K_STEPS,
-                                  (t % K_STEPS) * BLOCK_K + offs_k, offs_f, f_ok, offs_m, m_ok, stride_am, stride_ak,
-                                  B, TRANS_V, HAS_SLOT, INPUT_PRECISION)
-            _small_store(acc, c_ptr, bias_ptr, j, offs_f, f_ok, offs_m, m_ok, stride_cm, stride_cn, B, HAS_BIAS,
-                         True)
-    else:
-        j = pid // SUBS
-        start = tl.load(ptr_ptr + j)
-        end = tl.load(ptr_ptr + j + 1)
-        if SPLITS > 1:
-            split = tl.program_id(2)
-            chunk = (end - start + SPLITS - 1) // SPLITS
-            start = tl.minimum(start + split * chunk, end)
-            end = tl.minimum(start + chunk, end)
-        for t in range(start * K_STEPS, end * K_STEPS):
-            acc = _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, t // K_STEPS,
-                              (t % K_STEPS) * BLOCK_K + offs_k, offs_f, f_ok, offs_m, m_ok, stride_am, stride_ak,
-                              B, TRANS_V, HAS_SLOT, INPUT_PRECISION)
-        if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
-            cols = j.to(tl.int64) * B + offs_f
-            c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
-                + cols[:, None] * stride_cn
-            tl.store(c_ptrs, acc, mask=f_ok[:, None] & m_ok[None, :])
+    K_STEPS: tl.constexpr = TILE_B // BLOCK_K
+    for t in range(start * K_STEPS, end * K_STEPS):
+        e = t // K_STEPS
+        k_in = (t % K_STEPS) * BLOCK_K + offs_k
+        k_ok = k_in < B
+        blk = tl.load(idx_ptr + e).to(tl.int64)
+        if HAS_SLOT:
+            slot = tl.load(slot_ptr + e).to(tl.int64)
         else:
-            _small_store(acc, c_ptr, bias_ptr, j, offs_f, f_ok, offs_m, m_ok, stride_cm, stride_cn, B, HAS_BIAS,
-                         True)
-
-
-@triton.jit
-def _small_step(acc, a_ptr, v_ptr, idx_ptr, slot_ptr, e, k_in, offs_f, f_ok, offs_m, m_ok, stride_am,
-                stride_ak, B: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr,
-                INPUT_PRECISION: tl.constexpr):
-    """acc += op(V[slot e])[offs_f, k_in] @ A[offs_m, block idx e, k_in]^T."""
-    k_ok = k_in < B
-    blk = tl.load(idx_ptr + e).to(tl.int64)
-    if HAS_SLOT:
-        slot = tl.load(slot_ptr + e).to(tl.int64)
-    else:
-        slot = tl.cast(e, tl.int64)
-    v_base = v_ptr + slot * (B * B)
-    if TRANS_V:  # feature f, reduction k: V[f, k]
-        w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-    else:  # V[k, f]
-        w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-    x = tl.load(
-        a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
-        mask=k_ok[:, None] & m_ok[None, :], other=0.0,
-    )
-    return tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
-
-
-@triton.jit
-def _small_store(acc, c_ptr, bias_ptr, j, offs_f, f_ok, offs_m, m_ok, stride_cm, stride_cn, B: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, do_store):
-    """C[offs_m, j*B + offs_f] = acc^T (+ bias), rounded to C's dtype; only where ``do_store``."""
+            slot = e.to(tl.int64)
+        v_base = v_ptr + slot * (B * B)
+        if TRANS_V:  # feature f, reduction k: V[f, k]
+            w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+        else:  # V[k, f]
+            w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(
+            a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+            mask=k_ok[:, None] & m_ok[None, :], other=0.0,
+        )
+        acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
     cols = j.to(tl.int64) * B + offs_f
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=f_ok & do_store, other=0.0).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :] & do_store)
+    if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
+        c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
+            + cols[:, None] * stride_cn
+        tl.store(c_ptrs, acc, mask=f_ok[:, None] & m_ok[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
+        c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
 
 
 @dataclass(frozen=True)
@@ -145,7 +113,6 @@ class SmallConfig:
     num_warps: int
     num_stages: int
     splits: int = 1
-    balance: bool = True  # tables packed into bins of equal work (balanced_bins); splits == 1 only
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -173,61 +140,6 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
     return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
 
 
-# Binned launches aim for at least this many programs per SM (enough loads in flight)
-MIN_PROGRAMS_PER_SM = 2
-
-
-def balanced_bins(ptr: torch.Tensor, subs: int, min_programs: int):
-    """Pack the tables of a CSR/CSC pointer ``ptr`` [T + 1] into bins of about equal
-    work, largest first into the least-loaded bin (LPT), so that no program walks a
-    table much longer than the average: on a random layout the longest block-row holds
-    1.5-2.5x the mean (binomial counts), and the small-batch kernel, one program per
-    table slice, waited for it (H200: a balanced layout of the same density streamed
-    1.2-1.4x faster; ``scripts/probes/small_balance.py``). Every table stays whole in
-    one bin, so each output is written once, summed in table order: results are
-    bitwise those of the unbinned kernel.
-
-    Returns (bin_ptr [n_bins + 1], bin_rows [tables]) as int32 on ptr's device: bin i
-    holds tables bin_rows[bin_ptr[i]:bin_ptr[i + 1]]; or None where binning would change
-    nothing (equal tables, or as many bins as tables). An empty table counts as one
-    step (its zeros are stored). Bins number ceil(work / longest table), at least
-    ``min_programs / subs``. Reads ptr on the host: a launcher caches the result."""
-    counts = (ptr[1:] - ptr[:-1]).to("cpu", torch.int64)
-    tables = counts.numel()
-    work = counts.clamp(min=1)
-    if tables == 0:
-        return None
-    n_bins = max(cdiv(int(work.sum()), int(work.max())), cdiv(min_programs, subs))
-    if n_bins >= tables:
-        return None
-    members: list[list[int]] = [[] for _ in range(n_bins)]
-    heap = [(0, b) for b in range(n_bins)]
-    for table in torch.argsort(-work, stable=True).tolist():  # longest first, into the lightest bin
-        load, b = heapq.heappop(heap)
-        members[b].append(table)
-        heapq.heappush(heap, (load + int(work[table]), b))
-    bin_ptr = torch.tensor([0] + [len(m) for m in members]).cumsum(0)
-    bin_rows = torch.tensor([t for m in members for t in sorted(m)])
-    return tuple(t.to(device=ptr.device, dtype=torch.int32) for t in (bin_ptr, bin_rows))
-
-
-def _bins_for(ptr: torch.Tensor, subs: int):
-    """balanced_bins for this table pointer, cached on the tensor object (table views
-    are themselves cached per layout, so this runs once per layout and orientation);
-    None while a CUDA graph is being captured and nothing is cached (no host sync there)."""
-    if ptr.is_cuda:
-        sms = torch.cuda.get_device_properties(ptr.device).multi_processor_count
-    else:
-        sms = 4
-    cache = ptr.__dict__.setdefault("_tilesparse_bins", {})
-    key = (subs, MIN_PROGRAMS_PER_SM * sms)
-    if key not in cache:
-        if ptr.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        cache[key] = balanced_bins(ptr, subs, key[1])
-    return cache[key]
-
-
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
     b = values.shape[-1]
@@ -235,19 +147,14 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     cfg = config
     check_fits_tile(cfg, tile, "sub", "block_k")
     m = a.shape[0]
-    subs = tile // cfg.sub
-    bins = _bins_for(ptr, subs) if cfg.splits == 1 and cfg.balance else None
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
-    n_programs = (bins[0].numel() - 1) if bins is not None else n_out
-    grid = (n_programs * subs, cdiv(m, cfg.block_m), cfg.splits)
-    bin_ptr, bin_rows = bins if bins is not None else (ptr, ptr)
+    grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), cfg.splits)
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, out,
-        ptr, idx, slot if slot is not None else ptr, bin_ptr, bin_rows,
+        ptr, idx, slot if slot is not None else ptr,
         m, out.stride(0) if cfg.splits > 1 else 0,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        BINNED=bins is not None,
         TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
