@@ -30,6 +30,12 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps); block_m follo
     "s64k128st3": (64, 128, 3, 8),
     "s32k64st8": (32, 64, 8, 4),
     "s128k64st4": (128, 64, 4, 8),
+    # deeper pipelines and narrower slices (more loads in flight, more programs)
+    "s32k64st12": (32, 64, 12, 4),
+    "s32k64st16": (32, 64, 16, 4),
+    "s16k64st8": (16, 64, 8, 4),
+    "s16k64st12": (16, 64, 12, 4),
+    "s32k128st8": (32, 128, 8, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
