@@ -1,0 +1,97 @@
+"""dds's other kernels on CUDA: the small-batch (weight-streaming) kernel, with and
+without its split reduction, and the panel kernel for small blocks, forced by config
+against float64 CPU references (setup as in test_bsmm_gpu.py). Marked ``gpu``."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bsmm_cases import dense_of, make_layout, random_values
+from tilesparse.kernels import bsmm as kernels
+from tolerances import assert_close
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+BLOCK_SIZES = [8, 16, 32, 64, 128]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp32", "fp16", "bf16"]
+IN_FEATURES, OUT_FEATURES = 1024, 768  # as test_bsmm_gpu.py: divisible by every block size
+
+
+def _grid(block_size):
+    return OUT_FEATURES // block_size, IN_FEATURES // block_size
+
+
+# --------------------------------------------------------------------------- small-batch kernel
+# dds has two kernels: large-batch tiles and a weight-streaming kernel for few rows.
+# Both are forced here at the M values around the dispatch threshold, every block size
+# and dtype, both table directions, with bias.
+
+
+@pytest.mark.parametrize("path", ["large", "small", "small-split3"])
+@pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES, ids=lambda b: f"b{b}")
+def test_dds_both_kernels(block_size, dtype, trans, m, path):
+    from tilesparse.kernels import bsmm_small
+
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    if path == "large":
+        cfg = kernels.dds_config(m, block_size, dtype)
+    else:
+        cfg = bsmm_small.small_config(m, block_size, dtype)
+        if path == "small-split3":
+            cfg = dataclasses.replace(cfg, splits=3)
+    meta = layout.meta_on(DEVICE)
+    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    assert_close(out, expected, dtype, f"dds {path}")
+
+
+# --------------------------------------------------------------------------- panel kernel (small blocks)
+
+
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("m", [37, 1000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
+def test_dds_panel_kernel(block_size, dtype, trans, m, group):
+    from tilesparse.kernels import bsmm_panel
+
+    if block_size * group > 128:
+        pytest.skip("panels wider than 128 columns are not a supported config")
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    meta = layout.meta_on(DEVICE)
+    cfg = bsmm_panel.PanelConfig(group)
+    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    assert_close(out, expected, dtype, "dds panel")
+
+
+def test_small_kernel_split_reduction_is_bitwise_deterministic():
+    # The split partials are summed in a fixed order: repeated calls agree bit for bit.
+    from tilesparse.kernels import bsmm_small
+
+    layout = make_layout("random", *_grid(64), 64)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    g = torch.randn(32, layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
+    cfg = bsmm_small.SmallConfig(32, 64, 32, 4, 4, splits=4)
+    meta = layout.meta_on(DEVICE)
+    first = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False, config=cfg)
+    for _ in range(3):
+        again = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False, config=cfg)
+        assert torch.equal(first, again)
