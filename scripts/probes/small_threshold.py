@@ -22,7 +22,7 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps); block_m follows M
+ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits]); block_m follows M
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
     "s32k128st4": (32, 128, 4, 4),
@@ -36,6 +36,10 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps); block_m follo
     "s16k64st8": (16, 64, 8, 4),
     "s16k64st12": (16, 64, 12, 4),
     "s32k128st8": (32, 128, 8, 4),
+    # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
+    # shorter chains behind the longest block-row (docs/performance.md, sixth session)
+    "s32k64st8x2": (32, 64, 8, 4, 2),
+    "s32k64st8x3": (32, 64, 8, 4, 3),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -82,11 +86,12 @@ def main() -> None:
                     large = K.dds_config(m, b, dt)
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
                     row["large_ms"] = kernel_ms(lambda: K.dds(a, values, meta, None, R, C, trans, large))
-                    for name, (sub, bk, stages, warps) in SMALL_VARIANTS.items():
+                    for name, (sub, bk, stages, warps, *splits) in SMALL_VARIANTS.items():
                         tile = max(16, b)
                         if sub > tile:
                             continue
-                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, warps, stages)
+                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, warps, stages,
+                                            splits=splits[0] if splits else 1)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:
