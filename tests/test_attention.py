@@ -331,8 +331,7 @@ def test_compiled_matches_eager():
     y_comp = torch.compile(f, fullgraph=True)(q, k, v)
     g_comp = torch.autograd.grad(y_comp, (q, k, v), grad)
     torch.testing.assert_close(y_comp, y_eager, rtol=1e-5, atol=1e-6)
-    # inductor fuses tanh's backward into one kernel (another fp32 rounding order than
-    # eager's ops): gradients of size ~1 differ by up to ~1e-6 (1.004e-6 seen in CI)
+    # inductor's fused tanh backward rounds in another order: ~1e-6 apart (1.004e-6 in CI)
     for a, b in zip(g_comp, g_eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=5e-6)
     torch._dynamo.reset()

@@ -20,7 +20,7 @@ def test_the_issue_table_and_its_quick_subset():
     assert table["shapes"] == [(4, 16, 8192, 128)] and table["blocks"] == [128]
     names = [s["name"] for s in table["layouts"]]
     assert {"causal", "local1024", "strided", "bigbird", "random10"} <= set(names)
-    assert set(table["methods"]) == {"tilesparse", "tilesparse_atomic", "flex", "sdpa"} and table["ops"] == ["fwd", "fwd_bwd"]
+    assert set(table["methods"]) == {"tilesparse", "tilesparse_atomic", "tilesparse_kernel", "flex", "sdpa"} and table["ops"] == ["fwd", "fwd_bwd"]
     quick = attention.resolve_table("attention", quick=True)
     assert [s["name"] for s in quick["layouts"]] == ["causal", "local1024"]
 
@@ -63,6 +63,7 @@ def test_cpu_table_runs_end_to_end(tmp_path):
     atomic = [r for r in rows if r["method"] == "tilesparse_atomic"]  # deterministic=False (the CPU path ignores it)
     assert len(atomic) == len(ours) and all(r["ms"] and not r["note"].startswith("error") for r in atomic)
     assert {r["layout"] for r in rows if r["method"] == "sdpa"} == {"causal"}
+    assert {r["layout"] for r in rows if r["method"] == "tilesparse_kernel"} == {"causal"}  # dense patterns only
     causal = next(r for r in ours if r["layout"] == "causal")
     assert causal["rel_err"] is not None and causal["rel_err"] < 2e-2  # bf16 against SDPA
     assert causal["speedup_vs_dense"] is not None

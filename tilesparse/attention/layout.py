@@ -123,6 +123,19 @@ class AttentionLayout:
             return self.mask
         return self.mask & torch.ones(self.num_blocks, self.num_blocks, dtype=torch.bool).tril()
 
+    def is_dense(self, causal: bool = False) -> bool:
+        """Whether every block is computed (with ``causal``, every block on or below the
+        diagonal): the pattern is plain full (or causal) attention, which
+        :func:`~tilesparse.attention.block_sparse_attention` may hand to SDPA's fused
+        kernels. Cached per ``causal``."""
+        cache = self.__dict__.setdefault("_is_dense", {})
+        key = bool(causal)
+        if key not in cache:
+            expected = torch.ones(self.num_blocks, self.num_blocks, dtype=torch.bool)
+            cache[key] = bool(torch.equal(self.block_mask(key), (expected.tril() if key else expected).expand_as(
+                self.mask)))
+        return cache[key]
+
     def meta_on(self, device, causal: bool = False) -> torch.Tensor:
         """The packed int32 tables on ``device`` (blocks above the diagonal dropped when
         ``causal``), built once per (device, causal) and cached."""

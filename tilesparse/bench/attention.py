@@ -9,7 +9,11 @@ For every dtype, shape (B, H, S, D), block size and layout pattern of
 * ``fwd_bwd``: forward and ``torch.autograd.grad`` of the output for a fixed random
   output gradient, w.r.t. q, k and v.
 
-Methods: ``tilesparse`` (:func:`tilesparse.attention.block_sparse_attention`), ``flex``
+Methods: ``tilesparse`` (:func:`tilesparse.attention.block_sparse_attention`; on a dense
+pattern it hands no-grad calls to SDPA, see its ``dense_fallback``), ``tilesparse_atomic``
+(``deterministic=False``: also hands the backward of a dense pattern to SDPA),
+``tilesparse_kernel`` (``dense_fallback=False``, dense patterns only: the block-sparse
+kernels themselves), ``flex``
 (``torch.compile(flex_attention)`` with a BlockMask made by ``create_block_mask`` from
 the same layout, so both visit exactly the same blocks and mask the same elements) and
 ``sdpa`` (``F.scaled_dot_product_attention``, only for the dense patterns: causal and
@@ -43,7 +47,9 @@ from .timing import bench_ms_noted
 __all__ = ["OPS", "METHODS", "resolve_table", "prepare", "run", "plot_attention", "flops"]
 
 OPS = ("fwd", "fwd_bwd")
-METHODS = ("tilesparse", "tilesparse_atomic", "flex", "sdpa")  # _atomic: deterministic=False (dQ by atomics)
+# _atomic: deterministic=False; _kernel: dense_fallback=False, timed on the dense patterns only
+# (there tilesparse hands no-grad and deterministic=False calls to SDPA)
+METHODS = ("tilesparse", "tilesparse_atomic", "tilesparse_kernel", "flex", "sdpa")
 DENSE_PATTERNS = ("causal", "full")  # patterns SDPA computes without a mask
 
 
@@ -129,11 +135,16 @@ def _mask_mod(block_mask: torch.Tensor, block: int, causal: bool):
 
 def _make_fns(method: str, q, k, v, layout, causal: bool, pattern: str, grad_out):
     """(forward fn, fwd+bwd fn) of one method, or (None, reason) when it cannot run."""
-    if method in ("tilesparse", "tilesparse_atomic"):
+    if method in ("tilesparse", "tilesparse_atomic", "tilesparse_kernel"):
         from ..attention import block_sparse_attention
 
+        if method == "tilesparse_kernel" and pattern not in DENSE_PATTERNS:
+            return None, "same as tilesparse: only a dense pattern is handed to SDPA"
+        kernel_only = method == "tilesparse_kernel"
+
         def fwd():
-            return block_sparse_attention(q, k, v, layout, causal=causal, deterministic=method == "tilesparse")
+            return block_sparse_attention(q, k, v, layout, causal=causal, deterministic=method != "tilesparse_atomic",
+                                          dense_fallback=not kernel_only)
     elif method == "flex":
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -303,7 +314,8 @@ def plot_attention(rows: list[dict], path, title: str = ""):
         return None
     panels = list(dict.fromkeys((r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) for r in timed))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.4), squeeze=False, layout="constrained")
-    styles = {"tilesparse": ("o", "tab:blue"), "tilesparse_atomic": ("^", "tab:green"), "flex": ("s", "tab:orange")}
+    styles = {"tilesparse": ("o", "tab:blue"), "tilesparse_atomic": ("^", "tab:green"),
+              "tilesparse_kernel": ("v", "tab:purple"), "flex": ("s", "tab:orange")}
     for ax, key in zip(axes[0], panels):
         mine = [r for r in timed if (r["dtype"], r["op"], r["batch"], r["heads"], r["seq"], r["head_dim"]) == key]
         for method, (marker, color) in styles.items():

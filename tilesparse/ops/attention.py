@@ -16,6 +16,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.nn import functional as F
 
 from .._checks import check_same, check_tensor
 from ..attention.layout import AttentionLayout
@@ -170,6 +171,17 @@ def _check_padding(key_padding_mask, B: int, S: int, device) -> None:
 # --------------------------------------------------------------------------- public function
 
 
+def _runs_as_sdpa(q, k, v, layout, causal, key_padding_mask, deterministic) -> bool:
+    """Whether the call is plain (causal) attention that SDPA's fused GPU kernels compute
+    as well: the layout computes every block, no key padding, as many kv heads as query
+    heads, a 16-bit dtype on CUDA, and either no gradient wanted or ``deterministic`` off."""
+    if not (q.is_cuda and key_padding_mask is None and k.shape[1] == q.shape[1]
+            and q.dtype in (torch.float16, torch.bfloat16) and layout.is_dense(causal)):
+        return False
+    wants_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return not (wants_grad and deterministic)
+
+
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -180,6 +192,7 @@ def block_sparse_attention(
     scale: Optional[float] = None,
     key_padding_mask: Optional[torch.Tensor] = None,
     deterministic: bool = True,
+    dense_fallback: bool = True,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v computed only on the layout's (query block, key block)
     pairs, fused (FlashAttention-style: no S x S matrix in memory), differentiable in
@@ -203,6 +216,13 @@ def block_sparse_attention(
             order: reproducible, but not bitwise those of ``deterministic=True``); ignored (deterministic) while
             ``torch.use_deterministic_algorithms(True)`` is on when this is called (the
             forward fixes the backward's mode), and on the CPU path.
+        dense_fallback: True (default): a layout that computes every block (every block
+            on or below the diagonal with ``causal``) is plain attention, and on the GPU,
+            for fp16/bf16 without key padding or grouped heads, it runs as
+            ``F.scaled_dot_product_attention`` (FlashAttention), which was faster than
+            this library's kernel on the H200 (causal S 8192: 1.93 against 2.33 ms forward);
+            while gradients are wanted, only with ``deterministic=False`` (SDPA's backward
+            is not bitwise reproducible). False always runs the block-sparse kernels.
 
     Returns [B, H, S, D] in q's dtype (the autocast dtype under autocast). A query with
     no kept key outputs zeros (and gets zero gradients). CUDA tensors run the Triton
@@ -223,6 +243,10 @@ def block_sparse_attention(
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
+    if not isinstance(dense_fallback, bool):
+        raise TypeError(f"dense_fallback must be a bool, got {type(dense_fallback).__name__}")
+    if dense_fallback and _runs_as_sdpa(q, k, v, layout, causal, key_padding_mask, deterministic):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(scale))
     meta = layout.meta_on(q.device, causal)
     out, _ = _fwd_op(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale),
                      deterministic)
