@@ -34,14 +34,31 @@ def test_dense_layouts_are_recognised(S, b):
     assert not layouts.local(S, b, 2 * b, causal=True).is_dense(True)
 
 
-@pytest.mark.parametrize("causal", [False, True])
+def test_is_dense_is_settled_before_a_compiled_trace_asks():
+    layout = layouts.causal(64, 16)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(x):
+        return x * 2 if layout.is_dense(True) else x
+
+    assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+
+
+# (the causal builder's pattern without causal masking keeps whole diagonal blocks: not dense)
+@pytest.mark.parametrize("pattern, causal", [("full", False), ("full", True), ("causal_builder", True),
+                                             ("full_per_head", False), ("full_per_head", True)])
 @pytest.mark.parametrize("S", [64, 70])
-def test_sdpa_computes_the_dense_layouts_function(causal, S):
+def test_sdpa_computes_the_dense_layouts_function(pattern, causal, S):
     """The library's CPU path (never handed off) on a dense layout equals SDPA, in
     float64, with gradients: what the hand-off relies on."""
     b = 16
     nb = -(-S // b)
-    layout = layouts.causal(S, b) if causal else AttentionLayout(torch.ones(nb, nb, dtype=torch.bool), b, S)
+    if pattern == "causal_builder":
+        layout = layouts.causal(S, b)
+    else:
+        layout = AttentionLayout(torch.ones(*((3,) if pattern == "full_per_head" else ()), nb, nb, dtype=torch.bool),
+                                 b, S)
+    assert layout.is_dense(causal)
     q, k, v = (t.requires_grad_() for t in _inputs(2, 3, S, 32))
     grad = torch.randn(2, 3, S, 32, dtype=torch.float64)
     ours = block_sparse_attention(q, k, v, layout, causal=causal, scale=0.2)
@@ -65,14 +82,21 @@ def _stand_in(dtype=torch.bfloat16, heads=4, cuda=True, requires_grad=False):
     ({"grad": True}, False),  # deterministic gradients wanted: SDPA's backward is not bitwise reproducible
     ({"grad": True, "deterministic": False}, True),
     ({"grad": True, "no_grad_mode": True}, True),
+    ({"v_grad": True}, False),  # a gradient wanted for v alone counts too
+    ({"v_grad": True, "deterministic": False}, True),
+    ({"causal": False}, False),  # the causal block pattern without causal masking is not dense
+    ({"causal": False, "layout": "full"}, True),
 ])
 def test_when_the_call_is_handed_to_sdpa(case, expected):
     q = _stand_in(dtype=case.get("dtype", torch.bfloat16), cuda=not case.get("cpu"), requires_grad=case.get("grad"))
     k = _stand_in(heads=case.get("kv_heads", 4))
-    layout = layouts.local(64, 16, 32, causal=True) if case.get("layout") == "local" else layouts.causal(64, 16)
+    v = _stand_in(heads=case.get("kv_heads", 4), requires_grad=case.get("v_grad"))
+    layout = {"local": layouts.local(64, 16, 32, causal=True), "full": AttentionLayout(
+        torch.ones(4, 4, dtype=torch.bool), 16, 64)}.get(case.get("layout"), layouts.causal(64, 16))
     padding = torch.zeros(2, 64, dtype=torch.bool) if case.get("padding") else None
     with torch.set_grad_enabled(not case.get("no_grad_mode")):
-        got = attention_ops._runs_as_sdpa(q, k, k, layout, True, padding, case.get("deterministic", True))
+        got = attention_ops._runs_as_sdpa(q, k, v, layout, case.get("causal", True), padding,
+                                          case.get("deterministic", True))
     assert got is expected
 
 

@@ -41,7 +41,7 @@ def test_cpu_table_runs_end_to_end():
                    for op in ("ffn_fwd", "ffn_step", "ffn_train_step")} | {
         (m, "ffn_train_loop") for m in ("dense", "tilesparse", "tilesparse_auto")}
     loop = next(r for r in rows if r["op"] == "ffn_train_loop" and r["method"] == "tilesparse")
-    assert "100 steps per loop" in loop["note"] and "2 mask updates per loop" in loop["note"]
+    assert "100 steps per loop" in loop["note"] and "2 mask updates per timed loop" in loop["note"]  # counted
     assert all(r["speedup_vs_dense"] for r in rows if r["method"].startswith("tilesparse"))
     assert {r["method"] for r in rows if r["case"] == "prep"} == {"optimal", "greedy"}
 
@@ -61,8 +61,13 @@ def test_prep_share_adds_repacking_and_amortized_mask_updates():
     for shape, (pair, mask, learn) in ((up, (0.2, 3.0, 9.0)), (down, (0.3, 4.0, 11.0))):
         rows += [row("compress", "map_pair", shape, pair), row("mask", "optimal", shape, mask),
                  row("mask", "greedy", shape, 0.5), row("compress", "learn_maps", shape, learn)]
+    rows.insert(0, row("ffn_train_step", "dense", (64, 64, 8), 80.0))  # another FFN's dense step comes first
     semi24._prep_share("semi24", table, "bf16", ctx, rows)
     share = rows[-1]
     expected = 0.2 + 0.3 + (3.0 + 9.0 + 4.0 + 11.0) / 100
     assert share["op"] == "prep_per_step" and share["ms"] == pytest.approx(expected)
-    assert f"{100 * expected / 20.0:.1f} %" in share["note"]
+    assert f"{100 * expected / 20.0:.1f} %" in share["note"]  # against this FFN's own dense step
+    logged = []
+    ctx.log = logged.append
+    semi24._prep_share("semi24", table, "bf16", ctx, [r for r in rows if r["method"] != "map_pair"])
+    assert logged and "not computed" in logged[0]

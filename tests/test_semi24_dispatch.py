@@ -33,7 +33,8 @@ def _choose(d, m=128, mode="auto", sparse=True):
 
 
 @pytest.mark.parametrize("sparse_ms,dense_ms,expected",
-                         [(1.0, 2.0, "sparse"), (3.0, 2.0, "dense"), (1.95, 2.0, "dense")])  # 1.95: within the margin
+                         [(1.0, 2.0, "sparse"), (3.0, 2.0, "dense"), (1.95, 2.0, "dense"),  # 1.95: within the margin
+                          (1.9, 2.0, "sparse"), (1.94, 2.0, "dense")])  # the margin's edges: 3 % (1.94)
 def test_dispatcher_picks_the_faster_and_caches(tmp_path, sparse_ms, dense_ms, expected):
     path = tmp_path / "cache.json"
     timer = FakeTimer(sparse_ms, dense_ms)
@@ -52,6 +53,51 @@ def test_dispatcher_picks_the_faster_and_caches(tmp_path, sparse_ms, dense_ms, e
     # another shape is timed
     _choose(d2, m=1024)
     assert len(timer2.calls) == 4 and len(json.loads(path.read_text())["entries"]) == 2
+
+
+def test_each_candidate_is_the_mean_of_its_two_timings(tmp_path):
+    """sparse, dense, dense, sparse: a linear drift (here +1 ms per timing) falls on both alike."""
+    order = []
+
+    def drifting(fn):
+        order.append(fn())
+        return {"sparse": 10.0, "dense": 10.2}[order[-1]] + len(order)  # timings 1..4 add 1..4 ms
+
+    d = dsp.Semi24Dispatcher(tmp_path / "c.json", timer=drifting)
+    assert _choose(d) == "dense"  # 12.5 against 12.7: within the margin
+    entry = d.entry(d.key("fprop", 128, 256, 512, torch.bfloat16, "FakeGPU"))
+    assert order == ["sparse", "dense", "dense", "sparse"]
+    assert entry["sparse_ms"] == pytest.approx(12.5) and entry["dense_ms"] == pytest.approx(12.7)
+
+
+def test_threads_asking_at_once_time_a_problem_once(tmp_path):
+    import threading
+    import time
+
+    timer = FakeTimer(1.0, 2.0)
+
+    def slow(fn):
+        time.sleep(0.01)
+        return timer(fn)
+
+    d = dsp.Semi24Dispatcher(tmp_path / "c.json", timer=slow)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(_choose(d))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["sparse"] * 4 and d.timings == 1 and len(timer.calls) == 4
+
+
+def test_a_save_keeps_what_another_process_decided(tmp_path):
+    path = tmp_path / "c.json"
+    first, second = (dsp.Semi24Dispatcher(path, timer=FakeTimer(1.0, 2.0)) for _ in range(2))
+    assert second.lookup("anything") is None  # second reads the (missing) file now
+    _choose(first)  # first writes its decision
+    _choose(second, m=1024)  # second decides another problem and saves
+    entries = json.loads(path.read_text())["entries"]
+    assert len(entries) == 2
 
 
 def test_dispatcher_override_cpu_and_unavailable(tmp_path):

@@ -93,9 +93,12 @@ class AttentionLayout:
         self.block_size = block_size
         self.seq_len = seq_len
         self._meta: dict[tuple[torch.device, bool], torch.Tensor] = {}
-        # The CPU tables are built now, so a torch.compile trace only looks them up.
+        # The CPU tables and whether the pattern is dense are settled now, so a
+        # torch.compile trace only looks them up (torch.equal there is data-dependent).
+        self._is_dense: dict[bool, bool] = {}
         for causal in (False, True):
             self.meta_on("cpu", causal)
+            self.is_dense(causal)
 
     @property
     def layout_heads(self) -> int:
@@ -127,8 +130,8 @@ class AttentionLayout:
         """Whether every block is computed (with ``causal``, every block on or below the
         diagonal): the pattern is plain full (or causal) attention, which
         :func:`~tilesparse.attention.block_sparse_attention` may hand to SDPA's fused
-        kernels. Cached per ``causal``."""
-        cache = self.__dict__.setdefault("_is_dense", {})
+        kernels. Computed at construction (and cached)."""
+        cache = self.__dict__.setdefault("_is_dense", {})  # set in __init__; setdefault for unpickled objects
         key = bool(causal)
         if key not in cache:
             expected = torch.ones(self.num_blocks, self.num_blocks, dtype=torch.bool)

@@ -106,6 +106,8 @@ def _decision_note(op, m, n, k, dtype, device):
     entry = dispatch.default_dispatcher().entry(key)
     if entry is None:
         return f"dispatch: no {op} decision"
+    if not all(isinstance(entry.get(t), (int, float)) for t in ("sparse_ms", "dense_ms")):
+        return f"dispatch: {entry['choice']} (times not recorded)"
     return (f"dispatch: {entry['choice']} (sparse {entry['sparse_ms']:.3f} ms, "
             f"dense {entry['dense_ms']:.3f} ms, back to back)")
 
@@ -238,16 +240,18 @@ def _train_loop_ms(model, x, grad, ctx):
     semis = [m for m in model.modules() if isinstance(m, SemiSparseLinear)]
     weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, SemiSparseLinear))]
     params = [x, *model.parameters()]
-    steps = semis[0].mask_every if semis else 100
+    steps = semis[0].mask_every if semis else SemiSparseLinear(4, 4, device="meta").mask_every  # the same loop
+    updates = []
 
     def loop():
+        recomputed = 0
         for _ in range(steps):
             with torch.no_grad():
                 for w in weights:
                     w.mul_(1.0)
             torch.autograd.grad(model(x), params, grad)
-            for layer in semis:
-                layer.step()
+            recomputed += sum(bool(layer.step()) for layer in semis)
+        updates.append(recomputed)
 
     try:
         loop()
@@ -262,8 +266,9 @@ def _train_loop_ms(model, x, grad, ctx):
             times.append((time.perf_counter() - start) * 1e3 / steps)
     except Exception as exc:
         return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    updates = f", {len(semis)} mask updates per loop" if semis else ""
-    return min(times), f"{steps} steps per loop, best of {TRAIN_LOOPS} loops{updates}", None
+    lo, hi = min(updates[1:]), max(updates[1:])
+    counted = (f", {lo if lo == hi else f'{lo}-{hi}'} mask updates per timed loop" if semis else "")
+    return min(times), f"{steps} steps per loop, best of {TRAIN_LOOPS} loops{counted}", None
 
 
 def _prep_share(suite, table, dtype_name, ctx, rows):
@@ -283,15 +288,16 @@ def _prep_share(suite, table, dtype_name, ctx, rows):
                 return r["ms"]
         return None
 
-    dense = next((r["ms"] for r in rows if r["op"] == "ffn_train_step" and r["method"] == "dense"
-                  and r["dtype"] == dtype_name and r["ms"]), None)
     for spec in table.get("ffns", []):
         t, d, h = spec["tokens"], spec["dim"], spec["hidden"]
+        dense = ms_of("ffn_train_step", "dense", (t, h, d))  # the FFN rows are named (tokens, hidden, dim)
         m = table.get("prep_tokens", 8192)
         shapes = [(m, h, d), (m, d, h)]  # the up and down weights, as the prep rows name them
         parts = [(ms_of("compress", "map_pair", s), ms_of("mask", method, s), ms_of("compress", "learn_maps", s))
                  for s in shapes]
         if dense is None or any(v is None for part in parts for v in part):
+            ctx.log(f"  prep per step of the FFN {d} -> {h} -> {d}: not computed (needs its dense training step "
+                    f"and the map_pair, {method} mask and learn_maps rows of [{h}, {d}] and [{d}, {h}])")
             continue
         per_step = sum(pair + (mask + learn) / mask_every for pair, mask, learn in parts)
         share = per_step / dense

@@ -222,7 +222,10 @@ def block_sparse_attention(
             ``F.scaled_dot_product_attention`` (FlashAttention), which was faster than
             this library's kernel on the H200 (causal S 8192: 1.93 against 2.33 ms forward);
             while gradients are wanted, only with ``deterministic=False`` (SDPA's backward
-            is not bitwise reproducible). False always runs the block-sparse kernels.
+            is not bitwise reproducible). So calls without gradients (eval) and with
+            deterministic ones (training, and a checkpoint's recompute) may differ in
+            their last bits, and SDPA's output may be a non-contiguous view. False always
+            runs the block-sparse kernels.
 
     Returns [B, H, S, D] in q's dtype (the autocast dtype under autocast). A query with
     no kept key outputs zeros (and gets zero gradients). CUDA tensors run the Triton
