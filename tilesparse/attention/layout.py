@@ -94,7 +94,7 @@ class AttentionLayout:
         self.seq_len = seq_len
         self._meta: dict[tuple[torch.device, bool], torch.Tensor] = {}
         # The CPU tables and whether the pattern is dense are settled now, so a
-        # torch.compile trace only looks them up (torch.equal there is data-dependent).
+        # torch.compile trace only looks them up.
         self._is_dense: dict[bool, bool] = {}
         for causal in (False, True):
             self.meta_on("cpu", causal)
@@ -130,9 +130,12 @@ class AttentionLayout:
         """Whether every block is computed (with ``causal``, every block on or below the
         diagonal): the pattern is plain full (or causal) attention, which
         :func:`~tilesparse.attention.block_sparse_attention` may hand to SDPA's fused
-        kernels. Computed at construction (and cached)."""
+        kernels. Computed at construction (and cached); False for a layout constructed
+        inside a torch.compile trace (its kernels run)."""
         cache = self.__dict__.setdefault("_is_dense", {})  # set in __init__; setdefault for unpickled objects
         key = bool(causal)
+        if key not in cache and torch.compiler.is_compiling():
+            return False  # a layout built inside a compiled region: reading its mask there is data-dependent
         if key not in cache:
             expected = torch.ones(self.num_blocks, self.num_blocks, dtype=torch.bool)
             cache[key] = bool(torch.equal(self.block_mask(key), (expected.tril() if key else expected).expand_as(
