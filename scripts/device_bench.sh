@@ -12,6 +12,9 @@
 #   semi24 - the 'semi24' suite (2:4 GEMMs and the FFN block vs dense; SEMI24_ARGS, e.g. --quick)
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
+#   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
+#   learn-profile  - where the 2:4 one-pass value-map learn spends its time
+#   attn-profile   - per-kernel times of attention forward + backward against FlexAttention
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
 source "$(dirname "$0")/device_env.sh"
@@ -42,6 +45,11 @@ for step in ${STEPS:-large dtypes graph}; do
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \
               > "$OUT/bench-semi24.log" 2>&1 ;;
+    small-variants) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 32 \
+              --densities 0.25 0.03 --ms 1 32 --variants s32k64st8 s32k64st12 s32k64st16 s16k64st8 s16k64st12 \
+              s32k128st8 s32k64st8x2 s32k64st8x3 --out "$OUT/small-variants.json" > "$OUT/small-variants.log" 2>&1 ;;
+    learn-profile) timeout 120 python3 scripts/probes/value_map_learn_profile.py > "$OUT/learn-profile.txt" 2>&1 ;;
+    attn-profile) timeout 150 python3 scripts/probes/attention_profile.py > "$OUT/attention-profile.txt" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
   esac
