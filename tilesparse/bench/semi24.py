@@ -95,7 +95,30 @@ def _time(fn, ctx):
             torch.cuda.synchronize()
         return (*bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph), None)
     except Exception as exc:  # a failing method gets an error row, the suite goes on
-        return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        return None, "", _error_note(exc)
+
+
+def _error_note(exc: Exception) -> str:
+    return f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def _layer_defaults() -> tuple[int, str]:
+    """SemiSparseLinear's default (mask_every, method): what a training loop of it runs."""
+    import inspect
+
+    from ..semi24 import SemiSparseLinear
+
+    params = inspect.signature(SemiSparseLinear.__init__).parameters
+    return params["mask_every"].default, params["method"].default
+
+
+def _update_and_step(model, x, params, grad, weights):
+    """One training step as the benchmarks time it: an in-place update of every weight
+    (a new version, so packed copies are stale), then forward + backward."""
+    with torch.no_grad():
+        for w in weights:
+            w.mul_(1.0)
+    return torch.autograd.grad(model(x), params, grad)
 
 
 def _decision_note(op, m, n, k, dtype, device):
@@ -213,10 +236,7 @@ def _ffn(suite, table, dtype_name, spec, ctx, rows):
                 weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, SemiSparseLinear))]
 
                 def fn(model=model, params=params, weights=weights):
-                    with torch.no_grad():
-                        for w in weights:
-                            w.mul_(1.0)  # an in-place update: new version, so compressed copies are stale
-                    return torch.autograd.grad(model(x), params, grad)
+                    return _update_and_step(model, x, params, grad, weights)
             ms, note, error = _time(fn, ctx)
             baseline = "act_dense" if "act" in method else "dense"
             if method == baseline:
@@ -240,16 +260,13 @@ def _train_loop_ms(model, x, grad, ctx):
     semis = [m for m in model.modules() if isinstance(m, SemiSparseLinear)]
     weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, SemiSparseLinear))]
     params = [x, *model.parameters()]
-    steps = semis[0].mask_every if semis else SemiSparseLinear(4, 4, device="meta").mask_every  # the same loop
+    steps = semis[0].mask_every if semis else _layer_defaults()[0]  # the dense model runs the same loop
     updates = []
 
     def loop():
         recomputed = 0
         for _ in range(steps):
-            with torch.no_grad():
-                for w in weights:
-                    w.mul_(1.0)
-            torch.autograd.grad(model(x), params, grad)
+            _update_and_step(model, x, params, grad, weights)
             recomputed += sum(bool(layer.step()) for layer in semis)
         updates.append(recomputed)
 
@@ -265,7 +282,7 @@ def _train_loop_ms(model, x, grad, ctx):
                 torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3 / steps)
     except Exception as exc:
-        return None, "", f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        return None, "", _error_note(exc)
     lo, hi = min(updates[1:]), max(updates[1:])
     counted = (f", {lo if lo == hi else f'{lo}-{hi}'} mask updates per timed loop" if semis else "")
     return min(times), f"{steps} steps per loop, best of {TRAIN_LOOPS} loops{counted}", None
@@ -276,10 +293,7 @@ def _prep_share(suite, table, dtype_name, ctx, rows):
     both weights repacked by gather every step (``map_pair``) plus, every ``mask_every``
     steps, each weight's new mask (the layer's default method) and its value maps
     (``learn_maps``); as a share of the dense FFN training step (issue 7: <= 5 %)."""
-    from ..semi24 import SemiSparseLinear
-
-    probe = SemiSparseLinear(8, 8, device="meta")
-    mask_every, method = probe.mask_every, probe.method
+    mask_every, method = _layer_defaults()
 
     def ms_of(op, meth, shape):
         for r in rows:

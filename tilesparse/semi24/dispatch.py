@@ -90,6 +90,12 @@ def check_mode(mode: str, name: str = "mode") -> str:
     return mode
 
 
+def _decisions(raw: dict) -> dict[str, dict]:
+    """The well-formed entries of a cache file's ``entries`` object (a choice of sparse or dense)."""
+    return {key: value for key, value in raw.items()
+            if isinstance(value, dict) and value.get("choice") in ("sparse", "dense")}
+
+
 class Semi24Dispatcher:
     """Chooses ``"sparse"`` (cuSPARSELt) or ``"dense"`` (masked dense matmul) per problem.
 
@@ -134,9 +140,7 @@ class Semi24Dispatcher:
                 raw = data.get("entries")
                 if not isinstance(raw, dict):
                     raise ValueError("no 'entries' object")
-                for key, value in raw.items():
-                    if isinstance(value, dict) and value.get("choice") in ("sparse", "dense"):
-                        entries[key] = value
+                entries = _decisions(raw)
             except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
                 warnings.warn(f"tilesparse: ignoring the 2:4 dispatch cache {path}: {err}", stacklevel=3)
                 entries = {}
@@ -151,10 +155,7 @@ class Semi24Dispatcher:
             on_disk = json.loads(path.read_text()) if path.exists() else {}
             if isinstance(on_disk, dict) and on_disk.get("version") == CACHE_VERSION and isinstance(
                     on_disk.get("entries"), dict):
-                for key, value in on_disk["entries"].items():
-                    if key not in self._entries and isinstance(value, dict) and value.get("choice") in (
-                            "sparse", "dense"):
-                        self._entries[key] = value
+                self._entries = {**_decisions(on_disk["entries"]), **self._entries}
         except (OSError, ValueError):
             pass  # unreadable: overwritten below
         try:
