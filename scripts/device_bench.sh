@@ -13,6 +13,8 @@
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
+#   small-crossover - small vs large dds kernel per (op, block, density, M 16..512): measured
+#            dispatch entries in $OUT/tuned-crossover.json (merge with --merge to ship them)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
 #   attn-profile   - per-kernel times of attention forward + backward against FlexAttention
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
@@ -46,8 +48,10 @@ for step in ${STEPS:-large dtypes graph}; do
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \
               > "$OUT/bench-semi24.log" 2>&1 ;;
     small-variants) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 32 \
-              --densities 0.25 0.03 --ms 1 32 --variants s32k64st8 s32k64st12 s32k64st16 s16k64st8 s16k64st12 \
-              s32k128st8 s32k64st8x2 s32k64st8x3 --out "$OUT/small-variants.json" > "$OUT/small-variants.log" 2>&1 ;;
+              --densities 0.25 0.03 --ms 1 32 ${VARIANT_ARGS:---variants s32k64st8 s32k64st12 s32k64st16 s16k64st8 \
+              s16k64st12 s32k128st8 s32k64st8x2 s32k64st8x3} --out "$OUT/small-variants.json" > "$OUT/small-variants.log" 2>&1 ;;
+    small-crossover) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/measure_small_crossover.py ${CROSS_ARGS:-} \
+              --record "$OUT/tuned-crossover.json" > "$OUT/small-crossover.log" 2>&1 ;;
     learn-profile) timeout 120 python3 scripts/probes/value_map_learn_profile.py > "$OUT/learn-profile.txt" 2>&1 ;;
     attn-profile) timeout 150 python3 scripts/probes/attention_profile.py > "$OUT/attention-profile.txt" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \

@@ -101,9 +101,11 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 
 # The small-batch kernel's own knobs: feature slices narrower than the block (several
 # programs per block-row), a reduction step shorter than the block, M past one m-tile,
-# the reduction split over programs (3 splits of 1-4 entries: some splits empty).
+# the reduction split over programs (3 splits of 1-4 entries: some splits empty), and
+# a step spanning 2 or 4 consecutive blocks (runs that end mid-step).
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16)])
+@pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
+                                                   (32, 128, 16)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
 def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits):

@@ -36,6 +36,12 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits]); blo
     "s16k64st8": (16, 64, 8, 4),
     "s16k64st12": (16, 64, 12, 4),
     "s32k128st8": (32, 128, 8, 4),
+    # reduction steps across several consecutive blocks (block_k past the tile), 2026-11-30
+    "s16k16st8": (16, 16, 8, 4),  # b = 16's config before the multi-block steps
+    "s16k128st8": (16, 128, 8, 4),
+    "s16k128st12": (16, 128, 12, 4),
+    "s32k128st6": (32, 128, 6, 4),
+    "s32k128st12": (32, 128, 12, 4),
     # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
@@ -90,7 +96,7 @@ def main() -> None:
                         tile = max(16, b)
                         if sub > tile:
                             continue
-                        cfg = S.SmallConfig(sub, min(bk, tile), S.small_config(m, b, dt).block_m, warps, stages,
+                        cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
                                             splits=splits[0] if splits else 1)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()

@@ -132,10 +132,12 @@ class AttentionLayout:
         :func:`~tilesparse.attention.block_sparse_attention` may hand to SDPA's fused
         kernels. Computed at construction (and cached); False for a layout constructed
         inside a torch.compile trace (its kernels run)."""
-        cache = self.__dict__.setdefault("_is_dense", {})  # set in __init__; setdefault for unpickled objects
+        cache = getattr(self, "_is_dense", None)  # set in __init__; absent on objects unpickled from older versions
         key = bool(causal)
-        if key not in cache and torch.compiler.is_compiling():
+        if (cache is None or key not in cache) and torch.compiler.is_compiling():
             return False  # a layout built inside a compiled region: reading its mask there is data-dependent
+        if cache is None:
+            cache = self._is_dense = {}
         if key not in cache:
             expected = torch.ones(self.num_blocks, self.num_blocks, dtype=torch.bool)
             cache[key] = bool(torch.equal(self.block_mask(key), (expected.tril() if key else expected).expand_as(

@@ -68,26 +68,57 @@ def _dds_small_kernel(
         start = tl.minimum(start + split * chunk, end)
         end = tl.minimum(start + chunk, end)
     acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
-    K_STEPS: tl.constexpr = TILE_B // BLOCK_K
-    for t in range(start * K_STEPS, end * K_STEPS):
-        e = t // K_STEPS
-        k_in = (t % K_STEPS) * BLOCK_K + offs_k
+    if BLOCK_K > TILE_B:
+        # Several whole blocks per step: G consecutive entries of the table, gathered
+        # along the reduction axis, so small blocks still make deep steps (a 16-deep
+        # step per 16x16 block leaves too few bytes per load in flight).
+        G: tl.constexpr = BLOCK_K // TILE_B
+        k_in = offs_k % TILE_B
         k_ok = k_in < B
-        blk = tl.load(idx_ptr + e).to(tl.int64)
-        if HAS_SLOT:
-            slot = tl.load(slot_ptr + e).to(tl.int64)
-        else:
-            slot = e.to(tl.int64)
-        v_base = v_ptr + slot * (B * B)
-        if TRANS_V:  # feature f, reduction k: V[f, k]
-            w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-        else:  # V[k, f]
-            w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(
-            a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
-            mask=k_ok[:, None] & m_ok[None, :], other=0.0,
-        )
-        acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+        e_off = offs_k // TILE_B
+        for e0 in range(start, end, G):
+            e = e0 + e_off
+            ok = k_ok & (e < end)
+            blk = tl.load(idx_ptr + e, mask=ok, other=0).to(tl.int64)
+            if HAS_SLOT:
+                slot = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
+            else:
+                slot = e.to(tl.int64)
+            v_base = v_ptr + slot * (B * B)
+            if TRANS_V:  # feature f, reduction k: V[f, k]
+                w = tl.load(v_base[None, :] + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & ok[None, :],
+                            other=0.0)
+            else:  # V[k, f]
+                w = tl.load(v_base[None, :] + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & ok[None, :],
+                            other=0.0)
+            x = tl.load(
+                a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+                mask=ok[:, None] & m_ok[None, :], other=0.0,
+            )
+            acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+    else:
+        K_STEPS: tl.constexpr = TILE_B // BLOCK_K
+        for t in range(start * K_STEPS, end * K_STEPS):
+            e = t // K_STEPS
+            k_in = (t % K_STEPS) * BLOCK_K + offs_k
+            k_ok = k_in < B
+            blk = tl.load(idx_ptr + e).to(tl.int64)
+            if HAS_SLOT:
+                slot = tl.load(slot_ptr + e).to(tl.int64)
+            else:
+                slot = e.to(tl.int64)
+            v_base = v_ptr + slot * (B * B)
+            if TRANS_V:  # feature f, reduction k: V[f, k]
+                w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+            else:  # V[k, f]
+                w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :],
+                            other=0.0)
+            x = tl.load(
+                a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+                mask=k_ok[:, None] & m_ok[None, :], other=0.0,
+            )
+            acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
     cols = j.to(tl.int64) * B + offs_f
     if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
         c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
@@ -123,20 +154,23 @@ class SmallConfig:
 
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
-    """Heuristic config: slices of 32 features (16 for blocks of 16), reduction steps of
-    up to 64, activations padded to a power of two >= 16, and a deep pipeline: the loop
-    is a stream of independent loads, and HBM needs many bytes in flight. On the H200
-    (W 12288², density 0.5, bf16, M = 1) 8 stages streamed b = 128 at 3.5 TB/s (43 µs)
-    against 84 µs with 4 stages; b = 32 54 vs 114 µs
-    (bench/results/2026-11-29-nvidia-h200-small-variants.json)."""
+    """Heuristic config: slices of 32 features (16 for blocks of 16), 128-deep reduction
+    steps (64 in fp32; across several consecutive blocks when the blocks are narrower),
+    activations padded to a power of two >= 16, and ~64 KiB of weight in flight per
+    program: the loop is a stream of independent loads, and HBM needs many bytes in
+    flight. On the H200 (W 12288², bf16): 8 stages streamed b = 128 at twice the rate of
+    4 (`...-small-variants.json`, 2026-11-29); 128-deep steps beat 64-deep ones at b = 128
+    (22.4 vs 25.6 µs at density 0.25, M = 1), and b = 32 gained 15 % from 12 stages of
+    32-deep steps, i.e. more bytes in flight (2026-11-30)."""
     tile = tile_for(block_size)
+    elt = torch.finfo(dtype).bits // 8
     sub = min(tile, 32)
-    block_k = min(tile, 64 if dtype != torch.float32 else 32)
+    block_k = 128 if dtype != torch.float32 else 64
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
-    # Fewer stages where shared memory is short (8 stages of b = 128 bf16 tiles at M = 64
-    # take ~96 KiB: too much beside the compiler's own use on 99 KiB parts).
-    per_stage = (sub * block_k + block_k * block_m) * torch.finfo(dtype).bits // 8
-    stages = max(2, min(8, (smem_bytes - 16384) // per_stage))
+    stages = max(2, min(12, (64 << 10) // (sub * block_k * elt)))
+    # Fewer stages where shared memory is short (the compiler keeps ~16 KiB for itself).
+    per_stage = (sub * block_k + block_k * block_m) * elt
+    stages = max(2, min(stages, (smem_bytes - 16384) // per_stage))
     return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
 
 
@@ -145,7 +179,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     b = values.shape[-1]
     tile = tile_for(b)
     cfg = config
-    check_fits_tile(cfg, tile, "sub", "block_k")
+    check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
     m = a.shape[0]
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
     grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), cfg.splits)

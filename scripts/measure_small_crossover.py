@@ -1,0 +1,123 @@
+"""Measure, per (op, block, density, M bucket), whether dds's small-batch kernel or its
+large-batch kernel is faster, and record the winner as a tuned-config entry: the
+measured thresholds the dispatcher uses for M 16..512 (issue: "the dispatcher picks the
+faster of the small-batch and large-batch kernels ... with thresholds it has measured").
+
+Both kernels run with their heuristic configs (``bsmm_small.small_config`` and
+``bsmm.dds_config``) on a random layout of W [N, K], bf16, timed by CUDA-graph replay
+with the block values rotated over enough copies to stream from HBM (not L2). M is
+each bucket's largest value (the small kernel's worst case in the bucket).
+
+    python scripts/measure_small_crossover.py --record tuned-crossover.json
+    # then merge: python scripts/measure_small_crossover.py --merge tuned-crossover.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+import tilesparse as ts
+from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_small as S
+from tilesparse.kernels import tuned
+
+SHIPPED = Path(tuned.__file__).parent / "tuned"
+L2_SAFE_BYTES = 240 << 20  # rotate copies of the values until a pass reads this much
+
+
+def graph_ms(fn, copies: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=15, return_mode="median")) / copies
+
+
+def measure(args) -> list[dict]:
+    n, k = map(int, args.weight.split("x"))
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    rows = []
+    for b in args.blocks:
+        for d in args.densities:
+            layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
+            meta, R, C = layout.meta, layout.block_rows, layout.block_cols
+            weight_bytes = layout.nnz * b * b * 2
+            copies = max(1, min(8, math.ceil(L2_SAFE_BYTES / max(weight_bytes, 1))))
+            values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
+            for m in args.ms:
+                x = torch.randn(m, k, device=dev, dtype=dt)
+                dy = torch.randn(m, n, device=dev, dtype=dt)
+                for op, a, trans in (("fprop", x, True), ("bprop", dy, False)):
+                    configs = {"small": S.small_config(m, b, dt, K.shared_memory_bytes(dev)),
+                               "large": K.dds_config(m, b, dt)}
+                    outs = {name: K.dds(a, values[0], meta, None, R, C, trans, cfg).float()
+                            for name, cfg in configs.items()}
+                    err = ((outs["small"] - outs["large"]).norm() / outs["large"].norm().clamp_min(1e-30)).item()
+                    times = {name: graph_ms(lambda cfg=cfg: [K.dds(a, v, meta, None, R, C, trans, cfg) for v in values],
+                                            copies) for name, cfg in configs.items()}
+                    winner = min(times, key=times.get)
+                    row = {"op": op, "block": b, "density": d, "M": m, "small_ms": times["small"],
+                           "large_ms": times["large"], "winner": winner, "rel_diff": err,
+                           "config": tuned.to_json(configs[winner]), "weight_bytes": weight_bytes}
+                    rows.append(row)
+                    print(f"{op} b{b:<3} d{d:<5} M{m:<4} small {times['small'] * 1e3:7.1f} us  "
+                          f"large {times['large'] * 1e3:7.1f} us  -> {winner}  (outputs differ by {err:.1e})",
+                          flush=True)
+    return rows
+
+
+def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
+    """Tuned entries (kept only where both kernels agree on the product)."""
+    entries, notes = {}, {}
+    for r in rows:
+        if not r["rel_diff"] < 1e-2:
+            print(f"not recorded (kernels disagree): {r}")
+            continue
+        key = tuned.key(gpu, r["op"], torch.bfloat16, r["block"], r["M"], r["density"])
+        entries[key] = tuned.from_json(r["config"])
+        notes[key] = {"small_ms": round(r["small_ms"], 5), "large_ms": round(r["large_ms"], 5),
+                      "density": r["density"], "shape": f"{r['M']}x{weight}", "source": "small-crossover"}
+    tuned.record(entries, path, notes)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--weight", default="12288x12288", help="NxK")
+    p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.25, 0.1, 0.05, 0.03])
+    p.add_argument("--ms", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
+    p.add_argument("--record", type=Path, help="write the winners as tuned entries (and the raw rows beside)")
+    p.add_argument("--merge", type=Path, help="merge a recorded file into the shipped table of its GPU, then exit")
+    args = p.parse_args()
+    if args.merge:
+        data = json.loads(args.merge.read_text())
+        gpu = next(iter(data["entries"])).split("|")[0]
+        target = SHIPPED / f"{gpu}.json"
+        shipped = json.loads(target.read_text()) if target.is_file() else {"format": tuned.FORMAT, "entries": {}}
+        shipped["entries"].update(data["entries"])
+        target.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
+        print(f"merged {len(data['entries'])} entries into {target}")
+        return
+    t0 = time.time()
+    rows = measure(args)
+    gpu = tuned._gpu_slug(torch.cuda.current_device())
+    if args.record:
+        record(rows, args.record, gpu, args.weight)
+        args.record.with_suffix(".rows.json").write_text(json.dumps(
+            {"gpu": torch.cuda.get_device_name(), "weight": args.weight, "rows": rows}, indent=1))
+    print(f"\n{time.time() - t0:.0f} s. largest measured M where the small kernel wins:")
+    for b in args.blocks:
+        for d in args.densities:
+            for op in ("fprop", "bprop"):
+                wins = [r["M"] for r in rows if (r["block"], r["density"], r["op"]) == (b, d, op)
+                        and r["winner"] == "small"]
+                print(f"  b{b:<3} d{d:<5} {op}: {max(wins) if wins else 'none'}")
+
+
+if __name__ == "__main__":
+    main()
