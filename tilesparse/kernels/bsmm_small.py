@@ -152,22 +152,30 @@ class SmallConfig:
                              f"{self.num_warps!r}, {self.num_stages!r}")
 
 
+# 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
+# and 32, density 0.25 and 0.03; `bench/results/2026-11-30-nvidia-h200-small-variants*`):
+# b = 16 runs 64-deep steps over 4 consecutive blocks (67.6 -> 42.8 µs at density 0.25,
+# M 1: 16-byte loads instead of 4-byte ones); at b = 32 and 64 one block per step with 12
+# stages beat the multi-block steps (b = 64 bprop 24.7 vs 36.6 µs); b = 128 streams
+# 128-deep steps (22.8 vs 26.5 µs for 64-deep).
+_SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
+
+
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
-    """Heuristic config: slices of 32 features (16 for blocks of 16), 128-deep reduction
-    steps (64 in fp32; across several consecutive blocks when the blocks are narrower),
-    activations padded to a power of two >= 16, and ~64 KiB of weight in flight per
-    program: the loop is a stream of independent loads, and HBM needs many bytes in
-    flight. On the H200 (W 12288², bf16): 8 stages streamed b = 128 at twice the rate of
-    4 (`...-small-variants.json`, 2026-11-29); 128-deep steps beat 64-deep ones at b = 128
-    (22.4 vs 25.6 µs at density 0.25, M = 1), and b = 32 gained 15 % from 12 stages of
-    32-deep steps, i.e. more bytes in flight (2026-11-30)."""
+    """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
+    to a power of two >= 16, and a deep pipeline: the loop is a stream of independent
+    loads, and HBM needs many bytes in flight (on the H200, 8 stages streamed b = 128 at
+    twice the rate of 4). Reduction steps and stages per tile side from the H200 sweeps
+    (``_SMALL_16BIT``); fp32 takes 32-deep steps and 8 stages."""
     tile = tile_for(block_size)
     elt = torch.finfo(dtype).bits // 8
     sub = min(tile, 32)
-    block_k = 128 if dtype != torch.float32 else 64
+    if dtype == torch.float32:
+        block_k, stages = min(tile, 32), 8
+    else:
+        block_k, stages = _SMALL_16BIT[min(tile, 128)]
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
-    stages = max(2, min(12, (64 << 10) // (sub * block_k * elt)))
     # Fewer stages where shared memory is short (the compiler keeps ~16 KiB for itself).
     per_stage = (sub * block_k + block_k * block_m) * elt
     stages = max(2, min(stages, (smem_bytes - 16384) // per_stage))
