@@ -42,6 +42,11 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits]); blo
     "s16k128st12": (16, 128, 12, 4),
     "s32k128st6": (32, 128, 6, 4),
     "s32k128st12": (32, 128, 12, 4),
+    # fewer stages or wider slices where M 32-64 activations fill shared memory
+    "s32k64st6": (32, 64, 6, 4),
+    "s64k64st6": (64, 64, 6, 4),
+    "s32k32st8": (32, 32, 8, 4),
+    "s32k32st12": (32, 32, 12, 4),
     # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
