@@ -10,6 +10,9 @@ each bucket's largest value (the small kernel's worst case in the bucket).
 
     python scripts/measure_small_crossover.py --record tuned-crossover.json
     # then merge: python scripts/measure_small_crossover.py --merge tuned-crossover.json
+    # adopt a variant sweep's winners (scripts/probes/small_threshold.py) where they beat
+    # the heuristic's config by > 3 % in the same run:
+    python scripts/measure_small_crossover.py --adopt small-variants.json
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -85,6 +89,35 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
     tuned.record(entries, path, notes)
 
 
+def adopt(path: Path, target: Path) -> None:
+    """Write a variant sweep's winners into ``target`` where they beat, in the same run,
+    the variant that equals the heuristic config by more than 3 %; the sweep's names
+    read s<sub>k<block_k>st<stages>[x<splits>], 4 warps."""
+    data = json.loads(path.read_text())
+    gpu = re.sub(r"[^a-z0-9]+", "-", data["gpu"].lower()).strip("-")
+    entries, notes = {}, {}
+    for r in data["rows"]:
+        dt = torch.bfloat16
+        heuristic = S.small_config(r["M"], r["block"], dt, K.shared_memory_bytes(torch.device("cuda"))
+                                   if torch.cuda.is_available() else 227 << 10)
+        times = {name: ms for name, ms in r.items() if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?", name)}
+        current = next((n for n in times if _config(n, heuristic.block_m) == heuristic), None)
+        best = min(times, key=times.get)
+        if current is None or times[best] > 0.97 * times[current]:
+            continue
+        key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"])
+        entries[key] = _config(best, heuristic.block_m)
+        notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
+                      "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
+        print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
+    tuned.record(entries, target, notes)
+
+
+def _config(name: str, block_m: int) -> S.SmallConfig:
+    sub, block_k, stages, splits = re.fullmatch(r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?", name).groups()
+    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weight", default="12288x12288", help="NxK")
@@ -93,7 +126,13 @@ def main() -> None:
     p.add_argument("--ms", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512])
     p.add_argument("--record", type=Path, help="write the winners as tuned entries (and the raw rows beside)")
     p.add_argument("--merge", type=Path, help="merge a recorded file into the shipped table of its GPU, then exit")
+    p.add_argument("--adopt", type=Path, help="a variant sweep's JSON: write its clear winners into the shipped "
+                                              "table of its GPU, then exit")
     args = p.parse_args()
+    if args.adopt:
+        gpu = re.sub(r"[^a-z0-9]+", "-", json.loads(args.adopt.read_text())["gpu"].lower()).strip("-")
+        adopt(args.adopt, SHIPPED / f"{gpu}.json")
+        return
     if args.merge:
         data = json.loads(args.merge.read_text())
         gpu = next(iter(data["entries"])).split("|")[0]
