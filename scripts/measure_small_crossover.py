@@ -92,7 +92,7 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
 def adopt(path: Path, target: Path) -> None:
     """Write a variant sweep's winners into ``target`` where they beat, in the same run,
     the variant that equals the heuristic config by more than 3 %; the sweep's names
-    read s<sub>k<block_k>st<stages>[x<splits>], 4 warps."""
+    read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>], 4 warps."""
     data = json.loads(path.read_text())
     gpu = re.sub(r"[^a-z0-9]+", "-", data["gpu"].lower()).strip("-")
     entries, notes = {}, {}
@@ -100,7 +100,7 @@ def adopt(path: Path, target: Path) -> None:
         dt = torch.bfloat16
         heuristic = S.small_config(r["M"], r["block"], dt, K.shared_memory_bytes(torch.device("cuda"))
                                    if torch.cuda.is_available() else 227 << 10)
-        times = {name: ms for name, ms in r.items() if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?", name)}
+        times = {name: ms for name, ms in r.items() if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?", name)}
         current = next((n for n in times if _config(n, heuristic.block_m) == heuristic), None)
         best = min(times, key=times.get)
         if current is None or times[best] > 0.97 * times[current]:
@@ -114,8 +114,9 @@ def adopt(path: Path, target: Path) -> None:
 
 
 def _config(name: str, block_m: int) -> S.SmallConfig:
-    sub, block_k, stages, splits = re.fullmatch(r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?", name).groups()
-    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1))
+    sub, block_k, stages, splits, chunks = re.fullmatch(r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?(?:c(\d+))?",
+                                                        name).groups()
+    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1), int(chunks or 1))
 
 
 def main() -> None:

@@ -101,18 +101,43 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 
 # The small-batch kernel's own knobs: feature slices narrower than the block (several
 # programs per block-row), a reduction step shorter than the block, M past one m-tile,
-# the reduction split over programs (3 splits of 1-4 entries: some splits empty), and
-# a step spanning 2 or 4 consecutive blocks (runs that end mid-step).
-@pytest.mark.parametrize("splits", [1, 3])
+# the reduction split over programs (3 splits of 1-4 entries: some splits empty; or the
+# runs longer than the mean cut in 2-3 chunks summed in-kernel), and a step spanning 2 or
+# 4 consecutive blocks (runs that end mid-step).
+@pytest.mark.parametrize("splits, chunks", [(1, 1), (3, 1), (1, 2), (1, 3)],
+                         ids=["whole", "splits3", "chunks2", "chunks3"])
 @pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
                                                    (32, 128, 16)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits):
+def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks):
     layout = make_layout(layout_kind, *GRID, 32)
     a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
-    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits)
+    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits, chunks=chunks)
     check_dds(layout, a, values, bias, trans, torch.float32, config)
+
+
+def test_dds_small_kernel_chunks_leave_their_counters_at_zero():
+    # The last chunk of a tile to finish resets its arrival counter, so the next launch
+    # (here: the same product again, on a layout with long and short block-rows) starts
+    # from zero and gives the same result.
+    mask = torch.zeros(4, 6, dtype=torch.bool)
+    mask[0] = True          # 6 entries: above the mean, split
+    mask[1, :1] = True      # 1 entry: one chunk, written directly
+    mask[3, 2:5] = True     # 3 entries
+    layout = BlockLayout(mask, 16)
+    a, values, bias = dds_inputs(layout, 20, torch.float32, True, True)
+    config = bsmm_small.SmallConfig(16, 16, 32, num_warps=4, num_stages=2, chunks=3)
+    first = run_dds(layout, a, values, bias, True, config)
+    assert_close(first, dds_expected(layout, a, values, bias, True), torch.float32, "dds chunks")
+    counters = bsmm_small._arrival_counters(a.device, 1)
+    assert int(counters.abs().sum()) == 0
+    assert torch.equal(run_dds(layout, a, values, bias, True, config), first)
+
+
+def test_small_config_refuses_chunks_with_splits():
+    with pytest.raises(ValueError, match="chunks"):
+        bsmm_small.SmallConfig(16, 16, 16, 4, 2, splits=2, chunks=2)
 
 
 # Every layout class (empty: bias-only output from zero-length ptr ranges; full; random;

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+import tilesparse
 from bsmm_cases import dense_of, make_layout, random_values
 from tilesparse.kernels import bsmm as kernels
 from tolerances import assert_close
@@ -30,7 +31,7 @@ def _grid(block_size):
 # and dtype, both table directions, with bias.
 
 
-@pytest.mark.parametrize("path", ["large", "small", "small-split3"])
+@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -49,6 +50,8 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
         cfg = bsmm_small.small_config(m, block_size, dtype)
         if path == "small-split3":
             cfg = dataclasses.replace(cfg, splits=3)
+        elif path == "small-chunks2":
+            cfg = dataclasses.replace(cfg, chunks=2)
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
     s = dense_of(values, layout)
@@ -82,16 +85,23 @@ def test_dds_panel_kernel(block_size, dtype, trans, m, group):
     assert_close(out, expected, dtype, "dds panel")
 
 
-def test_small_kernel_split_reduction_is_bitwise_deterministic():
-    # The split partials are summed in a fixed order: repeated calls agree bit for bit.
+@pytest.mark.parametrize("reduce", [{"splits": 4}, {"chunks": 3}], ids=["splits4", "chunks3"])
+def test_small_kernel_split_reduction_is_bitwise_deterministic(reduce):
+    # The split partials are summed in a fixed order (the chunks' in-kernel sum whatever
+    # order the chunks finish in): repeated calls agree bit for bit, and the chunked
+    # result is the unchunked product.
     from tilesparse.kernels import bsmm_small
 
-    layout = make_layout("random", *_grid(64), 64)
+    torch.manual_seed(0)
+    layout = tilesparse.layouts.random(8192, 8192, 64, 0.1, seed=0, device=DEVICE)
     values = random_values(layout, torch.bfloat16, DEVICE)
     g = torch.randn(32, layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
-    cfg = bsmm_small.SmallConfig(32, 64, 32, 4, 4, splits=4)
+    cfg = bsmm_small.SmallConfig(32, 64, 32, 4, 4, **reduce)
     meta = layout.meta_on(DEVICE)
     first = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False, config=cfg)
-    for _ in range(3):
+    for _ in range(5):
         again = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False, config=cfg)
         assert torch.equal(first, again)
+    plain = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False,
+                        config=bsmm_small.SmallConfig(32, 64, 32, 4, 4))
+    assert_close(first, plain.double().cpu(), torch.bfloat16, "chunked vs whole runs")

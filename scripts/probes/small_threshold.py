@@ -24,7 +24,7 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits]); block_m follows M
+ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks]]); block_m follows M
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
     "s32k128st4": (32, 128, 4, 4),
@@ -49,6 +49,13 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits]); blo
     "s64k64st6": (64, 64, 6, 4),
     "s32k32st8": (32, 32, 8, 4),
     "s32k32st12": (32, 32, 12, 4),
+    # only the block-rows longer than the mean cut in up to 2 or 3 chunks, summed in-kernel
+    # (the 6th field: chunks)
+    "s32k128st8c2": (32, 128, 8, 4, 1, 2),
+    "s32k128st8c3": (32, 128, 8, 4, 1, 3),
+    "s32k64st12c2": (32, 64, 12, 4, 1, 2),
+    "s32k32st12c2": (32, 32, 12, 4, 1, 2),
+    "s16k64st8c2": (16, 64, 8, 4, 1, 2),
     # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
@@ -105,12 +112,13 @@ def main() -> None:
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
                     row["large_ms"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, large)
                                                          for v in all_values], copies)
-                    for name, (sub, bk, stages, warps, *splits) in SMALL_VARIANTS.items():
+                    for name, (sub, bk, stages, warps, *more) in SMALL_VARIANTS.items():
                         tile = max(16, b)
                         if sub > tile:
                             continue
+                        splits, chunks = (list(more) + [1, 1])[:2]
                         cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
-                                            splits=splits[0] if splits else 1)
+                                            splits=splits, chunks=chunks)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:

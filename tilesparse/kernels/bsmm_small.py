@@ -35,11 +35,11 @@ from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, 
 @triton.jit
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
-    ptr_ptr, idx_ptr, slot_ptr,
-    M, split_stride,
+    ptr_ptr, idx_ptr, slot_ptr, ws_ptr, sem_ptr,
+    M, split_stride, chunk_len,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, CHUNKS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
@@ -50,6 +50,12 @@ def _dds_small_kernel(
     SPLITS > 1: split p takes the p-th of SPLITS equal runs of table j's entries and
     writes its fp32 partial sum (no bias) at c + p * split_stride; the launcher adds the
     partials in a fixed order (deterministic).
+    CHUNKS > 1: only long entry runs are split, in-kernel. Chunk p of table j takes the
+    p-th run of max(chunk_len, ceil(len / CHUNKS)) entries; a table of at most chunk_len
+    entries is one chunk and writes C directly. Chunks of a split run store fp32 partials
+    in ws and count themselves on sem; the last to arrive sums the partials in chunk
+    order (deterministic, whatever the arrival order), writes C and resets its counter
+    to zero for the next launch.
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
@@ -67,6 +73,12 @@ def _dds_small_kernel(
         chunk = (end - start + SPLITS - 1) // SPLITS
         start = tl.minimum(start + split * chunk, end)
         end = tl.minimum(start + chunk, end)
+    n_chunks = 1
+    if CHUNKS > 1:
+        step = tl.maximum(chunk_len, (end - start + CHUNKS - 1) // CHUNKS)
+        n_chunks = tl.maximum((end - start + step - 1) // step, 1)
+        start = tl.minimum(start + tl.program_id(2) * step, end)
+        end = tl.minimum(start + step, end)
     acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
     if BLOCK_K > TILE_B:
         # Several whole blocks per step: G consecutive entries of the table, gathered
@@ -124,11 +136,35 @@ def _dds_small_kernel(
         c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
             + cols[:, None] * stride_cn
         tl.store(c_ptrs, acc, mask=f_ok[:, None] & m_ok[None, :])
+    elif CHUNKS > 1:
+        chunk = tl.program_id(2)
+        if n_chunks == 1:
+            if chunk == 0:
+                _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
+        elif chunk < n_chunks:
+            tile = pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+            ws_tile = ws_ptr + tile * (CHUNKS * SUB * BLOCK_M)
+            offs_ws = tl.arange(0, SUB)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+            tl.store(ws_tile + chunk * (SUB * BLOCK_M) + offs_ws, acc, cache_modifier=".cg")
+            tl.debug_barrier()  # every thread's partial is stored before the count below
+            arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == n_chunks - 1:  # the last chunk of this tile to finish
+                total = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
+                for q in range(0, n_chunks):
+                    total += tl.load(ws_tile + q * (SUB * BLOCK_M) + offs_ws, cache_modifier=".cg")
+                _store_output(total, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
+                tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
-        c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
+        _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
+
+
+@triton.jit
+def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS: tl.constexpr):
+    """C[offs_m, cols] = acc^T (+ bias), rounded to C's dtype."""
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=f_ok, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + offs_m[None, :] * stride_cm + cols[:, None] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
 
 
 @dataclass(frozen=True)
@@ -136,7 +172,10 @@ class SmallConfig:
     """Launch parameters of the small-batch kernel: ``sub`` output features per program,
     ``block_k`` reduction step, ``block_m`` activation rows per program, ``splits``
     programs per output slice (each summing a run of its blocks into an fp32 workspace;
-    for few output slices, e.g. bprop of a small recurrent weight)."""
+    for few output slices, e.g. bprop of a small recurrent weight), ``chunks``: at most
+    this many programs per output slice, for entry runs longer than the mean only (a
+    random layout's longest block-row holds 1.5-2.5x the mean; the kernel waits on it),
+    summed in-kernel by the last to finish."""
 
     sub: int
     block_k: int
@@ -144,12 +183,16 @@ class SmallConfig:
     num_warps: int
     num_stages: int
     splits: int = 1
+    chunks: int = 1
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.splits < 1:
             raise ValueError(f"SmallConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, got "
                              f"{self.num_warps!r}, {self.num_stages!r}")
+        if self.chunks < 1 or (self.chunks > 1 and self.splits > 1):
+            raise ValueError(f"SmallConfig.chunks must be >= 1 and cannot combine with splits > 1, got "
+                             f"chunks={self.chunks!r}, splits={self.splits!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -182,6 +225,24 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
     return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
 
 
+_COUNTERS: dict = {}
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters for the chunked mode's last-to-arrive reduction, one per
+    output tile. Every launch leaves them zero again, so one buffer per (device, stream)
+    serves every launch on that stream (launches on one stream never overlap). Inside a
+    CUDA-graph capture a fresh buffer is made (its zeroing is captured) and not kept."""
+    if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (device, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
     b = values.shape[-1]
@@ -190,14 +251,21 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
     m = a.shape[0]
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
-    grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), cfg.splits)
+    grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), max(cfg.splits, cfg.chunks))
+    ws = sem = ptr  # placeholders: only the chunked mode reads them
+    chunk_len = 0
+    if cfg.chunks > 1:
+        tiles = grid[0] * grid[1]
+        chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
+        ws = torch.empty(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
+        sem = _arrival_counters(c.device, tiles)
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, out,
-        ptr, idx, slot if slot is not None else ptr,
-        m, out.stride(0) if cfg.splits > 1 else 0,
+        ptr, idx, slot if slot is not None else ptr, ws, sem,
+        m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        CHUNKS=cfg.chunks, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
