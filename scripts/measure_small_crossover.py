@@ -34,6 +34,7 @@ from tilesparse.kernels import tuned
 
 SHIPPED = Path(tuned.__file__).parent / "tuned"
 L2_SAFE_BYTES = 240 << 20  # rotate copies of the values until a pass reads this much
+MIN_STREAMED_BYTES = 128 << 20  # --adopt: a timed pass must have read at least this (2x the H200's L2)
 
 
 def graph_ms(fn, copies: int) -> float:
@@ -51,7 +52,7 @@ def measure(args) -> list[dict]:
             layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
             meta, R, C = layout.meta, layout.block_rows, layout.block_cols
             weight_bytes = layout.nnz * b * b * 2
-            copies = max(1, min(8, math.ceil(L2_SAFE_BYTES / max(weight_bytes, 1))))
+            copies = max(1, min(32, math.ceil(L2_SAFE_BYTES / max(weight_bytes, 1))))
             values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
             for m in args.ms:
                 x = torch.randn(m, k, device=dev, dtype=dt)
@@ -76,7 +77,8 @@ def measure(args) -> list[dict]:
 
 
 def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
-    """Tuned entries (kept only where both kernels agree on the product)."""
+    """Tuned entries (kept only where both kernels agree on the product), in a new file."""
+    path.unlink(missing_ok=True)
     entries, notes = {}, {}
     for r in rows:
         if not r["rel_diff"] < 1e-2:
@@ -91,20 +93,34 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
 
 def adopt(path: Path, target: Path) -> None:
     """Write a variant sweep's winners into ``target`` where they beat, in the same run,
-    the variant that equals the heuristic config by more than 3 %; the sweep's names
-    read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>], 4 warps."""
+    the variant that equals the heuristic config, and the large-batch kernel, by more than
+    3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
+    skipped. The sweep's names read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>], 4 warps."""
     data = json.loads(path.read_text())
     gpu = re.sub(r"[^a-z0-9]+", "-", data["gpu"].lower()).strip("-")
     entries, notes = {}, {}
     for r in data["rows"]:
-        dt = torch.bfloat16
-        heuristic = S.small_config(r["M"], r["block"], dt, K.shared_memory_bytes(torch.device("cuda"))
-                                   if torch.cuda.is_available() else 227 << 10)
-        times = {name: ms for name, ms in r.items() if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?", name)}
-        current = next((n for n in times if _config(n, heuristic.block_m) == heuristic), None)
-        best = min(times, key=times.get)
-        if current is None or times[best] > 0.97 * times[current]:
+        if r.get("copies", 0) * r["weight_bytes"] < MIN_STREAMED_BYTES:
+            print(f"skipped (its weights may have been read from L2): {r['op']} b{r['block']} d{r['density']} "
+                  f"M{r['M']}")
             continue
+        dt = torch.bfloat16
+        heuristic = S.small_config(r["M"], r["block"], dt, 227 << 10)  # the H200's shared memory per block
+        times = {}
+        for name, ms in r.items():
+            if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?", name):
+                try:
+                    times[name] = (_config(name, heuristic.block_m), ms)
+                except ValueError:  # not a valid config (e.g. splits with chunks)
+                    pass
+        current = next((n for n, (cfg, _) in times.items() if cfg == heuristic), None)
+        best = min(times, key=lambda n: times[n][1], default=None)
+        if current is None or best is None:
+            continue
+        # adopted only if clearly ahead of the heuristic and of the large-batch kernel
+        if times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"]:
+            continue
+        times = {n: ms for n, (_, ms) in times.items()}
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"])
         entries[key] = _config(best, heuristic.block_m)
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
@@ -136,12 +152,18 @@ def main() -> None:
         return
     if args.merge:
         data = json.loads(args.merge.read_text())
-        gpu = next(iter(data["entries"])).split("|")[0]
-        target = SHIPPED / f"{gpu}.json"
-        shipped = json.loads(target.read_text()) if target.is_file() else {"format": tuned.FORMAT, "entries": {}}
-        shipped["entries"].update(data["entries"])
-        target.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
-        print(f"merged {len(data['entries'])} entries into {target}")
+        if data.get("format") != tuned.FORMAT:
+            raise SystemExit(f"{args.merge}: unknown tuned-config format {data.get('format')!r}")
+        by_gpu: dict[str, dict] = {}
+        for key, entry in data.get("entries", {}).items():
+            by_gpu.setdefault(key.split("|")[0], {})[key] = entry
+        for gpu, entries in by_gpu.items():  # each GPU's entries into its own shipped table
+            target = SHIPPED / f"{gpu}.json"
+            notes = {k: {f: v for f, v in e.items() if f != "config"} for k, e in entries.items()}
+            tuned.record({k: tuned.from_json(e["config"]) for k, e in entries.items()}, target, notes)
+            print(f"merged {len(entries)} entries into {target}")
+        if not by_gpu:
+            print(f"{args.merge}: no entries")
         return
     t0 = time.time()
     rows = measure(args)

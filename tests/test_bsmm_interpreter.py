@@ -135,9 +135,49 @@ def test_dds_small_kernel_chunks_leave_their_counters_at_zero():
     assert torch.equal(run_dds(layout, a, values, bias, True, config), first)
 
 
-def test_small_config_refuses_chunks_with_splits():
+@pytest.fixture(params=["in order", "reversed"])
+def program_order(request, monkeypatch):
+    """Run the interpreter's programs in launch order or reversed (it runs them one after
+    another, so in-kernel cross-program logic, the chunks' last-to-arrive sum, otherwise
+    only ever sees the highest chunk arrive last)."""
+    if request.param == "reversed":
+        from triton.runtime import interpreter
+
+        builder = interpreter.interpreter_builder
+        original = type(builder).set_grid_idx
+
+        def reversed_idx(self, x, y, z):
+            nx, ny, nz = self.grid_dim
+            original(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+        monkeypatch.setattr(type(builder), "set_grid_idx", reversed_idx)
+    return request.param
+
+
+# Block-rows of 11, 7, 0 and 1 entries (mean 4.75, chunks of 5): the long ones cut in 3
+# and 2 chunks; blocks narrower than their tile (8, 20), steps over several blocks (block_k 64).
+@pytest.mark.parametrize("block_size, sub, block_k", [(8, 16, 64), (20, 32, 64), (32, 32, 32)])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size, sub, block_k, trans):
+    mask = torch.zeros(4, 12, dtype=torch.bool)
+    mask[0, :11] = True
+    mask[1, 2:9] = True
+    mask[3, 4] = True
+    if not trans:
+        mask = mask.t().contiguous()  # bprop walks the columns: the same run lengths there
+    layout = BlockLayout(mask, block_size)
+    a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+    config = bsmm_small.SmallConfig(sub, block_k, 32, num_warps=4, num_stages=2, chunks=3)
+    out = run_dds(layout, a, values, bias, trans, config)
+    assert_close(out, dds_expected(layout, a, values, bias, trans), torch.float32, "dds chunks")
+    assert int(bsmm_small._arrival_counters(a.device, 1).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("kwargs", [{"splits": 2, "chunks": 2}, {"chunks": 0}, {"chunks": 2.0}, {"chunks": True},
+                                    {"chunks": bsmm_small.MAX_CHUNKS + 1}])
+def test_small_config_refuses_bad_chunks(kwargs):
     with pytest.raises(ValueError, match="chunks"):
-        bsmm_small.SmallConfig(16, 16, 16, 4, 2, splits=2, chunks=2)
+        bsmm_small.SmallConfig(16, 16, 16, 4, 2, **kwargs)
 
 
 # Every layout class (empty: bias-only output from zero-length ptr ranges; full; random;

@@ -105,3 +105,36 @@ def test_small_kernel_split_reduction_is_bitwise_deterministic(reduce):
     plain = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False,
                         config=bsmm_small.SmallConfig(32, 64, 32, 4, 4))
     assert_close(first, plain.double().cpu(), torch.bfloat16, "chunked vs whole runs")
+
+
+def test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph():
+    # The chunks' arrival counters are per stream and reset by every launch; a launch
+    # captured in a CUDA graph gets its own (zeroed inside the graph). Every replay and
+    # the side-stream launch give the eager result bit for bit.
+    from tilesparse.kernels import bsmm_small
+
+    layout = tilesparse.layouts.random(4096, 4096, 64, 0.1, seed=1, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    x = torch.randn(8, 4096, device=DEVICE, dtype=torch.bfloat16)
+    cfg = bsmm_small.SmallConfig(32, 64, 16, 4, 4, chunks=2)
+    meta = layout.meta_on(DEVICE)
+
+    def call():
+        return kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+
+    expected = call()
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        on_side = call()
+        call()  # also the warm-up before capture
+    main.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, expected)
+    assert torch.equal(on_side, expected)
+    assert_close(expected, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "chunks")

@@ -99,7 +99,7 @@ def main() -> None:
             layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
             meta, R, C = layout.meta, layout.block_rows, layout.block_cols
             weight_bytes = layout.nnz * b * b * 2
-            copies = max(1, min(8, -(-L2_SAFE_BYTES // max(weight_bytes, 1))))
+            copies = max(1, min(32, -(-L2_SAFE_BYTES // max(weight_bytes, 1))))
             all_values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
             values = all_values[0]
             for m in args.ms:
@@ -107,7 +107,7 @@ def main() -> None:
                 dy = torch.randn(m, n, device=dev, dtype=dt)
                 for op, a, trans in (("fprop", x, True), ("bprop", dy, False)):
                     row = {"op": op, "block": b, "density": d, "M": m, "dense_ms": dense[m][op],
-                           "weight_bytes": weight_bytes}
+                           "weight_bytes": weight_bytes, "copies": copies}
                     large = K.dds_config(m, b, dt)
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
                     row["large_ms"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, large)

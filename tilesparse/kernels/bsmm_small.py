@@ -167,6 +167,9 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=f_ok[:, None] & m_ok[None, :])
 
 
+MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
+
+
 @dataclass(frozen=True)
 class SmallConfig:
     """Launch parameters of the small-batch kernel: ``sub`` output features per program,
@@ -188,11 +191,12 @@ class SmallConfig:
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.splits < 1:
-            raise ValueError(f"SmallConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, got "
-                             f"{self.num_warps!r}, {self.num_stages!r}")
-        if self.chunks < 1 or (self.chunks > 1 and self.splits > 1):
-            raise ValueError(f"SmallConfig.chunks must be >= 1 and cannot combine with splits > 1, got "
-                             f"chunks={self.chunks!r}, splits={self.splits!r}")
+            raise ValueError(f"SmallConfig needs num_warps in 1..16 (a power of two), num_stages >= 1 and "
+                             f"splits >= 1, got {self.num_warps!r}, {self.num_stages!r}, {self.splits!r}")
+        if (isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or not 1 <= self.chunks <= MAX_CHUNKS
+                or (self.chunks > 1 and self.splits > 1)):
+            raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
+                             f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -257,7 +261,9 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     if cfg.chunks > 1:
         tiles = grid[0] * grid[1]
         chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
-        ws = torch.empty(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
+        # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
+        # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
+        ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
         sem = _arrival_counters(c.device, tiles)
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, out,
@@ -265,7 +271,8 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        CHUNKS=cfg.chunks, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+        INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
