@@ -13,7 +13,8 @@
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
-#   small-chunks - the small-batch kernel with long block-rows cut in chunks vs whole rows
+#   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
+#            first, vs whole rows in table order
 #   small-crossover - small vs large dds kernel per (op, block, density, M 16..512): measured
 #            dispatch entries in $OUT/tuned-crossover.json (merge with --merge to ship them)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -52,8 +53,9 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.25 0.03 --ms 1 32 ${VARIANT_ARGS:---variants s32k64st8 s32k64st12 s32k64st16 s16k64st8 \
               s16k64st12 s32k128st8 s32k64st8x2 s32k64st8x3} --out "$OUT/small-variants.json" > "$OUT/small-variants.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
-              --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k64st12 \
-              s32k64st12c2 s32k32st12 s32k32st12c2 s16k64st8 s16k64st8c2 --out "$OUT/small-chunks.json" \
+              --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
+              s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \
+              s16k64st8 s16k64st8c2 s16k64st8L --out "$OUT/small-chunks.json" \
               > "$OUT/small-chunks.log" 2>&1 ;;
     small-crossover) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/measure_small_crossover.py ${CROSS_ARGS:-} \
               --record "$OUT/tuned-crossover.json" > "$OUT/small-crossover.log" 2>&1 ;;

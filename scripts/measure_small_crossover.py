@@ -95,7 +95,7 @@ def adopt(path: Path, target: Path) -> None:
     """Write a variant sweep's winners into ``target`` where they beat, in the same run,
     the variant that equals the heuristic config, and the large-batch kernel, by more than
     3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
-    skipped. The sweep's names read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>], 4 warps."""
+    skipped. The sweep's names read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>][L], 4 warps (L: longest first)."""
     data = json.loads(path.read_text())
     gpu = re.sub(r"[^a-z0-9]+", "-", data["gpu"].lower()).strip("-")
     entries, notes = {}, {}
@@ -108,7 +108,7 @@ def adopt(path: Path, target: Path) -> None:
         heuristic = S.small_config(r["M"], r["block"], dt, 227 << 10)  # the H200's shared memory per block
         times = {}
         for name, ms in r.items():
-            if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?", name):
+            if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?L?", name):
                 try:
                     times[name] = (_config(name, heuristic.block_m), ms)
                 except ValueError:  # not a valid config (e.g. splits with chunks)
@@ -130,9 +130,10 @@ def adopt(path: Path, target: Path) -> None:
 
 
 def _config(name: str, block_m: int) -> S.SmallConfig:
-    sub, block_k, stages, splits, chunks = re.fullmatch(r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?(?:c(\d+))?",
-                                                        name).groups()
-    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1), int(chunks or 1))
+    sub, block_k, stages, splits, chunks, longest = re.fullmatch(
+        r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?(?:c(\d+))?(L)?", name).groups()
+    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1), int(chunks or 1),
+                         longest is not None)
 
 
 def main() -> None:

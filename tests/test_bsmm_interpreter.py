@@ -104,16 +104,18 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 # the reduction split over programs (3 splits of 1-4 entries: some splits empty; or the
 # runs longer than the mean cut in 2-3 chunks summed in-kernel), and a step spanning 2 or
 # 4 consecutive blocks (runs that end mid-step).
-@pytest.mark.parametrize("splits, chunks", [(1, 1), (3, 1), (1, 2), (1, 3)],
-                         ids=["whole", "splits3", "chunks2", "chunks3"])
+@pytest.mark.parametrize("splits, chunks, longest_first", [(1, 1, False), (3, 1, False), (1, 2, False), (1, 3, False),
+                                                            (1, 1, True), (1, 2, True)],
+                         ids=["whole", "splits3", "chunks2", "chunks3", "longest", "chunks2-longest"])
 @pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
                                                    (32, 128, 16)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks):
+def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks, longest_first):
     layout = make_layout(layout_kind, *GRID, 32)
     a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
-    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits, chunks=chunks)
+    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits, chunks=chunks,
+                                    longest_first=longest_first)
     check_dds(layout, a, values, bias, trans, torch.float32, config)
 
 
@@ -167,16 +169,25 @@ def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size,
         mask = mask.t().contiguous()  # bprop walks the columns: the same run lengths there
     layout = BlockLayout(mask, block_size)
     a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
-    config = bsmm_small.SmallConfig(sub, block_k, 32, num_warps=4, num_stages=2, chunks=3)
+    config = bsmm_small.SmallConfig(sub, block_k, 32, num_warps=4, num_stages=2, chunks=3, longest_first=trans)
     out = run_dds(layout, a, values, bias, trans, config)
     assert_close(out, dds_expected(layout, a, values, bias, trans), torch.float32, "dds chunks")
     assert int(bsmm_small._arrival_counters(a.device, 1).abs().sum()) == 0
 
 
-@pytest.mark.parametrize("kwargs", [{"splits": 2, "chunks": 2}, {"chunks": 0}, {"chunks": 2.0}, {"chunks": True},
-                                    {"chunks": bsmm_small.MAX_CHUNKS + 1}])
-def test_small_config_refuses_bad_chunks(kwargs):
-    with pytest.raises(ValueError, match="chunks"):
+def test_longest_first_orders_the_runs_by_length():
+    # runs of 11, 7, 0 and 1 entries -> tables 0, 1, 3, 2 (ties keep table order)
+    ptr = torch.tensor([0, 11, 18, 18, 19, 19], dtype=torch.int32)
+    assert bsmm_small._longest_first(ptr).tolist() == [0, 1, 3, 2, 4]
+    assert bsmm_small._longest_first(ptr) is bsmm_small._longest_first(ptr)  # remembered on the tensor
+
+
+@pytest.mark.parametrize("kwargs, field", [({"splits": 2, "chunks": 2}, "chunks"), ({"chunks": 0}, "chunks"),
+                                           ({"chunks": 2.0}, "chunks"), ({"chunks": True}, "chunks"),
+                                           ({"chunks": bsmm_small.MAX_CHUNKS + 1}, "chunks"),
+                                           ({"longest_first": 1}, "longest_first")])
+def test_small_config_refuses_bad_reduction_settings(kwargs, field):
+    with pytest.raises(ValueError, match=field):
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, **kwargs)
 
 

@@ -31,7 +31,7 @@ def _grid(block_size):
 # and dtype, both table directions, with bias.
 
 
-@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2"])
+@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -50,8 +50,8 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
         cfg = bsmm_small.small_config(m, block_size, dtype)
         if path == "small-split3":
             cfg = dataclasses.replace(cfg, splits=3)
-        elif path == "small-chunks2":
-            cfg = dataclasses.replace(cfg, chunks=2)
+        elif path == "small-chunks2-longest":
+            cfg = dataclasses.replace(cfg, chunks=2, longest_first=True)
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
     s = dense_of(values, layout)
@@ -116,7 +116,7 @@ def test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph():
     layout = tilesparse.layouts.random(4096, 4096, 64, 0.1, seed=1, device=DEVICE)
     values = random_values(layout, torch.bfloat16, DEVICE)
     x = torch.randn(8, 4096, device=DEVICE, dtype=torch.bfloat16)
-    cfg = bsmm_small.SmallConfig(32, 64, 16, 4, 4, chunks=2)
+    cfg = bsmm_small.SmallConfig(32, 64, 16, 4, 4, chunks=2, longest_first=True)
     meta = layout.meta_on(DEVICE)
 
     def call():

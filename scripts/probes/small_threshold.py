@@ -24,7 +24,7 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks]]); block_m follows M
+ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first]]]); block_m follows M
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
     "s32k128st4": (32, 128, 4, 4),
@@ -56,6 +56,13 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chun
     "s32k64st12c2": (32, 64, 12, 4, 1, 2),
     "s32k32st12c2": (32, 32, 12, 4, 1, 2),
     "s16k64st8c2": (16, 64, 8, 4, 1, 2),
+    # programs take the block-rows longest first (7th field), with and without chunks
+    "s32k128st8L": (32, 128, 8, 4, 1, 1, True),
+    "s32k128st8c2L": (32, 128, 8, 4, 1, 2, True),
+    "s32k64st12L": (32, 64, 12, 4, 1, 1, True),
+    "s32k64st12c2L": (32, 64, 12, 4, 1, 2, True),
+    "s32k32st12L": (32, 32, 12, 4, 1, 1, True),
+    "s16k64st8L": (16, 64, 8, 4, 1, 1, True),
     # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
@@ -116,9 +123,9 @@ def main() -> None:
                         tile = max(16, b)
                         if sub > tile:
                             continue
-                        splits, chunks = (list(more) + [1, 1])[:2]
+                        splits, chunks, longest_first = (list(more) + [1, 1, False][len(more):])[:3]
                         cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
-                                            splits=splits, chunks=chunks)
+                                            splits=splits, chunks=chunks, longest_first=longest_first)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:

@@ -36,13 +36,16 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     if m <= 256:
         block_m = min(64, max(16, 1 << (m - 1).bit_length()))
         # (block_k past the tile: several consecutive blocks per reduction step)
-        # (chunks: block-rows longer than the mean cut in up to 2 runs, summed in-kernel)
+        # (chunks: block-rows longer than the mean cut in up to 2 runs, summed in-kernel;
+        # longest_first: programs take the longest block-rows first)
         for sub, bk, stages, splits, chunks in ((32, 128, 8, 1, 1), (32, 64, 8, 1, 1), (16, 64, 8, 1, 1),
                                                 (32, 128, 6, 1, 1), (32, 64, 12, 1, 1), (32, 32, 12, 1, 1),
                                                 (64, 64, 8, 1, 1), (32, 64, 8, 2, 1), (16, 64, 8, 4, 1),
                                                 (32, 128, 8, 1, 2), (32, 64, 12, 1, 2), (16, 64, 8, 1, 2)):
             if sub <= tile:
                 yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks)
+                if splits == 1:  # the same with the longest block-rows started first
+                    yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, longest_first=True)
     if fp32:
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
             for tma in (False, True):

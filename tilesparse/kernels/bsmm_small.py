@@ -35,11 +35,11 @@ from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, 
 @triton.jit
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
-    ptr_ptr, idx_ptr, slot_ptr, ws_ptr, sem_ptr,
+    ptr_ptr, idx_ptr, slot_ptr, ws_ptr, sem_ptr, order_ptr,
     M, split_stride, chunk_len,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr, CHUNKS: tl.constexpr,
+    SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
@@ -56,10 +56,16 @@ def _dds_small_kernel(
     in ws and count themselves on sem; the last to arrive sums the partials in chunk
     order (deterministic, whatever the arrival order), writes C and resets its counter
     to zero for the next launch.
+    LONGEST_FIRST: program j * SUBS + s works on table order[j] (the tables ordered by
+    run length, longest first), so when the programs take more than one wave the long
+    runs start in the first.
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
-    j = pid // SUBS
+    if LONGEST_FIRST:
+        j = tl.load(order_ptr + pid // SUBS)
+    else:
+        j = pid // SUBS
     s = pid % SUBS
     offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_f = s * SUB + tl.arange(0, SUB)  # output features within the block
@@ -178,7 +184,9 @@ class SmallConfig:
     for few output slices, e.g. bprop of a small recurrent weight), ``chunks``: at most
     this many programs per output slice, for entry runs longer than the mean only (a
     random layout's longest block-row holds 1.5-2.5x the mean; the kernel waits on it),
-    summed in-kernel by the last to finish."""
+    summed in-kernel by the last to finish; ``longest_first``: programs take the output
+    slices in order of run length, longest first (a permutation of the tables, built
+    once per layout)."""
 
     sub: int
     block_k: int
@@ -187,6 +195,7 @@ class SmallConfig:
     num_stages: int
     splits: int = 1
     chunks: int = 1
+    longest_first: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -197,6 +206,8 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
+        if not isinstance(self.longest_first, bool):
+            raise ValueError(f"SmallConfig.longest_first must be a bool, got {self.longest_first!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -247,6 +258,18 @@ def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
+    """The tables of ``ptr`` ordered by run length, longest first (stable), int32; built on
+    ptr's device without a host sync and remembered on the ptr tensor (layout tables are
+    never written after they are built), except inside a CUDA-graph capture."""
+    order = ptr.__dict__.get("_tilesparse_longest_first")
+    if order is None:
+        order = torch.argsort(ptr[1:] - ptr[:-1], descending=True, stable=True).to(torch.int32)
+        if not (ptr.is_cuda and torch.cuda.is_current_stream_capturing()):
+            ptr.__dict__["_tilesparse_longest_first"] = order
+    return order
+
+
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
     b = values.shape[-1]
@@ -267,11 +290,11 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         sem = _arrival_counters(c.device, tiles)
     _dds_small_kernel[grid](
         a, values, bias if bias is not None else c, out,
-        ptr, idx, slot if slot is not None else ptr, ws, sem,
+        ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
         INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
