@@ -63,6 +63,12 @@ ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chun
     "s32k64st12c2L": (32, 64, 12, 4, 1, 2, True),
     "s32k32st12L": (32, 32, 12, 4, 1, 1, True),
     "s16k64st8L": (16, 64, 8, 4, 1, 1, True),
+    # M 64: wider slices read each activation tile for more features (less L2 traffic per
+    # weight byte); chunks make up for the fewer programs
+    "s64k64st6c2": (64, 64, 6, 4, 1, 2),
+    "s64k64st6c2L": (64, 64, 6, 4, 1, 2, True),
+    "s128k64st4w8": (128, 64, 4, 8),
+    "s128k64st4w8c3": (128, 64, 4, 8, 1, 3),
     # every block-row split in 2 or 3 runs (fp32 partials, fixed-order sum): more programs,
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
