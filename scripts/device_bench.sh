@@ -15,6 +15,8 @@
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
+#   sdpa-deterministic - SDPA causal forward + backward per backend, with and without
+#            torch.use_deterministic_algorithms: time and bitwise reproducibility
 #   small-m64 - M 64: wider slices (less activation traffic per weight byte) with chunks
 #   small-crossover - small vs large dds kernel per (op, block, density, M 16..512): measured
 #            dispatch entries in $OUT/tuned-crossover.json (merge with --merge to ship them)
@@ -58,6 +60,8 @@ for step in ${STEPS:-large dtypes graph}; do
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \
               s16k64st8 s16k64st8c2 s16k64st8L --out "$OUT/small-chunks.json" \
               > "$OUT/small-chunks.log" 2>&1 ;;
+    sdpa-deterministic) timeout 150 python3 scripts/probes/sdpa_deterministic.py --out "$OUT/sdpa-deterministic.json" \
+              > "$OUT/sdpa-deterministic.log" 2>&1 ;;
     small-m64) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 \
               --densities 0.25 0.1 --ms 64 --variants s32k128st8 s32k64st12 s32k128st8c2 s64k64st6 s64k64st6c2 \
               s64k64st6c2L s128k64st4w8 s128k64st4w8c3 --out "$OUT/small-m64.json" > "$OUT/small-m64.log" 2>&1 ;;
