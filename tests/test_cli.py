@@ -80,6 +80,17 @@ def test_bench_no_plot_and_step(tmp_path):
     ]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+@pytest.mark.parametrize("peers, named", [(["none"], "['dense']"), (["stk"], "['dense', 'stk']")])
+def test_bench_peers_override_the_suites(tmp_path, capsys, peers, named):
+    assert main(["bench", "--out", str(tmp_path), "--no-plot", "--shape", "64x128x256", "--block", "32",
+                 "--density", "0.25", "--ops", "fprop", "--peers", *peers]) == 0
+    assert f"peers {named}" in capsys.readouterr().out
+    (path,) = tmp_path.glob("*.csv")
+    _, rows = _read_csv(path)
+    assert sorted(r["method"] for r in rows) == ["dense", "tilesparse"]  # stk needs CUDA: skipped, said so
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -93,6 +104,9 @@ def test_bench_no_plot_and_step(tmp_path):
         ["bench", "--ops", "backward"],
         ["bench", "--suite", "nope"],
         ["bench", "--block", "48", "--shape", "64x128x128"],  # 48 does not divide W
+        ["bench", "--peers", "cublas"],
+        ["bench", "--peers", "none", "stk"],
+        ["bench", "--suite", "attention", "--peers", "stk"],
     ],
 )
 def test_argument_errors_exit_nonzero(argv, tmp_path, capsys):

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--density", nargs="+", type=_density, help="override the densities (fraction of blocks kept)")
     b.add_argument("--shape", nargs="+", type=_shape, metavar="MxNxK", help="override the shapes: X [M, K], W [N, K]")
     b.add_argument("--ops", nargs="+", choices=list(OPS), help="override the ops")
+    b.add_argument("--peers", nargs="+", choices=["torch_bsr", "stk", "none"],
+                   help="matmul suites (large, small): the peers timed beside tilesparse and dense "
+                        "('none': dense only; default: the suite's, torch_bsr and stk)")
     b.add_argument("--quick", action="store_true", help="the suite's small subset (~2 GPU minutes)")
     b.add_argument("--out", type=Path, default=None, help="results folder (default: <repo>/bench/results)")
     b.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -232,6 +235,12 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     suite = bench.get_suite(suite_name)
     overrides = {"dtypes": args.dtype, "blocks": args.block, "densities": args.density,
                  "shapes": [list(s) for s in args.shape] if args.shape else None, "ops": args.ops}
+    if args.peers:
+        if args.suite not in ("large", "small", CPU_SUITE):  # the suites that time matmul peers
+            parser.error(f"--peers applies to the matmul suites (large, small), not {args.suite!r}")
+        if "none" in args.peers and len(args.peers) > 1:
+            parser.error("--peers: 'none' cannot be combined with named peers")
+        overrides["peers"] = ["dense"] + [p for p in args.peers if p != "none"]
     try:
         table = suite.prepare(suite_name, quick=args.quick, overrides=overrides)
     except ValueError as exc:
