@@ -24,7 +24,8 @@ import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-ALL_VARIANTS = {  # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first]]]); block_m follows M
+# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first]]]); block_m follows M
+ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
     "s32k128st4": (32, 128, 4, 4),

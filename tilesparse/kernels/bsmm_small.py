@@ -102,18 +102,8 @@ def _dds_small_kernel(
                 slot = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
             else:
                 slot = e.to(tl.int64)
-            v_base = v_ptr + slot * (B * B)
-            if TRANS_V:  # feature f, reduction k: V[f, k]
-                w = tl.load(v_base[None, :] + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & ok[None, :],
-                            other=0.0)
-            else:  # V[k, f]
-                w = tl.load(v_base[None, :] + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & ok[None, :],
-                            other=0.0)
-            x = tl.load(
-                a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
-                mask=ok[:, None] & m_ok[None, :], other=0.0,
-            )
-            acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+            acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
+                        stride_ak, B, TRANS_V, INPUT_PRECISION)
     else:
         K_STEPS: tl.constexpr = TILE_B // BLOCK_K
         for t in range(start * K_STEPS, end * K_STEPS):
@@ -125,18 +115,8 @@ def _dds_small_kernel(
                 slot = tl.load(slot_ptr + e).to(tl.int64)
             else:
                 slot = e.to(tl.int64)
-            v_base = v_ptr + slot * (B * B)
-            if TRANS_V:  # feature f, reduction k: V[f, k]
-                w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-            else:  # V[k, f]
-                w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :],
-                            other=0.0)
-            x = tl.load(
-                a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
-                mask=k_ok[:, None] & m_ok[None, :], other=0.0,
-            )
-            acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+            acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
+                        stride_ak, B, TRANS_V, INPUT_PRECISION)
     cols = j.to(tl.int64) * B + offs_f
     if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
         c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
@@ -162,6 +142,20 @@ def _dds_small_kernel(
                 tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
+
+
+@triton.jit
+def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am, stride_ak, B: tl.constexpr,
+          TRANS_V: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step. v_base and
+    blk are one block's (scalars) or, for steps over several blocks, each k lane's."""
+    if TRANS_V:  # feature f, reduction k: V[f, k]
+        w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+    else:  # V[k, f]
+        w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
+    x = tl.load(a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+                mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+    return tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
 
 
 @triton.jit
@@ -294,8 +288,8 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-        INPUT_PRECISION=precision,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, TRANS_V=trans_v, HAS_SLOT=slot is not None,
+        HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
