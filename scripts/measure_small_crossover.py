@@ -19,28 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import time
 from pathlib import Path
 
 import torch
-import triton.testing
 
 import tilesparse as ts
+from tilesparse.bench.env import l2_cache_bytes
+from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import tuned
 
 SHIPPED = Path(tuned.__file__).parent / "tuned"
-L2_SAFE_BYTES = 240 << 20  # rotate copies of the values until a pass reads this much
 MIN_STREAMED_BYTES = 128 << 20  # --adopt: a timed pass must have read at least this (2x the H200's L2)
-
-
-def graph_ms(fn, copies: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=15, return_mode="median")) / copies
 
 
 def measure(args) -> list[dict]:
@@ -52,7 +45,7 @@ def measure(args) -> list[dict]:
             layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
             meta, R, C = layout.meta, layout.block_rows, layout.block_cols
             weight_bytes = layout.nnz * b * b * 2
-            copies = max(1, min(32, math.ceil(L2_SAFE_BYTES / max(weight_bytes, 1))))
+            copies = rotation_copies(weight_bytes, l2_cache_bytes())  # a pass streams past L2
             values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
             for m in args.ms:
                 x = torch.randn(m, k, device=dev, dtype=dt)
@@ -63,8 +56,9 @@ def measure(args) -> list[dict]:
                     outs = {name: K.dds(a, values[0], meta, None, R, C, trans, cfg).float()
                             for name, cfg in configs.items()}
                     err = ((outs["small"] - outs["large"]).norm() / outs["large"].norm().clamp_min(1e-30)).item()
-                    times = {name: graph_ms(lambda cfg=cfg: [K.dds(a, v, meta, None, R, C, trans, cfg) for v in values],
-                                            copies) for name, cfg in configs.items()}
+                    times = {name: bench_ms(lambda cfg=cfg: [K.dds(a, v, meta, None, R, C, trans, cfg) for v in values],
+                                            cuda=True, graph=True, rep_ms=15) / copies
+                             for name, cfg in configs.items()}
                     winner = min(times, key=times.get)
                     row = {"op": op, "block": b, "density": d, "M": m, "small_ms": times["small"],
                            "large_ms": times["large"], "winner": winner, "rel_diff": err,

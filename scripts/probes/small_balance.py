@@ -1,5 +1,5 @@
 """Is the small-batch kernel limited by uneven block-rows? Kernel time (CUDA-graph
-replay, weights rotated over 4 copies so they stream from HBM) of the small-batch fprop
+replay, weights rotated over enough copies to stream from HBM) of the small-batch fprop
 and bprop on a random layout (block-rows hold binomially many blocks) against a
 balanced one (every block-row the same count) at the same density, next to a plain copy
 of the same number of bytes (what this transfer size can reach).
@@ -10,9 +10,10 @@ import argparse
 import json
 
 import torch
-import triton.testing
 
 import tilesparse as ts
+from tilesparse.bench.env import l2_cache_bytes
+from tilesparse.bench.timing import bench_ms, rotation_copies
 
 p = argparse.ArgumentParser()
 p.add_argument("--weight", type=int, default=12288)
@@ -23,13 +24,10 @@ p.add_argument("--out", default=None)
 args = p.parse_args()
 n = k = args.weight
 dev, dt = torch.device("cuda"), torch.bfloat16
-COPIES = 4
 
 
-def graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median")) / COPIES
+def graph_ms(fn, copies: int) -> float:
+    return bench_ms(fn, cuda=True, graph=True, rep_ms=30) / copies
 
 
 rows = []
@@ -39,16 +37,17 @@ for b in args.blocks:
             layout = getattr(ts.layouts, kind)(n, k, b, d, seed=0, device=dev)
             counts = layout.mask.sum(1).float()
             imbalance = float(counts.mean() / counts.max()) if counts.max() > 0 else 1.0
-            values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(COPIES)]
             nbytes = layout.nnz * b * b * 2
-            src = [torch.empty(nbytes // 2, device=dev, dtype=dt) for _ in range(COPIES)]
+            copies = rotation_copies(nbytes, l2_cache_bytes())
+            values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
+            src = [torch.empty(nbytes // 2, device=dev, dtype=dt) for _ in range(copies)]
             dst = torch.empty_like(src[0])
-            copy_ms = graph_ms(lambda: [dst.copy_(s) for s in src])
+            copy_ms = graph_ms(lambda: [dst.copy_(s) for s in src], copies)
             for m in args.ms:
                 x = torch.randn(m, k, device=dev, dtype=dt)
                 dy = torch.randn(m, n, device=dev, dtype=dt)
-                fprop = graph_ms(lambda: [ts.dds(x, v, layout, trans_b=True) for v in values])
-                bprop = graph_ms(lambda: [ts.dds(dy, v, layout) for v in values])
+                fprop = graph_ms(lambda: [ts.dds(x, v, layout, trans_b=True) for v in values], copies)
+                bprop = graph_ms(lambda: [ts.dds(dy, v, layout) for v in values], copies)
                 row = {"block": b, "density": d, "layout": kind, "M": m, "mean_over_max_row": round(imbalance, 3),
                        "weight_mb": nbytes / 1e6, "copy_us": copy_ms * 1e3, "fprop_us": fprop * 1e3,
                        "bprop_us": bprop * 1e3,

@@ -18,9 +18,10 @@ import json
 import time
 
 import torch
-import triton.testing
 
 import tilesparse as ts
+from tilesparse.bench.env import l2_cache_bytes
+from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
@@ -78,13 +79,9 @@ ALL_VARIANTS = {
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
 
-L2_SAFE_BYTES = 240 << 20  # graph replay does not flush L2: rotate weight copies past it
-
-
 def kernel_ms(fn, copies: int = 1) -> float:
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median")) / copies
+    """Kernel time of one of the ``copies`` calls ``fn`` makes (CUDA-graph replay)."""
+    return bench_ms(fn, cuda=True, graph=True, rep_ms=20) / copies
 
 
 def main() -> None:
@@ -113,7 +110,7 @@ def main() -> None:
             layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
             meta, R, C = layout.meta, layout.block_rows, layout.block_cols
             weight_bytes = layout.nnz * b * b * 2
-            copies = max(1, min(32, -(-L2_SAFE_BYTES // max(weight_bytes, 1))))
+            copies = rotation_copies(weight_bytes, l2_cache_bytes())  # graph replay does not flush L2
             all_values = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
             values = all_values[0]
             for m in args.ms:
