@@ -85,13 +85,13 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
     tuned.record(entries, path, notes)
 
 
-def adopt(path: Path, target: Path) -> None:
-    """Write a variant sweep's winners into ``target`` where they beat, in the same run,
+def adopt(path: Path) -> None:
+    """Write a variant sweep's winners into the shipped table of its GPU where they beat, in the same run,
     the variant that equals the heuristic config, and the large-batch kernel, by more than
     3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
     skipped. The sweep's names read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>][L], 4 warps (L: longest first)."""
     data = json.loads(path.read_text())
-    gpu = re.sub(r"[^a-z0-9]+", "-", data["gpu"].lower()).strip("-")
+    gpu = tuned.gpu_slug(data["gpu"])
     entries, notes = {}, {}
     for r in data["rows"]:
         if r.get("copies", 0) * r["weight_bytes"] < MIN_STREAMED_BYTES:
@@ -120,7 +120,7 @@ def adopt(path: Path, target: Path) -> None:
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
         print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
-    tuned.record(entries, target, notes)
+    tuned.record(entries, SHIPPED / f"{gpu}.json", notes)
 
 
 def _config(name: str, block_m: int) -> S.SmallConfig:
@@ -142,8 +142,7 @@ def main() -> None:
                                               "table of its GPU, then exit")
     args = p.parse_args()
     if args.adopt:
-        gpu = re.sub(r"[^a-z0-9]+", "-", json.loads(args.adopt.read_text())["gpu"].lower()).strip("-")
-        adopt(args.adopt, SHIPPED / f"{gpu}.json")
+        adopt(args.adopt)
         return
     if args.merge:
         data = json.loads(args.merge.read_text())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
-import re
 import subprocess
 from pathlib import Path
 
@@ -33,9 +32,11 @@ def device_name() -> str:
 
 
 def device_slug(name: str | None = None) -> str:
-    """A file-name-safe form of the device name: 'NVIDIA H200' -> 'nvidia-h200'."""
-    slug = re.sub(r"[^a-z0-9]+", "-", (name or device_name()).lower()).strip("-")
-    return slug or "unknown"
+    """A file-name-safe form of the device name: 'NVIDIA H200' -> 'nvidia-h200' (the form
+    the tuned-config tables key GPUs by)."""
+    from ..kernels.tuned import gpu_slug
+
+    return gpu_slug(name or device_name())
 
 
 def versions() -> dict[str, str]:

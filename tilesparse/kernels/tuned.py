@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DENSITY_BUCKETS", "density_bucket", "m_bucket", "key", "lookup", "record", "reload", "user_path"]
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "gpu_slug", "m_bucket", "key", "lookup", "record", "reload",
+           "user_path"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
 OPS = ("fprop", "bprop", "updat")
@@ -75,10 +76,14 @@ def user_path() -> Path | None:
     return Path.home() / ".cache" / "tilesparse" / "tuned.json"
 
 
+def gpu_slug(name: str) -> str:
+    """A GPU's name as the tables key it (and name their files): "NVIDIA H200" -> "nvidia-h200"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
 @functools.lru_cache(maxsize=None)
 def _gpu_slug(index: int) -> str:
-    name = torch.cuda.get_device_name(index)
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+    return gpu_slug(torch.cuda.get_device_name(index))
 
 
 # --------------------------------------------------------------------------- (de)serialization
