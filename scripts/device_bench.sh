@@ -15,6 +15,7 @@
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
+#   small-chunks-ba - the same on Barabasi-Albert layouts (hub block-rows several times the mean)
 #   sdpa-deterministic - SDPA causal forward + backward per backend, with and without
 #            torch.use_deterministic_algorithms: time and bitwise reproducibility
 #   small-m64 - M 64: wider slices (less activation traffic per weight byte) with chunks
@@ -60,6 +61,10 @@ for step in ${STEPS:-large dtypes graph}; do
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \
               s16k64st8 s16k64st8c2 s16k64st8L --out "$OUT/small-chunks.json" \
               > "$OUT/small-chunks.log" 2>&1 ;;
+    small-chunks-ba) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --layout barabasi_albert \
+              --blocks 128 32 --densities 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
+              s32k128st8c2L s32k32st12 s32k32st12c2 s32k32st12L --out "$OUT/small-chunks-ba.json" \
+              > "$OUT/small-chunks-ba.log" 2>&1 ;;
     sdpa-deterministic) timeout 150 python3 scripts/probes/sdpa_deterministic.py --out "$OUT/sdpa-deterministic.json" \
               > "$OUT/sdpa-deterministic.log" 2>&1 ;;
     small-m64) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 \

@@ -91,6 +91,8 @@ def main() -> None:
     p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.03])
     p.add_argument("--variants", nargs="+", default=list(SMALL_VARIANTS), choices=list(ALL_VARIANTS))
+    p.add_argument("--layout", choices=["random", "barabasi_albert"], default="random",
+                   help="barabasi_albert: heavy-tailed block-rows (hubs), where chunks should pay")
     p.add_argument("--out", default="small_threshold.json")
     args = p.parse_args()
     SMALL_VARIANTS.clear()
@@ -107,7 +109,10 @@ def main() -> None:
         dense[m] = {"fprop": kernel_ms(lambda: x @ w_dense.t()), "bprop": kernel_ms(lambda: dy @ w_dense)}
     for b in args.blocks:
         for d in args.densities:
-            layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
+            if args.layout == "random":
+                layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
+            else:
+                layout = ts.layouts.barabasi_albert(n, k, b, density=d, seed=0, device=dev)
             meta, R, C = layout.meta, layout.block_rows, layout.block_cols
             weight_bytes = layout.nnz * b * b * 2
             copies = rotation_copies(weight_bytes, l2_cache_bytes())  # graph replay does not flush L2
@@ -117,7 +122,7 @@ def main() -> None:
                 x = torch.randn(m, k, device=dev, dtype=dt)
                 dy = torch.randn(m, n, device=dev, dtype=dt)
                 for op, a, trans in (("fprop", x, True), ("bprop", dy, False)):
-                    row = {"op": op, "block": b, "density": d, "M": m, "dense_ms": dense[m][op],
+                    row = {"op": op, "layout": args.layout, "block": b, "density": d, "M": m, "dense_ms": dense[m][op],
                            "weight_bytes": weight_bytes, "copies": copies}
                     large = K.dds_config(m, b, dt)
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
