@@ -16,6 +16,8 @@
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
 #   small-chunks-ba - the same on Barabasi-Albert layouts (hub block-rows several times the mean)
+#   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
+#            runs, on Barabasi-Albert and random layouts (SKEW_ARGS overrides the sizes)
 #   sdpa-deterministic - SDPA causal forward + backward per backend, with and without
 #            torch.use_deterministic_algorithms: time and bitwise reproducibility
 #   small-m64 - M 64: wider slices (less activation traffic per weight byte) with chunks
@@ -65,6 +67,11 @@ for step in ${STEPS:-large dtypes graph}; do
               --blocks 128 32 --densities 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k32st12 s32k32st12c2 s32k32st12L --out "$OUT/small-chunks-ba.json" \
               > "$OUT/small-chunks-ba.log" 2>&1 ;;
+    small-skew) for lay in barabasi_albert random; do
+              timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --layout $lay --auto \
+                ${SKEW_ARGS:---blocks 128 64 32 --densities 0.25 0.1 0.05 --ms 1 32 64} \
+                --variants default --out "$OUT/small-skew-$lay.json" > "$OUT/small-skew-$lay.log" 2>&1
+            done ;;
     sdpa-deterministic) timeout 150 python3 scripts/probes/sdpa_deterministic.py --out "$OUT/sdpa-deterministic.json" \
               > "$OUT/sdpa-deterministic.log" 2>&1 ;;
     small-m64) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 \

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz"]
+__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz", "longest_runs"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,25 @@ def table_views(meta: torch.Tensor, block_rows: int, block_cols: int, *names: st
 def _build_meta(mask: torch.Tensor) -> torch.Tensor:
     """Build the packed tables from a bool mask, on the mask's device (``nonzero`` syncs
     with the host once to learn nnz; see :func:`_build_meta_with_nnz` for the sync-free
-    path when nnz is known)."""
-    return _build_meta_with_nnz(mask, mask.nonzero())
+    path when nnz is known). The longest block-row and block-column are learned in the
+    same go (one more small sync) and remembered on the tensor: :func:`longest_runs`."""
+    meta = _build_meta_with_nnz(mask, mask.nonzero())
+    if mask.numel():
+        longest = torch.stack([mask.sum(dim=1).max(), mask.sum(dim=0).max()]).tolist()
+        meta.__dict__[_LONGEST_RUNS] = (int(longest[0]), int(longest[1]))
+    return meta
+
+
+_LONGEST_RUNS = "_tilesparse_longest_runs"
+
+
+def longest_runs(meta: torch.Tensor) -> tuple[int, int] | None:
+    """(blocks in the longest block-row, in the longest block-column) of a packed ``meta``
+    built by :class:`BlockLayout` from its mask, or None where they were not learned (tables
+    built on the device without a host sync, or a ``meta`` from elsewhere). The
+    small-batch kernel cuts long runs in chunks when a layout is skewed
+    (``tilesparse.kernels.bsmm_small.auto_chunks``)."""
+    return meta.__dict__.get(_LONGEST_RUNS)
 
 
 def coords_with_nnz(mask: torch.Tensor, nnz: int) -> torch.Tensor:
@@ -241,7 +258,12 @@ class BlockLayout:
         meta = self._meta_by_device.get(device)
         if meta is None:
             source = next(iter(self._meta_by_device.values()), None)
-            meta = source.to(device) if source is not None else _build_meta(self.mask.to(device))
+            if source is None:
+                meta = _build_meta(self.mask.to(device))
+            else:
+                meta = source.to(device)
+                if longest_runs(source) is not None:
+                    meta.__dict__[_LONGEST_RUNS] = longest_runs(source)
             self._meta_by_device[device] = meta
         return meta
 

@@ -90,13 +90,16 @@ def main() -> None:
     p.add_argument("--ms", type=int, nargs="+", default=[1, 32, 64, 128, 256])
     p.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.03])
-    p.add_argument("--variants", nargs="+", default=list(SMALL_VARIANTS), choices=list(ALL_VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(SMALL_VARIANTS), choices=list(ALL_VARIANTS) + ["default"],
+                   help="'default': bsmm_small.small_config's heuristic for the block and M (whole runs)")
     p.add_argument("--layout", choices=["random", "barabasi_albert"], default="random",
                    help="barabasi_albert: heavy-tailed block-rows (hubs), where chunks should pay")
+    p.add_argument("--auto", action="store_true",
+                   help="also time the dispatcher's own choice (config=None: tuned table, heuristic, skew rule)")
     p.add_argument("--out", default="small_threshold.json")
     args = p.parse_args()
     SMALL_VARIANTS.clear()
-    SMALL_VARIANTS.update({k: ALL_VARIANTS[k] for k in args.variants})
+    SMALL_VARIANTS.update({k: ALL_VARIANTS.get(k) for k in args.variants})
     n, k = map(int, args.weight.split("x"))
     dev, dt = torch.device("cuda"), torch.bfloat16
     t0 = time.time()
@@ -128,13 +131,16 @@ def main() -> None:
                     ref = K.dds(a, values, meta, None, R, C, trans, large).float()
                     row["large_ms"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, large)
                                                          for v in all_values], copies)
-                    for name, (sub, bk, stages, warps, *more) in SMALL_VARIANTS.items():
-                        tile = max(16, b)
-                        if sub > tile:
-                            continue
-                        splits, chunks, longest_first = (list(more) + [1, 1, False][len(more):])[:3]
-                        cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
-                                            splits=splits, chunks=chunks, longest_first=longest_first)
+                    for name, fields in SMALL_VARIANTS.items():
+                        if fields is None:  # "default": the heuristic
+                            cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
+                        else:
+                            sub, bk, stages, warps, *more = fields
+                            if sub > max(16, b):
+                                continue
+                            splits, chunks, longest_first = (list(more) + [1, 1, False][len(more):])[:3]
+                            cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
+                                                splits=splits, chunks=chunks, longest_first=longest_first)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:
@@ -142,6 +148,11 @@ def main() -> None:
                             continue
                         row[name] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, cfg) for v in all_values],
                                               copies)
+                    if args.auto:
+                        out = K.dds(a, values, meta, None, R, C, trans).float()
+                        row["auto_err"] = ((out - ref).norm() / ref.norm()).item()
+                        row["auto"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans) for v in all_values],
+                                                copies)
                     small = {v: row[v] for v in SMALL_VARIANTS if v in row}
                     best = min(small, key=small.get)
                     row["small_best"], row["small_ms"] = best, small[best]

@@ -20,6 +20,7 @@ check user input.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..layout import table_views
+from ..layout import longest_runs, table_views
 from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
 from ._alloc import new_output
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
@@ -219,6 +220,11 @@ def sdd_config(m: int, block_size: int, nnz: int, dtype: torch.dtype, device: to
 # --------------------------------------------------------------------------- launchers
 
 
+@functools.lru_cache(maxsize=256)
+def _with_chunks(config: bsmm_small.SmallConfig, chunks: int) -> bsmm_small.SmallConfig:
+    return dataclasses.replace(config, chunks=chunks)
+
+
 def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
     """Fraction of blocks stored, from the packed tables' length (no device access)."""
     nnz = (meta.numel() - block_rows - block_cols - 2) // 4
@@ -270,6 +276,7 @@ def dds(
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
+    chosen_here = config is None  # not the caller's: the layout's skew may still adjust it
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
         config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, _density(meta, block_rows, block_cols),
                               a.device)
@@ -278,6 +285,14 @@ def dds(
         return c
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
         small_cfg = config or bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
+        if chosen_here and small_cfg.chunks == 1 and small_cfg.splits == 1:
+            # The tables and heuristics were measured on random layouts; a skewed one
+            # (hub block-rows, e.g. Barabasi-Albert) gets its long runs cut in chunks.
+            runs = longest_runs(meta)
+            chunks = bsmm_small.auto_chunks(runs and runs[0 if trans else 1], idx.numel(), n_out, b,
+                                            small_cfg.sub, a.dtype)
+            if chunks > 1:
+                small_cfg = _with_chunks(small_cfg, chunks)
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     cfg = config or dds_config(m, b, a.dtype)

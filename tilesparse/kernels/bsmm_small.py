@@ -228,10 +228,38 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
     else:
         block_k, stages = _SMALL_16BIT[min(tile, 128)]
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
+    if dtype != torch.float32 and tile == 64 and block_m == 64:
+        # M 33-64 at b = 64: 64-wide slices (half the activation reads per weight byte),
+        # 6 stages. H200, M 64, W 12288² (`...-small-m64.json`): bprop 36.1 -> 32.1 µs at
+        # density 0.25, 19.8 -> 17.2 at 0.1; fprop 32.8 -> 32.1 and 17.5 -> 17.9.
+        sub, block_k, stages = 64, 64, 6
     # Fewer stages where shared memory is short (the compiler keeps ~16 KiB for itself).
     per_stage = (sub * block_k + block_k * block_m) * elt
     stages = max(2, min(stages, (smem_bytes - 16384) // per_stage))
     return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
+
+
+# Chunks on skewed layouts, measured on the H200 (bf16, W 12288², M 1 and 32;
+# `bench/results/2026-11-30-nvidia-h200-small-chunks*.json`). Barabasi-Albert layouts,
+# whose hub block-rows hold ~4x the mean: 2 chunks were 3-15 % faster at density 0.1
+# (b = 128: 16.7 -> 15.2 µs; b = 32: 20.8 -> 17.6 µs, M 1, fprop), where a program's
+# mean run is ~78 KB of weight; at density 0.03 (~23 KB per program, the kernel bound by
+# latency) they were up to 13 % slower. Random layouts (longest run 1.5-2.5x the mean):
+# 10-40 % slower at every point.
+CHUNK_SKEW = 3.0  # the longest run at least this many times the mean
+CHUNK_MIN_BYTES = 48 * 1024  # a program's mean run of weight bytes at least this
+
+
+def auto_chunks(longest: int | None, nnz: int, n_out: int, block_size: int, sub: int, dtype: torch.dtype) -> int:
+    """Chunks for the default config: 2 where the layout is skewed (its longest run of
+    blocks per output slice ``longest`` >= CHUNK_SKEW x the mean) and the mean run moves
+    enough bytes per program to be bandwidth-bound, else 1. ``longest`` None (not known
+    without a host sync) or fp32 inputs (not measured): 1."""
+    if longest is None or dtype == torch.float32 or nnz == 0 or n_out == 0:
+        return 1
+    mean = nnz / n_out
+    per_program = mean * sub * block_size * (torch.finfo(dtype).bits // 8)
+    return 2 if longest >= CHUNK_SKEW * mean and per_program >= CHUNK_MIN_BYTES else 1
 
 
 _COUNTERS: dict = {}

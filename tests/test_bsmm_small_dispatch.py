@@ -1,0 +1,127 @@
+"""How dds picks the small-batch kernel's config for a layout: the longest runs learned
+when a layout's tables are built, the chunks rule for skewed layouts
+(``bsmm_small.auto_chunks``), and the config that reaches the kernel (run under the
+Triton interpreter on CPU tensors, against a float64 dense reference)."""
+
+import pytest
+import torch
+
+from bsmm_cases import dense_of, random_values
+from tilesparse import BlockLayout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_small
+from tilesparse.layout import longest_runs
+from tolerances import assert_close
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+
+
+def skewed_mask(block_rows=8, block_cols=16, generator=None):
+    """A hub block-row and a hub block-column (full), the rest sparse: longest runs
+    well past the mean in both directions."""
+    generator = generator or torch.Generator().manual_seed(0)
+    mask = torch.rand(block_rows, block_cols, generator=generator) < 0.1
+    mask[0] = True
+    mask[:, 0] = True
+    return mask
+
+
+def test_longest_runs_are_learned_with_the_tables():
+    mask = skewed_mask()
+    layout = BlockLayout(mask, 16)
+    assert longest_runs(layout.meta) == (int(mask.sum(1).max()), int(mask.sum(0).max()))
+    assert longest_runs(layout.transpose().meta) == (int(mask.sum(0).max()), int(mask.sum(1).max()))
+
+
+def test_longest_runs_unknown_where_tables_are_built_without_a_sync():
+    mask = skewed_mask()
+    layout = BlockLayout.from_mask_with_nnz(mask, 16, int(mask.sum()))
+    assert longest_runs(layout.meta) is None  # learning them would cost a host sync
+    assert longest_runs(BlockLayout(torch.zeros(0, 3, dtype=torch.bool), 16).meta) is None
+
+
+@pytest.mark.parametrize("longest, nnz, n_out, block, sub, dtype, expected", [
+    (38, 912, 96, 128, 32, torch.bfloat16, 2),   # Barabasi-Albert b 128, density 0.1: measured faster
+    (20, 922, 96, 128, 32, torch.bfloat16, 1),   # random b 128, density 0.1: skew ~2, measured slower
+    (12, 276, 96, 128, 32, torch.bfloat16, 1),   # b 128, density 0.03: ~23 KB per program, latency-bound
+    (132, 14560, 384, 32, 32, torch.bfloat16, 2),  # Barabasi-Albert b 32, density 0.1
+    (38, 912, 96, 128, 32, torch.float32, 1),    # fp32: not measured
+    (None, 912, 96, 128, 32, torch.bfloat16, 1),  # runs unknown
+    (0, 0, 96, 128, 32, torch.bfloat16, 1),      # empty layout
+])
+def test_auto_chunks_rule(longest, nnz, n_out, block, sub, dtype, expected):
+    assert bsmm_small.auto_chunks(longest, nnz, n_out, block, sub, dtype) == expected
+
+
+@pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
+@pytest.mark.interpreter
+def test_dds_cuts_a_skewed_layouts_runs_in_chunks(monkeypatch, trans):
+    # The byte threshold is lowered so that an interpreter-sized problem qualifies; the
+    # skew test is the real one. The config reaching the kernel must carry 2 chunks and
+    # the product must still be right; a caller's own config is never changed.
+    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    seen = []
+    launch = bsmm_small.launch_dds_small
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
+    layout = BlockLayout(skewed_mask(), 16)
+    runs, n_out = longest_runs(layout.meta), (layout.block_rows if trans else layout.block_cols)
+    assert runs[0 if trans else 1] >= bsmm_small.CHUNK_SKEW * layout.nnz / n_out  # the case is skewed
+    rows, cols = layout.shape
+    a = torch.randn(9, cols if trans else rows).half()  # fp16: fp32 keeps whole runs (not measured)
+    values = random_values(layout, torch.float16)
+    bias = torch.randn(rows if trans else cols).half()
+    out = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans)
+    s = dense_of(values, layout)
+    expected = a.double() @ (s.t() if trans else s) + bias.double()
+    assert_close(out, expected, torch.float16, "dds auto chunks")
+    assert seen[-1].chunks == 2
+    forced = bsmm_small.small_config(9, 16, torch.float16)
+    kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans, config=forced)
+    assert seen[-1] is forced
+
+
+@pytest.mark.interpreter
+def test_dds_leaves_a_balanced_layout_whole(monkeypatch):
+    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    seen = []
+    launch = bsmm_small.launch_dds_small
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
+    layout = BlockLayout(torch.ones(3, 4, dtype=torch.bool), 16)
+    a = torch.randn(5, 64).half()
+    values = random_values(layout, torch.float16)
+    kernels.dds(a, values, layout.meta, None, 3, 4, True)
+    assert seen[-1] == bsmm_small.small_config(5, 16, torch.float16)
+
+
+def test_m64_at_block_64_takes_wide_slices():
+    # H200 sweep (small-m64): bprop 36.1 -> 32.1 µs at density 0.25 with 64-wide slices
+    cfg = bsmm_small.small_config(64, 64, torch.bfloat16)
+    assert (cfg.sub, cfg.block_k, cfg.block_m, cfg.num_stages) == (64, 64, 64, 6)
+    assert bsmm_small.small_config(32, 64, torch.bfloat16).sub == 32
+    assert bsmm_small.small_config(64, 128, torch.bfloat16).sub == 32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
+@pytest.mark.parametrize("m", [1, 32])
+def test_gpu_skewed_layout_runs_chunked_right_and_reproducibly(monkeypatch, trans, m):
+    # W 8192², b 128: two full block-rows and a full block-column over ~10 % random
+    # blocks (mean run ~9.6, longest 64: the rule's real thresholds, no patching). The
+    # tables reach the GPU by meta_on, which must carry the longest runs along.
+    seen = []
+    launch = bsmm_small.launch_dds_small
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
+    mask = torch.rand(64, 64, generator=torch.Generator().manual_seed(1)) < 0.1
+    mask[:2] = True
+    mask[:, 0] = True
+    layout = BlockLayout(mask, 128)
+    meta = layout.meta_on("cuda")
+    assert longest_runs(meta) == longest_runs(layout.meta)
+    a = torch.randn(m, 8192, device="cuda", dtype=torch.bfloat16)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    out = kernels.dds(a, values, meta, None, 64, 64, trans)
+    assert seen[-1].chunks == 2
+    s = dense_of(values, layout)
+    assert_close(out, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, "dds auto chunks")
+    for _ in range(3):
+        assert torch.equal(kernels.dds(a, values, meta, None, 64, 64, trans), out)
