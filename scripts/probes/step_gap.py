@@ -1,0 +1,107 @@
+"""Why the eager training step (autograd) takes longer than its three products.
+
+On the H200 (large suite, 2026-11-30) the step at X 8192x4096, W 4096², b 128, density
+0.25 took 0.89 ms while fprop + bprop + updat took 0.39 ms timed one by one, and stk's
+step (three direct calls, no autograd) 0.46 ms. This times, in one process on that case:
+the three products called directly; the autograd step (as the suite runs it); the same
+with autograd's device threads off; each under do_bench (eager) and as plain host wall
+time per call; then runs the autograd step under ``torch.cuda.set_sync_debug_mode``
+to list any host synchronisation, and a CUDA-side profile of one step's kernels.
+
+    python scripts/probes/step_gap.py --out step_gap.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+
+import torch
+import triton.testing
+
+import tilesparse as ts
+from tilesparse import ops
+
+
+def host_us(fn, n: int = 100) -> float:
+    """Wall time per call with the GPU synchronised only at the ends (host-bound when it
+    is above the kernel time)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="8192x4096x4096", help="MxNxK")
+    p.add_argument("--block", type=int, default=128)
+    p.add_argument("--density", type=float, default=0.25)
+    p.add_argument("--out", default="step_gap.json")
+    args = p.parse_args()
+    m, n, k = map(int, args.shape.split("x"))
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    layout = ts.layouts.random(n, k, args.block, args.density, device=dev)
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    dy = torch.randn(m, n, device=dev, dtype=dt)
+    values = torch.randn(layout.nnz, args.block, args.block, device=dev, dtype=dt)
+    xg, wg = x.detach().requires_grad_(True), values.detach().requires_grad_(True)
+
+    def direct():
+        return (ops.dds(x, values, layout, trans_b=True), ops.dds(dy, values, layout),
+                ops.sdd(dy, x, layout, trans_a=True))
+
+    def step():
+        y = ops.block_sparse_linear(xg, wg, layout)
+        return torch.autograd.grad(y, (xg, wg), dy)
+
+    def forward_only():
+        return ops.block_sparse_linear(xg, wg, layout)
+
+    rows = {}
+    for name, fn in (("direct three products", direct), ("autograd step", step), ("forward with grad", forward_only)):
+        rows[name] = {"do_bench_ms": triton.testing.do_bench(fn, rep=200, return_mode="median"),
+                      "host_us": host_us(fn)}
+    torch.autograd.set_multithreading_enabled(False)
+    rows["autograd step, one thread"] = {"do_bench_ms": triton.testing.do_bench(step, rep=200, return_mode="median"),
+                                         "host_us": host_us(step)}
+    torch.autograd.set_multithreading_enabled(True)
+    for name, row in rows.items():
+        print(f"{name:28s} do_bench {row['do_bench_ms']:.3f} ms   host {row['host_us']:.0f} us/call", flush=True)
+
+    syncs = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step()
+        direct()
+    torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        syncs.append(f"{w.filename}:{w.lineno}: {w.message}")
+    print("host syncs in one step + direct call:", len(syncs))
+    for s in syncs[:20]:
+        print("  ", s)
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    print(table)
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "block": args.block,
+                   "density": args.density, "rows": rows, "syncs": syncs, "profile": table}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
