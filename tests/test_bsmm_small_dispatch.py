@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bsmm_cases import dense_of, random_values
+import tilesparse
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_small
@@ -38,6 +39,23 @@ def test_longest_runs_unknown_where_tables_are_built_without_a_sync():
     layout = BlockLayout.from_mask_with_nnz(mask, 16, int(mask.sum()))
     assert longest_runs(layout.meta) is None  # learning them would cost a host sync
     assert longest_runs(BlockLayout(torch.zeros(0, 3, dtype=torch.bool), 16).meta) is None
+    given = BlockLayout.from_mask_with_nnz(mask, 16, int(mask.sum()), runs=(16, 8))
+    assert longest_runs(given.meta) == (16, 8)
+
+
+def test_tables_built_inside_torch_compile_trace_without_the_runs():
+    # Dynamo cannot trace a write to a tensor's __dict__: a layout whose tables are first
+    # built inside a compiled call must still compile (the runs stay unknown there).
+    layout = BlockLayout(skewed_mask(), 16)
+    x = torch.randn(3, layout.shape[1])
+    values = random_values(layout, torch.float32)
+
+    def f(x, values):
+        return tilesparse.ops.block_sparse_linear(x, values, layout)
+
+    out = torch.compile(f, backend="eager", fullgraph=False)(x, values)
+    expected = x.double() @ dense_of(values, layout).t()
+    assert_close(out, expected, torch.float32, "compiled, tables built in the trace")
 
 
 @pytest.mark.parametrize("longest, nnz, n_out, block, sub, dtype, expected", [
@@ -51,6 +69,27 @@ def test_longest_runs_unknown_where_tables_are_built_without_a_sync():
 ])
 def test_auto_chunks_rule(longest, nnz, n_out, block, sub, dtype, expected):
     assert bsmm_small.auto_chunks(longest, nnz, n_out, block, sub, dtype) == expected
+
+
+def hub_column_mask():
+    """Skewed by columns only: a full block-column, every block-row of about the same
+    length. bprop (which walks columns) must chunk, fprop (rows) must not."""
+    mask = torch.zeros(12, 16, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[torch.arange(12), 1 + torch.arange(12)] = True
+    return mask
+
+
+@pytest.mark.parametrize("trans, expected", [(True, 1), (False, 2)], ids=["fprop", "bprop"])
+def test_the_rule_reads_the_runs_of_the_products_direction(monkeypatch, trans, expected):
+    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    seen = []
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]))
+    layout = BlockLayout(hub_column_mask(), 16)
+    rows, cols = layout.shape
+    a = torch.randn(4, cols if trans else rows).half()
+    kernels.dds(a, random_values(layout, torch.float16), layout.meta, None, 12, 16, trans)
+    assert seen[-1].chunks == expected
 
 
 @pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
@@ -86,7 +125,10 @@ def test_dds_leaves_a_balanced_layout_whole(monkeypatch):
     seen = []
     launch = bsmm_small.launch_dds_small
     monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
-    layout = BlockLayout(torch.ones(3, 4, dtype=torch.bool), 16)
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    mask[1:, 2:] = False  # longest row 4 blocks against a mean of 2.67: under 3x, whole
+    layout = BlockLayout(mask, 16)
+    assert longest_runs(layout.meta) == (4, 3)
     a = torch.randn(5, 64).half()
     values = random_values(layout, torch.float16)
     kernels.dds(a, values, layout.meta, None, 3, 4, True)
@@ -108,6 +150,7 @@ def test_gpu_skewed_layout_runs_chunked_right_and_reproducibly(monkeypatch, tran
     # W 8192², b 128: two full block-rows and a full block-column over ~10 % random
     # blocks (mean run ~9.6, longest 64: the rule's real thresholds, no patching). The
     # tables reach the GPU by meta_on, which must carry the longest runs along.
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")  # the rule on the heuristic, whatever the user's table holds
     seen = []
     launch = bsmm_small.launch_dds_small
     monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))

@@ -79,21 +79,29 @@ def _build_meta(mask: torch.Tensor) -> torch.Tensor:
     path when nnz is known). The longest block-row and block-column are learned in the
     same go (one more small sync) and remembered on the tensor: :func:`longest_runs`."""
     meta = _build_meta_with_nnz(mask, mask.nonzero())
-    if mask.numel():
+    if mask.numel() and not torch.compiler.is_compiling():  # dynamo cannot trace a tensor's __dict__
         longest = torch.stack([mask.sum(dim=1).max(), mask.sum(dim=0).max()]).tolist()
-        meta.__dict__[_LONGEST_RUNS] = (int(longest[0]), int(longest[1]))
+        _remember_runs(meta, (int(longest[0]), int(longest[1])))
     return meta
 
 
 _LONGEST_RUNS = "_tilesparse_longest_runs"
 
 
+def _remember_runs(meta: torch.Tensor, runs: tuple[int, int] | None) -> None:
+    if runs is not None and not torch.compiler.is_compiling():
+        meta.__dict__[_LONGEST_RUNS] = runs
+
+
 def longest_runs(meta: torch.Tensor) -> tuple[int, int] | None:
     """(blocks in the longest block-row, in the longest block-column) of a packed ``meta``
-    built by :class:`BlockLayout` from its mask, or None where they were not learned (tables
-    built on the device without a host sync, or a ``meta`` from elsewhere). The
-    small-batch kernel cuts long runs in chunks when a layout is skewed
-    (``tilesparse.kernels.bsmm_small.auto_chunks``)."""
+    built by :class:`BlockLayout` from its mask, or None where they were not learned: tables
+    built without a host sync (:meth:`BlockLayout.from_mask_with_nnz` unless given them),
+    built inside ``torch.compile`` tracing, or a ``meta`` tensor copied by other means
+    (``clone``). The small-batch kernel cuts long runs in chunks when a layout is skewed
+    (``tilesparse.kernels.bsmm_small.auto_chunks``); where the runs are unknown it keeps
+    them whole, so such a layout's small-batch products may differ in the last bits
+    from one whose runs are known."""
     return meta.__dict__.get(_LONGEST_RUNS)
 
 
@@ -183,11 +191,14 @@ class BlockLayout:
         return cls(mask, block_size)
 
     @classmethod
-    def from_mask_with_nnz(cls, mask: torch.Tensor, block_size: int, nnz: int) -> "BlockLayout":
+    def from_mask_with_nnz(cls, mask: torch.Tensor, block_size: int, nnz: int,
+                           runs: tuple[int, int] | None = None) -> "BlockLayout":
         """A layout from a bool ``mask`` known to hold exactly ``nnz`` blocks, with its
         coords and packed tables built on the mask's device without a host sync (for
         rewiring a layout on the GPU every few steps, where nnz is fixed). Equal to
-        ``BlockLayout(mask, block_size)``; ``nnz`` is trusted, not checked."""
+        ``BlockLayout(mask, block_size)`` except that the longest block-row and
+        block-column (:func:`longest_runs`) are unknown unless given as ``runs``
+        (learning them would sync); ``nnz`` and ``runs`` are trusted, not checked."""
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be bool, got {mask.dtype}")
         if isinstance(nnz, bool) or not isinstance(nnz, int) or not 0 <= nnz <= mask.numel():
@@ -197,7 +208,8 @@ class BlockLayout:
         layout._nnz = nnz
         layout._coords = coords
         device = cache_device(layout.mask.device)
-        layout._meta_by_device[device] = _build_meta_with_nnz(layout.mask, coords)
+        meta = layout._meta_by_device[device] = _build_meta_with_nnz(layout.mask, coords)
+        _remember_runs(meta, runs)
         return layout
 
     @classmethod
@@ -253,7 +265,8 @@ class BlockLayout:
         return self.meta_on(self.device)
 
     def meta_on(self, device) -> torch.Tensor:
-        """The packed tables on ``device``, built once per device and cached."""
+        """The packed tables on ``device``, built once per device and cached (with the
+        longest runs, :func:`longest_runs`, where they are known)."""
         device = cache_device(device)
         meta = self._meta_by_device.get(device)
         if meta is None:
@@ -262,8 +275,7 @@ class BlockLayout:
                 meta = _build_meta(self.mask.to(device))
             else:
                 meta = source.to(device)
-                if longest_runs(source) is not None:
-                    meta.__dict__[_LONGEST_RUNS] = longest_runs(source)
+                _remember_runs(meta, longest_runs(source))
             self._meta_by_device[device] = meta
         return meta
 

@@ -151,6 +151,8 @@ def main() -> None:
                     if args.auto:
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()
+                        if not row["auto_err"] < 1e-2:
+                            print("WRONG", op, b, d, m, "auto", row["auto_err"], flush=True)
                         row["auto"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans) for v in all_values],
                                                 copies)
                     small = {v: row[v] for v in SMALL_VARIANTS if v in row}

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from .. import layouts
-from ..layout import BlockLayout
+from ..layout import BlockLayout, longest_runs
 from . import base_row, case_table, env, register
 from .peers import ADAPTERS, Operands
 from .timing import bench_ms_noted, rotation_copies
@@ -223,7 +223,8 @@ def _operand_copies(operands: Operands, ctx: RunContext, enabled: bool) -> list[
     for _ in range(count):
         layout = operands.layout
         if layout is not None:  # its own tables too, so they are not read hot either
-            layout = BlockLayout.from_mask_with_nnz(layout.mask, layout.block_size, layout.nnz)
+            layout = BlockLayout.from_mask_with_nnz(layout.mask, layout.block_size, layout.nnz,
+                                                    runs=longest_runs(layout.meta))  # the same kernel choice
         copies.append(Operands(
             operands.x.clone(), operands.dy.clone(), layout,
             operands.values.clone() if operands.values is not None else None,

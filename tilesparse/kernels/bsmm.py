@@ -253,6 +253,9 @@ def dds(
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
     :mod:`tilesparse.kernels.bsmm_small`; a config of any kind forces its kernel
     (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks).
+    Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
+    longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
+    cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
 
     trans=True:  C [M, block_rows*b] = A [M, block_cols*b] @ S^T   (fprop)
     trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)

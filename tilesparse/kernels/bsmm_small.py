@@ -215,8 +215,8 @@ _SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
 
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
-    """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
-    to a power of two >= 16, and a deep pipeline: the loop is a stream of independent
+    """Heuristic config: slices of 32 features (16 for blocks of 16; 64 for M 33-64 at
+    b = 64), activations padded to a power of two >= 16, and a deep pipeline: the loop is a stream of independent
     loads, and HBM needs many bytes in flight (on the H200, 8 stages streamed b = 128 at
     twice the rate of 4). Reduction steps and stages per tile side from the H200 sweeps
     (``_SMALL_16BIT``); fp32 takes 32-deep steps and 8 stages."""
@@ -228,7 +228,7 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
     else:
         block_k, stages = _SMALL_16BIT[min(tile, 128)]
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
-    if dtype != torch.float32 and tile == 64 and block_m == 64:
+    if dtype != torch.float32 and block_size == 64 and block_m == 64:
         # M 33-64 at b = 64: 64-wide slices (half the activation reads per weight byte),
         # 6 stages. H200, M 64, W 12288² (`...-small-m64.json`): bprop 36.1 -> 32.1 µs at
         # density 0.25, 19.8 -> 17.2 at 0.1; fprop 32.8 -> 32.1 and 17.5 -> 17.9.
