@@ -91,6 +91,19 @@ def test_bench_peers_override_the_suites(tmp_path, capsys, peers, named):
     assert sorted(r["method"] for r in rows) == ["dense", "tilesparse"]  # stk needs CUDA: skipped, said so
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+def test_bench_step_with_autograd_threads_off(tmp_path):
+    # every method's step timed with backward on the calling thread: named in the file and the notes
+    assert main(["bench", "--out", str(tmp_path), "--no-plot", "--shape", "64x128x256", "--block", "32",
+                 "--density", "0.25", "--ops", "step", "--autograd-threads", "off"]) == 0
+    (path,) = tmp_path.glob("*.csv")
+    assert "-1thread" in path.name
+    _, rows = _read_csv(path)
+    assert sorted(r["method"] for r in rows) == ["dense", "tilesparse"]
+    assert all("autograd worker threads off" in r["note"] and float(r["ms"]) > 0 for r in rows)
+    assert torch.autograd.is_multithreading_enabled()  # restored after timing
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -107,6 +120,8 @@ def test_bench_peers_override_the_suites(tmp_path, capsys, peers, named):
         ["bench", "--peers", "cublas"],
         ["bench", "--peers", "none", "stk"],
         ["bench", "--suite", "attention", "--peers", "stk"],
+        ["bench", "--suite", "attention", "--autograd-threads", "off"],
+        ["bench", "--autograd-threads", "maybe"],
     ],
 )
 def test_argument_errors_exit_nonzero(argv, tmp_path, capsys):

@@ -47,6 +47,7 @@ class RunContext:
     cuda: bool
     stamp: dict  # gpu, torch, triton, commit
     graph: bool = False  # time from CUDA graph replays (kernel time, no host overhead)
+    autograd_threads: bool = True  # False: every method's step runs its backward on the calling thread
     copy_bandwidth_gbs: float | None = None  # measured by the caller in the same run; bw_fraction's divisor
     log: Callable[[str], None] = print
     checkpoint: Callable[[list], None] = lambda rows: None  # called after every case
@@ -160,8 +161,14 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext,
         if copies:
             fns = [fn] + [ADAPTERS[method](op, copy)[0] for copy in copies]
             timed, calls = _in_turn(fns), len(fns)
-        ms, note = bench_ms_noted(timed, cuda=ctx.cuda, graph=ctx.graph)
+        threads = contextlib.nullcontext()
+        if op == "step" and not ctx.autograd_threads:
+            threads = torch.autograd.set_multithreading_enabled(False)
+        with threads:
+            ms, note = bench_ms_noted(timed, cuda=ctx.cuda, graph=ctx.graph)
         ms /= calls
+        if op == "step" and not ctx.autograd_threads:
+            note = "; ".join(filter(None, [note, "autograd worker threads off"]))
     except Exception as exc:  # a peer that fails here is skipped, tilesparse gets an error row
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":
