@@ -13,24 +13,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import time
 
 import torch
 import triton.testing
 
 import tilesparse as ts
-
-
-def host_us(fn, n: int = 200) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
+from tilesparse.bench.timing import host_us
 
 
 def breakdown(dev, dt) -> None:

@@ -6,6 +6,7 @@ CPU fallback of `tilesparse bench --suite small`. Its GPU timing is not exercise
 import csv
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import torch
 from tilesparse.bench import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS, get_suite, report, suite_names
 from tilesparse.bench.matmul import RunContext
 from tilesparse.bench.small import bytes_moved
-from tilesparse.bench.timing import rotation_copies
+from tilesparse.bench.timing import host_us, rotation_copies
 from tilesparse.cli import main
 from tilesparse.layout import BlockLayout
 
@@ -192,3 +193,10 @@ def test_bench_small_falls_back_to_cpu_reference(tmp_path, capsys):
     sidecar = json.loads(path.with_suffix(".json").read_text())
     assert sidecar["complete"] and sidecar["timing"].startswith("time.perf_counter")
     assert path.with_suffix(".png").is_file()
+
+
+def test_host_us_times_every_call_after_the_warmup():
+    calls = []
+    per_call = host_us(lambda: calls.append(time.sleep(0.001)), n=20, warmup=3)
+    assert len(calls) == 23
+    assert 1000 <= per_call < 50_000  # at least the 1 ms sleep, in microseconds

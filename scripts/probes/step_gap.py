@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import warnings
 
 import torch
@@ -23,20 +22,7 @@ import triton.testing
 
 import tilesparse as ts
 from tilesparse import ops
-
-
-def host_us(fn, n: int = 100) -> float:
-    """Wall time per call with the GPU synchronised only at the ends (host-bound when it
-    is above the kernel time)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
+from tilesparse.bench.timing import host_us
 
 
 def main() -> None:
@@ -95,10 +81,10 @@ def main() -> None:
         for _ in range(3):
             fn()  # compile and record graphs outside the timing
         rows[name] = {"do_bench_ms": triton.testing.do_bench(fn, rep=200, return_mode="median"),
-                      "host_us": host_us(fn)}
+                      "host_us": host_us(fn, 100, 5)}
     torch.autograd.set_multithreading_enabled(False)
     rows["autograd step, one thread"] = {"do_bench_ms": triton.testing.do_bench(step, rep=200, return_mode="median"),
-                                         "host_us": host_us(step)}
+                                         "host_us": host_us(step, 100, 5)}
     torch.autograd.set_multithreading_enabled(True)
     for name, row in rows.items():
         print(f"{name:28s} do_bench {row['do_bench_ms']:.3f} ms   host {row['host_us']:.0f} us/call", flush=True)

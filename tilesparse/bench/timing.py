@@ -68,6 +68,23 @@ def bench_ms_noted(fn: Callable[[], object], *, cuda: bool, graph: bool = False)
         return bench_ms(fn, cuda=cuda), f"graph capture failed ({type(exc).__name__}); timed with do_bench"
 
 
+def host_us(fn: Callable[[], object], n: int = 200, warmup: int = 10) -> float:
+    """Wall microseconds per call of ``fn`` over ``n`` back-to-back calls, the GPU
+    synchronised only before and after: the host's cost per call wherever it exceeds
+    the GPU's (a host-bound call), the GPU's otherwise."""
+    for _ in range(warmup):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return host
+
+
 def rotation_copies(footprint_bytes: int, l2_bytes: int | None, *, factor: int = L2_ROTATION_FACTOR,
                     max_copies: int = MAX_ROTATION_COPIES) -> int:
     """How many operand sets of ``footprint_bytes`` each (the original included) to cycle
