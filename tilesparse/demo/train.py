@@ -57,7 +57,10 @@ def train(model, corpus: Corpus, cfg: dict, device, autocast, progress, label: s
         with autocast():
             loss = F.cross_entropy(model(x).float().reshape(-1, 256), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        # backward on this thread, for dense and sparse alike: autograd's CUDA worker thread
+        # cost ~330 us of host time per block-sparse layer on an H200 (docs/performance.md)
+        with torch.autograd.set_multithreading_enabled(False):
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if recipe is not None:
             recipe.after_backward(model, step)
