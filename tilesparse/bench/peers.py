@@ -179,8 +179,17 @@ def stk(op: str, o: Operands) -> Result:
     fprop = lambda: stk_lib.ops.dds(x, w_t)  # noqa: E731  Y = X W^T
     bprop = lambda: stk_lib.ops.dds(dy, w)  # noqa: E731  dX = dY W
     updat = lambda: stk_lib.ops.sdd(dy.t(), x, w).data  # noqa: E731  dW = dY^T X on W's blocks
-    if op == "step":
-        return (lambda: (fprop(), bprop(), updat())), None
+    if op == "step":  # through stk's own autograd Functions, as tilesparse's and dense's steps
+        xg = x.detach().requires_grad_(True)
+        data = o.values.detach().requires_grad_(True)
+        w_t = _stk_matrix(o.layout, data).t()
+
+        def step():
+            y = stk_lib.ops.dds(xg, w_t)
+            dx, dw = torch.autograd.grad(y, (xg, data), dy)
+            return y, dx, dw
+
+        return step, None
     fn = {"fprop": fprop, "bprop": bprop, "updat": updat}.get(op)
     return (fn, None) if fn is not None else (None, f"unknown op {op!r}")
 
@@ -214,6 +223,6 @@ DESCRIPTIONS = {
         "fprop": "stk.ops.dds(x, W.t())",
         "bprop": "stk.ops.dds(dy, W)",
         "updat": "stk.ops.sdd(dy.t(), x, W).data",
-        "step": "the three ops above called in turn (no autograd)",
+        "step": "autograd (stk's Functions): y = stk.ops.dds(x, W.t()); torch.autograd.grad(y, (x, W.data), dy)",
     },
 }
