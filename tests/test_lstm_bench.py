@@ -37,6 +37,12 @@ def test_bench_lstm_suite_table_and_cpu_smoke_run():
     assert all(r["rel_err"] < 1e-5 and r["speedup_vs_equal_params"] > 0 for r in sparse)
     assert all(r["block"] == 8 and r["density"] == 0.5 and r["K"] == 16 for r in sparse)
 
+    # backward on the calling thread: the training-step rows say so, the forward rows do not
+    ctx = RunContext(cuda=False, stamp=stamp, log=lambda text: None, autograd_threads=False)
+    rows = bench_lstm.run("lstm", table, ctx)
+    assert all(("autograd worker threads off" in r["note"]) == (r["op"] == "lstm_step") for r in rows)
+    assert torch.autograd.is_multithreading_enabled()
+
 
 def test_lstm_bench_plot_draws_time_per_step_against_hidden(tmp_path):
     # The suite's plot from rows shaped like its own (no GPU needed to draw).

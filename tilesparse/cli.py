@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matmul suites (large, small): the peers timed beside tilesparse and dense "
                         "('none': dense only; default: the suite's, torch_bsr and stk)")
     b.add_argument("--autograd-threads", choices=["on", "off"], default="on",
-                   help="matmul suites: 'off' times every method's step with torch.autograd."
+                   help="matmul and LSTM suites: 'off' times every method's step with torch.autograd."
                         "set_multithreading_enabled(False) (backward on the calling thread; at 8192x4096², "
                         "density 0.25 the H200's eager step went 0.76 -> 0.40 ms). Files get '-1thread'")
     b.add_argument("--quick", action="store_true", help="the suite's small subset (~2 GPU minutes)")
@@ -239,8 +239,9 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     suite = bench.get_suite(suite_name)
     overrides = {"dtypes": args.dtype, "blocks": args.block, "densities": args.density,
                  "shapes": [list(s) for s in args.shape] if args.shape else None, "ops": args.ops}
-    if args.autograd_threads == "off" and args.suite not in ("large", "small", CPU_SUITE):
-        parser.error(f"--autograd-threads applies to the matmul suites (large, small), not {args.suite!r}")
+    if args.autograd_threads == "off" and args.suite not in ("large", "small", "lstm", "lstm-paper", CPU_SUITE):
+        parser.error(f"--autograd-threads applies to the suites with a training step (large, small, lstm), "
+                     f"not {args.suite!r}")
     if args.peers:
         if args.suite not in ("large", "small", CPU_SUITE):  # the suites that time matmul peers
             parser.error(f"--peers applies to the matmul suites (large, small), not {args.suite!r}")

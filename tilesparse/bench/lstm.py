@@ -34,8 +34,8 @@ from torch import nn
 from .. import layouts
 from ..nn import BlockSparseLSTM
 from . import base_row, case_table, register
-from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities,
-                     positive_int, rel_err)
+from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, backward_threads, backward_threads_note,
+                     check_dtypes_ops_densities, positive_int, rel_err)
 from .timing import bench_ms_noted
 
 __all__ = ["OPS", "BASELINES", "resolve_table", "dense_hidden_for", "run", "prepare"]
@@ -120,10 +120,12 @@ def _fwd_fn(model, x):
     return fwd
 
 
-def _measure(method: str, fn, ctx: RunContext) -> dict | None:
+def _measure(method: str, fn, ctx: RunContext, backward: bool = False) -> dict | None:
     """Time one call; tilesparse failures become error rows, cudnn failures a skip."""
     try:
-        ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
+        with backward_threads(ctx, backward):
+            ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
+        note = backward_threads_note(ctx, backward, note)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":
@@ -185,7 +187,7 @@ def _time_model(model, method, table, dtype, device, ctx, gen, input_size) -> di
     results = {}
     for op in table["ops"]:
         fn = _step_fn(model, x, grad_out) if op == "lstm_step" else _fwd_fn(model, x)
-        results[op] = _measure(method, fn, ctx)
+        results[op] = _measure(method, fn, ctx, backward=op == "lstm_step")
     return results
 
 

@@ -54,6 +54,21 @@ class RunContext:
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
 
 
+def backward_threads(ctx: RunContext, backward: bool):
+    """Context for timing a call: with ``ctx.autograd_threads`` off and a call that runs a
+    backward, autograd runs it on the calling thread instead of its CUDA worker thread."""
+    if backward and not ctx.autograd_threads:
+        return torch.autograd.set_multithreading_enabled(False)
+    return contextlib.nullcontext()
+
+
+def backward_threads_note(ctx: RunContext, backward: bool, note: str) -> str:
+    """``note``, plus what :func:`backward_threads` changed, for the row."""
+    if backward and not ctx.autograd_threads:
+        return "; ".join(filter(None, [note, "autograd worker threads off"]))
+    return note
+
+
 def positive_int(value, what: str) -> int:
     """``value`` if it is an int >= 1 (not a bool); else ValueError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -161,14 +176,10 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext,
         if copies:
             fns = [fn] + [ADAPTERS[method](op, copy)[0] for copy in copies]
             timed, calls = _in_turn(fns), len(fns)
-        threads = contextlib.nullcontext()
-        if op == "step" and not ctx.autograd_threads:
-            threads = torch.autograd.set_multithreading_enabled(False)
-        with threads:
+        with backward_threads(ctx, op == "step"):
             ms, note = bench_ms_noted(timed, cuda=ctx.cuda, graph=ctx.graph)
         ms /= calls
-        if op == "step" and not ctx.autograd_threads:
-            note = "; ".join(filter(None, [note, "autograd worker threads off"]))
+        note = backward_threads_note(ctx, op == "step", note)
     except Exception as exc:  # a peer that fails here is skipped, tilesparse gets an error row
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":
