@@ -16,6 +16,8 @@
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
 #   small-chunks-ba - the same on Barabasi-Albert layouts (hub block-rows several times the mean)
+#   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
+#            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
 #            runs, on Barabasi-Albert and random layouts (SKEW_ARGS overrides the sizes)
 #   sdpa-deterministic - SDPA causal forward + backward per backend, with and without
@@ -67,6 +69,9 @@ for step in ${STEPS:-large dtypes graph}; do
               --blocks 128 32 --densities 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k32st12 s32k32st12c2 s32k32st12L --out "$OUT/small-chunks-ba.json" \
               > "$OUT/small-chunks-ba.log" 2>&1 ;;
+    small-swap) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --auto --blocks 128 64 32 16 \
+              --densities 0.25 0.1 --ms 64 32 --variants default s32k128st8S s32k64st12S s32k32st12S s16k64st8S \
+              --out "$OUT/small-swap.json" > "$OUT/small-swap.log" 2>&1 ;;
     small-skew) for lay in barabasi_albert random; do
               timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --layout $lay --auto \
                 ${SKEW_ARGS:---blocks 128 64 32 --densities 0.25 0.1 0.05 --ms 1 32 64} \

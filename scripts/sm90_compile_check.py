@@ -6,7 +6,7 @@ This script compiles them with ``triton.compile(ASTSource(...), target=sm_90)``,
 needs only the ptxas bundled with Triton, and exits 1 if any fails. It must run without
 TRITON_INTERPRET (the interpreter replaces the JIT functions).
 
-    python scripts/sm90_compile_check.py            # the attention and 2:4 kernels, all variants
+    python scripts/sm90_compile_check.py            # the attention, 2:4 and small-batch kernels, all variants
     python scripts/sm90_compile_check.py --quick    # one variant of each (tests/test_sm90_codegen.py)
 """
 
@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from tilesparse.kernels import attention as attn  # noqa: E402
+from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
 
@@ -101,16 +102,46 @@ def semi24_cases(quick: bool):
                 "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)
 
 
+def small_cases(quick: bool):
+    """The small-batch dds kernel at M 64 (b 128 and 16, fprop and bprop): the default
+    orientation (mma.sync at 32-wide slices) and the swapped one (wgmma expected)."""
+    fn = bsmm_small._dds_small_kernel
+    cases = ((128, 32, 128, 8, True), (16, 16, 64, 8, False)) if quick else \
+        ((128, 32, 128, 8, True), (128, 32, 128, 8, False), (64, 32, 64, 12, False), (16, 16, 64, 8, True))
+    for block, sub, block_k, stages, trans in cases:
+        for swap in (False, True):
+            const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=64, SPLITS=1, CHUNKS=1,
+                         LONGEST_FIRST=False, SWAP=swap, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
+                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
+            sig = {}
+            for name in fn.arg_names:
+                if name in const:
+                    sig[name] = "constexpr"
+                elif name in ("ptr_ptr", "idx_ptr", "slot_ptr", "sem_ptr", "order_ptr"):
+                    sig[name] = "*i32"
+                elif name == "ws_ptr":
+                    sig[name] = "*fp32"
+                else:
+                    sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
+            # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it)
+            aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
+            yield (f"small dds b{block} sub{sub} M64 {'fprop' if trans else 'bprop'} swap={swap}", fn, sig, const, 4,
+                   stages, aligned)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
     args = parser.parse_args()
     failures = 0
-    for label, fn, signature, constexprs, warps, stages in (*attention_cases(args.quick), *semi24_cases(args.quick)):
+    for label, fn, signature, constexprs, warps, stages, *attrs in (
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick)):
         try:
-            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=TARGET,
-                                      options={"num_warps": warps, "num_stages": stages})
-            print(f"ok    {label}: shared memory {compiled.metadata.shared} B")
+            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs[0] if attrs else None)
+            compiled = triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
+            ptx = compiled.asm["ptx"]
+            mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}"
+            print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1
             print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[:600]}")

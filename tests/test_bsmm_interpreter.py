@@ -102,20 +102,23 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 # The small-batch kernel's own knobs: feature slices narrower than the block (several
 # programs per block-row), a reduction step shorter than the block, M past one m-tile,
 # the reduction split over programs (3 splits of 1-4 entries: some splits empty; or the
-# runs longer than the mean cut in 2-3 chunks summed in-kernel), and a step spanning 2 or
-# 4 consecutive blocks (runs that end mid-step).
-@pytest.mark.parametrize("splits, chunks, longest_first", [(1, 1, False), (3, 1, False), (1, 2, False), (1, 3, False),
-                                                            (1, 1, True), (1, 2, True)],
-                         ids=["whole", "splits3", "chunks2", "chunks3", "longest", "chunks2-longest"])
+# runs longer than the mean cut in 2-3 chunks summed in-kernel), a step spanning 2 or
+# 4 consecutive blocks (runs that end mid-step), and the swapped product orientation.
+@pytest.mark.parametrize("splits, chunks, longest_first, swap",
+                         [(1, 1, False, False), (3, 1, False, False), (1, 2, False, False), (1, 3, False, False),
+                          (1, 1, True, False), (1, 2, True, False), (1, 1, False, True), (3, 1, False, True),
+                          (1, 2, False, True)],
+                         ids=["whole", "splits3", "chunks2", "chunks3", "longest", "chunks2-longest", "swap",
+                              "splits3-swap", "chunks2-swap"])
 @pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
                                                    (32, 128, 16)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks, longest_first):
+def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks, longest_first, swap):
     layout = make_layout(layout_kind, *GRID, 32)
     a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
     config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits, chunks=chunks,
-                                    longest_first=longest_first)
+                                    longest_first=longest_first, swap=swap)
     check_dds(layout, a, values, bias, trans, torch.float32, config)
 
 
@@ -185,7 +188,7 @@ def test_longest_first_orders_the_runs_by_length():
 @pytest.mark.parametrize("kwargs, field", [({"splits": 2, "chunks": 2}, "chunks"), ({"chunks": 0}, "chunks"),
                                            ({"chunks": 2.0}, "chunks"), ({"chunks": True}, "chunks"),
                                            ({"chunks": bsmm_small.MAX_CHUNKS + 1}, "chunks"),
-                                           ({"longest_first": 1}, "longest_first")])
+                                           ({"longest_first": 1}, "longest_first"), ({"swap": 1}, "swap")])
 def test_small_config_refuses_bad_reduction_settings(kwargs, field):
     with pytest.raises(ValueError, match=field):
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, **kwargs)

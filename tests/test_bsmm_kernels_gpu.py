@@ -31,7 +31,7 @@ def _grid(block_size):
 # and dtype, both table directions, with bias.
 
 
-@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest"])
+@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -52,6 +52,8 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, splits=3)
         elif path == "small-chunks2-longest":
             cfg = dataclasses.replace(cfg, chunks=2, longest_first=True)
+        elif path == "small-swap":
+            cfg = dataclasses.replace(cfg, swap=True)
     meta = layout.meta_on(DEVICE)
     out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
     s = dense_of(values, layout)

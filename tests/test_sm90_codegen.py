@@ -1,4 +1,4 @@
-"""The new kernel families (attention, 2:4) compile for Hopper (sm_90) on this CPU-only
+"""The newer kernel families (attention, 2:4, the small-batch dds) compile for Hopper (sm_90) on this CPU-only
 machine: the interpreter checks their results, this checks the GPU code generation
 (scripts/sm90_compile_check.py, in a subprocess without TRITON_INTERPRET)."""
 
@@ -13,10 +13,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sm90_compile_check.p
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_attention_and_2_4_kernels_compile_for_sm90():
+def test_attention_2_4_and_small_batch_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, env=env,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     compiled = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) >= 11 and "0 failure(s)" in result.stdout
+    assert len(compiled) >= 15 and "0 failure(s)" in result.stdout
+    # the small-batch kernel at M 64: 32-wide slices run mma.sync; swapped, the batch
+    # rows are the MMA's M side and Hopper's wgmma is used
+    small = {line.split(":")[0]: line for line in compiled if "small dds" in line}
+    assert small and all(("wgmma 0," in line) != ("swap=True" in line) for line in small.values())

@@ -25,7 +25,7 @@ from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first]]]); block_m follows M
+# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap]]]]); block_m follows M
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -58,6 +58,11 @@ ALL_VARIANTS = {
     "s32k64st12c2": (32, 64, 12, 4, 1, 2),
     "s32k32st12c2": (32, 32, 12, 4, 1, 2),
     "s16k64st8c2": (16, 64, 8, 4, 1, 2),
+    # the activation rows as the MMA's M side (wgmma at M 33-64), 2026-11-30 (eighth session)
+    "s32k128st8S": (32, 128, 8, 4, 1, 1, False, True),
+    "s32k64st12S": (32, 64, 12, 4, 1, 1, False, True),
+    "s32k32st12S": (32, 32, 12, 4, 1, 1, False, True),
+    "s16k64st8S": (16, 64, 8, 4, 1, 1, False, True),
     # programs take the block-rows longest first (7th field), with and without chunks
     "s32k128st8L": (32, 128, 8, 4, 1, 1, True),
     "s32k128st8c2L": (32, 128, 8, 4, 1, 2, True),
@@ -138,9 +143,9 @@ def main() -> None:
                             sub, bk, stages, warps, *more = fields
                             if sub > max(16, b):
                                 continue
-                            splits, chunks, longest_first = (list(more) + [1, 1, False][len(more):])[:3]
+                            splits, chunks, longest_first, swap = (list(more) + [1, 1, False, False][len(more):])[:4]
                             cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
-                                                splits=splits, chunks=chunks, longest_first=longest_first)
+                                                splits=splits, chunks=chunks, longest_first=longest_first, swap=swap)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:

@@ -46,6 +46,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks)
                 if splits == 1:  # the same with the longest block-rows started first
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, longest_first=True)
+                if block_m == 64 and sub < 64 and chunks == 1:  # activation rows as the MMA's M (wgmma)
+                    yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
     if fp32:
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
             for tma in (False, True):

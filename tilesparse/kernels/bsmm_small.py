@@ -39,7 +39,7 @@ def _dds_small_kernel(
     M, split_stride, chunk_len,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr,
+    SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
@@ -59,6 +59,10 @@ def _dds_small_kernel(
     LONGEST_FIRST: program j * SUBS + s works on table order[j] (the tables ordered by
     run length, longest first), so when the programs take more than one wave the long
     runs start in the first.
+    SWAP: each step is computed as acc^T[BLOCK_M, SUB] += A-tile^T @ op(V)-tile^T, the
+    activation rows as the MMA's M side (on Hopper, wgmma needs 64 there: BLOCK_M 64
+    with 32-wide slices, where the default orientation runs mma.sync); acc is transposed
+    back once, before the stores, so the rest of the kernel is the same.
     """
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
@@ -85,7 +89,10 @@ def _dds_small_kernel(
         n_chunks = tl.maximum((end - start + step - 1) // step, 1)
         start = tl.minimum(start + tl.program_id(2) * step, end)
         end = tl.minimum(start + step, end)
-    acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
+    else:
+        acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
     if BLOCK_K > TILE_B:
         # Several whole blocks per step: G consecutive entries of the table, gathered
         # along the reduction axis, so small blocks still make deep steps (a 16-deep
@@ -103,7 +110,7 @@ def _dds_small_kernel(
             else:
                 slot = e.to(tl.int64)
             acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
-                        stride_ak, B, TRANS_V, INPUT_PRECISION)
+                        stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
     else:
         K_STEPS: tl.constexpr = TILE_B // BLOCK_K
         for t in range(start * K_STEPS, end * K_STEPS):
@@ -116,7 +123,9 @@ def _dds_small_kernel(
             else:
                 slot = e.to(tl.int64)
             acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
-                        stride_ak, B, TRANS_V, INPUT_PRECISION)
+                        stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
+    if SWAP:
+        acc = tl.trans(acc)  # [SUB, BLOCK_M], as the stores below expect
     cols = j.to(tl.int64) * B + offs_f
     if SPLITS > 1:  # fp32 partial sums; bias and rounding after the fixed-order sum
         c_ptrs = c_ptr + tl.program_id(2).to(tl.int64) * split_stride + offs_m[None, :] * stride_cm \
@@ -146,16 +155,21 @@ def _dds_small_kernel(
 
 @triton.jit
 def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am, stride_ak, B: tl.constexpr,
-          TRANS_V: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step. v_base and
-    blk are one block's (scalars) or, for steps over several blocks, each k lane's."""
+          TRANS_V: tl.constexpr, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step (SWAP: its
+    transpose, acc[m, features] += A[m, k] @ op(V)[features, k]^T). v_base and blk are one
+    block's (scalars) or, for steps over several blocks, each k lane's."""
     if TRANS_V:  # feature f, reduction k: V[f, k]
         w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
     else:  # V[k, f]
         w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
     x = tl.load(a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
                 mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-    return tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+    if SWAP:
+        acc = tl.dot(tl.trans(x), tl.trans(w), acc, input_precision=INPUT_PRECISION)
+    else:
+        acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -180,7 +194,9 @@ class SmallConfig:
     random layout's longest block-row holds 1.5-2.5x the mean; the kernel waits on it),
     summed in-kernel by the last to finish; ``longest_first``: programs take the output
     slices in order of run length, longest first (a permutation of the tables, built
-    once per layout)."""
+    once per layout); ``swap``: each step's product with the activation rows as the
+    MMA's M side (Hopper's wgmma at ``block_m`` 64 with 32-wide slices; opt-in, not yet
+    timed)."""
 
     sub: int
     block_k: int
@@ -190,6 +206,7 @@ class SmallConfig:
     splits: int = 1
     chunks: int = 1
     longest_first: bool = False
+    swap: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -200,8 +217,9 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        if not isinstance(self.longest_first, bool):
-            raise ValueError(f"SmallConfig.longest_first must be a bool, got {self.longest_first!r}")
+        for name in ("longest_first", "swap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SmallConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -316,7 +334,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, TRANS_V=trans_v, HAS_SLOT=slot is not None,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
