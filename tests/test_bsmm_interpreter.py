@@ -111,7 +111,7 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
                          ids=["whole", "splits3", "chunks2", "chunks3", "longest", "chunks2-longest", "swap",
                               "splits3-swap", "chunks2-swap"])
 @pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
-                                                   (32, 128, 16)])
+                                                   (32, 128, 16), (32, 32, 64)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
 def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks, longest_first, swap):
@@ -161,9 +161,10 @@ def program_order(request, monkeypatch):
 
 # Block-rows of 11, 7, 0 and 1 entries (mean 4.75, chunks of 5): the long ones cut in 3
 # and 2 chunks; blocks narrower than their tile (8, 20), steps over several blocks (block_k 64).
+@pytest.mark.parametrize("swap", [False, True], ids=["", "swap"])
 @pytest.mark.parametrize("block_size, sub, block_k", [(8, 16, 64), (20, 32, 64), (32, 32, 32)])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size, sub, block_k, trans):
+def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size, sub, block_k, trans, swap):
     mask = torch.zeros(4, 12, dtype=torch.bool)
     mask[0, :11] = True
     mask[1, 2:9] = True
@@ -172,7 +173,8 @@ def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size,
         mask = mask.t().contiguous()  # bprop walks the columns: the same run lengths there
     layout = BlockLayout(mask, block_size)
     a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
-    config = bsmm_small.SmallConfig(sub, block_k, 32, num_warps=4, num_stages=2, chunks=3, longest_first=trans)
+    config = bsmm_small.SmallConfig(sub, block_k, 32, num_warps=4, num_stages=2, chunks=3, longest_first=trans,
+                                    swap=swap)
     out = run_dds(layout, a, values, bias, trans, config)
     assert_close(out, dds_expected(layout, a, values, bias, trans), torch.float32, "dds chunks")
     assert int(bsmm_small._arrival_counters(a.device, 1).abs().sum()) == 0

@@ -104,6 +104,13 @@ def test_bench_step_with_autograd_threads_off(tmp_path):
     assert torch.autograd.is_multithreading_enabled()  # restored after timing
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+def test_bench_autograd_threads_off_without_a_step_says_it_changes_nothing(tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path), "--no-plot", "--shape", "64x128x256", "--block", "32",
+                 "--density", "0.25", "--ops", "fprop", "--autograd-threads", "off"]) == 0
+    assert "changes only training-step timings" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -240,7 +240,7 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
     overrides = {"dtypes": args.dtype, "blocks": args.block, "densities": args.density,
                  "shapes": [list(s) for s in args.shape] if args.shape else None, "ops": args.ops}
     if args.autograd_threads == "off" and args.suite not in ("large", "small", "lstm", "lstm-paper", CPU_SUITE):
-        parser.error(f"--autograd-threads applies to the suites with a training step (large, small, lstm), "
+        parser.error(f"--autograd-threads applies to the matmul and LSTM suites (large, small, lstm, lstm-paper), "
                      f"not {args.suite!r}")
     if args.peers:
         if args.suite not in ("large", "small", CPU_SUITE):  # the suites that time matmul peers
@@ -252,6 +252,9 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
         table = suite.prepare(suite_name, quick=args.quick, overrides=overrides)
     except ValueError as exc:
         parser.error(str(exc))  # exits with status 2
+    if args.autograd_threads == "off" and not any("step" in op for op in table.get("ops", ())):
+        console.print("[yellow]--autograd-threads off changes only training-step timings, and this run has none "
+                      "(add --ops step)[/]")
     # graph replay: asked for, or the suite's own default (its label then stays plain)
     graph = cuda and bool(args.cuda_graph or table.get("graph"))
     label = (suite_name + ("-quick" if args.quick and suite_name != CPU_SUITE else "")

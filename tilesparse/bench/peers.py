@@ -8,10 +8,10 @@ Ops of a linear layer Y = X W^T, W [N, K] block-sparse (Gray et al. 2017 names):
   updat  dW = dY^T X     on W's blocks ([nnz, b, b]; dense: all of [N, K])
   step   fprop + bprop + updat, returned as (Y, dX, dW)
 
-How 'step' is run, per method: tilesparse and dense through autograd
-(``torch.autograd.grad`` of block_sparse_linear / F.linear, which is what training
-runs, and does not accumulate into .grad); stk as its three ops called in turn;
-torch BSR has no sampled product, so no updat and no step.
+How 'step' is run, per method: through autograd for every method that has one
+(``torch.autograd.grad`` of block_sparse_linear / F.linear / stk's dds Function, which
+is what training runs, and does not accumulate into .grad); torch BSR has no sampled
+product, so no updat and no step.
 """
 
 from __future__ import annotations
