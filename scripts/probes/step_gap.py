@@ -6,7 +6,9 @@ step (three direct calls, no autograd) 0.46 ms. This times, in one process on th
 the three products called directly; the autograd step (as the suite runs it); the same
 with autograd's device threads off; each under do_bench (eager) and as plain host wall
 time per call; then runs the autograd step under ``torch.cuda.set_sync_debug_mode``
-to list any host synchronisation, and a CUDA-side profile of one step's kernels.
+to list any host synchronisation, times the phases of the backward on each thread (the
+hand-off to our Python backward, its body, the rest), and a CUDA-side profile of one
+step's kernels.
 
     python scripts/probes/step_gap.py --out step_gap.json
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import warnings
 
 import torch
@@ -23,6 +26,45 @@ import triton.testing
 import tilesparse as ts
 from tilesparse import ops
 from tilesparse.bench.timing import host_us
+
+
+def _backward_phases(forward, backward, n: int = 50) -> dict:
+    """Median microseconds, per autograd threading mode, from the call of ``backward(y)``
+    (after ``y = forward()`` and a sync) to the entry of our backward (the hand-off), of
+    our backward's body, and from its return to ``backward`` returning. Wraps _DdsFunction.backward with
+    timers for the duration."""
+    import statistics
+
+    from tilesparse.ops import bsmm as ops_bsmm
+
+    marks = {}
+    original = ops_bsmm._DdsFunction.backward
+
+    def timed_backward(ctx, grad):
+        marks["enter"] = time.perf_counter()
+        out = original(ctx, grad)
+        marks["leave"] = time.perf_counter()
+        return out
+
+    ops_bsmm._DdsFunction.backward = staticmethod(timed_backward)
+    phases = {}
+    try:
+        for mode, enabled in (("worker thread", True), ("calling thread", False)):
+            samples = []
+            with torch.autograd.set_multithreading_enabled(enabled):
+                for _ in range(n):
+                    y = forward()
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    backward(y)
+                    done = time.perf_counter()
+                    samples.append((marks["enter"] - start, marks["leave"] - marks["enter"], done - marks["leave"]))
+            phases[mode] = {key: statistics.median(x[i] for x in samples) * 1e6
+                            for i, key in enumerate(("handoff_us", "body_us", "tail_us"))}
+    finally:
+        ops_bsmm._DdsFunction.backward = original
+    return phases
 
 
 def main() -> None:
@@ -103,6 +145,13 @@ def main() -> None:
     for s in syncs[:20]:
         print("  ", s)
 
+    # Where the worker thread's time goes: the hand-off (grad() called -> our backward
+    # entered) and our backward's own Python, on the worker thread and on the caller's.
+    phases = _backward_phases(forward_only, lambda y: torch.autograd.grad(y, (xg, wg), dy))
+    for mode, row in phases.items():
+        print(f"backward {mode:16s} hand-off {row['handoff_us']:7.1f} us   our backward body {row['body_us']:7.1f} us"
+              f"   after it {row['tail_us']:7.1f} us (medians)")
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -113,7 +162,8 @@ def main() -> None:
     print(table)
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "shape": args.shape, "block": args.block,
-                   "density": args.density, "rows": rows, "syncs": syncs, "profile": table}, f, indent=1)
+                   "density": args.density, "rows": rows, "syncs": syncs, "backward_phases": phases,
+                   "profile": table}, f, indent=1)
 
 
 if __name__ == "__main__":
