@@ -34,9 +34,8 @@ from torch import nn
 from .. import layouts
 from ..nn import BlockSparseLSTM
 from . import base_row, case_table, register
-from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, backward_threads, backward_threads_note,
-                     check_dtypes_ops_densities, positive_int, rel_err)
-from .timing import bench_ms_noted
+from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities,
+                     positive_int, rel_err, time_call)
 
 __all__ = ["OPS", "BASELINES", "resolve_table", "dense_hidden_for", "run", "prepare"]
 
@@ -123,9 +122,7 @@ def _fwd_fn(model, x):
 def _measure(method: str, fn, ctx: RunContext, backward: bool = False) -> dict | None:
     """Time one call; tilesparse failures become error rows, cudnn failures a skip."""
     try:
-        with backward_threads(ctx, backward):
-            ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
-        note = backward_threads_note(ctx, backward, note)
+        ms, note = time_call(fn, ctx, backward)
     except Exception as exc:
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":

@@ -54,19 +54,16 @@ class RunContext:
     skipped: dict = field(default_factory=dict)  # "method/op" -> reason
 
 
-def backward_threads(ctx: RunContext, backward: bool):
-    """Context for timing a call: with ``ctx.autograd_threads`` off and a call that runs a
-    backward, autograd runs it on the calling thread instead of its CUDA worker thread."""
-    if backward and not ctx.autograd_threads:
-        return torch.autograd.set_multithreading_enabled(False)
-    return contextlib.nullcontext()
-
-
-def backward_threads_note(ctx: RunContext, backward: bool, note: str) -> str:
-    """``note``, plus what :func:`backward_threads` changed, for the row."""
-    if backward and not ctx.autograd_threads:
-        return "; ".join(filter(None, [note, "autograd worker threads off"]))
-    return note
+def time_call(fn: Callable[[], object], ctx: RunContext, backward: bool = False) -> tuple[float, str]:
+    """(ms, note) of one call of ``fn`` timed as ``ctx`` says (:func:`bench_ms_noted`).
+    With ``ctx.autograd_threads`` off, a call that runs a backward (``backward``) is timed
+    with autograd running it on the calling thread instead of its CUDA worker thread, and
+    the note says so."""
+    if ctx.autograd_threads or not backward:
+        return bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
+    with torch.autograd.set_multithreading_enabled(False):
+        ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
+    return ms, "; ".join(filter(None, [note, "autograd worker threads off"]))
 
 
 def positive_int(value, what: str) -> int:
@@ -176,10 +173,8 @@ def _measure(method: str, op: str, operands: Operands, ref, ctx: RunContext,
         if copies:
             fns = [fn] + [ADAPTERS[method](op, copy)[0] for copy in copies]
             timed, calls = _in_turn(fns), len(fns)
-        with backward_threads(ctx, op == "step"):
-            ms, note = bench_ms_noted(timed, cuda=ctx.cuda, graph=ctx.graph)
+        ms, note = time_call(timed, ctx, backward=op == "step")
         ms /= calls
-        note = backward_threads_note(ctx, op == "step", note)
     except Exception as exc:  # a peer that fails here is skipped, tilesparse gets an error row
         msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
         if method != "tilesparse":

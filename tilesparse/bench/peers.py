@@ -55,16 +55,26 @@ def tilesparse(op: str, o: Operands) -> Result:
     if op == "updat":
         return (lambda: ts_ops.sdd(dy, x, layout, trans_a=True)), None
     if op == "step":
-        xg = x.detach().requires_grad_(True)
-        wg = values.detach().requires_grad_(True)
-
-        def step():
-            y = ts_ops.block_sparse_linear(xg, wg, layout)
-            dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-            return y, dx, dw
-
-        return step, None
+        xg, wg = _leaf(x), _leaf(values)
+        return _autograd_step(lambda: ts_ops.block_sparse_linear(xg, wg, layout), xg, wg, dy), None
     return None, f"unknown op {op!r}"
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+def _autograd_step(forward: Callable[[], torch.Tensor], xg: torch.Tensor, wg: torch.Tensor, dy: torch.Tensor):
+    """A training step as every method's 'step' is timed: y = forward() on the leaves xg
+    (activations) and wg (weights), then ``torch.autograd.grad`` of y for the output
+    gradient dy; returns (y, dx, dw)."""
+
+    def step():
+        y = forward()
+        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+        return y, dx, dw
+
+    return step
 
 
 # --------------------------------------------------------------------------- dense cuBLAS
@@ -79,15 +89,8 @@ def dense(op: str, o: Operands) -> Result:
     if op == "updat":
         return (lambda: torch.matmul(dy.t(), x)), None
     if op == "step":
-        xg = x.detach().requires_grad_(True)
-        wg = w.detach().requires_grad_(True)
-
-        def step():
-            y = F.linear(xg, wg)
-            dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-            return y, dx, dw
-
-        return step, None
+        xg, wg = _leaf(x), _leaf(w)
+        return _autograd_step(lambda: F.linear(xg, wg), xg, wg, dy), None
     return None, f"unknown op {op!r}"
 
 
@@ -180,16 +183,9 @@ def stk(op: str, o: Operands) -> Result:
     bprop = lambda: stk_lib.ops.dds(dy, w)  # noqa: E731  dX = dY W
     updat = lambda: stk_lib.ops.sdd(dy.t(), x, w).data  # noqa: E731  dW = dY^T X on W's blocks
     if op == "step":  # through stk's own autograd Functions, as tilesparse's and dense's steps
-        xg = x.detach().requires_grad_(True)
-        data = o.values.detach().requires_grad_(True)
+        xg, data = _leaf(x), _leaf(o.values)
         w_t = _stk_matrix(o.layout, data).t()
-
-        def step():
-            y = stk_lib.ops.dds(xg, w_t)
-            dx, dw = torch.autograd.grad(y, (xg, data), dy)
-            return y, dx, dw
-
-        return step, None
+        return _autograd_step(lambda: stk_lib.ops.dds(xg, w_t), xg, data, dy), None
     fn = {"fprop": fprop, "bprop": bprop, "updat": updat}.get(op)
     return (fn, None) if fn is not None else (None, f"unknown op {op!r}")
 
