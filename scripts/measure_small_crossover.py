@@ -18,8 +18,9 @@ each bucket's largest value (the small kernel's worst case in the bucket).
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
-import re
 import time
 from pathlib import Path
 
@@ -89,7 +90,8 @@ def adopt(path: Path) -> None:
     """Write a variant sweep's winners into the shipped table of its GPU where they beat, in the same run,
     the variant that equals the heuristic config, and the large-batch kernel, by more than
     3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
-    skipped. The sweep's names read s<sub>k<block_k>st<stages>[x<splits>][c<chunks>][L], 4 warps (L: longest first)."""
+    skipped. The sweep's variant names are looked up in its own table (ALL_VARIANTS of
+    scripts/probes/small_threshold.py)."""
     data = json.loads(path.read_text())
     gpu = tuned.gpu_slug(data["gpu"])
     entries, notes = {}, {}
@@ -102,7 +104,7 @@ def adopt(path: Path) -> None:
         heuristic = S.small_config(r["M"], r["block"], dt, 227 << 10)  # the H200's shared memory per block
         times = {}
         for name, ms in r.items():
-            if re.fullmatch(r"s\d+k\d+st\d+(x\d+)?(c\d+)?L?", name):
+            if name in _variants().ALL_VARIANTS:
                 try:
                     times[name] = (_config(name, heuristic.block_m), ms)
                 except ValueError:  # not a valid config (e.g. splits with chunks)
@@ -123,11 +125,19 @@ def adopt(path: Path) -> None:
     tuned.record(entries, SHIPPED / f"{gpu}.json", notes)
 
 
+@functools.lru_cache(maxsize=None)
+def _variants():
+    """scripts/probes/small_threshold.py, the sweep whose variant names adopt() reads."""
+    spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).parent / "probes" /
+                                                  "small_threshold.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
 def _config(name: str, block_m: int) -> S.SmallConfig:
-    sub, block_k, stages, splits, chunks, longest = re.fullmatch(
-        r"s(\d+)k(\d+)st(\d+)(?:x(\d+))?(?:c(\d+))?(L)?", name).groups()
-    return S.SmallConfig(int(sub), int(block_k), block_m, 4, int(stages), int(splits or 1), int(chunks or 1),
-                         longest is not None)
+    """The config a variant sweep's name stands for, from the sweep's own table (ALL_VARIANTS)."""
+    return _variants().variant_config(_variants().ALL_VARIANTS[name], block_m)
 
 
 def main() -> None:

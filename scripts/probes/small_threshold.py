@@ -84,6 +84,14 @@ ALL_VARIANTS = {
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
 
+def variant_config(fields: tuple, block_m: int) -> S.SmallConfig:
+    """The SmallConfig of an ALL_VARIANTS entry, for ``block_m`` activation rows."""
+    sub, block_k, stages, warps, *more = fields
+    splits, chunks, longest_first, swap = (list(more) + [1, 1, False, False][len(more):])[:4]
+    return S.SmallConfig(sub, block_k, block_m, warps, stages, splits=splits, chunks=chunks,
+                         longest_first=longest_first, swap=swap)
+
+
 def kernel_ms(fn, copies: int = 1) -> float:
     """Kernel time of one of the ``copies`` calls ``fn`` makes (CUDA-graph replay)."""
     return bench_ms(fn, cuda=True, graph=True, rep_ms=20) / copies
@@ -139,13 +147,10 @@ def main() -> None:
                     for name, fields in SMALL_VARIANTS.items():
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
+                        elif fields[0] > max(16, b):  # slices wider than the block's tile
+                            continue
                         else:
-                            sub, bk, stages, warps, *more = fields
-                            if sub > max(16, b):
-                                continue
-                            splits, chunks, longest_first, swap = (list(more) + [1, 1, False, False][len(more):])[:4]
-                            cfg = S.SmallConfig(sub, bk, S.small_config(m, b, dt).block_m, warps, stages,
-                                                splits=splits, chunks=chunks, longest_first=longest_first, swap=swap)
+                            cfg = variant_config(fields, S.small_config(m, b, dt).block_m)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:

@@ -117,8 +117,9 @@ def main() -> None:
         return torch.autograd.grad(y, (xg, w_dense), dy)
 
     rows = {}
-    for name, fn in (("dense step", dense_step), ("direct three products", direct), ("autograd step", step), ("forward with grad", forward_only),
-                     ("custom-op step", op_step), ("compiled step", compiled_step("default")),
+    for name, fn in (("dense step", dense_step), ("direct three products", direct), ("autograd step", step),
+                     ("forward with grad", forward_only), ("custom-op step", op_step),
+                     ("compiled step", compiled_step("default")),
                      ("compiled step, reduce-overhead", compiled_step("reduce-overhead"))):
         for _ in range(3):
             fn()  # compile and record graphs outside the timing
