@@ -47,8 +47,20 @@ def breakdown(dev, dt) -> None:
             GROUP_M=8, INPUT_PRECISION="ieee", num_warps=4, num_stages=4,
         )
 
+    # the compiled kernel's own launcher, skipping Triton's argument binding and cache key
+    # (all parameters in order, constexprs included, as JITFunction.run passes them)
+    compiled = K._dds_kernel.warmup(
+        xd, wdt, out, out, ptr, idx, ptr, 256, r, xd.stride(0), 1, out.stride(0), 1,
+        B=128, TILE_B=128, BLOCK_M=128, BLOCK_K=64, TRANS_V=True, HAS_SLOT=False, HAS_BIAS=False,
+        GROUP_M=8, INPUT_PRECISION="ieee", num_warps=4, num_stages=4, grid=(2 * r,),
+    )
+    runner = compiled[(2 * r, 1, 1)]
+    all_args = (xd, wdt, out, out, ptr, idx, ptr, 256, r, xd.stride(0), 1, out.stride(0), 1,
+                128, 128, 128, 64, True, False, False, 8, "ieee")
+
     cases = {
         "bare _dds_kernel launch": bare_launch,
+        "compiled kernel runner": lambda: runner(*all_args),
         "empty_like (floor)": lambda: torch.empty_like(xd),
         "dense matmul": lambda: xd @ wd.detach().t(),
         "kernels.dds pointer": lambda: K.dds(xd, wdt, meta, None, r, c, True, ptr_cfg),
@@ -93,13 +105,17 @@ def main() -> None:
         gpu_ms = triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
         print(f"{name}: host {host_us(fn):8.1f} us/call, graph-replayed GPU time {gpu_ms * 1e3:8.1f} us")
     breakdown(dev, dt)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(100):
-        step()
-    prof.disable()
+    # cProfile sees only the calling thread: run the backward there too
+    with torch.autograd.set_multithreading_enabled(False):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(100):
+            step()
+        prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

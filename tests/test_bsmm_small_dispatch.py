@@ -135,12 +135,15 @@ def test_dds_leaves_a_balanced_layout_whole(monkeypatch):
     assert seen[-1] == bsmm_small.small_config(5, 16, torch.float16)
 
 
-def test_m64_at_block_64_takes_wide_slices():
-    # H200 sweep (small-m64): bprop 36.1 -> 32.1 µs at density 0.25 with 64-wide slices
-    cfg = bsmm_small.small_config(64, 64, torch.bfloat16)
-    assert (cfg.sub, cfg.block_k, cfg.block_m, cfg.num_stages) == (64, 64, 64, 6)
-    assert bsmm_small.small_config(32, 64, torch.bfloat16).sub == 32
-    assert bsmm_small.small_config(64, 128, torch.bfloat16).sub == 32
+@pytest.mark.parametrize("block_size, block_k", [(32, 32), (64, 64), (128, 64)])
+def test_m_above_32_takes_the_swapped_orientation(block_size, block_k):
+    # H200 sweep (small-swap): M 64 at b >= 32 8-22 % faster swapped; M 32 and b 16 not
+    for m in (33, 64, 200):
+        cfg = bsmm_small.small_config(m, block_size, torch.bfloat16)
+        assert (cfg.swap, cfg.sub, cfg.block_k, cfg.block_m, cfg.num_stages) == (True, 32, block_k, 64, 12)
+    assert not bsmm_small.small_config(32, block_size, torch.bfloat16).swap
+    assert not bsmm_small.small_config(64, block_size, torch.float32).swap
+    assert not bsmm_small.small_config(64, 16, torch.bfloat16).swap
 
 
 @pytest.mark.gpu

@@ -195,8 +195,8 @@ class SmallConfig:
     summed in-kernel by the last to finish; ``longest_first``: programs take the output
     slices in order of run length, longest first (a permutation of the tables, built
     once per layout); ``swap``: each step's product with the activation rows as the
-    MMA's M side (Hopper's wgmma at ``block_m`` 64 with 32-wide slices; opt-in, not yet
-    timed)."""
+    MMA's M side (Hopper's wgmma at ``block_m`` 64 with 32-wide slices; the default for
+    16-bit inputs at M > 32, b >= 32)."""
 
     sub: int
     block_k: int
@@ -233,9 +233,9 @@ _SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
 
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
-    """Heuristic config: slices of 32 features (16 for blocks of 16; 64 for M 33-64 at
-    b = 64), activations padded to a power of two >= 16, and a deep pipeline: the loop is a stream of independent
-    loads, and HBM needs many bytes in flight (on the H200, 8 stages streamed b = 128 at
+    """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
+    to a power of two >= 16 (at most 64; the swapped orientation above 32), and a deep
+    pipeline: the loop is a stream of independent loads, and HBM needs many bytes in flight (on the H200, 8 stages streamed b = 128 at
     twice the rate of 4). Reduction steps and stages per tile side from the H200 sweeps
     (``_SMALL_16BIT``); fp32 takes 32-deep steps and 8 stages."""
     tile = tile_for(block_size)
@@ -246,15 +246,19 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
     else:
         block_k, stages = _SMALL_16BIT[min(tile, 128)]
     block_m = min(64, max(16, next_power_of_2(max(m, 1))))
-    if dtype != torch.float32 and block_size == 64 and block_m == 64:
-        # M 33-64 at b = 64: 64-wide slices (half the activation reads per weight byte),
-        # 6 stages. H200, M 64, W 12288² (`...-small-m64.json`): bprop 36.1 -> 32.1 µs at
-        # density 0.25, 19.8 -> 17.2 at 0.1; fprop 32.8 -> 32.1 and 17.5 -> 17.9.
-        sub, block_k, stages = 64, 64, 6
+    swap = False
+    if dtype != torch.float32 and block_size >= 32 and block_m == 64:
+        # M > 32: the swapped orientation (activation rows as the MMA's M: wgmma instead of
+        # mma.sync), 32-wide slices, steps of at most 64, 12 stages. H200, M 64, W 12288²
+        # (`...-small-swap.json`, same run): b = 128 fprop 31.6 -> 28.8 µs at density 0.25,
+        # 17.6 -> 14.5 at 0.1; bprop 34.8 -> 30.8, 18.9 -> 15.7; b = 64 and 32 8-22 % faster
+        # (b = 64 bprop at 0.25: 2 %). At M 32 (block_m 32) it was equal for fprop and
+        # 50-77 % slower for bprop; at b = 16 slower.
+        sub, block_k, stages, swap = 32, min(tile, 64), 12, True
     # Fewer stages where shared memory is short (the compiler keeps ~16 KiB for itself).
     per_stage = (sub * block_k + block_k * block_m) * elt
     stages = max(2, min(stages, (smem_bytes - 16384) // per_stage))
-    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages)
+    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages, swap=swap)
 
 
 # Chunks on skewed layouts, measured on the H200 (bf16, W 12288², M 1 and 32;
