@@ -42,6 +42,7 @@ from ..attention.layout import attention_table_views
 from ._alloc import new_output
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .bsmm_tma import ensure_allocator
+from ._launch import launch
 from ._tiles import cdiv, next_power_of_2
 
 LOG2E = 1.4426950408889634
@@ -419,7 +420,7 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     tma = _tma_ok(cfg, D, d_tile, k, v)
     if tma:
         ensure_allocator()
-    _fwd_kernel[(nb * (block_size // cfg.block_m), B * H)](
+    launch(_fwd_kernel, (nb * (block_size // cfg.block_m), B * H),
         q, k, v, out, lse, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
@@ -446,7 +447,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if dk.numel() == 0:
         return new_output(B, H, S, D, dtype=q.dtype, device=q.device), dk, dv
     delta = new_output(B, H, S, dtype=torch.float32, device=q.device)
-    _bwd_preprocess_kernel[(cdiv(S, 64), B * H)](
+    launch(_bwd_preprocess_kernel, (cdiv(S, 64), B * H),
         out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
@@ -463,7 +464,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
-    _bwd_dkdv_kernel[(nb * (block_size // cfg_kv.block_n), B * Hkv)](
+    launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
         B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
         BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
@@ -474,7 +475,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
-    _bwd_dq_kernel[(nb * (block_size // cfg_q.block_m), B * H)](
+    launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
         BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, TMA=tma_q, num_warps=cfg_q.num_warps,

@@ -31,6 +31,7 @@ import triton.language as tl
 from ..layout import longest_runs, table_views
 from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
 from ._alloc import new_output
+from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
 from ._device import shared_memory_bytes, sm_count
 
@@ -303,7 +304,7 @@ def dds(
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
         bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
         return c
-    _dds_kernel[(cdiv(m, cfg.block_m) * n_out,)](
+    launch(_dds_kernel, (cdiv(m, cfg.block_m) * n_out,),
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,
         m, n_out,
@@ -362,7 +363,7 @@ def sdd(
             a.t(), b, out, row_of, row_cols, m, m_per_split, nnz, splits, cfg, block_size, precision,
         )
     else:
-        _sdd_kernel[(nnz, splits)](
+        launch(_sdd_kernel, (nnz, splits),
             a, b, out, row_of, row_cols,
             m, m_per_split, nnz,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1),

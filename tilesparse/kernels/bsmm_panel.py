@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
+from ._launch import launch
 from ._tiles import cdiv, check_power_of_two, grouped_tile
 
 
@@ -141,7 +142,7 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     grid = (cdiv(a.shape[0], cfg.block_m) * n_groups,)
-    _dds_panel_kernel[grid](
+    launch(_dds_panel_kernel, grid,
         a, values, bias if bias is not None else c, c,
         pptr, pk, pslots,
         a.shape[0], c.shape[1], n_groups,

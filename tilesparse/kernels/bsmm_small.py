@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ._alloc import new_output
+from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
@@ -332,7 +333,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
         ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
         sem = _arrival_counters(c.device, tiles)
-    _dds_small_kernel[grid](
+    launch(_dds_small_kernel, grid,
         a, values, bias if bias is not None else c, out,
         ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,

@@ -19,6 +19,7 @@ from triton.runtime import _allocation  # private: where triton.set_allocator ke
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._device import capability_major
+from ._launch import launch
 from ._tiles import cdiv, grouped_tile
 
 
@@ -168,7 +169,7 @@ def ensure_allocator() -> None:
 def launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans, precision):
     b = values.shape[-1]
     ensure_allocator()
-    _dds_desc_kernel[(cdiv(a.shape[0], cfg.block_m) * n_out,)](
+    launch(_dds_desc_kernel, (cdiv(a.shape[0], cfg.block_m) * n_out,),
         a, values, c, bias if bias is not None else c,
         ptr, idx, slot if slot is not None else ptr,
         a.shape[0], a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),
@@ -181,7 +182,7 @@ def launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans
 
 def launch_sdd_device_desc(a_t, b, out, rows, cols, m, m_per_split, nnz, splits, cfg, block_size, precision):
     ensure_allocator()
-    _sdd_desc_kernel[(nnz, splits)](
+    launch(_sdd_desc_kernel, (nnz, splits),
         a_t, b, out, rows, cols,
         m, a_t.shape[1], b.shape[1], m_per_split, nnz, a_t.stride(0), b.stride(0),
         B=block_size, BLOCK_M=cfg.block_m, INPUT_PRECISION=precision,

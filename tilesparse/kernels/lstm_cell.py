@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ._alloc import new_output
+from ._launch import launch
 from ._tiles import cdiv, next_power_of_2
 
 __all__ = [
@@ -246,7 +247,7 @@ def lstm_cell_forward_triton(
     if batch == 0 or hidden == 0:
         return h, c, acts
     block_b, block_h, grid = _tiles(batch, hidden)
-    _lstm_cell_fwd_kernel[grid](
+    launch(_lstm_cell_fwd_kernel, grid,
         gates, gates if gates_add is None else gates_add, gates if c_prev is None else c_prev,
         h, c, h if acts is None else acts,
         batch, hidden,
@@ -289,7 +290,7 @@ def lstm_cell_backward_triton(
     if batch == 0 or hidden == 0:
         return dgates, dc_prev
     block_b, block_h, grid = _tiles(batch, hidden)
-    _lstm_cell_bwd_kernel[grid](
+    launch(_lstm_cell_bwd_kernel, grid,
         dh, dh if dh_add is None else dh_add, dh if dc_next is None else dc_next,
         acts, c, c if c_prev is None else c_prev, dgates, dgates if dc_prev is None else dc_prev,
         batch, hidden,

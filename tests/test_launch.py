@@ -1,0 +1,109 @@
+"""The direct launch path (tilesparse.kernels._launch): its specialization keys on the CPU,
+and on the GPU the same bits as Triton's own launch, with new specializations (alignment,
+integer classes) compiled rather than reused."""
+
+import pytest
+import torch
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from tilesparse.kernels import _launch
+from tilesparse.layouts import random as random_layout
+
+
+
+def _kernel(x_ptr, n, stride, B: tl.constexpr, FLAG: tl.constexpr):  # never launched here
+    pass
+
+
+def test_int_specialization_classes_differ_where_triton_may_specialize():
+    spec = _launch.arg_spec
+    assert spec(16) == spec(32) and spec(17) == spec(33)
+    assert spec(16) != spec(17)  # divisibility by 16
+    assert spec(1) != spec(17)  # equality to 1
+    assert spec(2**31 - 16) != spec(2**31)  # 32- vs 64-bit
+    assert spec(-(2**31)) != spec(-(2**31) - 16)
+    assert spec(True) != spec(1) and spec(True) == spec(False)  # bool is its own type
+    assert spec(0.5) == spec(2.0) and spec(None) is None
+
+
+def test_tensor_specialization_is_dtype_and_16_byte_alignment():
+    buf = torch.zeros(64, dtype=torch.float16)
+    assert _launch.arg_spec(buf) == (torch.float16, True)
+    assert _launch.arg_spec(buf[1:]) == (torch.float16, False)  # base + 2 bytes
+    assert _launch.arg_spec(buf[8:]) == (torch.float16, True)  # base + 16 bytes
+    assert _launch.arg_spec(buf.float()) != _launch.arg_spec(buf)
+    with pytest.raises(_launch._Unhandled):
+        _launch.arg_spec("text")
+
+
+def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs():
+    kernel = JITFunction(_kernel)
+    tail = _launch._constexpr_tail
+    assert tail(kernel, 3, ("FLAG", "B", "num_warps")) == ("B", "FLAG")  # the kernel's order
+    assert tail(kernel, 3, ("B",)) is None  # FLAG missing
+    assert tail(kernel, 2, ("stride", "B", "FLAG")) is None  # a runtime parameter by keyword
+
+
+def test_cpu_tensors_take_tritons_own_launch():
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    x = torch.zeros(4)
+    _launch.launch(Recorder(), (3,), x, 4, B=2, num_warps=1)
+    assert calls == [((3,), (x, 4), {"B": 2, "num_warps": 1})]
+
+
+# --------------------------------------------------------------------------- GPU
+
+DEVICE = "cuda"
+
+
+def _count_triton_runs(monkeypatch):
+    seen = []
+    original = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        seen.append(self.fn.__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", run)
+    return seen
+
+
+def _products(x, w, layout, dy, cfg):
+    from tilesparse.kernels import bsmm as K
+
+    meta, r, c = layout.meta, layout.block_rows, layout.block_cols
+    return (K.dds(x, w, meta, None, r, c, True, cfg), K.dds(dy, w, meta, None, r, c, False, cfg),
+            K.sdd(dy.t(), x, meta, layout.block_size, r, c))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "descriptors"])
+def test_gpu_direct_launch_matches_tritons_bitwise(monkeypatch, tma):
+    from tilesparse.kernels import bsmm as K
+
+    layout = random_layout(512, 384, 64, 0.4, device=DEVICE)
+    cfg = K.KernelConfig(128, 64, 4, 3, tma=tma)
+    w = torch.randn(layout.nnz, 64, 64, device=DEVICE, dtype=torch.bfloat16)
+    # 16-byte aligned, then a view 2 bytes off (a new specialization: pointer alignment),
+    # then an M that is not a multiple of 16 (a new integer class)
+    buf_x = torch.randn(300 * 384 + 1, device=DEVICE, dtype=torch.bfloat16)
+    buf_dy = torch.randn(300 * 512 + 1, device=DEVICE, dtype=torch.bfloat16)
+    for m, offset in ((256, 0), (256, 1), (251, 0)):
+        x = buf_x[offset:offset + m * 384].view(m, 384)
+        dy = buf_dy[offset:offset + m * 512].view(m, 512)
+        monkeypatch.setattr(_launch, "_ENABLED", False)
+        expected = _products(x, w, layout, dy, cfg)
+        monkeypatch.setattr(_launch, "_ENABLED", True)
+        for _ in range(2):  # the first call may compile and remember, the second launches directly
+            got = _products(x, w, layout, dy, cfg)
+            for e, g in zip(expected, got):
+                assert torch.equal(e, g)
+    seen = _count_triton_runs(monkeypatch)
+    _products(x, w, layout, dy, cfg)
+    assert seen == []  # every product of a remembered specialization skipped Triton's launch

@@ -1,0 +1,108 @@
+"""Kernel launches with less host time: a Triton kernel's compiled form, remembered per
+argument specialization, launched through its own launcher.
+
+``kernel[grid](*args, **kw)`` binds every argument, builds a cache key from the
+specialization of each (a string of the options included) and looks the compiled kernel
+up: on the H200's host 32 µs per launch of the dds kernel, against 13 µs for the
+compiled kernel's launcher alone (``scripts/profile_host.py``). Our products are three
+launches per training step and two per recurrent timestep, so that difference is a
+large part of an eager step's host time (docs/performance.md).
+
+:func:`launch` keys the compiled kernel on what Triton specializes on, computed here
+more cheaply (a tensor's dtype and 16-byte alignment; an int's 32- or 64-bit range,
+divisibility by 16 and equality to 1; the constexprs and launch options by value), and
+launches it directly from the second call with that key on. The first call with a new
+key, and every call Triton must see (launch hooks set, e.g. by a profiler; the
+interpreter; CPU tensors; argument kinds not handled here), take the ordinary path.
+``TILESPARSE_FAST_LAUNCH=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+_INT32 = (-(1 << 31), 1 << 31)
+_COMPILED: dict = {}  # key -> CompiledKernel
+_TAIL: dict = {}  # (kernel, n positional, keyword names) -> constexpr names in order, or None
+_OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg"))
+
+
+def enabled() -> bool:
+    return os.environ.get("TILESPARSE_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+_ENABLED = enabled()
+
+
+class _Unhandled(Exception):
+    """An argument whose specialization this module does not compute."""
+
+
+def arg_spec(arg) -> object:
+    """What Triton's compiled kernel depends on for one runtime argument: at least as fine
+    as Triton's own specialization, so equal specs never share a wrongly specialized
+    kernel (finer only costs an extra compile)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    kind = type(arg)
+    if kind is bool:
+        return bool
+    if kind is int:
+        return _INT32[0] <= arg < _INT32[1], arg % 16 == 0, arg == 1
+    if kind is float:
+        return float
+    if arg is None:
+        return None
+    raise _Unhandled(kind)
+
+
+def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tuple | None:
+    """The keyword arguments' names in the kernel's parameter order when they are exactly
+    the constexpr parameters after the positional ones (the compiled launcher takes every
+    parameter in order), else None."""
+    key = (kernel, n_positional, names)
+    if key not in _TAIL:
+        params = kernel.params[n_positional:]
+        fits = all(p.is_constexpr for p in params) and {p.name for p in params} == set(names) - _OPTIONS
+        _TAIL[key] = tuple(p.name for p in params) if fits else None
+    return _TAIL[key]
+
+
+def _hooks_set() -> bool:
+    """Whether launch hooks are registered (a profiler's): they need Triton's own path."""
+    runtime = triton.knobs.runtime
+    return any(getattr(hook, "calls", hook is not None) for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, launched through the remembered compiled kernel
+    where one fits (see the module docstring). ``grid``: a tuple of 1-3 ints."""
+    if not (_ENABLED and isinstance(kernel, JITFunction) and type(grid) is tuple
+            and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda
+            and not _hooks_set()):
+        kernel[grid](*args, **kwargs)
+        return
+    tail_names = _constexpr_tail(kernel, len(args), tuple(kwargs))
+    try:
+        spec = tuple(map(arg_spec, args))
+    except _Unhandled:
+        tail_names = None
+    if tail_names is None:
+        kernel[grid](*args, **kwargs)
+        return
+    device = torch.cuda.current_device()
+    key = (kernel, device, spec, tuple(kwargs.items()))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        compiled = kernel[grid](*args, **kwargs)
+        if compiled is not None and not hasattr(compiled, "result"):  # not an async compile
+            _COMPILED[key] = compiled
+        return
+    g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    compiled.run(g0, g1, g2, driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *args, *[kwargs[name] for name in tail_names])
