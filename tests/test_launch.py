@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton.language as tl
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tilesparse.kernels import _launch
 from tilesparse.layouts import random as random_layout
@@ -35,6 +36,15 @@ def test_tensor_specialization_is_dtype_and_16_byte_alignment():
     assert _launch.arg_spec(buf.float()) != _launch.arg_spec(buf)
     with pytest.raises(_launch._Unhandled):
         _launch.arg_spec("text")
+
+
+def test_host_descriptor_specialization_is_all_but_the_address():
+    buf = torch.zeros(4096, dtype=torch.bfloat16)
+    desc = lambda t, block: TensorDescriptor(t, list(t.shape), list(t.stride()), block)  # noqa: E731
+    a, b = buf[:2048].view(32, 64), buf[2048:].view(32, 64)  # same layout, other address
+    assert _launch.arg_spec(desc(a, [16, 64])) == _launch.arg_spec(desc(b, [16, 64]))
+    assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(a, [32, 64]))
+    assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(buf.view(64, 64), [16, 64]))
 
 
 def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs():

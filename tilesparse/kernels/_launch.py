@@ -10,7 +10,8 @@ large part of an eager step's host time (docs/performance.md).
 
 :func:`launch` keys the compiled kernel on what Triton specializes on, computed here
 more cheaply (a tensor's dtype and 16-byte alignment; an int's 32- or 64-bit range,
-divisibility by 16 and equality to 1; the constexprs and launch options by value), and
+divisibility by 16 and equality to 1; a host TMA descriptor's all but its address; the
+constexprs and launch options by value), and
 launches it directly from the second call with that key on. The first call with a new
 key, and every call Triton must see (launch hooks set, e.g. by a profiler; the
 interpreter; CPU tensors; argument kinds not handled here), take the ordinary path.
@@ -25,6 +26,7 @@ import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _INT32 = (-(1 << 31), 1 << 31)
 _COMPILED: dict = {}  # key -> CompiledKernel
@@ -58,6 +60,9 @@ def arg_spec(arg) -> object:
         return float
     if arg is None:
         return None
+    if kind is TensorDescriptor:  # a host-built TMA descriptor: everything but the address by value
+        return (TensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
+                tuple(arg.block_shape), arg.padding)
     raise _Unhandled(kind)
 
 
@@ -73,6 +78,11 @@ def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tup
     return _TAIL[key]
 
 
+def _on_cuda(arg) -> bool:
+    tensor = arg.base if type(arg) is TensorDescriptor else arg
+    return isinstance(tensor, torch.Tensor) and tensor.is_cuda
+
+
 def _hooks_set() -> bool:
     """Whether launch hooks are registered (a profiler's): they need Triton's own path."""
     runtime = triton.knobs.runtime
@@ -83,7 +93,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, launched through the remembered compiled kernel
     where one fits (see the module docstring). ``grid``: a tuple of 1-3 ints."""
     if not (_ENABLED and isinstance(kernel, JITFunction) and type(grid) is tuple
-            and args and isinstance(args[0], torch.Tensor) and args[0].is_cuda
+            and args and _on_cuda(args[0])
             and not _hooks_set()):
         kernel[grid](*args, **kwargs)
         return

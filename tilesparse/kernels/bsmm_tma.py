@@ -144,7 +144,7 @@ def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
 def launch_sdd(a_t, b, out, rows, cols, m, m_per_split, nnz, splits, cfg, block_size, precision):
     at_desc = descriptor(a_t, [cfg.block_m, block_size])
     b_desc = descriptor(b, [cfg.block_m, block_size])
-    _sdd_tma_kernel[(nnz, splits)](
+    launch(_sdd_tma_kernel, (nnz, splits),
         at_desc, b_desc, out, rows, cols,
         m, m_per_split, nnz,
         B=block_size, BLOCK_M=cfg.block_m, INPUT_PRECISION=precision,
