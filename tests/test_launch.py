@@ -43,8 +43,17 @@ def test_host_descriptor_specialization_is_all_but_the_address():
     desc = lambda t, block: TensorDescriptor(t, list(t.shape), list(t.stride()), block)  # noqa: E731
     a, b = buf[:2048].view(32, 64), buf[2048:].view(32, 64)  # same layout, other address
     assert _launch.arg_spec(desc(a, [16, 64])) == _launch.arg_spec(desc(b, [16, 64]))
+    assert _launch.arg_spec(desc(a, [16, 64])) == _launch.arg_spec(desc(buf.view(64, 64), [16, 64]))  # sizes by class
     assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(a, [32, 64]))
-    assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(buf.view(64, 64), [16, 64]))
+    assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(buf[:2560].view(40, 64), [16, 64]))
+
+
+def test_compile_settings_are_part_of_the_key(monkeypatch):
+    import triton
+
+    before = _launch._compile_knobs()
+    monkeypatch.setattr(triton.knobs.runtime, "debug", not triton.knobs.runtime.debug)
+    assert _launch._compile_knobs() != before
 
 
 def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs():
@@ -53,18 +62,17 @@ def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs()
     assert tail(kernel, 3, ("FLAG", "B", "num_warps")) == ("B", "FLAG")  # the kernel's order
     assert tail(kernel, 3, ("B",)) is None  # FLAG missing
     assert tail(kernel, 2, ("stride", "B", "FLAG")) is None  # a runtime parameter by keyword
+    assert tail(kernel, 4, ("FLAG",)) is None  # a constexpr by position: its value would not be keyed
 
 
-def test_cpu_tensors_take_tritons_own_launch():
+def test_cpu_tensors_take_tritons_own_launch(monkeypatch):
+    monkeypatch.setattr(_launch, "_ENABLED", True)  # as on a GPU machine: the tensor's device decides
     calls = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
-
+    monkeypatch.setattr(JITFunction, "run", lambda self, *args, **kwargs: calls.append((args, kwargs)))
     x = torch.zeros(4)
-    _launch.launch(Recorder(), (3,), x, 4, B=2, num_warps=1)
-    assert calls == [((3,), (x, 4), {"B": 2, "num_warps": 1})]
+    _launch.launch(JITFunction(_kernel), (3,), x, 4, 1, B=2, FLAG=True, num_warps=1)
+    assert calls == [((x, 4, 1), {"grid": (3,), "warmup": False, "B": 2, "FLAG": True, "num_warps": 1})]
+    assert not any(key[0].fn is _kernel for key in _launch._COMPILED)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -117,3 +125,24 @@ def test_gpu_direct_launch_matches_tritons_bitwise(monkeypatch, tma):
     seen = _count_triton_runs(monkeypatch)
     _products(x, w, layout, dy, cfg)
     assert seen == []  # every product of a remembered specialization skipped Triton's launch
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_small_kernel_ints_equal_to_one_and_other_configs(monkeypatch):
+    import dataclasses
+
+    from tilesparse.kernels import bsmm as K
+    from tilesparse.kernels import bsmm_small as S
+
+    layout = random_layout(512, 384, 32, 0.3, device=DEVICE)
+    meta, r, c = layout.meta, layout.block_rows, layout.block_cols
+    w = torch.randn(layout.nnz, 32, 32, device=DEVICE, dtype=torch.bfloat16)
+    for m in (1, 2, 17):  # M 1: an int Triton specializes as the constant 1
+        x = torch.randn(m, 384, device=DEVICE, dtype=torch.bfloat16)
+        small = S.small_config(m, 32, torch.bfloat16)
+        for cfg in (small, dataclasses.replace(small, num_warps=8), K.KernelConfig(64, 32, 4, 3)):
+            monkeypatch.setattr(_launch, "_ENABLED", False)
+            expected = K.dds(x, w, meta, None, r, c, True, cfg)
+            monkeypatch.setattr(_launch, "_ENABLED", True)
+            for _ in range(2):
+                assert torch.equal(K.dds(x, w, meta, None, r, c, True, cfg), expected), (m, cfg)

@@ -63,6 +63,12 @@ ALL_VARIANTS = {
     "s32k64st12S": (32, 64, 12, 4, 1, 1, False, True),
     "s32k32st12S": (32, 32, 12, 4, 1, 1, False, True),
     "s16k64st8S": (16, 64, 8, 4, 1, 1, False, True),
+    # swapped, ninth session: two warpgroups, deeper pipelines, wider and narrower slices
+    "s32k64st12Sw8": (32, 64, 12, 8, 1, 1, False, True),
+    "s32k64st16S": (32, 64, 16, 4, 1, 1, False, True),
+    "s64k64st8S": (64, 64, 8, 4, 1, 1, False, True),
+    "s64k64st8Sw8": (64, 64, 8, 8, 1, 1, False, True),
+    "s16k64st12S": (16, 64, 12, 4, 1, 1, False, True),
     # programs take the block-rows longest first (7th field), with and without chunks
     "s32k128st8L": (32, 128, 8, 4, 1, 1, True),
     "s32k128st8c2L": (32, 128, 8, 4, 1, 2, True),

@@ -10,11 +10,13 @@ large part of an eager step's host time (docs/performance.md).
 
 :func:`launch` keys the compiled kernel on what Triton specializes on, computed here
 more cheaply (a tensor's dtype and 16-byte alignment; an int's 32- or 64-bit range,
-divisibility by 16 and equality to 1; a host TMA descriptor's all but its address; the
-constexprs and launch options by value), and
-launches it directly from the second call with that key on. The first call with a new
-key, and every call Triton must see (launch hooks set, e.g. by a profiler; the
-interpreter; CPU tensors; argument kinds not handled here), take the ordinary path.
+divisibility by 16 and equality to 1; a host TMA descriptor's dtype, alignment, block
+shape and padding, its sizes and strides by those int classes; the constexprs, launch
+options and Triton's compile settings by value), and launches it directly from the
+second call with that key on: 6-9 µs less host time per product call on the H200
+(``scripts/probes/launch_ab.py``). The first call with a new key, and every call Triton
+must see (launch or pre-run hooks, e.g. a profiler's; the interpreter; CPU tensors;
+constexprs passed by position; argument kinds not handled here) take Triton's path.
 ``TILESPARSE_FAST_LAUNCH=0`` turns it off.
 """
 
@@ -35,7 +37,10 @@ _OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg"))
 
 
 def enabled() -> bool:
-    return os.environ.get("TILESPARSE_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+    """On unless TILESPARSE_FAST_LAUNCH=0, under the interpreter, or on ROCm (whose backend
+    also specializes tensors on their size, which the key here does not cover)."""
+    return (os.environ.get("TILESPARSE_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.version.hip is None)
 
 
 _ENABLED = enabled()
@@ -60,9 +65,9 @@ def arg_spec(arg) -> object:
         return float
     if arg is None:
         return None
-    if kind is TensorDescriptor:  # a host-built TMA descriptor: everything but the address by value
-        return (TensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
-                tuple(arg.block_shape), arg.padding)
+    if kind is TensorDescriptor:  # a host-built TMA descriptor: its sizes by class, the rest by value
+        return (TensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
+                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), arg.padding)
     raise _Unhandled(kind)
 
 
@@ -73,9 +78,17 @@ def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tup
     key = (kernel, n_positional, names)
     if key not in _TAIL:
         params = kernel.params[n_positional:]
-        fits = all(p.is_constexpr for p in params) and {p.name for p in params} == set(names) - _OPTIONS
+        fits = (all(p.is_constexpr for p in params) and not any(p.is_constexpr for p in kernel.params[:n_positional])
+                and {p.name for p in params} == set(names) - _OPTIONS)
         _TAIL[key] = tuple(p.name for p in params) if fits else None
     return _TAIL[key]
+
+
+def _compile_knobs() -> tuple:
+    """Triton settings its own launch folds into the compiled kernel's options each call."""
+    knobs = triton.knobs
+    return (knobs.runtime.debug, knobs.compilation.instrumentation_mode, knobs.language.default_fp_fusion,
+            knobs.runtime.override_arch)
 
 
 def _on_cuda(arg) -> bool:
@@ -93,8 +106,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, launched through the remembered compiled kernel
     where one fits (see the module docstring). ``grid``: a tuple of 1-3 ints."""
     if not (_ENABLED and isinstance(kernel, JITFunction) and type(grid) is tuple
-            and args and _on_cuda(args[0])
-            and not _hooks_set()):
+            and args and _on_cuda(args[0]) and not kernel.pre_run_hooks and not _hooks_set()):
         kernel[grid](*args, **kwargs)
         return
     tail_names = _constexpr_tail(kernel, len(args), tuple(kwargs))
@@ -106,7 +118,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kernel[grid](*args, **kwargs)
         return
     device = torch.cuda.current_device()
-    key = (kernel, device, spec, tuple(kwargs.items()))
+    key = (kernel, device, spec, tuple(kwargs.items()), _compile_knobs())
     compiled = _COMPILED.get(key)
     if compiled is None:
         compiled = kernel[grid](*args, **kwargs)
