@@ -242,7 +242,9 @@ def block_sparse_linear(
     if bias is not None:
         _checks.check_same(bias, "bias", x, "x")
     meta = layout.meta_on(x.device)
-    y = _dds(x.reshape(-1, in_features), weight, meta, bias, layout.block_rows, layout.block_cols, True)
+    # 2-D input as is: a reshape would still be a view op (and a node in the backward)
+    rows = x if x.dim() == 2 else x.reshape(-1, in_features)
+    y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)
     # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
 
