@@ -22,8 +22,8 @@ import time
 os.environ.pop("TRITON_INTERPRET", None)  # the launches are stubbed: nothing is interpreted
 
 import torch  # noqa: E402
+from host_cases import host_cases  # noqa: E402
 
-import tilesparse as ts  # noqa: E402
 from tilesparse.kernels import bsmm as K  # noqa: E402
 from tilesparse.kernels import bsmm_panel, bsmm_small, bsmm_tma  # noqa: E402
 from tilesparse.ops import bsmm as O  # noqa: E402
@@ -58,39 +58,16 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     stub_launches()
-    dt = torch.bfloat16
-    layout = ts.layouts.random(1024, 1024, 128, 0.25, seed=0)
-    w = torch.randn(layout.nnz, 128, 128, dtype=dt, requires_grad=True)
-    x = torch.randn(64, 1024, dtype=dt, requires_grad=True)
-    dy = torch.randn(64, 1024, dtype=dt)
-    meta, r, c = layout.meta, layout.block_rows, layout.block_cols
-    xd, wd = x.detach(), w.detach()
-
-    def step():
-        return torch.autograd.grad(ts.block_sparse_linear(x, w, layout), (x, w), dy)
-
-    def step_one_thread():
-        with torch.autograd.set_multithreading_enabled(False):
-            return step()
-
-    cases = {
-        "kernels.dds (fprop)": lambda: K.dds(xd, wd, meta, None, r, c, True),
-        "kernels.dds (bprop)": lambda: K.dds(dy, wd, meta, None, r, c, False),
-        "kernels.sdd": lambda: K.sdd(dy.t(), xd, meta, 128, r, c),
-        "block_sparse_linear, no grad": lambda: ts.block_sparse_linear(xd, wd, layout),
-        "block_sparse_linear, grad": lambda: ts.block_sparse_linear(x, w, layout),
-        "training step": step,
-        "training step, backward on the calling thread": step_one_thread,
-    }
+    cases = host_cases(torch.device("cpu"), torch.bfloat16, m=64)
     for name, fn in cases.items():
         print(f"{name:48s} {per_call_us(fn, args.calls):7.1f} us")
     if args.profile:
+        step = cases["training step, backward on the calling thread"]
         prof = cProfile.Profile()
-        with torch.autograd.set_multithreading_enabled(False):
-            prof.enable()
-            for _ in range(args.calls):
-                step()
-            prof.disable()
+        prof.enable()
+        for _ in range(args.calls):
+            step()
+        prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 

@@ -16,38 +16,9 @@ import statistics
 
 import torch
 
-import tilesparse as ts
+from host_cases import host_cases
 from tilesparse.bench.timing import host_us
 from tilesparse.kernels import _launch
-from tilesparse.kernels import bsmm as K
-
-
-def cases(dev, dt) -> dict:
-    """Problems too small to keep the GPU busy (M 256 / 16, 1024², b 128), so a loop's
-    time is the host's."""
-    layout = ts.layouts.random(1024, 1024, 128, 0.25, device=dev)
-    w = torch.randn(layout.nnz, 128, 128, device=dev, dtype=dt, requires_grad=True)
-    x = torch.randn(256, 1024, device=dev, dtype=dt, requires_grad=True)
-    x16 = torch.randn(16, 1024, device=dev, dtype=dt)
-    dy = torch.randn(256, 1024, device=dev, dtype=dt)
-    meta, r, c = layout.meta, layout.block_rows, layout.block_cols
-    xd, wd = x.detach(), w.detach()
-
-    def step():
-        return torch.autograd.grad(ts.block_sparse_linear(x, w, layout), (x, w), dy)
-
-    def step_one_thread():
-        with torch.autograd.set_multithreading_enabled(False):
-            return step()
-
-    return {
-        "kernels.dds fprop (TMA)": lambda: K.dds(xd, wd, meta, None, r, c, True),
-        "kernels.dds bprop": lambda: K.dds(dy, wd, meta, None, r, c, False),
-        "kernels.sdd": lambda: K.sdd(dy.t(), xd, meta, 128, r, c),
-        "kernels.dds small M 16": lambda: K.dds(x16, wd, meta, None, r, c, True),
-        "training step": step,
-        "training step, backward on the calling thread": step_one_thread,
-    }
 
 
 def main() -> None:
@@ -56,7 +27,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--out", default="launch_ab.json")
     args = p.parse_args()
-    fns = cases(torch.device("cuda"), torch.bfloat16)
+    fns = host_cases(torch.device("cuda"), torch.bfloat16)
     samples = {name: {"direct": [], "triton": []} for name in fns}
     for _ in range(args.rounds):
         for name, fn in fns.items():
