@@ -64,19 +64,30 @@ def attention_cases(quick: bool):
                           TMA=tma)
             for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
-                # variants: dQ by atomics (deterministic=False); the forward's split-off last block
-                for variant in (False, True) if kind != "dq" and not (kind == "fwd" and kpm) else (False,):
+                # variants: dQ by atomics (deterministic=False) and the two-pass dK/dV walk
+                # (AttentionConfig.two_pass), alone and together; the forward's split-off last block
+                variants = {"dkdv": ((), ("atomic_dq",), ("two_pass",), ("two_pass", "atomic_dq"))[:3 if quick else 4],
+                            "fwd": ((),) if kpm else ((), ("split_last",))}.get(kind, ((),))
+                for variant in variants:
                     const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
                     if kind == "dkdv":  # a constexpr left out would compile as a runtime int
-                        const.update(ATOMIC_DQ=variant, TMA_REDUCE=variant and tma)
+                        atomic = "atomic_dq" in variant
+                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS="two_pass" in variant)
                     elif kind == "fwd":
-                        const.update(SPLIT_LAST=variant)
-                    name = {"dkdv": " atomic_dq", "fwd": " split_last"}.get(kind, "") if variant else ""
+                        const.update(SPLIT_LAST="split_last" in variant)
+                    name = "".join(f" {v}" for v in variant)
                     yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}{name}", fn,
                            _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
         const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
         fn = attn._bwd_preprocess_kernel
         yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
+    if not quick:  # the two-pass dK/dV kernel at other tiles than the measured config's (b 128, D 128)
+        fn = attn._bwd_dkdv_kernel
+        for block_m, block_n, warps in ((64, 128, 4), (128, 128, 8), (64, 64, 4), (64, 64, 8)):
+            const = dict(BS=128, D=128, D_TILE=128, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=True, HAS_KPM=False,
+                         INPUT_PRECISION="ieee", TMA=True, ATOMIC_DQ=False, TMA_REDUCE=False, TWO_PASS=True)
+            yield (f"attention dkdv b128 D128 causal=True kpm=False tma=True two_pass {block_m}x{block_n} w{warps}",
+                   fn, _attention_signature(fn, "bf16", const), const, warps, 2)
 
 
 def semi24_cases(quick: bool):

@@ -13,99 +13,18 @@ wrong); bf16 runs in the GPU-marked tests.
 """
 
 import dataclasses
-import functools
-import math
 
 import pytest
 import torch
 
-from bsmm_cases import INTERPRETER_MARKS
+from attention_cases import _seed, check_case, interpreter, make_inputs, padding, reference_with_grads, run_kernels
 from tilesparse.attention import AttentionLayout, block_sparse_attention, layouts
-from tilesparse.attention.reference import attention_reference, token_mask
+from tilesparse.attention.reference import attention_reference
 from tilesparse.kernels import attention as kernels
 from tolerances import assert_close, rel_error
 
 # torch's own inductor import path warns about torch.jit.script_method; not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-
-
-def interpreter(test):
-    """Mark a test that runs the Triton kernels on CPU tensors (the interpreter)."""
-    return functools.reduce(lambda t, mark: mark(t), INTERPRETER_MARKS, test)
-
-
-def _seed() -> int:
-    return int(torch.randint(0, 2**31 - 1, ()))  # the conftest seeds the generator per test
-
-
-def make_inputs(B, H, Hkv, S, D, dtype, device="cpu", seq_major=False):
-    """q [B, H, S, D], k, v [B, Hkv, S, D]. ``seq_major``: views of [B, S, H, D] tensors
-    (the usual projection output), so the kernels see non-contiguous strides."""
-    def one(heads):
-        if seq_major:
-            return torch.randn(B, S, heads, D, device=device).to(dtype).transpose(1, 2)
-        return torch.randn(B, heads, S, D, device=device).to(dtype)
-    return one(H), one(Hkv), one(Hkv)
-
-
-def padding(B, S, kind):
-    """key_padding_mask: None, 'tail' (batch element 1 keeps only its first 2/3 of keys),
-    or 'all' (batch element 0 entirely padding: every row empty)."""
-    if kind is None:
-        return None
-    kpm = torch.zeros(B, S, dtype=torch.bool)
-    if kind == "tail":
-        kpm[-1, (2 * S) // 3:] = True
-    elif kind == "all":
-        kpm[0, :] = True
-    return kpm
-
-
-def reference_with_grads(q, k, v, layout, grad_out, **kw):
-    """(out, lse, (dq, dk, dv)) of the float64 reference, on the inputs as rounded."""
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    out, lse = attention_reference(q64, k64, v64, layout, return_lse=True, **kw)
-    grads = torch.autograd.grad(out, (q64, k64, v64), grad_out.double())
-    return out.detach(), lse.detach(), grads
-
-
-def empty_rows(layout, S, causal, kpm, H):
-    """[B or 1, H, S] bool: queries with no kept key."""
-    keep = token_mask(layout, S, causal, kpm)
-    return ~keep.any(-1).expand(-1, H, -1)
-
-
-def run_kernels(q, k, v, layout, causal, kpm, scale, grad_out, configs=None, deterministic=True):
-    meta = layout.meta_on(q.device, causal)
-    fwd_cfg, bwd_cfgs = (None, None) if configs is None else (configs[0], configs[1:])
-    out, lse = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, layout.block_size, causal, scale,
-                                         config=fwd_cfg)
-    grads = kernels.attention_backward(grad_out, q, k, v, out, lse, meta, kpm, layout.layout_heads,
-                                       layout.block_size, causal, scale, configs=bwd_cfgs,
-                                       deterministic=deterministic)
-    return out, lse, grads
-
-
-def check_case(layout, B, H, Hkv, D, dtype, causal, kpm_kind, *, scale=None, seq_major=False, configs=None,
-               deterministic=True):
-    S = layout.seq_len
-    q, k, v = make_inputs(B, H, Hkv, S, D, dtype, seq_major=seq_major)
-    kpm = padding(B, S, kpm_kind)
-    scale_ = 1.0 / math.sqrt(D) if scale is None else scale
-    grad_out = torch.randn(B, H, S, D).to(dtype)
-    out, lse, grads = run_kernels(q, k, v, layout, causal, kpm, scale_, grad_out, configs, deterministic)
-    ref, ref_lse, ref_grads = reference_with_grads(q, k, v, layout, grad_out, causal=causal, scale=scale_,
-                                                   key_padding_mask=kpm)
-    assert_close(out, ref, dtype, "out")
-    for name, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
-        assert_close(got, want, dtype, name)
-    # lse: -inf exactly on the empty rows, close elsewhere
-    empty = empty_rows(layout, S, causal, kpm, H).expand(B, -1, -1)
-    assert torch.equal(torch.isneginf(lse), empty)
-    assert torch.allclose(lse[~empty].double(), ref_lse[~empty], atol=1e-3, rtol=1e-3)
-    # empty rows: exact zeros in out and dq (never NaN)
-    assert bool((out[empty] == 0).all()) and bool((grads[0][empty] == 0).all())
-    return empty
 
 
 # --------------------------------------------------------------------------- the reference
@@ -149,6 +68,13 @@ def _empty_row_layout():
     return AttentionLayout(mask, 16, 70)
 
 
+def _two_pass_configs(block_m, block_n, tma=False, maxnreg=None):
+    """(fwd, dkdv, dq) configs with the two-pass dK/dV kernel (maxnreg: the GPU's register
+    cap, which the interpreter ignores; here it must pass through the launchers)."""
+    plain = kernels.AttentionConfig(block_m, block_n, tma=tma)
+    return plain, dataclasses.replace(plain, two_pass=True, maxnreg=maxnreg), plain
+
+
 KERNEL_CASES = {
     # id: (layout factory, B, H, Hkv, D, dtype, causal, padding, extra kwargs)
     "causal_b16_fp32": (lambda: layouts.causal(80, 16), 2, 2, 2, 32, torch.float32, True, None, {}),
@@ -187,6 +113,25 @@ KERNEL_CASES = {
                                         "configs": (kernels.AttentionConfig(16, 16, tma=True),) * 3}),
     "atomic_dq_empty_rows_split_fp32": (_empty_row_layout, 2, 1, 1, 32, torch.float32, False, "all",
                                         {"deterministic": False, "configs": (kernels.AttentionConfig(16, 16),) * 3}),
+    # two_pass: the dK/dV kernel walks each column twice (dV, then dK). Causal GQA with an
+    # odd S; per-head layout with padding, split tiles and TMA; empty rows and columns
+    # (all padding); D 48 on a 64 tile; and with the atomic dQ (which rides the dK pass)
+    "two_pass_local_causal_gqa_oddS_fp16": (lambda: layouts.local(75, 16, 24, causal=True), 1, 4, 2, 32,
+                                            torch.float16, True, None,
+                                            {"configs": _two_pass_configs(16, 16, maxnreg=128)}),
+    "two_pass_perhead_gqa_pad_tma_b32_fp32": (lambda: layouts.random(100, 32, 0.5, _seed(), num_heads=2), 2, 2, 1,
+                                              32, torch.float32, False, "tail",
+                                              {"seq_major": True, "configs": _two_pass_configs(16, 32, tma=True)}),
+    "two_pass_empty_rows_allpad_fp32": (_empty_row_layout, 2, 1, 1, 32, torch.float32, False, "all",
+                                        {"configs": _two_pass_configs(16, 16)}),
+    "two_pass_empty_layout_fp16": (lambda: layouts.random(48, 16, 0.0), 1, 2, 1, 32, torch.float16, False, None,
+                                   {"configs": _two_pass_configs(16, 16)}),
+    "two_pass_D48_causal_pad_fp16": (lambda: layouts.local(64, 16, 32), 1, 2, 1, 48, torch.float16, True, "tail",
+                                     {"configs": _two_pass_configs(16, 16)}),
+    "two_pass_atomic_dq_perhead_tma_pad_fp16": (lambda: layouts.random(80, 16, 0.5, _seed(), num_heads=4), 1, 4,
+                                                2, 32, torch.float16, True, "tail",
+                                                {"deterministic": False,
+                                                 "configs": _two_pass_configs(16, 16, tma=True)}),
 }
 
 

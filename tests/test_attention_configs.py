@@ -31,6 +31,10 @@ def test_config_must_divide_block_size():
         kernels.AttentionConfig(64, 16).check(32)
     with pytest.raises(ValueError, match="block_n"):
         kernels.AttentionConfig(16, 24).check(32)
+    with pytest.raises(ValueError, match="maxnreg"):
+        kernels.AttentionConfig(16, 16, maxnreg=300).check(32)
+    assert kernels.AttentionConfig(16, 16, 8, 3).launch_options() == {"num_warps": 8, "num_stages": 3}
+    assert kernels.AttentionConfig(16, 16, maxnreg=128).launch_options()["maxnreg"] == 128
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
@@ -46,6 +50,7 @@ def test_every_config_fits_its_block(dtype):
                 cfg.check(block)
                 measured = dtype != torch.float32 and head_dim > 64 and block >= 128
                 assert (cfg == _MEASURED[kind]) == measured, (kind, block, head_dim, cfg)
+                assert not cfg.two_pass, "the two-pass dK/dV walk is opt-in"
     with pytest.raises(ValueError, match="kind"):
         attention_config("dx", 64, 64, dtype)
 

@@ -40,7 +40,7 @@ def candidates(kind: str, block: int, head_dim: int):
                                     split_last=True)
         # 16 warps (4 warpgroups): half the registers per thread for the same tiles; FlexAttention's
         # Hopper backward default at D 128 (64 x 128, 16 warps, 3 stages). At 8 warps the dK/dV
-        # kernel spills (ptxas: 255 registers, 776 B of stack)
+        # kernel has 255 registers and ~780 B of stack, spilled and reloaded outside its loop
         for bm, bn, stages in {"fwd": ((128, 128, 2), (128, 128, 3)),
                                "dkdv": ((64, 128, 3), (64, 128, 2), (32, 128, 3), (128, 128, 2)),
                                "dq": ((128, 64, 2), (128, 128, 2), (128, 32, 2))}[kind]:
@@ -50,6 +50,16 @@ def candidates(kind: str, block: int, head_dim: int):
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
+        if kind == "dkdv":
+            # the two-pass walk (one fp32 accumulator live at a time; 5 matmuls per block pair
+            # instead of 4) and register caps (two CTAs of 8 warps per SM); compiled for sm_90
+            # by scripts/probes/attention_spills.py, never timed before this sweep
+            for bm, bn, warps, stages, two_pass, maxnreg in (
+                    (64, 128, 8, 2, True, None), (64, 128, 8, 3, True, None), (128, 128, 8, 2, True, None),
+                    (128, 64, 8, 2, True, None), (64, 64, 8, 2, True, None), (64, 64, 8, 2, False, 128),
+                    (64, 64, 8, 2, True, 128), (32, 64, 4, 2, True, 168), (64, 64, 4, 2, True, None)):
+                if bm <= block and bn <= block:
+                    yield K.AttentionConfig(bm, bn, warps, stages, tma=True, two_pass=two_pass, maxnreg=maxnreg)
     sides = [s for s in (16, 32, 64, 128) if s <= block]
     for bm, bn in itertools.product(sides, sides):
         if bm * bn < 32 * 32 or (kind == "fwd" and bm < 64 <= block):

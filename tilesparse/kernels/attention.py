@@ -15,6 +15,8 @@ nb = ceil(S / b) blocks of b tokens.
 * ``_bwd_dkdv_kernel``: program (key tile, batch*kv head) walks, for each query head of its
   group, the CSC column of its key block: dV = sum P^T dO, dK = scale * sum dS^T Q with
   P = exp(s - lse), dS = P * (dO V^T - delta). Each dK/dV element is written once.
+  ``AttentionConfig.two_pass`` (opt-in): the column walked twice, dV then dK, with one
+  fp32 accumulator live at a time (5 matmuls per block pair instead of 4).
 * ``_bwd_dq_kernel``: program (query tile, batch*head) walks the CSR row again:
   dQ = scale * sum dS K.
 
@@ -230,12 +232,19 @@ def _bwd_dkdv_kernel(
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False,
+    ATOMIC_DQ: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False, TWO_PASS: tl.constexpr = False,
 ):
     """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
     contiguous [B, HKV, S, D]. With ATOMIC_DQ, also dQ += scale * dS K into the fp32
-    [B, H, S, D] ``dq_acc`` by atomic adds (no dQ kernel; not bitwise reproducible)."""
+    [B, H, S, D] ``dq_acc`` by atomic adds (no dQ kernel; not bitwise reproducible).
+
+    TWO_PASS: walk the column twice, so that one fp32 [BLOCK_N, D] accumulator is live
+    at a time instead of two: first dV (S, P, dV += P^T dO; 2 matmuls per block pair),
+    stored, then dK (S, P, dP, dS, dK += dS^T Q; 3 matmuls, and ATOMIC_DQ's dQ share).
+    5 matmuls per pair instead of 4, for half the accumulator registers. Both passes walk
+    the pairs in the single pass's order: the same sums in the same order (deterministic;
+    under the interpreter bitwise equal to the single pass)."""
     tl.static_assert(not TMA_REDUCE or (TMA and ATOMIC_DQ), "TMA_REDUCE needs TMA loads and ATOMIC_DQ")
     N_SPLIT: tl.constexpr = BS // BLOCK_N
     M_STEPS: tl.constexpr = BS // BLOCK_M
@@ -251,8 +260,9 @@ def _bwd_dkdv_kernel(
     kv_mask = (offs_n < S)[:, None] & d_ok[None, :]
     k = tl.load(k_ptr + bz * skb + hkv.to(tl.int64) * skh + offs_n[:, None] * sks + offs_d[None, :], mask=kv_mask,
                 other=0.0)
-    v = tl.load(v_ptr + bz * svb + hkv.to(tl.int64) * svh + offs_n[:, None] * svs + offs_d[None, :], mask=kv_mask,
-                other=0.0)
+    if not TWO_PASS:  # (two passes: V is loaded for the dK pass, the first needs none)
+        v = tl.load(v_ptr + bz * svb + hkv.to(tl.int64) * svh + offs_n[:, None] * svs + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
     n_keep = offs_n < S
     if HAS_KPM:
         pad = tl.load(kpm_ptr + bz * S + offs_n, mask=n_keep, other=1)
@@ -267,59 +277,73 @@ def _bwd_dkdv_kernel(
             dq_desc = tl.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [H * head_stride, head_stride, D, 1],
                                                 [1, 1, BLOCK_M, D_TILE])
 
-    for g in range(0, GROUP):
-        h = hkv * GROUP + g
-        lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
-        bh = bz * H + h
-        q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
-        do_base = do_ptr + bz * sdb + h.to(tl.int64) * sdh
-        start = tl.load(col_ptr_ptr + lh * NB + kblk)
-        end = tl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for i in range(start * M_STEPS, end * M_STEPS):
-            if ATOMIC_DQ:  # each key tile starts its column walk elsewhere: global query blocks, which
-                # every column shares, are not all hit by every program at once (same-address atomics serialize)
-                t = start * M_STEPS + (i - start * M_STEPS + pid * M_STEPS) % ((end - start) * M_STEPS)
-            else:
-                t = i
-            qblk = tl.load(col_rows_ptr + t // M_STEPS).to(tl.int64)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
-            offs_m = row + tl.arange(0, BLOCK_M)
-            m_ok = offs_m < S
-            if TMA:
-                where = [bz.to(tl.int32), h.to(tl.int32), row.to(tl.int32), 0]
-                q = q_desc.load(where).reshape(BLOCK_M, D_TILE)
-                do = do_desc.load(where).reshape(BLOCK_M, D_TILE)
-            else:
-                q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                            other=0.0)
-                do = tl.load(do_base + offs_m[:, None] * sds + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :],
-                             other=0.0)
-            lse = tl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
-            lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
-            delta = tl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
-            # transposed scores sT[n, m] = k[n] . q[m]
-            sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
-            pT = tl.exp2(sT - lse[None, :])
-            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-                keepT = n_keep[:, None] & m_ok[None, :]
-                if CAUSAL:
-                    keepT = keepT & (offs_n[:, None] <= offs_m[None, :])
-                pT = tl.where(keepT, pT, 0.0)
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=INPUT_PRECISION)
-            dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-            dsT = pT * (dpT - delta[None, :])
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
-            if ATOMIC_DQ:
-                dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
-                if TMA_REDUCE:
-                    dq_desc.atomic_add(where, dq_part.reshape(1, 1, BLOCK_M, D_TILE))
+    # one pass (dK and dV together), or two: pass 0 dV only, pass 1 dK only (p is a
+    # constexpr: each pass is its own loop, carrying only its own accumulator)
+    LAST_PASS: tl.constexpr = 1 if TWO_PASS else 0
+    for p in tl.static_range(LAST_PASS + 1):
+        if TWO_PASS and p == 1:
+            v = tl.load(v_ptr + bz * svb + hkv.to(tl.int64) * svh + offs_n[:, None] * svs + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+        for g in range(0, GROUP):
+            h = hkv * GROUP + g
+            lh = h % L_HEADS  # L_HEADS is 1 (shared) or H
+            bh = bz * H + h
+            q_base = q_ptr + bz * sqb + h.to(tl.int64) * sqh
+            do_base = do_ptr + bz * sdb + h.to(tl.int64) * sdh
+            start = tl.load(col_ptr_ptr + lh * NB + kblk)
+            end = tl.load(col_ptr_ptr + lh * NB + kblk + 1)
+            for i in range(start * M_STEPS, end * M_STEPS):
+                if ATOMIC_DQ:  # each key tile starts its column walk elsewhere: global query blocks, which
+                    # every column shares, are not all hit by every program at once (same-address atomics serialize)
+                    t = start * M_STEPS + (i - start * M_STEPS + pid * M_STEPS) % ((end - start) * M_STEPS)
                 else:
-                    tl.atomic_add(dq_acc_ptr + bh * S * D + offs_m[:, None] * D + offs_d[None, :], dq_part,
-                                  mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+                    t = i
+                qblk = tl.load(col_rows_ptr + t // M_STEPS).to(tl.int64)
+                row = qblk * BS + (t % M_STEPS) * BLOCK_M
+                offs_m = row + tl.arange(0, BLOCK_M)
+                m_ok = offs_m < S
+                if TMA:
+                    where = [bz.to(tl.int32), h.to(tl.int32), row.to(tl.int32), 0]
+                    q = q_desc.load(where).reshape(BLOCK_M, D_TILE)
+                    do = do_desc.load(where).reshape(BLOCK_M, D_TILE)
+                else:
+                    q = tl.load(q_base + offs_m[:, None] * sqs + offs_d[None, :],
+                                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+                    do = tl.load(do_base + offs_m[:, None] * sds + offs_d[None, :],
+                                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+                lse = tl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+                lse = tl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
+                if p == LAST_PASS:
+                    delta = tl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+                # transposed scores sT[n, m] = k[n] . q[m]
+                sT = tl.dot(k, tl.trans(q), input_precision=INPUT_PRECISION) * qk_scale
+                pT = tl.exp2(sT - lse[None, :])
+                if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+                    keepT = n_keep[:, None] & m_ok[None, :]
+                    if CAUSAL:
+                        keepT = keepT & (offs_n[:, None] <= offs_m[None, :])
+                    pT = tl.where(keepT, pT, 0.0)
+                if p == 0:
+                    dv += tl.dot(pT.to(do.dtype), do, input_precision=INPUT_PRECISION)
+                if p == LAST_PASS:
+                    dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+                    dsT = pT * (dpT - delta[None, :])
+                    dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
+                    if ATOMIC_DQ:
+                        dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
+                        if TMA_REDUCE:
+                            dq_desc.atomic_add(where, dq_part.reshape(1, 1, BLOCK_M, D_TILE))
+                        else:
+                            tl.atomic_add(dq_acc_ptr + bh * S * D + offs_m[:, None] * D + offs_d[None, :], dq_part,
+                                          mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+        if TWO_PASS and p == 0:  # dV out before the dK pass: its accumulator dies here
+            dv_off = bhk.to(tl.int64) * S * D + offs_n[:, None] * D + offs_d[None, :]
+            tl.store(dv_ptr + dv_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
     out_off = bhk.to(tl.int64) * S * D + offs_n[:, None] * D + offs_d[None, :]
     tl.store(dk_ptr + out_off, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + out_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+    if not TWO_PASS:
+        tl.store(dv_ptr + out_off, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -426,8 +450,7 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, HAS_KPM=key_padding_mask is not None, INPUT_PRECISION=_input_precision(q.dtype),
-        TMA=tma, SPLIT_LAST=cfg.split_last and key_padding_mask is None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TMA=tma, SPLIT_LAST=cfg.split_last and key_padding_mask is None, **cfg.launch_options(),
     )
     return out, lse
 
@@ -439,7 +462,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq)).
     ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
     an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
-    then depend on the order the adds land in)."""
+    then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
+    each key tile's column twice (dV, then dK; one fp32 accumulator live at a time)."""
     q, k, v, out, grad_out = (_rows(t) for t in (q, k, v, out, grad_out))
     B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
     dk = new_output(B, Hkv, S, D, dtype=k.dtype, device=k.device)
@@ -468,9 +492,10 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
         B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
         BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
+        TWO_PASS=cfg_kv.two_pass,
         # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
         TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda",
-        num_warps=cfg_kv.num_warps, num_stages=cfg_kv.num_stages, **common,
+        **cfg_kv.launch_options(), **common,
     )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
@@ -478,7 +503,6 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
-        BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, TMA=tma_q, num_warps=cfg_q.num_warps,
-        num_stages=cfg_q.num_stages, **common,
+        BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n, TMA=tma_q, **cfg_q.launch_options(), **common,
     )
     return dq, dk, dv

@@ -24,14 +24,31 @@ class AttentionConfig:
     num_stages: int = 2
     tma: bool = False  # the walked operands through tensor descriptors (Hopper TMA) where they qualify
     split_last: bool = False  # forward: walk a row's unmasked blocks apart from its last (no key padding)
+    # dK/dV: walk the key tile's column twice, dV then dK, so that one fp32 BLOCK_N x D
+    # accumulator is live at a time instead of two (5 matmuls per block pair instead of 4;
+    # registers for larger tiles or more stages without spilling). Ignored by fwd and dq.
+    two_pass: bool = False
+    # registers per thread, capped (ptxas .maxnreg; None: ptxas's choice, up to 255): e.g.
+    # 128 lets two CTAs of 8 warps share an SM, at the price of spills
+    maxnreg: int | None = None
 
     def check(self, block_size: int) -> None:
-        """Raise ValueError unless both tile sides are powers of two >= 16 dividing b."""
+        """Raise ValueError unless both tile sides are powers of two >= 16 dividing b (and
+        maxnreg, when set, is 32..255)."""
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1) or block_size % value:
                 raise ValueError(f"AttentionConfig.{name}={value} must be a power of two >= 16 dividing the "
                                  f"block size {block_size}")
+        if self.maxnreg is not None and not 32 <= self.maxnreg <= 255:
+            raise ValueError(f"AttentionConfig.maxnreg={self.maxnreg} must be None or 32..255")
+
+    def launch_options(self) -> dict:
+        """num_warps, num_stages and, when set, maxnreg: the launch's compile options."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
 
 
 # Swept on the H200 (scripts/probes/attention_configs.py, bf16, B 4, H 16, S 8192, D 128,
