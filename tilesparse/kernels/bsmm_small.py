@@ -236,9 +236,10 @@ _SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
     """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
     to a power of two >= 16 (at most 64; the swapped orientation above 32), and a deep
-    pipeline: the loop is a stream of independent loads, and HBM needs many bytes in flight (on the H200, 8 stages streamed b = 128 at
-    twice the rate of 4). Reduction steps and stages per tile side from the H200 sweeps
-    (``_SMALL_16BIT``); fp32 takes 32-deep steps and 8 stages."""
+    pipeline: the loop is a stream of independent loads, and HBM needs many bytes in
+    flight (on the H200, 8 stages streamed b = 128 at twice the rate of 4). Reduction
+    steps and stages per tile side from the H200 sweeps (``_SMALL_16BIT``); fp32 takes
+    32-deep steps and 8 stages."""
     tile = tile_for(block_size)
     elt = torch.finfo(dtype).bits // 8
     sub = min(tile, 32)
