@@ -24,9 +24,11 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
 from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
+from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
 
@@ -140,18 +142,40 @@ def small_cases(quick: bool):
                    stages, aligned)
 
 
+def ws_cases(quick: bool):
+    """The warp-specialized persistent dds (Gluon, ``bsmm_ws``): fprop and bprop, b 128
+    and 64; expected: wgmma, and the producer warp's register budget (setmaxnreg)."""
+    cases = ((128, 128, 8, 4, True),) if quick else \
+        ((128, 128, 8, 4, True), (128, 128, 8, 4, False), (128, 256, 8, 3, True), (64, 128, 4, 4, False))
+    fn = bsmm_ws._dds_ws_kernel
+    for block, block_m, warps, stages, trans in cases:
+        cfg = bsmm_ws.WsConfig(block_m, 64, warps, stages)
+        lay = bsmm_ws._layouts(cfg, block, trans, torch.bfloat16)
+        const = dict(B=block, BLOCK_M=block_m, BLOCK_K=64, STAGES=stages, TRANS_V=trans, HAS_SLOT=not trans,
+                     HAS_BIAS=True, GROUP_M=8, LOAD_REGS=cfg.load_regs, a_layout=lay.a, v_layout=lay.v,
+                     c_layout=lay.c, num_warps=warps)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"ws dds b{block} m{block_m} w{warps} {'fprop' if trans else 'bprop'}", fn, sig, const, warps, stages,
+               None, GluonASTSource)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
     args = parser.parse_args()
     failures = 0
-    for label, fn, signature, constexprs, warps, stages, *attrs in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick)):
+    for label, fn, signature, constexprs, warps, stages, *extra in (
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *ws_cases(args.quick)):
         try:
-            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs[0] if attrs else None)
+            attrs = extra[0] if extra else None
+            source_kind = extra[1] if len(extra) > 1 else ASTSource
+            source = source_kind(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
             ptx = compiled.asm["ptx"]
             mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}"
+            if "setmaxnreg" in ptx:
+                mma += f", setmaxnreg {ptx.count('setmaxnreg')}"
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1

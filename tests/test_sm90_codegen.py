@@ -1,4 +1,4 @@
-"""The newer kernel families (attention, 2:4, the small-batch dds) compile for Hopper (sm_90) on this CPU-only
+"""The newer kernel families (attention, 2:4, the small-batch dds, the warp-specialized dds) compile for Hopper (sm_90) on this CPU-only
 machine: the interpreter checks their results, this checks the GPU code generation
 (scripts/sm90_compile_check.py, in a subprocess without TRITON_INTERPRET)."""
 
@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sm90_compile_check.p
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_attention_2_4_and_small_batch_kernels_compile_for_sm90():
+def test_attention_2_4_small_batch_and_ws_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, env=env,
                             timeout=600)
@@ -24,3 +24,7 @@ def test_attention_2_4_and_small_batch_kernels_compile_for_sm90():
     # rows are the MMA's M side and Hopper's wgmma is used
     small = {line.split(":")[0]: line for line in compiled if "small dds" in line}
     assert small and all(("wgmma 0," in line) != ("swap=True" in line) for line in small.values())
+    # the Gluon warp-specialized dds: wgmma in the consumers, registers moved between
+    # the partitions (setmaxnreg)
+    ws = [line for line in compiled if line.startswith("ok    ws dds")]
+    assert ws and all("wgmma 0," not in line and "setmaxnreg" in line for line in ws)

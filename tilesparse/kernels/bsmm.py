@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import bsmm_panel, bsmm_small, bsmm_tma, tuned
+from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, tuned
 from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
@@ -248,12 +248,13 @@ def dds(
     block_rows: int,
     block_cols: int,
     trans: bool,
-    config: KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | None = None,
+    config: KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig | None = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
     :mod:`tilesparse.kernels.bsmm_small`; a config of any kind forces its kernel
-    (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks).
+    (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks;
+    ``bsmm_ws.WsConfig``: the Hopper warp-specialized persistent kernel, b 64-128, 16-bit).
     Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
@@ -284,6 +285,12 @@ def dds(
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
         config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, _density(meta, block_rows, block_cols),
                               a.device)
+    if isinstance(config, bsmm_ws.WsConfig):
+        why = bsmm_ws.ws_supported(a, values, c, config)
+        if why is not None:
+            raise ValueError(f"config={config}: the warp-specialized kernel {why}")
+        bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v)
+        return c
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c

@@ -90,9 +90,10 @@ def _gpu_slug(index: int) -> str:
 
 
 def _kinds() -> dict:
-    from . import bsmm, bsmm_panel, bsmm_small  # late: bsmm imports this module
+    from . import bsmm, bsmm_panel, bsmm_small, bsmm_ws  # late: bsmm imports this module
 
-    return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig}
+    return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
+            "ws": bsmm_ws.WsConfig}
 
 
 def to_json(config) -> dict:

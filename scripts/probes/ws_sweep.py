@@ -1,0 +1,112 @@
+"""The warp-specialized persistent dds (``tilesparse.kernels.bsmm_ws``) against the
+shipped dds choice and dense cuBLAS, kernel time by CUDA-graph replay, one process.
+
+For each shape, block size, density and op (fprop: Y = X W^T, bprop: dX = dY W) it
+times dense (F.linear / matmul on a dense W of the same shape), dds with its default
+config (tuned table or heuristic), and each WsConfig variant; checks every variant's
+output against the default's (relative error) and prints the best. Writes JSON.
+
+    python scripts/probes/ws_sweep.py --out ws_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+import tilesparse as ts
+from tilesparse.bench.timing import bench_ms
+from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_ws as W
+
+# name -> WsConfig(block_m, block_k, num_warps, stages[, group_m])
+VARIANTS = {
+    "m128k64w8st4": W.WsConfig(128, 64, 8, 4),
+    "m128k64w8st5": W.WsConfig(128, 64, 8, 5),
+    "m128k64w4st4": W.WsConfig(128, 64, 4, 4),
+    "m256k64w8st3": W.WsConfig(256, 64, 8, 3),
+    "m128k128w8st3": W.WsConfig(128, 128, 8, 3),
+    "m256k64w8st3g4": W.WsConfig(256, 64, 8, 3, group_m=4),
+}
+
+
+def _rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[dict]:
+    rows = []
+    for m, n, k in shapes:
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        dy = torch.randn(m, n, device="cuda", dtype=dtype)
+        w_dense = torch.randn(n, k, device="cuda", dtype=dtype)
+        dense = {"fprop": lambda: F.linear(x, w_dense), "bprop": lambda: dy @ w_dense}
+        dense_ms = {op: bench_ms(dense[op], cuda=True, graph=True) for op in ops}
+        for b in blocks:
+            for d in densities:
+                layout = ts.layouts.random(n, k, b, d, seed=0, device="cuda")
+                values = torch.randn(layout.nnz, b, b, device="cuda", dtype=dtype) * b ** -0.5
+                meta = layout.meta_on("cuda")
+                for op in ops:
+                    trans = op == "fprop"
+                    a = x if trans else dy
+
+                    def call(cfg=None):
+                        return K.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=cfg)
+
+                    expected = call()
+                    base = bench_ms(call, cuda=True, graph=True)
+                    row = {"shape": f"{m}x{n}x{k}", "block": b, "density": d, "op": op, "dense_ms": dense_ms[op],
+                           "default_ms": base, "variants": {}}
+                    for name in variants:
+                        cfg = VARIANTS[name]
+                        try:
+                            err = _rel(call(cfg), expected)
+                            ms = bench_ms(lambda: call(cfg), cuda=True, graph=True)
+                        except Exception as exc:  # noqa: BLE001 (a config the GPU cannot hold)
+                            row["variants"][name] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+                            continue
+                        row["variants"][name] = {"ms": ms, "rel_err": err}
+                    ok = {k_: v for k_, v in row["variants"].items() if "ms" in v and v["rel_err"] < 2e-2}
+                    best = min(ok, key=lambda k_: ok[k_]["ms"]) if ok else None
+                    row["best"] = best
+                    nnz_frac = layout.nnz / (layout.block_rows * layout.block_cols)
+                    fmt = (f"{row['shape']:>16} b{b:<3} d{d:<5} {op}: dense {dense_ms[op]:.4f} "
+                           f"default {base:.4f} ({dense_ms[op] / base / (1 / nnz_frac):.0%} of dense rate)")
+                    if best:
+                        bms = ok[best]["ms"]
+                        fmt += f" | best ws {best} {bms:.4f} ({dense_ms[op] / bms / (1 / nnz_frac):.0%}, " \
+                               f"{base / bms:.2f}x default)"
+                    log(fmt)
+                    for name, v in row["variants"].items():
+                        log(f"      {name:16} " + (f"{v['ms']:.4f} ms err {v['rel_err']:.1e}" if "ms" in v
+                                                  else v["error"]))
+                    rows.append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=["8192x4096x4096", "16384x8192x8192"], help="MxNxK")
+    p.add_argument("--blocks", nargs="+", type=int, default=[128])
+    p.add_argument("--densities", nargs="+", type=float, default=[0.5, 0.25, 0.1, 0.05])
+    p.add_argument("--ops", nargs="+", default=["fprop", "bprop"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    start = time.time()
+    rows = sweep(shapes, args.blocks, args.densities, args.ops, args.variants, torch.bfloat16)
+    print(f"{time.time() - start:.0f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The Hopper warp-specialized persistent dds kernel (``bsmm_ws``, Gluon) on CUDA,
+forced by its config, against float64 CPU references (setup as in test_bsmm_gpu.py).
+Marked ``gpu``; skipped on GPUs other than sm90, where the kernel cannot run (the
+launcher's error for that is checked too)."""
+
+import pytest
+import torch
+
+from bsmm_cases import dense_of, make_layout, random_values
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_ws
+from tolerances import assert_close
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+DTYPES = [torch.float16, torch.bfloat16]
+DTYPE_IDS = ["fp16", "bf16"]
+IN_FEATURES, OUT_FEATURES = 1024, 768  # as test_bsmm_gpu.py
+
+CONFIGS = {
+    "m128w8": bsmm_ws.WsConfig(128, 64, 8, 4),
+    "m128w4": bsmm_ws.WsConfig(128, 64, 4, 4),
+    "m256w8": bsmm_ws.WsConfig(256, 64, 8, 3),
+    "m64w4k128": bsmm_ws.WsConfig(64, 128, 4, 3),
+}
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
+
+
+def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
+    layout = make_layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    b = torch.randn(rows if trans else cols, device=DEVICE).to(dtype) if bias else None
+    meta = layout.meta_on(DEVICE)
+    out = kernels.dds(a, values, meta, b, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s)
+    if b is not None:
+        expected = expected + b.double().cpu()
+    return out, expected
+
+
+@needs_hopper
+@pytest.mark.parametrize("cfg", list(CONFIGS), ids=list(CONFIGS))
+@pytest.mark.parametrize("m", [1, 200, 1000, 4096], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
+def test_ws_kernel_matches_reference(block_size, dtype, trans, m, cfg):
+    # empty block-rows and -columns: tiles with no work still write their bias;
+    # odd M: the last row tile is partial (TMA zero-fills and clips)
+    config = CONFIGS[cfg]
+    if config.block_k > block_size:
+        pytest.skip("block_k wider than the block")
+    out, expected = _run("empty_rows_cols", block_size, dtype, trans, m, config)
+    assert_close(out, expected, dtype, f"dds ws {cfg}")
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout_kind", ["empty", "full", "random"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_ws_kernel_layouts(layout_kind, trans):
+    out, expected = _run(layout_kind, 128, torch.bfloat16, trans, 1000, CONFIGS["m128w8"], bias=layout_kind != "full")
+    assert_close(out, expected, torch.bfloat16, f"dds ws {layout_kind}")
+
+
+@needs_hopper
+def test_ws_kernel_is_bitwise_deterministic_and_matches_the_tile_kernel_shape():
+    # each output tile is written by one program, its blocks summed in table order
+    import tilesparse
+
+    layout = tilesparse.layouts.random(4096, 4096, 128, 0.25, seed=3, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    x = torch.randn(3000, 4096, device=DEVICE, dtype=torch.bfloat16)
+    meta = layout.meta_on(DEVICE)
+    cfg = CONFIGS["m128w8"]
+    first = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    for _ in range(3):
+        again = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+        assert torch.equal(first, again)
+    tile = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,
+                       config=kernels.dds_config(3000, 128, torch.bfloat16))
+    assert_close(first, tile.double().cpu(), torch.bfloat16, "ws vs tile kernel")
+
+
+def test_ws_kernel_refuses_what_it_cannot_run():
+    layout = make_layout("random", 4, 4, 32)
+    values = random_values(layout, torch.float32, DEVICE)
+    a = torch.randn(64, 128, device=DEVICE)
+    meta = layout.meta_on(DEVICE)
+    with pytest.raises(ValueError, match="warp-specialized kernel"):
+        kernels.dds(a, values, meta, None, 4, 4, True, config=CONFIGS["m128w8"])

@@ -1,0 +1,290 @@
+"""Hopper (sm90) warp-specialized, persistent dds written in Gluon (Triton's
+explicit-layout dialect): the block-sparse product C = A @ op(S) with a producer warp
+and consumer warpgroups, as CUTLASS's Hopper GEMMs are built.
+
+Why: Triton's own pipeliner stops prefetching across the dependent scalar load of the
+block index once tiles grow past 128x128 (docs/performance.md, "the Triton mainloop
+ceiling"), which holds the b = 128 kernel at ~75 % of cuBLAS. Here one warp reads the
+layout's tables and issues the tensor-memory-accelerator (TMA) loads into a ring of
+shared-memory stages; the consumer warps only wait on mbarriers and issue wgmma, so the
+index lookups are off their critical path. The grid is persistent (one program per SM)
+and the producer runs ahead into the next tile while the consumers store the last one.
+
+Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring):
+trans=True is fprop (values[slot] used as S_block^T), trans=False is bprop. The
+launcher in :mod:`tilesparse.kernels.bsmm` calls this for a :class:`WsConfig`; it needs
+sm90, 16-bit inputs, row-major 16-byte-aligned operands and b a power of two >= 64.
+There is no interpreter path: tests run it on the GPU (``tests/test_bsmm_ws_gpu.py``)
+and compile it for sm_90 on the CPU (``tests/test_sm90_compile.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ._device import capability_major, sm_count
+from ._launch import launch
+from ._tiles import cdiv, check_power_of_two
+
+
+@dataclasses.dataclass(frozen=True)
+class WsConfig:
+    """Launch parameters of the warp-specialized kernel. ``block_m`` rows of A per tile
+    (64 per consumer warpgroup and wgmma, so ``num_warps`` >= block_m / 16), ``block_k``
+    the reduction step, ``stages`` the shared-memory ring, ``group_m`` the tile order's
+    group (L2 reuse), ``load_regs`` the producer warp's register budget."""
+
+    block_m: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    stages: int = 4
+    group_m: int = 8
+    load_regs: int = 40
+
+    def __post_init__(self):
+        check_power_of_two(self, "block_m", "block_k")
+        if self.num_warps not in (4, 8):
+            raise ValueError(f"WsConfig.num_warps must be 4 or 8, got {self.num_warps!r}")
+        if not 64 <= self.block_m <= 256:
+            raise ValueError(f"WsConfig.block_m must be 64, 128 or 256, got {self.block_m!r}")
+        if self.stages < 2:
+            raise ValueError(f"WsConfig.stages must be >= 2, got {self.stages!r}")
+        if self.group_m < 1:
+            raise ValueError(f"WsConfig.group_m must be >= 1, got {self.group_m!r}")
+
+    def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
+        """Shared memory the kernel allocates: the ring of A and S tiles plus the
+        output tile."""
+        ring = self.stages * (self.block_m + block_size) * self.block_k * element_bytes
+        return ring + self.block_m * block_size * element_bytes + 1024
+
+
+@gluon.constexpr_function
+def _warps_per_cta(block_m, num_warps):
+    # wgmma's atom is 4 warps along M (64 rows); more warps go along M while rows last
+    warps_m = min(num_warps, max(4, block_m // 16))
+    return [warps_m, num_warps // warps_m]
+
+
+@gluon.jit
+def _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M: gl.constexpr):
+    """(m-tile, output block-column) of a linear tile index, grouped as in
+    :func:`tilesparse.kernels._tiles.grouped_tile`."""
+    pids_per_group = GROUP_M * n_out_blocks
+    first_m = (tile // pids_per_group) * GROUP_M
+    group_rows = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % pids_per_group) % group_rows
+    pid_n = (tile % pids_per_group) // group_rows
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _ws_load_partition(descs, bufs, bars, tables, sizes,
+                       B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+                       TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, GROUP_M: gl.constexpr):
+    """Producer (one warp): walk this program's tiles and their block lists, and fill
+    the ring: wait for a free stage, then TMA-load the A tile and the S tile into it."""
+    a_desc, v_desc, c_desc = descs
+    a_bufs, v_bufs, c_smem = bufs
+    ready_bars, empty_bars = bars
+    ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
+    num_pid_m, n_out_blocks, num_tiles = sizes
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    K_STEPS: gl.constexpr = B // BLOCK_K
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + v_desc.block_type.nbytes
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M)
+        row0 = pid_m * BLOCK_M
+        start = gl.load(ptr_ptr + pid_n)
+        end = gl.load(ptr_ptr + pid_n + 1)
+        for t in range(start * K_STEPS, end * K_STEPS):
+            e = t // K_STEPS
+            kk = (t % K_STEPS) * BLOCK_K
+            blk = gl.load(idx_ptr + e)
+            if HAS_SLOT:
+                slot = gl.load(slot_ptr + e)
+            else:
+                slot = e
+            s = step % STAGES
+            # a stage's empty barrier completes once per reuse; the first pass finds it free
+            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready_bars.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [row0, blk * B + kk], ready_bars.index(s), a_bufs.index(s))
+            if TRANS_V:
+                tma.async_copy_global_to_shared(v_desc, [slot * B, kk], ready_bars.index(s), v_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(v_desc, [slot * B + kk, 0], ready_bars.index(s), v_bufs.index(s))
+            step += 1
+
+
+@gluon.jit
+def _ws_mma_partition(descs, bufs, bars, tables, sizes,
+                      B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
+                      TRANS_V: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+                      num_warps: gl.constexpr):
+    """Consumers (the default partition): per tile, wgmma over the ring's stages with
+    one MMA in flight, releasing each stage once the MMA that read it has retired;
+    then the epilogue (bias, cast, shared memory, TMA store) while the producer is
+    already loading the next tile."""
+    a_desc, v_desc, c_desc = descs
+    a_bufs, v_bufs, c_smem = bufs
+    ready_bars, empty_bars = bars
+    ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
+    num_pid_m, n_out_blocks, num_tiles = sizes
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    K_STEPS: gl.constexpr = B // BLOCK_K
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=_warps_per_cta(BLOCK_M, num_warps), instr_shape=[16, B, 16])
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M)
+        start = gl.load(ptr_ptr + pid_n)
+        end = gl.load(ptr_ptr + pid_n + 1)
+        n_steps = (end - start) * K_STEPS
+        acc = gl.zeros((BLOCK_M, B), dtype=gl.float32, layout=mma_layout)
+        for i in range(n_steps):
+            s = step % STAGES
+            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+            if TRANS_V:
+                v = v_bufs.index(s).permute((1, 0))
+            else:
+                v = v_bufs.index(s)
+            acc = warpgroup_mma(a_bufs.index(s), v, acc, is_async=True)
+            # one MMA stays in flight; the one before it has read its stage: free that stage
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=i > 0)
+            step += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+        if HAS_BIAS:
+            cols = pid_n * B + gl.arange(0, B, layout=gl.SliceLayout(0, mma_layout))
+            acc = acc + gl.load(bias_ptr + cols).to(gl.float32)[None, :]
+        tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M, pid_n * B], c_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _dds_ws_kernel(
+    a_ptr, v_ptr, c_ptr, bias_ptr, ptr_ptr, idx_ptr, slot_ptr,
+    M, K_A, n_out_blocks, nnz, stride_am, stride_cm,
+    B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+    TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+    LOAD_REGS: gl.constexpr,
+    a_layout: gl.constexpr, v_layout: gl.constexpr, c_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Persistent: program p takes tiles p, p + P, ... of the grouped order. Descriptors
+    are built on the device (no host encoding per launch); rows past M are zero-filled
+    on load and clipped on store."""
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [BLOCK_M, BLOCK_K], a_layout)
+    if TRANS_V:
+        v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [B, BLOCK_K], v_layout)
+    else:
+        v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [BLOCK_K, B], v_layout)
+    c_desc = tma.make_tensor_descriptor(c_ptr, [M, n_out_blocks * B], [stride_cm, 1], [BLOCK_M, B], c_layout)
+
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K], a_layout)
+    if TRANS_V:
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, B, BLOCK_K], v_layout)
+    else:
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, B], v_layout)
+    c_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, B], c_layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    descs = (a_desc, v_desc, c_desc)
+    bufs = (a_bufs, v_bufs, c_smem)
+    bars = (ready_bars, empty_bars)
+    tables = (ptr_ptr, idx_ptr, slot_ptr, bias_ptr)
+    sizes = (num_pid_m, n_out_blocks, num_pid_m * n_out_blocks)
+    gl.warp_specialize([
+        (_ws_mma_partition, (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_BIAS, GROUP_M,
+                             num_warps)),
+        (_ws_load_partition, (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_SLOT, GROUP_M)),
+    ], [1], [LOAD_REGS])
+
+
+def _nvmma(shape: list[int], dtype: torch.dtype):
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layouts:
+    a: object
+    v: object
+    c: object
+
+
+_LAYOUTS: dict = {}
+
+
+def _layouts(cfg: WsConfig, b: int, trans_v: bool, dtype: torch.dtype) -> _Layouts:
+    key = (cfg.block_m, cfg.block_k, b, trans_v, dtype)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        v_shape = [b, cfg.block_k] if trans_v else [cfg.block_k, b]
+        found = _LAYOUTS[key] = _Layouts(_nvmma([cfg.block_m, cfg.block_k], dtype), _nvmma(v_shape, dtype),
+                                         _nvmma([cfg.block_m, b], dtype))
+    return found
+
+
+def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsConfig) -> str | None:
+    """Why this kernel cannot run these operands, or None if it can."""
+    b = values.shape[-1]
+    if a.device.type != "cuda" or capability_major(a.device) != 9:
+        return "needs an sm90 (Hopper) GPU"
+    if a.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 inputs, got {a.dtype}"
+    if b < 64 or b & (b - 1) or b > 128:
+        return f"needs a block size of 64 or 128, got {b}"
+    if cfg.block_k > b:
+        return f"block_k={cfg.block_k} exceeds the block size {b}"
+    for name, t in (("A", a), ("C", c)):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return f"needs a row-major {name} with 16-byte-aligned rows"
+    if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
+        return "addresses tensors through TMA, whose coordinates are 32-bit"
+    return None
+
+
+def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, trans_v: bool) -> None:
+    """C = A @ op(S) (+ bias) into the preallocated C (row-major, same dtype as A)."""
+    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
+
+    b = values.shape[-1]
+    m = a.shape[0]
+    tiles = cdiv(m, cfg.block_m) * n_out
+    lay = _layouts(cfg, b, trans_v, a.dtype)
+    ensure_allocator()
+    launch(_dds_ws_kernel, (max(1, min(tiles, sm_count(a.device))),),
+        a, values, c, bias if bias is not None else c, ptr, idx, slot if slot is not None else ptr,
+        m, a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),
+        B=b, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
+        TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m,
+        LOAD_REGS=cfg.load_regs, a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
+        num_warps=cfg.num_warps,
+    )
