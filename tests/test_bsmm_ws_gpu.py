@@ -23,6 +23,8 @@ CONFIGS = {
     "m128w4": bsmm_ws.WsConfig(128, 64, 4, 4),
     "m256w8": bsmm_ws.WsConfig(256, 64, 8, 3),
     "m64w4k128": bsmm_ws.WsConfig(64, 128, 4, 3),
+    "m128w4pp": bsmm_ws.WsConfig(128, 64, 4, 4, pingpong=True),
+    "m64w4pp": bsmm_ws.WsConfig(64, 64, 4, 6, pingpong=True),
 }
 
 
@@ -73,6 +75,18 @@ def test_ws_kernel_layouts(layout_kind, trans):
 
 
 @needs_hopper
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_dds_picks_the_ws_kernel_on_hopper_at_large_m(trans, monkeypatch):
+    # the default dispatch at M >= WS_MIN_M, b 128: the warp-specialized kernel runs
+    calls = []
+    real = bsmm_ws.launch_dds_ws
+    monkeypatch.setattr(bsmm_ws, "launch_dds_ws", lambda *args: calls.append(args[8]) or real(*args))
+    out, expected = _run("random", 128, torch.bfloat16, trans, bsmm_ws.WS_MIN_M + 100, None)
+    assert calls and isinstance(calls[0], bsmm_ws.WsConfig)
+    assert_close(out, expected, torch.bfloat16, "dds default on Hopper")
+
+
+@needs_hopper
 def test_ws_kernel_is_bitwise_deterministic_and_matches_the_tile_kernel_shape():
     # each output tile is written by one program, its blocks summed in table order
     import tilesparse
@@ -88,6 +102,7 @@ def test_ws_kernel_is_bitwise_deterministic_and_matches_the_tile_kernel_shape():
         assert torch.equal(first, again)
     tile = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,
                        config=kernels.dds_config(3000, 128, torch.bfloat16))
+    assert torch.equal(first, tile)  # same blocks, same k-steps, same fp32 order (seen on the H200)
     assert_close(first, tile.double().cpu(), torch.bfloat16, "ws vs tile kernel")
 
 

@@ -23,6 +23,8 @@ from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_ws as W
 
+DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)
+
 # name -> WsConfig(block_m, block_k, num_warps, stages[, group_m])
 VARIANTS = {
     "m128k64w8st4": W.WsConfig(128, 64, 8, 4),
@@ -31,6 +33,9 @@ VARIANTS = {
     "m256k64w8st3": W.WsConfig(256, 64, 8, 3),
     "m128k128w8st3": W.WsConfig(128, 128, 8, 3),
     "m256k64w8st3g4": W.WsConfig(256, 64, 8, 3, group_m=4),
+    "m128k64w4st4pp": W.WsConfig(128, 64, 4, 4, pingpong=True),
+    "m128k64w4st3pp": W.WsConfig(128, 64, 4, 3, pingpong=True),
+    "m64k64w4st6pp": W.WsConfig(64, 64, 4, 6, pingpong=True),
 }
 
 
@@ -56,13 +61,14 @@ def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[di
                     trans = op == "fprop"
                     a = x if trans else dy
 
-                    def call(cfg=None):
+                    def call(cfg=DEFAULT):
                         return K.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=cfg)
 
-                    expected = call()
+                    expected = call(K.dds_config(m, b, dtype))  # the Triton tile kernel
+                    tile_ms = bench_ms(lambda: call(K.dds_config(m, b, dtype)), cuda=True, graph=True)
                     base = bench_ms(call, cuda=True, graph=True)
                     row = {"shape": f"{m}x{n}x{k}", "block": b, "density": d, "op": op, "dense_ms": dense_ms[op],
-                           "default_ms": base, "variants": {}}
+                           "default_ms": base, "tile_kernel_ms": tile_ms, "variants": {}}
                     for name in variants:
                         cfg = VARIANTS[name]
                         try:
@@ -77,7 +83,8 @@ def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[di
                     row["best"] = best
                     nnz_frac = layout.nnz / (layout.block_rows * layout.block_cols)
                     fmt = (f"{row['shape']:>16} b{b:<3} d{d:<5} {op}: dense {dense_ms[op]:.4f} "
-                           f"default {base:.4f} ({dense_ms[op] / base / (1 / nnz_frac):.0%} of dense rate)")
+                           f"default {base:.4f} ({dense_ms[op] / base / (1 / nnz_frac):.0%} of dense rate) "
+                           f"tile kernel {tile_ms:.4f}")
                     if best:
                         bms = ok[best]["ms"]
                         fmt += f" | best ws {best} {bms:.4f} ({dense_ms[op] / bms / (1 / nnz_frac):.0%}, " \

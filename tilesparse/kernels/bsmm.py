@@ -306,6 +306,11 @@ def dds(
                 small_cfg = _with_chunks(small_cfg, chunks)
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
+    if config is None:  # on Hopper, the warp-specialized kernel where it was measured faster
+        ws_cfg = bsmm_ws.default_config(a, b, _density(meta, block_rows, block_cols))
+        if ws_cfg is not None and bsmm_ws.ws_supported(a, values, c, ws_cfg) is None:
+            bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v)
+            return c
     cfg = config or dds_config(m, b, a.dtype)
     check_fits_tile(cfg, tile_for(b), "block_k")
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
