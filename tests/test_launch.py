@@ -65,6 +65,19 @@ def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs()
     assert tail(kernel, 4, ("FLAG",)) is None  # a constexpr by position: its value would not be keyed
 
 
+def test_constexpr_tail_takes_num_warps_when_the_kernel_declares_it():
+    # Gluon kernels declare their launch option num_warps as a constexpr parameter too:
+    # it is passed to the compiled launcher in the kernel's order, like any constexpr
+    from tilesparse.kernels import bsmm_ws
+
+    kernel = bsmm_ws._dds_ws_kernel
+    names = tuple(p.name for p in kernel.params if p.is_constexpr)
+    n_positional = len(kernel.params) - len(names)
+    assert "num_warps" in names
+    assert _launch._constexpr_tail(kernel, n_positional, tuple(reversed(names))) == names
+    assert _launch._constexpr_tail(kernel, n_positional, tuple(n for n in names if n != "num_warps")) is None
+
+
 def test_cpu_tensors_take_tritons_own_launch(monkeypatch):
     monkeypatch.setattr(_launch, "_ENABLED", True)  # as on a GPU machine: the tensor's device decides
     calls = []
@@ -101,18 +114,25 @@ def _products(x, w, layout, dy, cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "descriptors"])
-def test_gpu_direct_launch_matches_tritons_bitwise(monkeypatch, tma):
+@pytest.mark.parametrize("kind", ["pointers", "descriptors", "ws"])
+def test_gpu_direct_launch_matches_tritons_bitwise(monkeypatch, kind):
     from tilesparse.kernels import bsmm as K
+    from tilesparse.kernels import bsmm_ws
 
     layout = random_layout(512, 384, 64, 0.4, device=DEVICE)
-    cfg = K.KernelConfig(128, 64, 4, 3, tma=tma)
+    if kind == "ws":  # the Gluon kernel (Hopper only), whose num_warps is also a constexpr parameter
+        if torch.cuda.get_device_capability()[0] != 9:
+            pytest.skip("the warp-specialized kernel is written for sm90")
+        cfg = bsmm_ws.WsConfig(128, 64, 8, 5)
+    else:
+        cfg = K.KernelConfig(128, 64, 4, 3, tma=kind == "descriptors")
     w = torch.randn(layout.nnz, 64, 64, device=DEVICE, dtype=torch.bfloat16)
     # 16-byte aligned, then a view 2 bytes off (a new specialization: pointer alignment),
     # then an M that is not a multiple of 16 (a new integer class)
     buf_x = torch.randn(300 * 384 + 1, device=DEVICE, dtype=torch.bfloat16)
     buf_dy = torch.randn(300 * 512 + 1, device=DEVICE, dtype=torch.bfloat16)
-    for m, offset in ((256, 0), (256, 1), (251, 0)):
+    # (the ws kernel needs 16-byte-aligned rows: no offset view)
+    for m, offset in ((256, 0), (251, 0)) if kind == "ws" else ((256, 0), (256, 1), (251, 0)):
         x = buf_x[offset:offset + m * 384].view(m, 384)
         dy = buf_dy[offset:offset + m * 512].view(m, 512)
         monkeypatch.setattr(_launch, "_ENABLED", False)

@@ -78,8 +78,11 @@ def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tup
     key = (kernel, n_positional, names)
     if key not in _TAIL:
         params = kernel.params[n_positional:]
+        tail = {p.name for p in params}
+        # every keyword is a constexpr parameter after the positional ones or a launch option;
+        # a Gluon kernel also declares its option ``num_warps`` as a constexpr parameter
         fits = (all(p.is_constexpr for p in params) and not any(p.is_constexpr for p in kernel.params[:n_positional])
-                and {p.name for p in params} == set(names) - _OPTIONS)
+                and tail <= set(names) and set(names) - tail <= _OPTIONS)
         _TAIL[key] = tuple(p.name for p in params) if fits else None
     return _TAIL[key]
 
