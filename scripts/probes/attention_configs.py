@@ -112,6 +112,7 @@ def sweep(batch, heads, seq, head_dim, block, patterns, dtype, budget_s, cuda, l
             expected = call(current)
             base_ms = _ms(lambda: call(current), cuda)
             best_ms, best, tried = base_ms, current, 0
+            timings = []  # every candidate's time, so a sweep's losers are on record too
             for cfg in candidates(kind, block, head_dim):
                 if time.time() - start > per_case:
                     break
@@ -125,11 +126,12 @@ def sweep(batch, heads, seq, head_dim, block, patterns, dtype, budget_s, cuda, l
                     log(f"  skip {kind} {cfg}: {type(exc).__name__}")
                     continue
                 tried += 1
+                timings.append([str(cfg), ms])
                 if ms < best_ms:
                     best_ms, best = ms, cfg
             row = {"pattern": name, "pass": kind, "block": block, "head_dim": head_dim, "heuristic": str(current),
                    "heuristic_ms": base_ms, "best": str(best), "best_ms": best_ms, "tried": tried,
-                   "gain": base_ms / best_ms if best_ms else math.nan}
+                   "gain": base_ms / best_ms if best_ms else math.nan, "candidates": timings}
             rows.append(row)
             log(f"{name:10} {kind:5} heuristic {base_ms:8.3f} ms, best {best_ms:8.3f} ms ({tried} tried): {best}")
     return rows
