@@ -14,6 +14,7 @@ from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_panel import PanelConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
+from tilesparse.kernels.bsmm_ws import WsConfig
 from tolerances import assert_close
 
 pytestmark = INTERPRETER_MARKS  # some cases launch kernels under the interpreter
@@ -43,6 +44,7 @@ def test_buckets():
     kernels.KernelConfig(128, 64, 4, 4, tma=True, device_desc=True),
     SmallConfig(32, 64, 16, 4, 8),
     PanelConfig(4, 64, 8, 3),
+    WsConfig(128, 64, 4, 4, pingpong=True),
 ])
 def test_json_round_trip(config):
     obj = tuned.to_json(config)
@@ -139,12 +141,14 @@ def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("fp32", [False, True])
 def test_search_spaces_are_valid_configs(m, block, fp32):
-    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig)
+    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig, WsConfig)
     dds = list(tune_mod.dds_space(m, block, fp32))
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
     assert all(isinstance(c, kinds) for c in dds) and all(isinstance(c, kernels.KernelConfig) for c in sdd)
     assert any(isinstance(c, SmallConfig) for c in dds) == (m <= 256)
+    # the Hopper warp-specialized kernel: 16-bit, b 64 and 128, large M
+    assert any(isinstance(c, WsConfig) for c in dds) == (not fp32 and block >= 64 and m > 256)
     for c in dds:
         if isinstance(c, PanelConfig):
             assert c.group * block <= 128
@@ -165,6 +169,11 @@ def test_tune_command_needs_a_gpu(capsys):
     (lambda: SmallConfig(24, 64, 16, 4, 8), "sub"),
     (lambda: SmallConfig(32, 64, 8, 4, 8), "block_m"),
     (lambda: PanelConfig(3), "group"),
+    (lambda: WsConfig(96, 64, 8, 4), "block_m"),
+    (lambda: WsConfig(512, 64, 8, 4), "block_m"),
+    (lambda: WsConfig(128, 64, 2, 4), "num_warps"),
+    (lambda: WsConfig(128, 64, 8, 1), "stages"),
+    (lambda: WsConfig(128, 64, 8, 4, pingpong=True), "pingpong"),
 ])
 def test_bad_configs_are_refused_by_name(make, field):
     with pytest.raises(ValueError, match=field):
@@ -207,3 +216,13 @@ def test_a_broken_user_file_warns_and_is_ignored(table_file):
     table_file.write_text("{not json")
     with pytest.warns(UserWarning, match="ignoring the tuned-config file"):
         assert tuned._table() == tuned._read_shipped()
+
+
+def test_ws_config_is_refused_off_hopper_by_name():
+    # the Gluon kernel runs only on sm90; elsewhere a forced WsConfig is a clear error
+    # (the default dispatch never picks it there)
+    layout = make_layout("random", 2, 2, 64)
+    values = random_values(layout, torch.bfloat16)
+    a = torch.randn(600, layout.shape[1]).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="needs an sm90"):
+        kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True, WsConfig())

@@ -23,6 +23,7 @@ from ..kernels import tuned
 from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
 from ..kernels.bsmm_small import SmallConfig
+from ..kernels.bsmm_ws import WsConfig
 from .matmul import DTYPES
 
 __all__ = ["dds_space", "sdd_space", "tune"]
@@ -30,8 +31,9 @@ __all__ = ["dds_space", "sdd_space", "tune"]
 
 def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
-    height, reduction step, warps, stages, TMA and warp specialization at b >= 64;
-    panels of several block-columns at b <= 32; the streaming kernel at small M."""
+    height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
+    warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
+    several block-columns at b <= 32; the streaming kernel at small M."""
     tile = tile_for(block)
     if m <= 256:
         block_m = min(64, max(16, 1 << (m - 1).bit_length()))
@@ -60,6 +62,11 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
             for bm, warps, stages in ((128, 4, 3), (128, 8, 3), (64, 4, 4)):
                 yield PanelConfig(width // tile, bm, warps, stages)
         return
+    if block in (64, 128) and m > 256:
+        for bm, bk, warps, stages, pingpong in ((128, 64, 8, 5, False), (128, 64, 4, 4, False), (128, 64, 4, 4, True),
+                                                (128, 64, 8, 4, False), (128, 128, 8, 3, False)):
+            if bk <= block:
+                yield WsConfig(bm, bk, warps, stages, pingpong=pingpong)
     yield K.KernelConfig(128, 64, 4, 4)
     for bm, bk, warps, stages in ((128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 5)):
         yield K.KernelConfig(bm, min(bk, tile), warps, stages, tma=True)
