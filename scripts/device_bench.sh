@@ -25,6 +25,8 @@
 #   small-m64 - M 64: wider slices (less activation traffic per weight byte) with chunks
 #   small-crossover - small vs large dds kernel per (op, block, density, M 16..512): measured
 #            dispatch entries in $OUT/tuned-crossover.json (merge with --merge to ship them)
+#   ws     - the Hopper warp-specialized dds (bsmm_ws) against the Triton tile kernel and dense,
+#            kernel time, fprop, bprop and updat (WS_ARGS overrides shapes / blocks / variants)
 #   host   - host time per call: profile_host.py, the direct-launch A/B (launch_ab.py) and
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -86,6 +88,8 @@ for step in ${STEPS:-large dtypes graph}; do
               s64k64st6c2L s128k64st4w8 s128k64st4w8c3 --out "$OUT/small-m64.json" > "$OUT/small-m64.log" 2>&1 ;;
     small-crossover) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/measure_small_crossover.py ${CROSS_ARGS:-} \
               --record "$OUT/tuned-crossover.json" > "$OUT/small-crossover.log" 2>&1 ;;
+    ws)     timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py ${WS_ARGS:---shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 128 64 --ops fprop bprop updat} --out "$OUT/ws-sweep.json" > "$OUT/ws-sweep.log" 2>&1 ;;
     host)   { timeout 120 python3 scripts/profile_host.py; timeout 120 python3 scripts/probes/launch_ab.py \
               --out "$OUT/launch-ab.json"; timeout 120 python3 scripts/probes/step_gap.py --out "$OUT/step-gap.json"; } \
               > "$OUT/host.log" 2>&1 ;;

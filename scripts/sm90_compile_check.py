@@ -160,6 +160,14 @@ def ws_cases(quick: bool):
                else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"ws dds b{block} m{block_m} w{warps} {'fprop' if trans else 'bprop'} pingpong={pingpong}", fn, sig, const, warps, stages,
                None, GluonASTSource)
+    sdd = bsmm_ws._sdd_ws_kernel
+    for block, block_m, warps, stages in ((128, 64, 8, 5),) if quick else ((128, 64, 8, 5), (64, 64, 4, 5), (128, 128, 8, 3)):
+        lay_ab, lay_out = (bsmm_ws._nvmma([block_m, block], torch.bfloat16), bsmm_ws._nvmma([block, block], torch.bfloat16))
+        const = dict(B=block, BLOCK_M=block_m, STAGES=stages, LOAD_REGS=40, ab_layout=lay_ab, out_layout=lay_out,
+                     num_warps=warps)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("rows_ptr", "cols_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in sdd.arg_names}
+        yield f"ws sdd b{block} m{block_m} w{warps}", sdd, sig, const, warps, stages, None, GluonASTSource
 
 
 def main() -> int:

@@ -113,3 +113,46 @@ def test_ws_kernel_refuses_what_it_cannot_run():
     meta = layout.meta_on(DEVICE)
     with pytest.raises(ValueError, match="warp-specialized kernel"):
         kernels.dds(a, values, meta, None, 4, 4, True, config=CONFIGS["m128w8"])
+
+
+# --------------------------------------------------------------------------- sdd (updat)
+
+SDD_CONFIGS = {
+    "m64w8st5": bsmm_ws.WsConfig(64, 64, 8, 5),
+    "m64w4st4": bsmm_ws.WsConfig(64, 64, 4, 4),
+    "m128w8st3": bsmm_ws.WsConfig(128, 64, 8, 3),
+}
+
+
+@needs_hopper
+@pytest.mark.parametrize("cfg", list(SDD_CONFIGS), ids=list(SDD_CONFIGS))
+@pytest.mark.parametrize("m", [1, 200, 1000, 4096], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
+def test_ws_sdd_matches_reference(block_size, dtype, m, cfg):
+    # values[z] = (dY^T X)[block z]; M not a multiple of the step: TMA zero-fills the tail
+    layout = make_layout("empty_rows_cols", OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    rows, cols = layout.shape
+    dy = torch.randn(m, rows, device=DEVICE).to(dtype)
+    x = torch.randn(m, cols, device=DEVICE).to(dtype)
+    out = kernels.sdd(dy.t(), x, layout.meta_on(DEVICE), block_size, layout.block_rows, layout.block_cols,
+                      config=SDD_CONFIGS[cfg])
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    assert_close(out, expected, dtype, f"sdd ws {cfg}")
+
+
+@needs_hopper
+def test_ws_sdd_is_bitwise_deterministic_and_refuses_ping_pong():
+    import tilesparse
+
+    layout = tilesparse.layouts.random(2048, 1024, 128, 0.3, seed=5, device=DEVICE)
+    dy = torch.randn(3000, 2048, device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(3000, 1024, device=DEVICE, dtype=torch.bfloat16)
+    meta = layout.meta_on(DEVICE)
+    cfg = SDD_CONFIGS["m64w8st5"]
+    first = kernels.sdd(dy.t(), x, meta, 128, layout.block_rows, layout.block_cols, config=cfg)
+    for _ in range(3):
+        assert torch.equal(first, kernels.sdd(dy.t(), x, meta, 128, layout.block_rows, layout.block_cols, config=cfg))
+    with pytest.raises(ValueError, match="ping-pong"):
+        kernels.sdd(dy.t(), x, meta, 128, layout.block_rows, layout.block_cols,
+                    config=bsmm_ws.WsConfig(128, 64, 4, 4, pingpong=True))

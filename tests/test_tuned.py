@@ -145,7 +145,8 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     dds = list(tune_mod.dds_space(m, block, fp32))
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
-    assert all(isinstance(c, kinds) for c in dds) and all(isinstance(c, kernels.KernelConfig) for c in sdd)
+    assert all(isinstance(c, kinds) for c in dds) and all(isinstance(c, (kernels.KernelConfig, WsConfig)) for c in sdd)
+    assert any(isinstance(c, WsConfig) for c in sdd) == (not fp32 and block >= 64)
     assert any(isinstance(c, SmallConfig) for c in dds) == (m <= 256)
     # the Hopper warp-specialized kernel: 16-bit, b 64 and 128, large M
     assert any(isinstance(c, WsConfig) for c in dds) == (not fp32 and block >= 64 and m > 256)

@@ -1,10 +1,12 @@
-"""The warp-specialized persistent dds (``tilesparse.kernels.bsmm_ws``) against the
-shipped dds choice and dense cuBLAS, kernel time by CUDA-graph replay, one process.
+"""The warp-specialized persistent kernels (``tilesparse.kernels.bsmm_ws``) against the
+shipped choice, the Triton tile kernel and dense cuBLAS, kernel time by CUDA-graph
+replay, one process.
 
-For each shape, block size, density and op (fprop: Y = X W^T, bprop: dX = dY W) it
-times dense (F.linear / matmul on a dense W of the same shape), dds with its default
-config (tuned table or heuristic), and each WsConfig variant; checks every variant's
-output against the default's (relative error) and prints the best. Writes JSON.
+For each shape, block size, density and op (fprop: Y = X W^T, bprop: dX = dY W, both
+dds; updat: dW = dY^T X on the layout, sdd) it times dense (the same product with a
+dense W), the library's default choice, the Triton tile kernel at its heuristic config,
+and each WsConfig variant; checks every variant's output against the tile kernel's
+(relative error) and prints the best. Writes JSON.
 
     python scripts/probes/ws_sweep.py --out ws_sweep.json
 """
@@ -22,6 +24,14 @@ import tilesparse as ts
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_ws as W
+
+# updat (sdd): block_m is the M step
+SDD_VARIANTS = {
+    "sdd-m64w8st5": W.WsConfig(64, 64, 8, 5),
+    "sdd-m64w4st4": W.WsConfig(64, 64, 4, 4),
+    "sdd-m128w8st3": W.WsConfig(128, 64, 8, 3),
+    "sdd-m64w8st4": W.WsConfig(64, 64, 8, 4),
+}
 
 DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)
 
@@ -50,7 +60,7 @@ def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[di
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         dy = torch.randn(m, n, device="cuda", dtype=dtype)
         w_dense = torch.randn(n, k, device="cuda", dtype=dtype)
-        dense = {"fprop": lambda: F.linear(x, w_dense), "bprop": lambda: dy @ w_dense}
+        dense = {"fprop": lambda: F.linear(x, w_dense), "bprop": lambda: dy @ w_dense, "updat": lambda: dy.t() @ x}
         dense_ms = {op: bench_ms(dense[op], cuda=True, graph=True) for op in ops}
         for b in blocks:
             for d in densities:
@@ -60,17 +70,27 @@ def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[di
                 for op in ops:
                     trans = op == "fprop"
                     a = x if trans else dy
+                    r, c = layout.block_rows, layout.block_cols
+                    if op == "updat":
+                        tile_cfg = K.sdd_config(m, b, layout.nnz, dtype, x.device)
+                        names = [v for v in variants if v in SDD_VARIANTS]
 
-                    def call(cfg=DEFAULT):
-                        return K.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=cfg)
+                        def call(cfg=DEFAULT):
+                            return K.sdd(dy.t(), x, meta, b, r, c, config=cfg)
+                    else:
+                        tile_cfg = K.dds_config(m, b, dtype)
+                        names = [v for v in variants if v in VARIANTS]
 
-                    expected = call(K.dds_config(m, b, dtype))  # the Triton tile kernel
-                    tile_ms = bench_ms(lambda: call(K.dds_config(m, b, dtype)), cuda=True, graph=True)
+                        def call(cfg=DEFAULT):
+                            return K.dds(a, values, meta, None, r, c, trans, config=cfg)
+
+                    expected = call(tile_cfg)  # the Triton tile kernel
+                    tile_ms = bench_ms(lambda: call(tile_cfg), cuda=True, graph=True)
                     base = bench_ms(call, cuda=True, graph=True)
                     row = {"shape": f"{m}x{n}x{k}", "block": b, "density": d, "op": op, "dense_ms": dense_ms[op],
                            "default_ms": base, "tile_kernel_ms": tile_ms, "variants": {}}
-                    for name in variants:
-                        cfg = VARIANTS[name]
+                    for name in names:
+                        cfg = VARIANTS.get(name) or SDD_VARIANTS[name]
                         try:
                             err = _rel(call(cfg), expected)
                             ms = bench_ms(lambda: call(cfg), cuda=True, graph=True)
@@ -102,8 +122,8 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["8192x4096x4096", "16384x8192x8192"], help="MxNxK")
     p.add_argument("--blocks", nargs="+", type=int, default=[128])
     p.add_argument("--densities", nargs="+", type=float, default=[0.5, 0.25, 0.1, 0.05])
-    p.add_argument("--ops", nargs="+", default=["fprop", "bprop"])
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--ops", nargs="+", default=["fprop", "bprop"], choices=["fprop", "bprop", "updat"])
+    p.add_argument("--variants", nargs="+", default=[*VARIANTS, *SDD_VARIANTS], choices=[*VARIANTS, *SDD_VARIANTS])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]

@@ -74,12 +74,15 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
 
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
-    or device TMA descriptors."""
+    or device TMA descriptors; on Hopper the warp-specialized kernel at b 64 and 128."""
     tile = tile_for(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
         return
+    if block in (64, 128):  # the Hopper warp-specialized kernel (refused elsewhere: skipped)
+        for bm, warps, stages in ((64, 8, 5), (64, 4, 4), (128, 8, 3)):
+            yield WsConfig(bm, 64, warps, stages)
     for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3), (32, 4, 4)):
         for splits in sorted({1, -(-sms // max(1, nnz))}):
             for variant in (dict(), dict(tma=True), dict(tma=True, device_desc=True)):

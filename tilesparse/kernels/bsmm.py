@@ -287,10 +287,12 @@ def dds(
                               a.device)
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
-        if why is not None:
+        if why is None:
+            bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v)
+            return c
+        if not chosen_here:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
-        bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v)
-        return c
+        config = None  # a tuned entry these operands cannot take (a strided view, say): the other kernels
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
@@ -336,9 +338,11 @@ def sdd(
     block_size: int,
     block_rows: int,
     block_cols: int,
-    config: KernelConfig | None = None,
+    config: KernelConfig | bsmm_ws.WsConfig | None = None,
 ) -> torch.Tensor:
     """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
+    ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
+    ``block_m`` is the M step (opt-in: not timed on a GPU yet).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -357,6 +361,13 @@ def sdd(
     if nnz == 0:
         return values
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device)
+    if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
+        why = bsmm_ws.sdd_ws_supported(a.t(), b, values, cfg)
+        if why is None:
+            bsmm_ws.launch_sdd_ws(a.t(), b, values, row_of, row_cols, cfg)
+            return values
+        if config is not None:
+            raise ValueError(f"config={config}: the warp-specialized kernel {why}")
     if not isinstance(cfg, KernelConfig):  # nothing measured (or an entry of another kernel's kind)
         cfg = sdd_config(m, block_size, nnz, a.dtype, a.device)
     splits = max(1, min(cfg.splits, cdiv(max(m, 1), cfg.block_m)))

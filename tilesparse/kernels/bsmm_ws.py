@@ -96,6 +96,47 @@ def _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
+def _fill_stage(step, a_desc, a_coord, b_desc, b_coord, a_bufs, b_bufs, ready_bars, empty_bars):
+    """Producer side of the ring: wait until stage ``step % STAGES`` is free, then
+    TMA-load one tile of each operand into it (both complete its ready barrier)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    s = step % STAGES
+    # a stage's empty barrier completes once per reuse; the first pass finds it free
+    mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready_bars.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, a_coord, ready_bars.index(s), a_bufs.index(s))
+    tma.async_copy_global_to_shared(b_desc, b_coord, ready_bars.index(s), b_bufs.index(s))
+
+
+@gluon.jit
+def _mma_stages(acc, step, n_steps, a_bufs, b_bufs, ready_bars, empty_bars,
+                TRANS_A: gl.constexpr, TRANS_B: gl.constexpr):
+    """Consumer side of the ring: acc += the products of stages step .. step + n_steps - 1
+    (transposed views where asked), one wgmma in flight; each stage is released once the
+    wgmma that read it has retired. Returns the finished accumulator."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    for i in range(n_steps):
+        g = step + i
+        s = g % STAGES
+        mbarrier.wait(ready_bars.index(s), (g // STAGES) & 1)
+        if TRANS_A:
+            a = a_bufs.index(s).permute((1, 0))
+        else:
+            a = a_bufs.index(s)
+        if TRANS_B:
+            b = b_bufs.index(s).permute((1, 0))
+        else:
+            b = b_bufs.index(s)
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+        # one MMA stays in flight; the one before it has read its stage: free that stage
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty_bars.index((g + STAGES - 1) % STAGES), count=1, pred=i > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty_bars.index((step + n_steps + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+    return acc
+
+
+@gluon.jit
 def _ws_load_partition(descs, bufs, bars, tables, sizes,
                        B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
                        TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, GROUP_M: gl.constexpr):
@@ -106,9 +147,7 @@ def _ws_load_partition(descs, bufs, bars, tables, sizes,
     ready_bars, empty_bars, turn_bars = bars
     ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
     num_pid_m, n_out_blocks, num_tiles = sizes
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     K_STEPS: gl.constexpr = B // BLOCK_K
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + v_desc.block_type.nbytes
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     step = 0
@@ -125,15 +164,11 @@ def _ws_load_partition(descs, bufs, bars, tables, sizes,
                 slot = gl.load(slot_ptr + e)
             else:
                 slot = e
-            s = step % STAGES
-            # a stage's empty barrier completes once per reuse; the first pass finds it free
-            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready_bars.index(s), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [row0, blk * B + kk], ready_bars.index(s), a_bufs.index(s))
             if TRANS_V:
-                tma.async_copy_global_to_shared(v_desc, [slot * B, kk], ready_bars.index(s), v_bufs.index(s))
+                v_coord = [slot * B, kk]
             else:
-                tma.async_copy_global_to_shared(v_desc, [slot * B + kk, 0], ready_bars.index(s), v_bufs.index(s))
+                v_coord = [slot * B + kk, 0]
+            _fill_stage(step, a_desc, [row0, blk * B + kk], v_desc, v_coord, a_bufs, v_bufs, ready_bars, empty_bars)
             step += 1
 
 
@@ -155,7 +190,6 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
     ready_bars, empty_bars, turn_bars = bars
     ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
     num_pid_m, n_out_blocks, num_tiles = sizes
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     K_STEPS: gl.constexpr = B // BLOCK_K
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=_warps_per_cta(BLOCK_M, num_warps), instr_shape=[16, B, 16])
@@ -174,20 +208,7 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
             if CONSUMERS > 1:  # consumer 0 goes first (a fresh barrier passes a parity-1 wait)
                 mbarrier.wait(turn_bars.index(ROLE), (own & 1) ^ (1 - ROLE))
             acc = gl.zeros((BLOCK_M, B), dtype=gl.float32, layout=mma_layout)
-            for i in range(n_steps):
-                g = step + i
-                s = g % STAGES
-                mbarrier.wait(ready_bars.index(s), (g // STAGES) & 1)
-                if TRANS_V:
-                    v = v_bufs.index(s).permute((1, 0))
-                else:
-                    v = v_bufs.index(s)
-                acc = warpgroup_mma(a_bufs.index(s), v, acc, is_async=True)
-                # one MMA stays in flight; the one before it has read its stage: free that stage
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-                mbarrier.arrive(empty_bars.index((g + STAGES - 1) % STAGES), count=1, pred=i > 0)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            mbarrier.arrive(empty_bars.index((step + n_steps + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+            acc = _mma_stages(acc, step, n_steps, a_bufs, v_bufs, ready_bars, empty_bars, False, TRANS_V)
             if CONSUMERS > 1:  # this tile's stages are all read and released: the other's turn
                 mbarrier.arrive(turn_bars.index(1 - ROLE), count=1)
             own += 1
@@ -263,6 +284,75 @@ def _dds_ws_kernel(
         ], [1], [LOAD_REGS])
 
 
+@gluon.jit
+def _sdd_ws_load_partition(at_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, rows_ptr, cols_ptr, M, nnz,
+                           B: gl.constexpr, BLOCK_M: gl.constexpr):
+    """sdd's producer (one warp): for each of this program's blocks z, the M-slices of
+    A^T's block-column rows[z] and B's block-column cols[z], into the ring."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for z in range(pid, nnz, nprog):
+        r = gl.load(rows_ptr + z)
+        c = gl.load(cols_ptr + z)
+        for m0 in range(0, M, BLOCK_M):
+            _fill_stage(step, at_desc, [m0, r * B], b_desc, [m0, c * B], a_bufs, b_bufs, ready_bars, empty_bars)
+            step += 1
+
+
+@gluon.jit
+def _sdd_ws_mma_partition(out_desc, a_bufs, b_bufs, out_smem, ready_bars, empty_bars, M, nnz,
+                          B: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
+    """sdd's consumers: out[z] = sum over the M-slices of A^T-slice^T @ B-slice (the
+    A tile's transposed view is wgmma's A operand), then the block out through TMA."""
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=_warps_per_cta(B, num_warps), instr_shape=[16, B, 16])
+    n_steps = gl.cdiv(M, BLOCK_M)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for z in range(pid, nnz, nprog):
+        acc = gl.zeros((B, B), dtype=gl.float32, layout=mma_layout)
+        acc = _mma_stages(acc, step, n_steps, a_bufs, b_bufs, ready_bars, empty_bars, True, False)
+        step += n_steps
+        tma.store_wait(pendings=0)  # the previous block's store has left out_smem
+        out_smem.store(acc.to(out_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(out_desc, [z * B, 0], out_smem)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _sdd_ws_kernel(
+    at_ptr, b_ptr, out_ptr, rows_ptr, cols_ptr,
+    M, R_B, C_B, nnz, stride_atm, stride_bm,
+    B: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, LOAD_REGS: gl.constexpr,
+    ab_layout: gl.constexpr, out_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """updat's sampled product, persistent and warp-specialized: program p takes blocks
+    p, p + P, ... of the layout (table order). ``at`` is the row-major [M, R*B] matrix
+    whose transpose is sdd's left operand (dY), ``b`` the row-major [M, C*B] (X); ``out``
+    the blocks [nnz, B, B]. Slices past M are zero-filled by TMA."""
+    dtype: gl.constexpr = at_ptr.dtype.element_ty
+    at_desc = tma.make_tensor_descriptor(at_ptr, [M, R_B], [stride_atm, 1], [BLOCK_M, B], ab_layout)
+    b_desc = tma.make_tensor_descriptor(b_ptr, [M, C_B], [stride_bm, 1], [BLOCK_M, B], ab_layout)
+    out_desc = tma.make_tensor_descriptor(out_ptr, [nnz * B, B], [B, 1], [B, B], out_layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
+    out_smem = gl.allocate_shared_memory(dtype, [B, B], out_layout)
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    gl.warp_specialize([
+        (_sdd_ws_mma_partition, (out_desc, a_bufs, b_bufs, out_smem, ready_bars, empty_bars, M, nnz, B, BLOCK_M,
+                                 num_warps)),
+        (_sdd_ws_load_partition, (at_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, rows_ptr, cols_ptr, M, nnz,
+                                  B, BLOCK_M)),
+    ], [1], [LOAD_REGS])
+
+
 def _nvmma(shape: list[int], dtype: torch.dtype):
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
     return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
@@ -331,6 +421,46 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
     if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     return None
+
+
+def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
+    """Why the sdd kernel cannot run these operands (a_t [M, R*b] and b [M, C*b], the
+    sampled product's operands with M leading; out [nnz, b, b]), or None if it can."""
+    block = out.shape[-1]
+    if cfg.pingpong:
+        return "has no ping-pong mode for sdd"
+    if a_t.device.type != "cuda" or capability_major(a_t.device) != 9:
+        return "needs an sm90 (Hopper) GPU"
+    if a_t.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 inputs, got {a_t.dtype}"
+    if block not in (64, 128):
+        return f"needs a block size of 64 or 128, got {block}"
+    for name, t in (("A (transposed)", a_t), ("B", b)):
+        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+            return f"needs a {name} with M leading and 16-byte-aligned rows"
+    if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
+        return "addresses tensors through TMA, whose coordinates are 32-bit"
+    return None
+
+
+def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
+    """out[z] = (a_t^T @ b)[block rows[z], cols[z]] for every stored block z, into the
+    preallocated contiguous out [nnz, B, B]."""
+    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
+
+    block = out.shape[-1]
+    nnz = out.shape[0]
+    key = ("sdd", cfg.block_m, block, a_t.dtype)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _LAYOUTS[key] = (_nvmma([cfg.block_m, block], a_t.dtype), _nvmma([block, block], a_t.dtype))
+    ensure_allocator()
+    launch(_sdd_ws_kernel, (max(1, min(nnz, sm_count(a_t.device))),),
+        a_t, b, out, rows, cols,
+        a_t.shape[0], a_t.shape[1], b.shape[1], nnz, a_t.stride(0), b.stride(0),
+        B=block, BLOCK_M=cfg.block_m, STAGES=cfg.stages, LOAD_REGS=cfg.load_regs,
+        ab_layout=lay[0], out_layout=lay[1], num_warps=cfg.num_warps,
+    )
 
 
 def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, trans_v: bool) -> None:
