@@ -461,3 +461,17 @@ def test_dds_panel_kernel_b32_fp16():
     for trans in (True, False):
         a, values, bias = dds_inputs(layout, 20, torch.float16, trans, True)
         check_dds(layout, a, values, bias, trans, torch.float16, bsmm_panel.PanelConfig(2, block_m=16))
+
+
+def test_tma_eligibility_refuses_misaligned_and_overlapping_rows():
+    # what a TMA descriptor can describe: row-major, 16-byte base and pitch, rows that do
+    # not overlap (an expanded view's zero row stride cannot be described)
+    from tilesparse.kernels.bsmm_tma import row_major_tma_ok
+
+    x = torch.zeros(64, 128, dtype=torch.bfloat16)
+    assert row_major_tma_ok(x)
+    assert not row_major_tma_ok(x.t())  # column-major
+    assert not row_major_tma_ok(torch.zeros(64 * 128 + 1, dtype=torch.bfloat16)[1:].view(64, 128))  # 2 bytes off
+    assert not row_major_tma_ok(x[:1].expand(64, 128))  # row stride 0
+    assert row_major_tma_ok(x[:1].expand(1, 128))
+    assert not row_major_tma_ok(torch.zeros(0, 128, dtype=torch.bfloat16))

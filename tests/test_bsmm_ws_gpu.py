@@ -156,3 +156,51 @@ def test_ws_sdd_is_bitwise_deterministic_and_refuses_ping_pong():
     with pytest.raises(ValueError, match="ping-pong"):
         kernels.sdd(dy.t(), x, meta, 128, layout.block_rows, layout.block_cols,
                     config=bsmm_ws.WsConfig(128, 64, 4, 4, pingpong=True))
+
+
+@needs_hopper
+def test_ws_refuses_misaligned_values_and_overlapping_rows_and_the_default_falls_back():
+    # a contiguous view of the blocks 2 bytes into a buffer, and an expanded A (row
+    # stride 0): TMA cannot take either; forced, a clear error; by default, the Triton kernels
+    layout = make_layout("random", OUT_FEATURES // 128, IN_FEATURES // 128, 128)
+    n = layout.nnz * 128 * 128
+    flat = torch.randn(n + 1, device=DEVICE, dtype=torch.bfloat16)
+    values = flat[1:].view(layout.nnz, 128, 128)
+    a = torch.randn(bsmm_ws.WS_MIN_M + 7, IN_FEATURES, device=DEVICE, dtype=torch.bfloat16)
+    meta = layout.meta_on(DEVICE)
+    args = (meta, None, layout.block_rows, layout.block_cols, True)
+    with pytest.raises(ValueError, match="16-byte-aligned block values"):
+        kernels.dds(a, values, *args, config=CONFIGS["m128w8"])
+    expected = a.double().cpu() @ dense_of(values, layout).t()
+    assert_close(kernels.dds(a, values, *args), expected, torch.bfloat16, "default, misaligned values")
+    row = torch.randn(1, IN_FEATURES, device=DEVICE, dtype=torch.bfloat16).expand(bsmm_ws.WS_MIN_M + 7, -1)
+    good = random_values(layout, torch.bfloat16, DEVICE)
+    with pytest.raises(ValueError, match="non-overlapping rows"):
+        kernels.dds(row, good, *args, config=CONFIGS["m128w8"])
+    expected = row.double().cpu() @ dense_of(good, layout).t()
+    assert_close(kernels.dds(row, good, *args), expected, torch.bfloat16, "default, expanded A")
+
+
+@needs_hopper
+def test_ws_kernels_alternating_problems_stay_bitwise_equal():
+    # each launch builds its TMA descriptors in scratch memory the allocator recycles:
+    # alternating three problems (fprop, bprop, updat) must never read a stale descriptor
+    import tilesparse
+
+    problems = []
+    for seed, (n, k) in enumerate(((1024, 2048), (2048, 1024), (1536, 1536))):
+        layout = tilesparse.layouts.random(n, k, 128, 0.3, seed=seed, device=DEVICE)
+        x = torch.randn(700 + 100 * seed, k, device=DEVICE, dtype=torch.bfloat16)
+        dy = torch.randn(x.shape[0], n, device=DEVICE, dtype=torch.bfloat16)
+        values = random_values(layout, torch.bfloat16, DEVICE)
+        meta = layout.meta_on(DEVICE)
+        r, c = layout.block_rows, layout.block_cols
+        problems.append(lambda x=x, dy=dy, v=values, m=meta, r=r, c=c: (
+            kernels.dds(x, v, m, None, r, c, True, config=CONFIGS["m128w8"]),
+            kernels.dds(dy, v, m, None, r, c, False, config=CONFIGS["m128w8"]),
+            kernels.sdd(dy.t(), x, m, 128, r, c, config=SDD_CONFIGS["m64w8st5"])))
+    first = [p() for p in problems]
+    for _ in range(40):
+        for p, want in zip(problems, first):
+            for got, ref in zip(p(), want):
+                assert torch.equal(got, ref)

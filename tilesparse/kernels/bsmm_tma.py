@@ -127,14 +127,16 @@ def tma_supported(device: torch.device) -> bool:
 
 def row_major_tma_ok(t: torch.Tensor) -> bool:
     """A tensor a TMA descriptor can address as a 2-D row-major matrix: unit inner stride,
-    16-byte aligned base and row pitch, nothing empty. A 3-D tensor must be contiguous
+    16-byte aligned base and row pitch, rows that do not overlap (an expanded view's zero
+    row stride cannot be described), nothing empty. A 3-D tensor must be contiguous
     (blocks [nnz, b, b], addressed as [nnz * b, b])."""
     if t.numel() == 0 or t.data_ptr() % 16:
         return False
     size = t.element_size()
     if t.dim() == 3:
         return t.is_contiguous() and (t.shape[-1] * size) % 16 == 0
-    return t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0
+    return (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0
+            and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]))
 
 
 def descriptor(t: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:

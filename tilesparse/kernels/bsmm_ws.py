@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._device import capability_major, sm_count
+from ._device import capability_major, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 
@@ -41,7 +41,7 @@ from ._tiles import cdiv, check_power_of_two
 @dataclasses.dataclass(frozen=True)
 class WsConfig:
     """Launch parameters of the warp-specialized kernel. ``block_m`` rows of A per tile
-    (64 per consumer warpgroup and wgmma, so ``num_warps`` >= block_m / 16), ``block_k``
+    (dds: at least 16 per warp, a warpgroup's wgmma covering 64 rows; sdd: the M step), ``block_k``
     the reduction step, ``stages`` the shared-memory ring, ``group_m`` the tile order's
     group (L2 reuse), ``load_regs`` the producer warp's register budget. ``pingpong``: a
     second consumer of ``num_warps`` warps (``mma_regs`` registers each) takes every other
@@ -69,9 +69,12 @@ class WsConfig:
         if self.group_m < 1:
             raise ValueError(f"WsConfig.group_m must be >= 1, got {self.group_m!r}")
 
-    def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
-        """Shared memory the kernel allocates: the ring of A and S tiles plus the
-        output tile."""
+    def shared_bytes(self, block_size: int, element_bytes: int = 2, sdd: bool = False) -> int:
+        """Shared memory the kernel allocates: the ring of operand tiles plus the output
+        tile(s) and barriers (dds; ``sdd``: the sampled product's kernel, whose ring holds
+        two [block_m, b] activation tiles per stage and whose output is one block)."""
+        if sdd:
+            return self.stages * 2 * self.block_m * block_size * element_bytes + block_size ** 2 * element_bytes + 1024
         ring = self.stages * (self.block_m + block_size) * self.block_k * element_bytes
         return ring + (1 + self.pingpong) * self.block_m * block_size * element_bytes + 1024
 
@@ -415,12 +418,25 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
         return f"needs a block size of 64 or 128, got {b}"
     if cfg.block_k > b:
         return f"block_k={cfg.block_k} exceeds the block size {b}"
+    if 16 * cfg.num_warps > cfg.block_m:
+        return f"would compute each of block_m={cfg.block_m} rows more than once with {cfg.num_warps} warps"
     for name, t in (("A", a), ("C", c)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return f"needs a row-major {name} with 16-byte-aligned rows"
+        if not _tma_rows_ok(t):
+            return f"needs a row-major {name} with 16-byte-aligned, non-overlapping rows"
+    if values.data_ptr() % 16 or not values.is_contiguous() or values.dtype != a.dtype:
+        return "needs contiguous, 16-byte-aligned block values of A's dtype"
     if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
+    if cfg.shared_bytes(b) > shared_memory_bytes(a.device):
+        return f"needs {cfg.shared_bytes(b)} bytes of shared memory at this config, more than the GPU has"
     return None
+
+
+def _tma_rows_ok(t: torch.Tensor) -> bool:
+    """Row-major with a 16-byte-aligned base and row pitch, rows not overlapping (an
+    expanded view's zero row stride cannot be described to the TMA unit)."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+            and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]))
 
 
 def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
@@ -436,10 +452,12 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
     if block not in (64, 128):
         return f"needs a block size of 64 or 128, got {block}"
     for name, t in (("A (transposed)", a_t), ("B", b)):
-        if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
-            return f"needs a {name} with M leading and 16-byte-aligned rows"
+        if not _tma_rows_ok(t):
+            return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
     if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
+    if cfg.shared_bytes(block, sdd=True) > shared_memory_bytes(a_t.device):
+        return f"needs {cfg.shared_bytes(block, sdd=True)} bytes of shared memory at this config, more than the GPU has"
     return None
 
 
