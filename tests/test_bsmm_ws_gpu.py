@@ -204,3 +204,22 @@ def test_ws_kernels_alternating_problems_stay_bitwise_equal():
         for p, want in zip(problems, first):
             for got, ref in zip(p(), want):
                 assert torch.equal(got, ref)
+
+
+@needs_hopper
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
+def test_ws_kernel_runs_fp32_as_tf32_only(block_size, trans):
+    # fp32 inputs: TF32 wgmma (K-major operands; bprop's blocks are transposed once by
+    # dds as for the Triton TF32 path); refused under 'highest' precision
+    cfg = bsmm_ws.WsConfig(128, 32, 8, 4)
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        out, expected = _run("empty_rows_cols", block_size, torch.float32, trans, 1000, cfg)
+        assert_close(out, expected, torch.float32, "dds ws tf32")
+        torch.set_float32_matmul_precision("highest")
+        with pytest.raises(ValueError, match="TF32 only"):
+            _run("random", block_size, torch.float32, trans, 300, cfg)
+    finally:
+        torch.set_float32_matmul_precision(previous)

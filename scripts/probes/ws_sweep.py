@@ -46,6 +46,10 @@ VARIANTS = {
     "m128k64w4st4pp": W.WsConfig(128, 64, 4, 4, pingpong=True),
     "m128k64w4st3pp": W.WsConfig(128, 64, 4, 3, pingpong=True),
     "m64k64w4st6pp": W.WsConfig(64, 64, 4, 6, pingpong=True),
+    # fp32 as TF32 (32-deep steps: 128-byte rows)
+    "tf32-m128k32w8st4": W.WsConfig(128, 32, 8, 4),
+    "tf32-m128k32w8st3": W.WsConfig(128, 32, 8, 3),
+    "tf32-m64k32w4st5": W.WsConfig(64, 32, 4, 5),
 }
 
 
@@ -124,15 +128,22 @@ def main() -> None:
     p.add_argument("--densities", nargs="+", type=float, default=[0.5, 0.25, 0.1, 0.05])
     p.add_argument("--ops", nargs="+", default=["fprop", "bprop"], choices=["fprop", "bprop", "updat"])
     p.add_argument("--variants", nargs="+", default=[*VARIANTS, *SDD_VARIANTS], choices=[*VARIANTS, *SDD_VARIANTS])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"],
+                   help="fp32 runs every method as TF32 (torch.set_float32_matmul_precision('high'))")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     start = time.time()
-    rows = sweep(shapes, args.blocks, args.densities, args.ops, args.variants, torch.bfloat16)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if dtype == torch.float32:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.matmul.allow_tf32 = True
+    rows = sweep(shapes, args.blocks, args.densities, args.ops, args.variants, dtype)
     print(f"{time.time() - start:.0f} s")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
+                       "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,9 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 if block_m == 64 and sub < 64 and chunks == 1:  # activation rows as the MMA's M (wgmma)
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
     if fp32:
+        if block in (64, 128) and m > 256:  # the Hopper warp-specialized kernel as TF32
+            yield WsConfig(128, 32, 8, 4)
+            yield WsConfig(128, 32, 8, 3)
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
             for tma in (False, True):
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)

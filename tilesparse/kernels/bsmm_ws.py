@@ -195,7 +195,8 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
     num_pid_m, n_out_blocks, num_tiles = sizes
     K_STEPS: gl.constexpr = B // BLOCK_K
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=_warps_per_cta(BLOCK_M, num_warps), instr_shape=[16, B, 16])
+        version=[3, 0], warps_per_cta=_warps_per_cta(BLOCK_M, num_warps),
+        instr_shape=[16, B, 256 // c_desc.dtype.primitive_bitwidth])  # k: 16 for 16-bit, 8 for tf32
     c_smem = c_bufs.index(ROLE)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -357,7 +358,7 @@ def _sdd_ws_kernel(
 
 
 def _nvmma(shape: list[int], dtype: torch.dtype):
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
 
 
@@ -412,8 +413,12 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
     b = values.shape[-1]
     if a.device.type != "cuda" or capability_major(a.device) != 9:
         return "needs an sm90 (Hopper) GPU"
-    if a.dtype not in (torch.bfloat16, torch.float16):
-        return f"needs bf16 or fp16 inputs, got {a.dtype}"
+    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"needs bf16, fp16 or fp32 inputs, got {a.dtype}"
+    if a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
+        return "runs fp32 as TF32 only (torch.get_float32_matmul_precision() is 'highest')"
+    if a.dtype == torch.float32 and cfg.block_k * 4 > 128:
+        return f"needs block_k <= 32 for fp32 (128-byte rows of the swizzled tiles), got {cfg.block_k}"
     if b < 64 or b & (b - 1) or b > 128:
         return f"needs a block size of 64 or 128, got {b}"
     if cfg.block_k > b:
@@ -427,8 +432,8 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
         return "needs contiguous, 16-byte-aligned block values of A's dtype"
     if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
-    if cfg.shared_bytes(b) > shared_memory_bytes(a.device):
-        return f"needs {cfg.shared_bytes(b)} bytes of shared memory at this config, more than the GPU has"
+    if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
+        return f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, more than the GPU has"
     return None
 
 
