@@ -175,13 +175,32 @@ def ws_cases(quick: bool):
         yield f"ws sdd b{block} m{block_m} w{warps}", sdd, sig, const, warps, stages, None, GluonASTSource
 
 
+def attention_ws_cases(quick: bool):
+    """The warp-specialized attention dK/dV kernel (Gluon, ``attention_ws``): b 128 and
+    64, D 128 and 64, causal or not, key padding."""
+    from tilesparse.kernels import attention_ws
+
+    fn = attention_ws._bwd_dkdv_ws_kernel
+    cases = ((128, 128, 64, 2, True, False),) if quick else \
+        ((128, 128, 64, 2, True, False), (128, 128, 64, 3, False, True), (64, 64, 64, 2, True, True),
+         (128, 64, 64, 2, False, False))
+    for block, head_dim, block_m, stages, causal, kpm in cases:
+        qo, kv = attention_ws._layouts(block_m, block, head_dim, torch.bfloat16)
+        const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
+                     qo_layout=qo, kv_layout=kv, num_warps=block // 16)
+        sig = _attention_signature(fn, "bf16", const)
+        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}", fn, sig, const, block // 16,
+               stages, None, GluonASTSource)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
     args = parser.parse_args()
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *ws_cases(args.quick)):
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *ws_cases(args.quick),
+            *attention_ws_cases(args.quick)):
         try:
             attrs = extra[0] if extra else None
             source_kind = extra[1] if len(extra) > 1 else ASTSource

@@ -26,6 +26,11 @@ os.environ.setdefault("TILESPARSE_POISON", "1")
 
 from tilesparse.attention import layouts as attention_layouts  # noqa: E402
 from tilesparse.kernels import attention as K  # noqa: E402
+from tilesparse.kernels import attention_ws  # noqa: E402
+
+
+def cuda_capability_major() -> int:
+    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
 
 
 def candidates(kind: str, block: int, head_dim: int):
@@ -50,6 +55,12 @@ def candidates(kind: str, block: int, head_dim: int):
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
+        if kind == "dkdv" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
+            # the Hopper warp-specialized Gluon kernel (tilesparse.kernels.attention_ws; written
+            # 2026-11-30 after the device time ran out, first timed by this sweep)
+            for bm, stages in ((64, 2), (64, 3), (32, 4)):
+                if block % bm == 0:
+                    yield attention_ws.DkdvWsConfig(bm, stages)
         if kind == "dkdv":
             # the two-pass walk (one fp32 accumulator live at a time; 5 matmuls per block pair
             # instead of 4) and register caps (two CTAs of 8 warps per SM); compiled for sm_90

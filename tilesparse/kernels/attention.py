@@ -42,6 +42,7 @@ import triton.language as tl
 
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
+from . import attention_ws
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .bsmm_tma import ensure_allocator
 from ._launch import launch
@@ -459,7 +460,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                        causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None,
                        deterministic: bool = True):
     """(dq, dk, dv) in the inputs' dtypes: delta = rowsum(dO * O), then the dK/dV kernel
-    over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq)).
+    over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq); a
+    ``attention_ws.DkdvWsConfig`` first runs the Hopper warp-specialized dK/dV kernel).
     ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
     an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
     then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
@@ -477,26 +479,38 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     )
     cfg_kv, cfg_q = configs or (attention_config("dkdv", block_size, D, q.dtype),
                                 attention_config("dq", block_size, D, q.dtype))
-    cfg_kv.check(block_size)
+    ws = isinstance(cfg_kv, attention_ws.DkdvWsConfig)  # the Hopper warp-specialized dK/dV kernel (opt-in)
+    if ws:
+        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_kv) or (
+            None if deterministic else "has no atomic-dQ mode (deterministic=False)")
+        if why is not None:
+            raise ValueError(f"configs[0]={cfg_kv}: the warp-specialized dK/dV kernel {why}")
+    else:
+        cfg_kv.check(block_size)
     cfg_q.check(block_size)
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
                   INPUT_PRECISION=_input_precision(q.dtype))
-    tma_kv, tma_q = _tma_ok(cfg_kv, D, d_tile, q, grad_out), _tma_ok(cfg_q, D, d_tile, k, v)
+    tma_kv = not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out)
+    tma_q = _tma_ok(cfg_q, D, d_tile, k, v)
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
-    launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
-        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
-        B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
-        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
-        TWO_PASS=cfg_kv.two_pass,
-        # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
-        TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda",
-        **cfg_kv.launch_options(), **common,
-    )
+    if ws:
+        attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
+                                    block_size, causal, key_padding_mask is not None, scale, cfg_kv)
+    else:
+        launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
+            q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
+            B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+            BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
+            TWO_PASS=cfg_kv.two_pass,
+            # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
+            TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda",
+            **cfg_kv.launch_options(), **common,
+        )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)

@@ -1,0 +1,65 @@
+"""The Hopper warp-specialized dK/dV kernel (``tilesparse.kernels.attention_ws``, Gluon)
+on CUDA, chosen by its config: against the float64 reference, the Triton dK/dV kernel
+and itself (bitwise deterministic). Marked ``gpu``; skipped on GPUs other than sm90."""
+
+import pytest
+import torch
+
+from attention_cases import _seed, make_inputs, padding, reference_with_grads, run_kernels
+from tilesparse.attention import layouts
+from tilesparse.kernels import attention as kernels
+from tilesparse.kernels import attention_ws
+from tolerances import assert_close, rel_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+    reason="the Gluon kernel is written for sm90")]
+
+
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("b,D,S,block_m,stages", [
+    (128, 128, 2000, 64, 2), (128, 128, 1024, 64, 3), (128, 64, 1000, 64, 2), (64, 64, 1000, 32, 2),
+    (64, 128, 777, 64, 2)])
+def test_ws_dkdv_matches_reference_and_the_triton_kernel(b, D, S, block_m, stages, causal, kpm_kind):
+    # BigBird (window, global, random blocks), GQA (4 query heads on 2 kv heads), odd S
+    # (the last block partial), key padding at the tail of one batch element
+    dtype = torch.bfloat16
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    fwd, dkdv, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dkdv", "dq"))
+    ws = attention_ws.DkdvWsConfig(block_m, stages)
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, ws, dq))
+    again = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, ws, dq))
+    triton_grads = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, dkdv, dq))[2]
+    assert all(torch.equal(a, b_) for a, b_ in zip(got[2], again[2])), "gradients must be bitwise deterministic"
+    assert all(rel_error(a, t) < 1e-2 for a, t in zip(got[2][1:], triton_grads[1:]))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
+
+
+def test_ws_dkdv_strided_inputs_and_refusals():
+    # q, k, v as views of [B, S, H, D] projections (non-contiguous heads): the
+    # descriptors take the strides; fp32 and the atomic dQ mode are refused by name
+    dtype, b, D, S = torch.float16, 128, 128, 1536
+    layout = layouts.local(S, b, window=512)
+    q, k, v = make_inputs(1, 4, 4, S, D, dtype, device="cuda", seq_major=True)
+    grad_out = torch.randn(1, 4, S, D, device="cuda").to(dtype)
+    fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
+    ws = attention_ws.DkdvWsConfig()
+    got = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out, configs=(fwd, ws, dq))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=False,
+                                           scale=D ** -0.5)
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
+    with pytest.raises(ValueError, match="atomic-dQ"):
+        run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        run_kernels(q.float(), k.float(), v.float(), layout, False, None, D ** -0.5, grad_out.float(),
+                    configs=(kernels.attention_config("fwd", b, D, torch.float32), ws,
+                             kernels.attention_config("dq", b, D, torch.float32)))
