@@ -461,7 +461,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                        deterministic: bool = True):
     """(dq, dk, dv) in the inputs' dtypes: delta = rowsum(dO * O), then the dK/dV kernel
     over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq); a
-    ``attention_ws.DkdvWsConfig`` first runs the Hopper warp-specialized dK/dV kernel).
+    ``attention_ws.DkdvWsConfig`` first / ``DqWsConfig`` second runs the Hopper
+    warp-specialized dK/dV / dQ kernel).
     ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
     an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
     then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
@@ -487,14 +488,20 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
             raise ValueError(f"configs[0]={cfg_kv}: the warp-specialized dK/dV kernel {why}")
     else:
         cfg_kv.check(block_size)
-    cfg_q.check(block_size)
+    ws_q = isinstance(cfg_q, attention_ws.DqWsConfig)  # the Hopper warp-specialized dQ kernel (opt-in)
+    if ws_q:
+        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_q)
+        if why is not None:
+            raise ValueError(f"configs[1]={cfg_q}: the warp-specialized dQ kernel {why}")
+    else:
+        cfg_q.check(block_size)
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
                   INPUT_PRECISION=_input_precision(q.dtype))
     tma_kv = not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out)
-    tma_q = _tma_ok(cfg_q, D, d_tile, k, v)
+    tma_q = not ws_q and _tma_ok(cfg_q, D, d_tile, k, v)
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
@@ -514,6 +521,10 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    if ws_q:
+        attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
+                                  block_size, causal, key_padding_mask is not None, scale, cfg_q)
+        return dq, dk, dv
     launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,

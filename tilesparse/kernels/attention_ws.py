@@ -1,5 +1,5 @@
-"""Hopper (sm90) warp-specialized dK/dV kernel of the fused block-sparse attention,
-written in Gluon (Triton's explicit-layout dialect), opt-in.
+"""Hopper (sm90) warp-specialized backward kernels (dK/dV, dQ) of the fused block-sparse
+attention, written in Gluon (Triton's explicit-layout dialect), opt-in.
 
 Why: the Triton dK/dV kernel (:mod:`tilesparse.kernels.attention`) takes 1.45 ms of
 the 2.43 ms backward on local-1024 attention (B 4, H 16, S 8192, D 128, H200), against
@@ -13,13 +13,15 @@ next wgmma from registers (no shared-memory round trip).
 Same math, tables and order as ``_bwd_dkdv_kernel`` (read that module's docstring): per
 key tile of one kv head, for each query head of its group and each query tile of the
 key block's column, sT = K Qᵀ, Pᵀ = exp2(sT * scale·log2e - lse), dV += Pᵀ dO,
-dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end. The
-sums run in the same order: bitwise deterministic. Rows past S read zeros (TMA
+dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end. The dQ
+kernel mirrors ``_bwd_dq_kernel`` the same way (the producer streams K and V along the
+query block's CSR row; dQ += dS K with dS from registers). The sums run in the same
+order: bitwise deterministic. Rows past S read zeros (TMA
 zero-fill) and keys past S or padding are masked, as in the Triton kernel.
 
 Written after the session's device time ran out: compiled for sm_90 on the CPU
 (``scripts/sm90_compile_check.py``), GPU tests in ``tests/test_attention_ws_gpu.py``,
-never run on a GPU yet. :func:`dkdv_ws_supported` says where it applies: sm90, fp16 /
+never run on a GPU yet. :func:`dkdv_ws_supported` says where they apply: sm90, fp16 /
 bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 """
 
@@ -217,6 +219,173 @@ def _bwd_dkdv_ws_kernel(
     ], [1], [LOAD_REGS])
 
 
+@dataclasses.dataclass(frozen=True)
+class DqWsConfig:
+    """Launch parameters of the warp-specialized dQ kernel: ``block_m`` query rows per
+    program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
+    tiles in flight, the producer warp's ``load_regs``."""
+
+    block_m: int = 128
+    block_n: int = 64
+    stages: int = 2
+    load_regs: int = 40
+
+    def __post_init__(self):
+        if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
+            raise ValueError(f"DqWsConfig.block_m must be 64 or 128 and block_n 32, 64 or 128, "
+                             f"got {self.block_m!r}, {self.block_n!r}")
+        if self.stages < 2:
+            raise ValueError(f"DqWsConfig.stages must be >= 2, got {self.stages!r}")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """Q and dO tiles, plus the ring of K and V tiles."""
+        return (2 * self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
+
+
+@gluon.jit
+def _dq_ws_load(descs, bufs, bars, tables, sizes,
+                BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer (one warp): the query tile's Q and dO once, then for each key block of
+    the query block's CSR row, its K and V tiles."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_smem, do_smem, k_bufs, v_bufs = bufs
+    q_bar, ready_bars, empty_bars = bars
+    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr = tables
+    S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    M_SPLIT: gl.constexpr = BS // BLOCK_M
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    pid = gl.program_id(0)
+    bh = gl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = bh // H
+    h = bh % H
+    row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
+    lh = h % L_HEADS
+    start = gl.load(row_ptr_ptr + lh * NB + qblk)
+    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    step = 0
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = gl.load(row_cols_ptr + t // N_STEPS)
+        key0 = kblk * BS + (t % N_STEPS) * BLOCK_N
+        _fill_stage(step, k_desc, [bz, h // GROUP, key0, 0], v_desc, [bz, h // GROUP, key0, 0], k_bufs, v_bufs,
+                    ready_bars, empty_bars)
+        step += 1
+
+
+@gluon.jit
+def _dq_ws_mma(descs, bufs, bars, tables, sizes,
+               BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+    """Consumers (the default partition, 16 query rows per warp): per key tile S = Q Kᵀ,
+    P, dP = dO Vᵀ, dS, dQ += dS K (dS from registers), synchronous wgmma; then dQ * scale
+    stored with masks (rows past S are not written)."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_smem, do_smem, k_bufs, v_bufs = bufs
+    q_bar, ready_bars, empty_bars = bars
+    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr = tables
+    S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    M_SPLIT: gl.constexpr = BS // BLOCK_M
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    pid = gl.program_id(0)
+    bh = gl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = bh // H
+    offs_m = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_ok = offs_m < S
+    lse = gl.load(lse_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
+    lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
+    delta = gl.load(delta_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
+    dq = gl.zeros((BLOCK_M, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=s_layout)
+    lh = (bh % H) % L_HEADS
+    start = gl.load(row_ptr_ptr + lh * NB + qblk)
+    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.reshape([BLOCK_M, D])
+    do = do_smem.reshape([BLOCK_M, D])
+    step = 0
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = gl.load(row_cols_ptr + t // N_STEPS)
+        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = step % STAGES
+        mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+        k = k_bufs.index(s).reshape([BLOCK_N, D])
+        v = v_bufs.index(s).reshape([BLOCK_N, D])
+        p = gl.exp2(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale - lse[:, None])
+        need = (kblk + 1) * BS > S  # as the Triton kernel's _needs_mask
+        if CAUSAL:
+            need = need | (kblk == qblk)
+        if HAS_KPM:
+            need = need | (kblk == kblk)
+        if need:
+            n_ok = offs_n < S
+            if HAS_KPM:
+                pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
+                n_ok = n_ok & (pad == 0)
+            keep = m_ok[:, None] & n_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = gl.where(keep, p, 0.0)
+        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
+        ds = p * (dp - delta[:, None])
+        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_operand), k, dq)
+        mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
+        step += 1
+
+    offs_om = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    out_off = bh.to(gl.int64) * S * D + offs_om.to(gl.int64)[:, None] * D + offs_d[None, :]
+    gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+
+
+@gluon.jit
+def _bwd_dq_ws_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr,
+    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
+    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
+    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D], qo_layout)
+    do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, S, D], [sdb, sdh, sds, 1], [1, 1, BLOCK_M, D], qo_layout)
+    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D], kv_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    descs = (q_desc, k_desc, v_desc, do_desc)
+    bufs = (q_smem, do_smem, k_bufs, v_bufs)
+    bars = (q_bar, ready_bars, empty_bars)
+    tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr)
+    sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
+    gl.warp_specialize([
+        (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)),
+        (_dq_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N)),
+    ], [1], [LOAD_REGS])
+
+
 _LAYOUTS: dict = {}
 
 
@@ -227,8 +396,9 @@ def _layouts(block_m: int, block_size: int, head_dim: int, dtype: torch.dtype):
     return _LAYOUTS[key]
 
 
-def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg: DkdvWsConfig) -> str | None:
-    """Why the kernel cannot run these operands, or None if it can."""
+def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg: DkdvWsConfig | DqWsConfig) -> str | None:
+    """Why the dK/dV (or, for a DqWsConfig, the dQ) kernel cannot run these operands, or
+    None if it can."""
     D = q.shape[-1]
     if q.device.type != "cuda" or capability_major(q.device) != 9:
         return "needs an sm90 (Hopper) GPU"
@@ -236,8 +406,9 @@ def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg: DkdvWsConfig) -> 
         return f"needs bf16 or fp16 inputs, got {q.dtype}"
     if D not in (64, 128):
         return f"needs a head dim of 64 or 128, got {D}"
-    if block_size not in (64, 128) or block_size % cfg.block_m:
-        return f"needs a block size of 64 or 128 divisible by block_m={cfg.block_m}, got {block_size}"
+    tile = max(cfg.block_m, getattr(cfg, "block_n", cfg.block_m))
+    if block_size not in (64, 128) or block_size % tile:
+        return f"needs a block size of 64 or 128 divisible by the tiles of {cfg}, got {block_size}"
     for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:3]):
             return f"needs {name} with unit stride along D and 16-byte-aligned strides"
@@ -264,4 +435,27 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout, num_warps=block_size // 16,
+    )
+
+
+def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
+                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig) -> None:
+    """dq (contiguous [B, H, S, D]) of the block-sparse attention, as ``_bwd_dq_kernel``
+    computes it."""
+    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
+
+    B, H, S, D = q.shape
+    hkv = k.shape[1]
+    key = ("dq", cfg.block_m, cfg.block_n, D, q.dtype)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = (_nvmma([1, 1, cfg.block_m, D], q.dtype), _nvmma([1, 1, cfg.block_n, D], q.dtype))
+    qo_layout, kv_layout = _LAYOUTS[key]
+    ensure_allocator()
+    launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
+        q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
+        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
+        BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
+        HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
+        num_warps=cfg.block_m // 16,
     )
