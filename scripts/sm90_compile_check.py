@@ -176,8 +176,8 @@ def ws_cases(quick: bool):
 
 
 def attention_ws_cases(quick: bool):
-    """The warp-specialized attention dK/dV and dQ kernels (Gluon, ``attention_ws``): b 128
-    and 64, D 128 and 64, causal or not, key padding."""
+    """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
+    dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
     from tilesparse.kernels import attention_ws
 
     fn = attention_ws._bwd_dkdv_ws_kernel
@@ -200,6 +200,17 @@ def attention_ws_cases(quick: bool):
                      HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dQ b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn, sig,
+               const, block_m // 16, stages, None, GluonASTSource)
+    fn = attention_ws._fwd_ws_kernel
+    for block, head_dim, block_m, block_n, stages, causal, kpm in ((128, 128, 128, 128, 2, True, False),) if quick \
+            else ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True),
+                  (64, 64, 64, 64, 2, True, True)):
+        qo, kv = (attention_ws._nvmma([1, 1, block_m, head_dim], torch.bfloat16),
+                  attention_ws._nvmma([1, 1, block_n, head_dim], torch.bfloat16))
+        const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                     HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
+        sig = _attention_signature(fn, "bf16", const)
+        yield (f"ws attention fwd b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn, sig,
                const, block_m // 16, stages, None, GluonASTSource)
 
 

@@ -61,6 +61,10 @@ def candidates(kind: str, block: int, head_dim: int):
             for bm, stages in ((64, 2), (64, 3), (32, 4)):
                 if block % bm == 0:
                     yield attention_ws.DkdvWsConfig(bm, stages)
+        if kind == "fwd" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
+            for bm, bn, stages in ((128, 128, 2), (128, 64, 3), (128, 128, 3)):
+                if block % bm == 0 and block % bn == 0:
+                    yield attention_ws.FwdWsConfig(bm, bn, stages)
         if kind == "dq" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
             for bm, bn, stages in ((128, 64, 2), (128, 64, 3), (64, 64, 3), (128, 128, 2)):
                 if block % bm == 0 and block % bn == 0:

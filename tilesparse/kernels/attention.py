@@ -431,7 +431,8 @@ def _common(q, k, meta, layout_heads, block_size):
 def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_size: int, causal: bool,
                       scale: float, config: AttentionConfig | None = None):
     """(out [B, H, S, D] in q's dtype, lse [B, H, S] float32): the fused forward over the
-    layout's CSR rows (``meta`` built with the same ``causal``)."""
+    layout's CSR rows (``meta`` built with the same ``causal``; an
+    ``attention_ws.FwdWsConfig`` runs the Hopper warp-specialized forward)."""
     q, k, v = _rows(q), _rows(k), _rows(v)
     B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
     out = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
@@ -439,9 +440,16 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     if out.numel() == 0:
         return out, lse
     cfg = config or attention_config("fwd", block_size, D, q.dtype)
-    cfg.check(block_size)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
+    if isinstance(cfg, attention_ws.FwdWsConfig):  # the Hopper warp-specialized forward (opt-in)
+        why = attention_ws.dkdv_ws_supported(q, k, v, out, block_size, cfg)
+        if why is not None:
+            raise ValueError(f"config={cfg}: the warp-specialized forward kernel {why}")
+        attention_ws.launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
+                                   key_padding_mask is not None, scale, cfg)
+        return out, lse
+    cfg.check(block_size)
     tma = _tma_ok(cfg, D, d_tile, k, v)
     if tma:
         ensure_allocator()

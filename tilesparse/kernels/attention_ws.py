@@ -243,15 +243,15 @@ class DqWsConfig:
 
 
 @gluon.jit
-def _dq_ws_load(descs, bufs, bars, tables, sizes,
-                BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer (one warp): the query tile's Q and dO once, then for each key block of
-    the query block's CSR row, its K and V tiles."""
+def _row_ws_load(descs, bufs, bars, tables, sizes,
+                 BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr):
+    """Producer (one warp) of the row walks (forward, dQ): the query tile's Q (and dO)
+    once, then for each key block of the query block's CSR row, its K and V tiles."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs = bufs
     q_bar, ready_bars, empty_bars = bars
-    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr = tables
-    S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
+    H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
     N_STEPS: gl.constexpr = BS // BLOCK_N
     pid = gl.program_id(0)
@@ -260,9 +260,13 @@ def _dq_ws_load(descs, bufs, bars, tables, sizes,
     bz = bh // H
     h = bh % H
     row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
+    if LOAD_DO:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
+    else:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
     lh = h % L_HEADS
     start = gl.load(row_ptr_ptr + lh * NB + qblk)
     end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
@@ -382,7 +386,149 @@ def _bwd_dq_ws_kernel(
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
     gl.warp_specialize([
         (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)),
-        (_dq_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N)),
+        (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
+    ], [1], [LOAD_REGS])
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdWsConfig:
+    """Launch parameters of the warp-specialized forward: ``block_m`` query rows per
+    program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
+    tiles in flight, the producer warp's ``load_regs``."""
+
+    block_m: int = 128
+    block_n: int = 128
+    stages: int = 2
+    load_regs: int = 40
+
+    def __post_init__(self):
+        if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
+            raise ValueError(f"FwdWsConfig.block_m must be 64 or 128 and block_n 32, 64 or 128, "
+                             f"got {self.block_m!r}, {self.block_n!r}")
+        if self.stages < 2:
+            raise ValueError(f"FwdWsConfig.stages must be >= 2, got {self.stages!r}")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """The Q tile, plus the ring of K and V tiles."""
+        return (self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
+
+
+@gluon.jit
+def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
+                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+    """Consumers (the default partition, 16 query rows per warp): the online softmax over
+    the row's key tiles, S = Q Kᵀ and O += P V (P from registers) as synchronous wgmma;
+    then O / l and lse stored (rows past S are not written; empty rows give O = 0 and
+    lse = -inf), as ``_fwd_kernel`` does."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_smem, do_smem, k_bufs, v_bufs = bufs
+    q_bar, ready_bars, empty_bars = bars
+    row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr = tables
+    S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos = sizes
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    M_SPLIT: gl.constexpr = BS // BLOCK_M
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    pid = gl.program_id(0)
+    bh = gl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = bh // H
+    h = bh % H
+    offs_m = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_ok = offs_m < S
+    m_i = gl.full((BLOCK_M,), float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros((BLOCK_M,), dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros((BLOCK_M, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=s_layout)
+    lh = h % L_HEADS
+    start = gl.load(row_ptr_ptr + lh * NB + qblk)
+    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.reshape([BLOCK_M, D])
+    step = 0
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = gl.load(row_cols_ptr + t // N_STEPS)
+        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        st = step % STAGES
+        mbarrier.wait(ready_bars.index(st), (step // STAGES) & 1)
+        k = k_bufs.index(st).reshape([BLOCK_N, D])
+        v = v_bufs.index(st).reshape([BLOCK_N, D])
+        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale
+        need = (kblk + 1) * BS > S  # as the Triton kernel's _needs_mask
+        if CAUSAL:
+            need = need | (kblk == qblk)
+        if HAS_KPM:
+            need = need | (kblk == kblk)
+        if need:
+            n_ok = offs_n < S
+            if HAS_KPM:
+                pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
+                n_ok = n_ok & (pad == 0)
+            keep = m_ok[:, None] & n_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = gl.where(keep, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_operand), v, acc)
+        mbarrier.arrive(empty_bars.index(st), count=1)  # the wgmma above were synchronous
+        m_i = m_new
+        step += 1
+
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
+    acc = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))[:, None]
+    offs_om = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
+    gl.store(o_ptr + out_off, acc.to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+
+
+@gluon.jit
+def _fwd_ws_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr,
+    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
+    BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
+    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Program (query tile, batch * head), as ``_fwd_kernel``; descriptors over
+    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D], qo_layout)
+    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D], kv_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
+    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    descs = (q_desc, k_desc, v_desc, q_desc)  # (no dO in the forward: the loader skips it)
+    bufs = (q_smem, q_smem, k_bufs, v_bufs)
+    bars = (q_bar, ready_bars, empty_bars)
+    tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr)
+    sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos)
+    gl.warp_specialize([
+        (_fwd_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)),
+        (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, False)),
     ], [1], [LOAD_REGS])
 
 
@@ -396,9 +542,9 @@ def _layouts(block_m: int, block_size: int, head_dim: int, dtype: torch.dtype):
     return _LAYOUTS[key]
 
 
-def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg: DkdvWsConfig | DqWsConfig) -> str | None:
-    """Why the dK/dV (or, for a DqWsConfig, the dQ) kernel cannot run these operands, or
-    None if it can."""
+def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg) -> str | None:
+    """Why the kernel of ``cfg`` (a DkdvWsConfig, DqWsConfig or FwdWsConfig; for the
+    forward, ``grad_out`` is the output) cannot run these operands, or None if it can."""
     D = q.shape[-1]
     if q.device.type != "cuda" or capability_major(q.device) != 9:
         return "needs an sm90 (Hopper) GPU"
@@ -455,6 +601,29 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
+        BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
+        HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
+        num_warps=cfg.block_m // 16,
+    )
+
+
+def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int, block_size: int,
+                  causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig) -> None:
+    """out [B, H, S, D] and lse [B, H, S] of the block-sparse attention, as ``_fwd_kernel``
+    computes them."""
+    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
+
+    B, H, S, D = q.shape
+    hkv = k.shape[1]
+    key = ("fwd", cfg.block_m, cfg.block_n, D, q.dtype)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = (_nvmma([1, 1, cfg.block_m, D], q.dtype), _nvmma([1, 1, cfg.block_n, D], q.dtype))
+    qo_layout, kv_layout = _LAYOUTS[key]
+    ensure_allocator()
+    launch(_fwd_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
+        q, k, v, out, lse, kpm, row_ptr, row_cols,
+        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16,
