@@ -475,3 +475,11 @@ def test_tma_eligibility_refuses_misaligned_and_overlapping_rows():
     assert not row_major_tma_ok(x[:1].expand(64, 128))  # row stride 0
     assert row_major_tma_ok(x[:1].expand(1, 128))
     assert not row_major_tma_ok(torch.zeros(0, 128, dtype=torch.bfloat16))
+
+
+def test_sdd_with_no_rows_gives_zero_blocks():
+    # an empty reduction (M = 0): every stored block is zero, whatever kernel would run
+    layout = make_layout("random", 3, 2, 16)
+    a, b = torch.zeros(layout.shape[0], 0), torch.zeros(0, layout.shape[1])
+    out = kernels.sdd(a, b, layout.meta, 16, layout.block_rows, layout.block_cols)
+    assert out.shape == (layout.nnz, 16, 16) and bool((out == 0).all())

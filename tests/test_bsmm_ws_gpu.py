@@ -131,6 +131,8 @@ SDD_CONFIGS = {
 @pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
 def test_ws_sdd_matches_reference(block_size, dtype, m, cfg):
     # values[z] = (dY^T X)[block z]; M not a multiple of the step: TMA zero-fills the tail
+    if 16 * SDD_CONFIGS[cfg].num_warps > block_size:
+        pytest.skip("more warps than the block has rows for (refused by the launcher)")
     layout = make_layout("empty_rows_cols", OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
     rows, cols = layout.shape
     dy = torch.randn(m, rows, device=DEVICE).to(dtype)

@@ -85,7 +85,8 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
         return
     if block in (64, 128):  # the Hopper warp-specialized kernel (refused elsewhere: skipped)
         for bm, warps, stages in ((64, 8, 5), (64, 4, 4), (128, 8, 3)):
-            yield WsConfig(bm, 64, warps, stages)
+            if 16 * warps <= block:  # a warpgroup per 64 rows of the block
+                yield WsConfig(bm, 64, warps, stages)
     for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3), (32, 4, 4)):
         for splits in sorted({1, -(-sms // max(1, nnz))}):
             for variant in (dict(), dict(tma=True), dict(tma=True, device_desc=True)):

@@ -498,7 +498,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         cfg_kv.check(block_size)
     ws_q = isinstance(cfg_q, attention_ws.DqWsConfig)  # the Hopper warp-specialized dQ kernel (opt-in)
     if ws_q:
-        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_q)
+        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_q) or (
+            None if deterministic else "has no place with deterministic=False (dQ then comes from atomics)")
         if why is not None:
             raise ValueError(f"configs[1]={cfg_q}: the warp-specialized dQ kernel {why}")
     else:

@@ -555,9 +555,15 @@ def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg) -> str | None:
     tile = max(cfg.block_m, getattr(cfg, "block_n", cfg.block_m))
     if block_size not in (64, 128) or block_size % tile:
         return f"needs a block size of 64 or 128 divisible by the tiles of {cfg}, got {block_size}"
+    if isinstance(cfg, DkdvWsConfig) and cfg.block_m > 64 and D > 64:
+        return f"spills its registers at block_m={cfg.block_m} with D {D} (sT, dPᵀ, dK and dV live at once)"
     for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
+        if t.dtype != q.dtype:
+            return f"needs one dtype: {name} is {t.dtype}, q is {q.dtype}"
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:3]):
             return f"needs {name} with unit stride along D and 16-byte-aligned strides"
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+            return f"needs {name} without broadcast (zero-stride) dimensions"
     if max(q.shape[2], q.shape[1] * q.shape[0]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     if cfg.shared_bytes(block_size, D) > shared_memory_bytes(q.device):

@@ -360,6 +360,8 @@ def sdd(
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values
+    if m == 0:  # an empty reduction: zero blocks (no kernel needs to build descriptors over empty operands)
+        return values.zero_()
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device)
     if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
         why = bsmm_ws.sdd_ws_supported(a.t(), b, values, cfg)

@@ -415,6 +415,8 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
         return "needs an sm90 (Hopper) GPU"
     if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return f"needs bf16, fp16 or fp32 inputs, got {a.dtype}"
+    if c.dtype != a.dtype:
+        return f"needs one dtype: C is {c.dtype}, A is {a.dtype}"
     if a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
         return "runs fp32 as TF32 only (torch.get_float32_matmul_precision() is 'highest')"
     if a.dtype == torch.float32 and cfg.block_k * 4 > 128:
@@ -456,6 +458,10 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
         return f"needs bf16 or fp16 inputs, got {a_t.dtype}"
     if block not in (64, 128):
         return f"needs a block size of 64 or 128, got {block}"
+    if b.dtype != a_t.dtype:
+        return f"needs one dtype: B is {b.dtype}, A is {a_t.dtype}"
+    if 16 * cfg.num_warps > block:
+        return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
     for name, t in (("A (transposed)", a_t), ("B", b)):
         if not _tma_rows_ok(t):
             return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
