@@ -41,6 +41,33 @@ from .bsmm_ws import _fill_stage, _nvmma
 LOG2E = 1.4426950408889634
 
 
+@gluon.jit
+def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """Whether block pair (qblk, kblk) needs the element mask, as the Triton kernels'
+    ``_needs_mask``: always with key padding, else the last key block when S is not a
+    multiple of the block and, if causal, the diagonal block."""
+    need = (kblk + 1) * BS > S
+    if CAUSAL:
+        need = need | (kblk == qblk)
+    if HAS_KPM:
+        need = need | (kblk == kblk)
+    return need
+
+
+@gluon.jit
+def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """[queries, keys] bool of a row walk's tile: query < S, key < S and not padding, key
+    <= query when causal (the Triton kernels' ``_tile_mask``)."""
+    n_ok = offs_n < S
+    if HAS_KPM:
+        pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
+        n_ok = n_ok & (pad == 0)
+    keep = m_ok[:, None] & n_ok[None, :]
+    if CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    return keep
+
+
 @dataclasses.dataclass(frozen=True)
 class DkdvWsConfig:
     """Launch parameters of the warp-specialized dK/dV kernel: ``block_m`` query rows per
@@ -156,12 +183,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             pT = gl.exp2(sT * qk_scale - lse[None, :])
             # the element mask where the Triton kernel needs one (_needs_mask): key padding,
             # the last key block when S is not a multiple of the block, the causal diagonal
-            need = (kblk + 1) * BS > S
-            if CAUSAL:
-                need = need | (kblk == qblk)
-            if HAS_KPM:
-                need = need | (kblk == kblk)
-            if need:
+            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
                 keep = n_keep[:, None] & m_ok[None, :]
                 if CAUSAL:
                     keep = keep & (offs_n[:, None] <= offs_m[None, :])
@@ -220,8 +242,8 @@ def _bwd_dkdv_ws_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class DqWsConfig:
-    """Launch parameters of the warp-specialized dQ kernel: ``block_m`` query rows per
+class _RowWalkConfig:
+    """Launch parameters of a row-walking kernel (forward, dQ): ``block_m`` query rows per
     program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
     tiles in flight, the producer warp's ``load_regs``."""
 
@@ -229,17 +251,26 @@ class DqWsConfig:
     block_n: int = 64
     stages: int = 2
     load_regs: int = 40
+    _QUERY_TILES = 1  # query-side tiles held in shared memory (Q; dQ also dO)
 
     def __post_init__(self):
+        name = type(self).__name__
         if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
-            raise ValueError(f"DqWsConfig.block_m must be 64 or 128 and block_n 32, 64 or 128, "
+            raise ValueError(f"{name}.block_m must be 64 or 128 and block_n 32, 64 or 128, "
                              f"got {self.block_m!r}, {self.block_n!r}")
         if self.stages < 2:
-            raise ValueError(f"DqWsConfig.stages must be >= 2, got {self.stages!r}")
+            raise ValueError(f"{name}.stages must be >= 2, got {self.stages!r}")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
-        """Q and dO tiles, plus the ring of K and V tiles."""
-        return (2 * self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
+        """The query-side tiles, plus the ring of K and V tiles."""
+        return (self._QUERY_TILES * self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DqWsConfig(_RowWalkConfig):
+    """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``)."""
+
+    _QUERY_TILES = 2
 
 
 @gluon.jit
@@ -326,20 +357,8 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
         k = k_bufs.index(s).reshape([BLOCK_N, D])
         v = v_bufs.index(s).reshape([BLOCK_N, D])
         p = gl.exp2(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale - lse[:, None])
-        need = (kblk + 1) * BS > S  # as the Triton kernel's _needs_mask
-        if CAUSAL:
-            need = need | (kblk == qblk)
-        if HAS_KPM:
-            need = need | (kblk == kblk)
-        if need:
-            n_ok = offs_n < S
-            if HAS_KPM:
-                pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
-                n_ok = n_ok & (pad == 0)
-            keep = m_ok[:, None] & n_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = gl.where(keep, p, 0.0)
+        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+            p = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), p, 0.0)
         dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
         ds = p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_operand), k, dq)
@@ -391,26 +410,10 @@ def _bwd_dq_ws_kernel(
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdWsConfig:
-    """Launch parameters of the warp-specialized forward: ``block_m`` query rows per
-    program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
-    tiles in flight, the producer warp's ``load_regs``."""
+class FwdWsConfig(_RowWalkConfig):
+    """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``)."""
 
-    block_m: int = 128
     block_n: int = 128
-    stages: int = 2
-    load_regs: int = 40
-
-    def __post_init__(self):
-        if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
-            raise ValueError(f"FwdWsConfig.block_m must be 64 or 128 and block_n 32, 64 or 128, "
-                             f"got {self.block_m!r}, {self.block_n!r}")
-        if self.stages < 2:
-            raise ValueError(f"FwdWsConfig.stages must be >= 2, got {self.stages!r}")
-
-    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
-        """The Q tile, plus the ring of K and V tiles."""
-        return (self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
 
 
 @gluon.jit
@@ -460,20 +463,8 @@ def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
         k = k_bufs.index(st).reshape([BLOCK_N, D])
         v = v_bufs.index(st).reshape([BLOCK_N, D])
         s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale
-        need = (kblk + 1) * BS > S  # as the Triton kernel's _needs_mask
-        if CAUSAL:
-            need = need | (kblk == qblk)
-        if HAS_KPM:
-            need = need | (kblk == kblk)
-        if need:
-            n_ok = offs_n < S
-            if HAS_KPM:
-                pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
-                n_ok = n_ok & (pad == 0)
-            keep = m_ok[:, None] & n_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            s = gl.where(keep, s, float("-inf"))
+        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+            s = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
