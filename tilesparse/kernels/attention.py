@@ -464,6 +464,20 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     return out, lse
 
 
+def _check_backward_config(cfg, ws_kind, where: str, what: str, q, k, v, grad_out, block_size: int,
+                           deterministic: bool) -> bool:
+    """Whether ``cfg`` picks the warp-specialized kernel (raising ValueError, named after
+    ``where``, if these inputs cannot take it); else checks it as an AttentionConfig."""
+    if not isinstance(cfg, ws_kind):
+        cfg.check(block_size)
+        return False
+    why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg) or (
+        None if deterministic else "has no atomic-dQ mode (deterministic=False)")
+    if why is not None:
+        raise ValueError(f"{where}={cfg}: the warp-specialized {what} kernel {why}")
+    return True
+
+
 def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads: int, block_size: int,
                        causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None,
                        deterministic: bool = True):
@@ -488,22 +502,11 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     )
     cfg_kv, cfg_q = configs or (attention_config("dkdv", block_size, D, q.dtype),
                                 attention_config("dq", block_size, D, q.dtype))
-    ws = isinstance(cfg_kv, attention_ws.DkdvWsConfig)  # the Hopper warp-specialized dK/dV kernel (opt-in)
-    if ws:
-        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_kv) or (
-            None if deterministic else "has no atomic-dQ mode (deterministic=False)")
-        if why is not None:
-            raise ValueError(f"configs[0]={cfg_kv}: the warp-specialized dK/dV kernel {why}")
-    else:
-        cfg_kv.check(block_size)
-    ws_q = isinstance(cfg_q, attention_ws.DqWsConfig)  # the Hopper warp-specialized dQ kernel (opt-in)
-    if ws_q:
-        why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg_q) or (
-            None if deterministic else "has no place with deterministic=False (dQ then comes from atomics)")
-        if why is not None:
-            raise ValueError(f"configs[1]={cfg_q}: the warp-specialized dQ kernel {why}")
-    else:
-        cfg_q.check(block_size)
+    # Hopper warp-specialized kernels (opt-in by config): neither has the atomic-dQ mode
+    ws = _check_backward_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out,
+                                block_size, deterministic)
+    ws_q = _check_backward_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
+                                  deterministic)
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
