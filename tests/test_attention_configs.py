@@ -81,3 +81,26 @@ def test_split_last_gives_the_plain_walk_bitwise(case):
     split = kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, 0.2,
                                       config=kernels.AttentionConfig(16, 16, split_last=True))
     assert torch.equal(plain[0], split[0]) and torch.equal(plain[1], split[1])
+
+
+def test_configs_of_the_wrong_kernel_are_refused_by_name():
+    # a warp-specialized config where another kernel's goes: a clear error, not an
+    # AttributeError; off Hopper a ws config is refused as such (CPU tensors here)
+    from tilesparse.kernels import attention_ws
+
+    S, b, D = 64, 32, 16
+    layout = layouts.local(S, b, window=32)
+    q = k = v = torch.randn(1, 1, S, D)
+    meta = layout.meta_on("cpu")
+    with pytest.raises(ValueError, match="not a forward config"):
+        kernels.attention_forward(q, k, v, meta, None, 1, b, False, 0.25, config=attention_ws.DkdvWsConfig())
+    with pytest.raises(ValueError, match="sm90"):
+        kernels.attention_forward(q, k, v, meta, None, 1, b, False, 0.25, config=attention_ws.FwdWsConfig(64, 32))
+    out, lse = torch.zeros(1, 1, S, D), torch.zeros(1, 1, S)
+    dq_cfg = kernels.attention_config("dq", b, D, q.dtype)
+    with pytest.raises(ValueError, match=r"configs\[0\].*not a dK/dV config"):
+        kernels.attention_backward(out, q, k, v, out, lse, meta, None, 1, b, False, 0.25,
+                                   configs=(attention_ws.FwdWsConfig(), dq_cfg))
+    with pytest.raises(ValueError, match=r"configs\[1\].*sm90"):
+        kernels.attention_backward(out, q, k, v, out, lse, meta, None, 1, b, False, 0.25,
+                                   configs=(kernels.attention_config("dkdv", b, D, q.dtype), attention_ws.DqWsConfig()))

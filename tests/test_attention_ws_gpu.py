@@ -68,19 +68,24 @@ def test_ws_dkdv_strided_inputs_and_refusals():
 
 @pytest.mark.parametrize("kpm_kind", [None, "tail", "all"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("b,D,S,block_n", [(128, 128, 2000, 128), (128, 128, 1024, 64), (64, 64, 1000, 64)])
-def test_ws_forward_and_backward_match_the_reference(b, D, S, block_n, causal, kpm_kind):
+@pytest.mark.parametrize("b,D,S,block_m,block_n,per_head,seq_major", [
+    (128, 128, 2000, 128, 128, False, False), (128, 128, 1024, 128, 64, True, False),
+    (128, 64, 1500, 64, 32, False, True), (64, 64, 1000, 64, 64, True, True)])
+def test_ws_forward_and_backward_match_the_reference(b, D, S, block_m, block_n, per_head, seq_major, causal,
+                                                     kpm_kind):
     # all three warp-specialized kernels together; 'all': batch element 0 entirely padding
-    # (every row empty: out and dq exactly 0, lse -inf, never NaN)
+    # (every row empty: out and dq exactly 0, lse -inf, never NaN); per_head: a layout per
+    # head; seq_major: q, k, v as views of [B, S, H, D]; block_m < b: two query tiles a block
     from attention_cases import empty_rows
 
     dtype = torch.bfloat16
-    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed(),
+                             num_heads=4 if per_head else None)
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda", seq_major=seq_major)
     grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
     kpm = padding(2, S, kpm_kind)
-    configs = (attention_ws.FwdWsConfig(b, block_n), attention_ws.DkdvWsConfig(min(64, b)),
-               attention_ws.DqWsConfig(b, 64))
+    configs = (attention_ws.FwdWsConfig(block_m, block_n), attention_ws.DkdvWsConfig(min(64, b)),
+               attention_ws.DqWsConfig(block_m, min(64, block_n)))
     out, lse, grads = run_kernels(q, k, v, layout, causal, None if kpm is None else kpm.cuda(), D ** -0.5, grad_out,
                                   configs=configs)
     ref, ref_lse, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,

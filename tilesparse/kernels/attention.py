@@ -442,8 +442,10 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     cfg = config or attention_config("fwd", block_size, D, q.dtype)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
+    if not isinstance(cfg, (AttentionConfig, attention_ws.FwdWsConfig)):
+        raise ValueError(f"config={cfg}: not a forward config (an AttentionConfig or FwdWsConfig)")
     if isinstance(cfg, attention_ws.FwdWsConfig):  # the Hopper warp-specialized forward (opt-in)
-        why = attention_ws.dkdv_ws_supported(q, k, v, out, block_size, cfg)
+        why = attention_ws.ws_supported(q, k, v, out, block_size, cfg)
         if why is not None:
             raise ValueError(f"config={cfg}: the warp-specialized forward kernel {why}")
         attention_ws.launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
@@ -469,9 +471,11 @@ def _check_backward_config(cfg, ws_kind, where: str, what: str, q, k, v, grad_ou
     """Whether ``cfg`` picks the warp-specialized kernel (raising ValueError, named after
     ``where``, if these inputs cannot take it); else checks it as an AttentionConfig."""
     if not isinstance(cfg, ws_kind):
+        if not isinstance(cfg, AttentionConfig):
+            raise ValueError(f"{where}={cfg}: not a {what} config (an AttentionConfig or {ws_kind.__name__})")
         cfg.check(block_size)
         return False
-    why = attention_ws.dkdv_ws_supported(q, k, v, grad_out, block_size, cfg) or (
+    why = attention_ws.ws_supported(q, k, v, grad_out, block_size, cfg) or (
         None if deterministic else "has no atomic-dQ mode (deterministic=False)")
     if why is not None:
         raise ValueError(f"{where}={cfg}: the warp-specialized {what} kernel {why}")

@@ -21,7 +21,7 @@ zero-fill) and keys past S or padding are masked, as in the Triton kernel.
 
 Written after the session's device time ran out: compiled for sm_90 on the CPU
 (``scripts/sm90_compile_check.py``), GPU tests in ``tests/test_attention_ws_gpu.py``,
-never run on a GPU yet. :func:`dkdv_ws_supported` says where they apply: sm90, fp16 /
+never run on a GPU yet. :func:`ws_supported` says where they apply: sm90, fp16 /
 bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 """
 
@@ -533,10 +533,12 @@ def _layouts(block_m: int, block_size: int, head_dim: int, dtype: torch.dtype):
     return _LAYOUTS[key]
 
 
-def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg) -> str | None:
-    """Why the kernel of ``cfg`` (a DkdvWsConfig, DqWsConfig or FwdWsConfig; for the
-    forward, ``grad_out`` is the output) cannot run these operands, or None if it can."""
+def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
+    """Why the kernel of ``cfg`` (a DkdvWsConfig, DqWsConfig or FwdWsConfig) cannot run
+    these operands, or None if it can; ``third`` is grad_out for the backward kernels,
+    the output for the forward."""
     D = q.shape[-1]
+    third_name = "out" if isinstance(cfg, FwdWsConfig) else "grad_out"
     if q.device.type != "cuda" or capability_major(q.device) != 9:
         return "needs an sm90 (Hopper) GPU"
     if q.dtype not in (torch.bfloat16, torch.float16):
@@ -548,7 +550,7 @@ def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg) -> str | None:
         return f"needs a block size of 64 or 128 divisible by the tiles of {cfg}, got {block_size}"
     if isinstance(cfg, DkdvWsConfig) and cfg.block_m > 64 and D > 64:
         return f"spills its registers at block_m={cfg.block_m} with D {D} (sT, dPᵀ, dK and dV live at once)"
-    for name, t in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out)):
+    for name, t in (("q", q), ("k", k), ("v", v), (third_name, third)):
         if t.dtype != q.dtype:
             return f"needs one dtype: {name} is {t.dtype}, q is {q.dtype}"
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:3]):
@@ -557,6 +559,10 @@ def dkdv_ws_supported(q, k, v, grad_out, block_size: int, cfg) -> str | None:
             return f"needs {name} without broadcast (zero-stride) dimensions"
     if max(q.shape[2], q.shape[1] * q.shape[0]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
+    # each program builds its descriptors in a 384-byte slot of scratch memory that Triton
+    # addresses with a 32-bit offset: bound the programs (at most one per block_m queries)
+    if q.shape[0] * q.shape[1] * -(-q.shape[2] // cfg.block_m) * 384 >= 1 << 31:
+        return "would need more programs than its descriptors' 32-bit scratch offsets reach; split the batch"
     if cfg.shared_bytes(block_size, D) > shared_memory_bytes(q.device):
         return f"needs {cfg.shared_bytes(block_size, D)} bytes of shared memory, more than the GPU has"
     return None
