@@ -1,6 +1,7 @@
-"""Hopper (sm90) warp-specialized, persistent dds written in Gluon (Triton's
-explicit-layout dialect): the block-sparse product C = A @ op(S) with a producer warp
-and consumer warpgroups, as CUTLASS's Hopper GEMMs are built.
+"""Hopper (sm90) warp-specialized, persistent block-sparse products written in Gluon
+(Triton's explicit-layout dialect): dds, C = A @ op(S), and sdd, the sampled product of
+updat, each with a producer warp and consumer warpgroups, as CUTLASS's Hopper GEMMs are
+built.
 
 Why: Triton's own pipeliner stops prefetching across the dependent scalar load of the
 block index once tiles grow past 128x128 (docs/performance.md, "the Triton mainloop
@@ -12,10 +13,14 @@ and the producer runs ahead into the next tile while the consumers store the las
 
 Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring):
 trans=True is fprop (values[slot] used as S_block^T), trans=False is bprop. The
-launcher in :mod:`tilesparse.kernels.bsmm` calls this for a :class:`WsConfig`; it needs
-sm90, 16-bit inputs, row-major 16-byte-aligned operands and b a power of two >= 64.
-There is no interpreter path: tests run it on the GPU (``tests/test_bsmm_ws_gpu.py``)
-and compile it for sm_90 on the CPU (``tests/test_sm90_compile.py``).
+launchers in :mod:`tilesparse.kernels.bsmm` call these for a :class:`WsConfig` (dds also
+by default, where measured faster: :func:`default_config`); :func:`ws_supported` and
+:func:`sdd_ws_supported` say where they apply (sm90; 16-bit, or fp32 as TF32 for dds;
+row-major 16-byte-aligned operands; b 64 or 128). Measured on an H200: the dds kernel
+(docs/performance.md, tenth session); the sdd kernel and TF32 were written after the
+device time ran out and have not run on a GPU yet. There is no interpreter path: tests
+run them on the GPU (``tests/test_bsmm_ws_gpu.py``) and compile them for sm_90 on the
+CPU (``tests/test_sm90_codegen.py``).
 """
 
 from __future__ import annotations
