@@ -104,3 +104,17 @@ def test_configs_of_the_wrong_kernel_are_refused_by_name():
     with pytest.raises(ValueError, match=r"configs\[1\].*sm90"):
         kernels.attention_backward(out, q, k, v, out, lse, meta, None, 1, b, False, 0.25,
                                    configs=(kernels.attention_config("dkdv", b, D, q.dtype), attention_ws.DqWsConfig()))
+
+
+def test_ws_defaults_apply_only_where_measured_and_supported(monkeypatch):
+    # the table of measured warp-specialized defaults is consulted when no config is
+    # given; an entry the inputs cannot take (here: CPU tensors, not sm90) is skipped
+    from tilesparse.kernels import attention_ws
+
+    q = torch.randn(1, 2, 256, 64)
+    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # empty table
+    monkeypatch.setitem(attention_ws._WS_DEFAULTS, ("fwd", 128, 64), attention_ws.FwdWsConfig())
+    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # not on an sm90 GPU
+    monkeypatch.setattr(attention_ws, "ws_supported", lambda *args: None)
+    assert attention_ws.default_config("fwd", q, q, q, q, 128) == attention_ws.FwdWsConfig()
+    assert attention_ws.default_config("dq", q, q, q, q, 128) is None  # no entry for dQ

@@ -439,7 +439,8 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     lse = new_output(B, H, S, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    cfg = config or attention_config("fwd", block_size, D, q.dtype)
+    cfg = config or attention_ws.default_config("fwd", q, k, v, out, block_size) or attention_config(
+        "fwd", block_size, D, q.dtype)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     if not isinstance(cfg, (AttentionConfig, attention_ws.FwdWsConfig)):
@@ -504,8 +505,13 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
-    cfg_kv, cfg_q = configs or (attention_config("dkdv", block_size, D, q.dtype),
-                                attention_config("dq", block_size, D, q.dtype))
+    if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's
+        ws_default = deterministic and attention_ws.default_config
+        configs = ((ws_default and ws_default("dkdv", q, k, v, grad_out, block_size))
+                   or attention_config("dkdv", block_size, D, q.dtype),
+                   (ws_default and ws_default("dq", q, k, v, grad_out, block_size))
+                   or attention_config("dq", block_size, D, q.dtype))
+    cfg_kv, cfg_q = configs
     # Hopper warp-specialized kernels (opt-in by config): neither has the atomic-dQ mode
     ws = _check_backward_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out,
                                 block_size, deterministic)

@@ -533,6 +533,23 @@ def _layouts(block_m: int, block_size: int, head_dim: int, dtype: torch.dtype):
     return _LAYOUTS[key]
 
 
+# Where a warp-specialized kernel is the measured default on Hopper: (kind, block size,
+# head dim) -> config. Empty until the kernels are timed against the Triton ones on the
+# H200 (docs/performance.md, tenth session: written, not yet run); the launchers consult
+# it only when no config is given.
+_WS_DEFAULTS: dict = {}
+
+
+def default_config(kind: str, q, k, v, third, block_size: int):
+    """The warp-specialized config of ``kind`` ("fwd", "dkdv" or "dq") for these inputs
+    where one is the measured default and the inputs qualify, else None (the Triton
+    kernel's config applies)."""
+    cfg = _WS_DEFAULTS.get((kind, block_size, q.shape[-1]))
+    if cfg is None or ws_supported(q, k, v, third, block_size, cfg) is not None:
+        return None
+    return cfg
+
+
 def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
     """Why the kernel of ``cfg`` (a DkdvWsConfig, DqWsConfig or FwdWsConfig) cannot run
     these operands, or None if it can; ``third`` is grad_out for the backward kernels,
