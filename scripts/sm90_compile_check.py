@@ -167,7 +167,7 @@ def ws_cases(quick: bool):
                sig, const, warps, stages, None, GluonASTSource)
     sdd = bsmm_ws._sdd_ws_kernel
     for block, block_m, warps, stages in ((128, 64, 8, 5),) if quick else ((128, 64, 8, 5), (64, 64, 4, 5), (128, 128, 8, 3)):
-        lay_ab, lay_out = (bsmm_ws._nvmma([block_m, block], torch.bfloat16), bsmm_ws._nvmma([block, block], torch.bfloat16))
+        lay_ab, lay_out = bsmm_ws._sdd_layouts(block_m, block, torch.bfloat16)
         const = dict(B=block, BLOCK_M=block_m, STAGES=stages, LOAD_REGS=40, ab_layout=lay_ab, out_layout=lay_out,
                      num_warps=warps)
         sig = {name: "constexpr" if name in const else "*i32" if name in ("rows_ptr", "cols_ptr")
@@ -191,27 +191,21 @@ def attention_ws_cases(quick: bool):
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}", fn, sig, const, block // 16,
                stages, None, GluonASTSource)
-    fn = attention_ws._bwd_dq_ws_kernel
-    for block, head_dim, block_m, block_n, stages, causal, kpm in ((128, 128, 128, 64, 2, True, False),) if quick else \
-            ((128, 128, 128, 64, 2, True, False), (128, 128, 128, 128, 2, False, True), (64, 64, 64, 64, 3, True, True)):
-        qo, kv = (attention_ws._nvmma([1, 1, block_m, head_dim], torch.bfloat16),
-                  attention_ws._nvmma([1, 1, block_n, head_dim], torch.bfloat16))
-        const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-                     HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
-        sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention dQ b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn, sig,
-               const, block_m // 16, stages, None, GluonASTSource)
-    fn = attention_ws._fwd_ws_kernel
-    for block, head_dim, block_m, block_n, stages, causal, kpm in ((128, 128, 128, 128, 2, True, False),) if quick \
-            else ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True),
-                  (64, 64, 64, 64, 2, True, True)):
-        qo, kv = (attention_ws._nvmma([1, 1, block_m, head_dim], torch.bfloat16),
-                  attention_ws._nvmma([1, 1, block_n, head_dim], torch.bfloat16))
-        const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-                     HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
-        sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention fwd b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn, sig,
-               const, block_m // 16, stages, None, GluonASTSource)
+    # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
+    row_cases = {
+        "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else
+               ((128, 128, 128, 64, 2, True, False), (128, 128, 128, 128, 2, False, True), (64, 64, 64, 64, 3, True, True))),
+        "fwd": (attention_ws._fwd_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
+                ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True))),
+    }
+    for kind, (fn, cases) in row_cases.items():
+        for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
+            qo, kv = attention_ws._layouts(block_m, block_n, head_dim, torch.bfloat16)
+            const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+                         HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
+            sig = _attention_signature(fn, "bf16", const)
+            yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
+                   sig, const, block_m // 16, stages, None, GluonASTSource)
 
 
 def main() -> int:

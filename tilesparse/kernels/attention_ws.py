@@ -28,17 +28,27 @@ bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
-from ._device import capability_major, shared_memory_bytes
+from ._device import shared_memory_bytes
 from ._launch import launch
-from .bsmm_ws import _fill_stage, _nvmma
+from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma, hopper_reason
 
 LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _head_desc(ptr, B, HEADS, S, D: gl.constexpr, stride_b, stride_h, stride_s, ROWS: gl.constexpr,
+               layout: gl.constexpr):
+    """A TMA descriptor over [B, HEADS, S, D] (unit stride along D) with [1, 1, ROWS, D]
+    boxes: each head's rows past S are zero-filled on load."""
+    return tma.make_tensor_descriptor(ptr, [B, HEADS, S, D], [stride_b, stride_h, stride_s, 1], [1, 1, ROWS, D],
+                                      layout)
 
 
 @gluon.jit
@@ -215,21 +225,17 @@ def _bwd_dkdv_ws_kernel(
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D], qo_layout)
-    do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, S, D], [sdb, sdh, sds, 1], [1, 1, BLOCK_M, D], qo_layout)
-    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BS, D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BS, D], kv_layout)
+    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BS, kv_layout)
+    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BS, kv_layout)
     k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
+    ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
@@ -383,21 +389,17 @@ def _bwd_dq_ws_kernel(
     """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D], qo_layout)
-    do_desc = tma.make_tensor_descriptor(do_ptr, [B, H, S, D], [sdb, sdh, sds, 1], [1, 1, BLOCK_M, D], qo_layout)
-    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D], kv_layout)
+    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BLOCK_N, kv_layout)
+    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BLOCK_N, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
+    ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (q_smem, do_smem, k_bufs, v_bufs)
     bars = (q_bar, ready_bars, empty_bars)
@@ -499,19 +501,15 @@ def _fwd_ws_kernel(
     """Program (query tile, batch * head), as ``_fwd_kernel``; descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = tma.make_tensor_descriptor(q_ptr, [B, H, S, D], [sqb, sqh, sqs, 1], [1, 1, BLOCK_M, D], qo_layout)
-    k_desc = tma.make_tensor_descriptor(k_ptr, [B, HKV, S, D], [skb, skh, sks, 1], [1, 1, BLOCK_N, D], kv_layout)
-    v_desc = tma.make_tensor_descriptor(v_ptr, [B, HKV, S, D], [svb, svh, svs, 1], [1, 1, BLOCK_N, D], kv_layout)
+    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BLOCK_N, kv_layout)
+    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BLOCK_N, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
+    ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, q_desc)  # (no dO in the forward: the loader skips it)
     bufs = (q_smem, q_smem, k_bufs, v_bufs)
     bars = (q_bar, ready_bars, empty_bars)
@@ -523,14 +521,11 @@ def _fwd_ws_kernel(
     ], [1], [LOAD_REGS])
 
 
-_LAYOUTS: dict = {}
-
-
-def _layouts(block_m: int, block_size: int, head_dim: int, dtype: torch.dtype):
-    key = (block_m, block_size, head_dim, dtype)
-    if key not in _LAYOUTS:
-        _LAYOUTS[key] = (_nvmma([1, 1, block_m, head_dim], dtype), _nvmma([1, 1, block_size, head_dim], dtype))
-    return _LAYOUTS[key]
+@functools.lru_cache(maxsize=None)
+def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
+    """(query-side, key-side) shared-memory layouts of [1, 1, rows, D] tiles (remembered:
+    a launch asks every call)."""
+    return _nvmma([1, 1, query_rows, head_dim], dtype), _nvmma([1, 1, key_rows, head_dim], dtype)
 
 
 # Where a warp-specialized kernel is the measured default on Hopper: (kind, block size,
@@ -556,10 +551,9 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
     the output for the forward."""
     D = q.shape[-1]
     third_name = "out" if isinstance(cfg, FwdWsConfig) else "grad_out"
-    if q.device.type != "cuda" or capability_major(q.device) != 9:
-        return "needs an sm90 (Hopper) GPU"
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"needs bf16 or fp16 inputs, got {q.dtype}"
+    why = hopper_reason(q)
+    if why is not None:
+        return why
     if D not in (64, 128):
         return f"needs a head dim of 64 or 128, got {D}"
     tile = max(cfg.block_m, getattr(cfg, "block_n", cfg.block_m))
@@ -612,10 +606,7 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
 
     B, H, S, D = q.shape
     hkv = k.shape[1]
-    key = ("dq", cfg.block_m, cfg.block_n, D, q.dtype)
-    if key not in _LAYOUTS:
-        _LAYOUTS[key] = (_nvmma([1, 1, cfg.block_m, D], q.dtype), _nvmma([1, 1, cfg.block_n, D], q.dtype))
-    qo_layout, kv_layout = _LAYOUTS[key]
+    qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
     launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
@@ -635,10 +626,7 @@ def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_hea
 
     B, H, S, D = q.shape
     hkv = k.shape[1]
-    key = ("fwd", cfg.block_m, cfg.block_n, D, q.dtype)
-    if key not in _LAYOUTS:
-        _LAYOUTS[key] = (_nvmma([1, 1, cfg.block_m, D], q.dtype), _nvmma([1, 1, cfg.block_n, D], q.dtype))
-    qo_layout, kv_layout = _LAYOUTS[key]
+    qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
     launch(_fwd_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
         q, k, v, out, lse, kpm, row_ptr, row_cols,

@@ -26,6 +26,7 @@ CPU (``tests/test_sm90_codegen.py``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from triton.experimental import gluon
@@ -101,6 +102,18 @@ def _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M: gl.constexpr):
     pid_m = first_m + (tile % pids_per_group) % group_rows
     pid_n = (tile % pids_per_group) // group_rows
     return pid_m, pid_n
+
+
+@gluon.jit
+def _alloc_ring(STAGES: gl.constexpr):
+    """The ring's barriers, initialised: per stage one `ready` (its loads have landed) and
+    one `empty` (its readers are done), each completed by one arrival."""
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+    return ready_bars, empty_bars
 
 
 @gluon.jit
@@ -261,12 +274,8 @@ def _dds_ws_kernel(
     else:
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_K, B], v_layout)
     c_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, B], c_layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready_bars, empty_bars = _alloc_ring(STAGES)
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
 
@@ -349,11 +358,7 @@ def _sdd_ws_kernel(
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
     out_smem = gl.allocate_shared_memory(dtype, [B, B], out_layout)
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=1)
+    ready_bars, empty_bars = _alloc_ring(STAGES)
     gl.warp_specialize([
         (_sdd_ws_mma_partition, (out_desc, a_bufs, b_bufs, out_smem, ready_bars, empty_bars, M, nnz, B, BLOCK_M,
                                  num_warps)),
@@ -374,17 +379,17 @@ class _Layouts:
     c: object
 
 
-_LAYOUTS: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _layouts(cfg: WsConfig, b: int, trans_v: bool, dtype: torch.dtype) -> _Layouts:
-    key = (cfg.block_m, cfg.block_k, b, trans_v, dtype)
-    found = _LAYOUTS.get(key)
-    if found is None:
-        v_shape = [b, cfg.block_k] if trans_v else [cfg.block_k, b]
-        found = _LAYOUTS[key] = _Layouts(_nvmma([cfg.block_m, cfg.block_k], dtype), _nvmma(v_shape, dtype),
-                                         _nvmma([cfg.block_m, b], dtype))
-    return found
+    """The dds kernel's shared-memory layouts (remembered: a launch asks every call)."""
+    v_shape = [b, cfg.block_k] if trans_v else [cfg.block_k, b]
+    return _Layouts(_nvmma([cfg.block_m, cfg.block_k], dtype), _nvmma(v_shape, dtype), _nvmma([cfg.block_m, b], dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _sdd_layouts(block_m: int, b: int, dtype: torch.dtype) -> tuple:
+    """The sdd kernel's shared-memory layouts: the activation tiles', the output block's."""
+    return _nvmma([block_m, b], dtype), _nvmma([b, b], dtype)
 
 
 # The shipped choice, measured on the H200 (scripts/probes/ws_sweep.py, docs/performance.md):
@@ -413,13 +418,22 @@ def default_config(a: torch.Tensor, block_size: int, density: float) -> WsConfig
     return None
 
 
+def hopper_reason(t: torch.Tensor, fp32: bool = False) -> str | None:
+    """Why the Gluon kernels cannot take ``t``'s device or dtype (they need sm90 and 16-bit
+    inputs, or fp32 where ``fp32``), or None."""
+    if t.device.type != "cuda" or capability_major(t.device) != 9:
+        return "needs an sm90 (Hopper) GPU"
+    if t.dtype not in ((torch.bfloat16, torch.float16, torch.float32) if fp32 else (torch.bfloat16, torch.float16)):
+        return f"needs {'bf16, fp16 or fp32' if fp32 else 'bf16 or fp16'} inputs, got {t.dtype}"
+    return None
+
+
 def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsConfig) -> str | None:
     """Why this kernel cannot run these operands, or None if it can."""
     b = values.shape[-1]
-    if a.device.type != "cuda" or capability_major(a.device) != 9:
-        return "needs an sm90 (Hopper) GPU"
-    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"needs bf16, fp16 or fp32 inputs, got {a.dtype}"
+    why = hopper_reason(a, fp32=True)
+    if why is not None:
+        return why
     if c.dtype != a.dtype:
         return f"needs one dtype: C is {c.dtype}, A is {a.dtype}"
     if a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest":
@@ -457,10 +471,9 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
     block = out.shape[-1]
     if cfg.pingpong:
         return "has no ping-pong mode for sdd"
-    if a_t.device.type != "cuda" or capability_major(a_t.device) != 9:
-        return "needs an sm90 (Hopper) GPU"
-    if a_t.dtype not in (torch.bfloat16, torch.float16):
-        return f"needs bf16 or fp16 inputs, got {a_t.dtype}"
+    why = hopper_reason(a_t)
+    if why is not None:
+        return why
     if block not in (64, 128):
         return f"needs a block size of 64 or 128, got {block}"
     if b.dtype != a_t.dtype:
@@ -484,10 +497,7 @@ def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
 
     block = out.shape[-1]
     nnz = out.shape[0]
-    key = ("sdd", cfg.block_m, block, a_t.dtype)
-    lay = _LAYOUTS.get(key)
-    if lay is None:
-        lay = _LAYOUTS[key] = (_nvmma([cfg.block_m, block], a_t.dtype), _nvmma([block, block], a_t.dtype))
+    lay = _sdd_layouts(cfg.block_m, block, a_t.dtype)
     ensure_allocator()
     launch(_sdd_ws_kernel, (max(1, min(nnz, sm_count(a_t.device))),),
         a_t, b, out, rows, cols,
