@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ._device import shared_memory_bytes
 from ._launch import launch
+from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma, hopper_reason
 
 LOG2E = 1.4426950408889634
@@ -583,8 +584,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them."""
-    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
@@ -602,8 +601,6 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
                  block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig) -> None:
     """dq (contiguous [B, H, S, D]) of the block-sparse attention, as ``_bwd_dq_kernel``
     computes it."""
-    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
@@ -622,8 +619,6 @@ def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_hea
                   causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig) -> None:
     """out [B, H, S, D] and lse [B, H, S] of the block-sparse attention, as ``_fwd_kernel``
     computes them."""
-    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)

@@ -282,9 +282,9 @@ def dds(
     if c.numel() == 0:
         return c
     chosen_here = config is None  # not the caller's: the layout's skew may still adjust it
+    density = _density(meta, block_rows, block_cols)
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
-        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, _density(meta, block_rows, block_cols),
-                              a.device)
+        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device)
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:
@@ -309,7 +309,7 @@ def dds(
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     if config is None:  # on Hopper, the warp-specialized kernel where it was measured faster
-        ws_cfg = bsmm_ws.default_config(a, b, _density(meta, block_rows, block_cols))
+        ws_cfg = bsmm_ws.default_config(a, b, density)
         if ws_cfg is not None and bsmm_ws.ws_supported(a, values, c, ws_cfg) is None:
             bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v)
             return c

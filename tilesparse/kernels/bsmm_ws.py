@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import capability_major, shared_memory_bytes, sm_count
 from ._launch import launch
+from .bsmm_tma import ensure_allocator, row_major_tma_ok  # descriptor scratch; what TMA can address
 from ._tiles import cdiv, check_power_of_two
 
 
@@ -447,7 +448,7 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
     if 16 * cfg.num_warps > cfg.block_m:
         return f"would compute each of block_m={cfg.block_m} rows more than once with {cfg.num_warps} warps"
     for name, t in (("A", a), ("C", c)):
-        if not _tma_rows_ok(t):
+        if not row_major_tma_ok(t):
             return f"needs a row-major {name} with 16-byte-aligned, non-overlapping rows"
     if values.data_ptr() % 16 or not values.is_contiguous() or values.dtype != a.dtype:
         return "needs contiguous, 16-byte-aligned block values of A's dtype"
@@ -456,13 +457,6 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
     if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
         return f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, more than the GPU has"
     return None
-
-
-def _tma_rows_ok(t: torch.Tensor) -> bool:
-    """Row-major with a 16-byte-aligned base and row pitch, rows not overlapping (an
-    expanded view's zero row stride cannot be described to the TMA unit)."""
-    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-            and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1]))
 
 
 def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
@@ -481,7 +475,7 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
     if 16 * cfg.num_warps > block:
         return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
     for name, t in (("A (transposed)", a_t), ("B", b)):
-        if not _tma_rows_ok(t):
+        if not row_major_tma_ok(t):
             return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
     if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
@@ -493,8 +487,6 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
 def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
     """out[z] = (a_t^T @ b)[block rows[z], cols[z]] for every stored block z, into the
     preallocated contiguous out [nnz, B, B]."""
-    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-
     block = out.shape[-1]
     nnz = out.shape[0]
     lay = _sdd_layouts(cfg.block_m, block, a_t.dtype)
@@ -509,8 +501,6 @@ def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
 
 def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, trans_v: bool) -> None:
     """C = A @ op(S) (+ bias) into the preallocated C (row-major, same dtype as A)."""
-    from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-
     b = values.shape[-1]
     m = a.shape[0]
     tiles = cdiv(m, cfg.block_m) * n_out
