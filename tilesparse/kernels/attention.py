@@ -443,16 +443,10 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
         "fwd", block_size, D, q.dtype)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
-    if not isinstance(cfg, (AttentionConfig, attention_ws.FwdWsConfig)):
-        raise ValueError(f"config={cfg}: not a forward config (an AttentionConfig or FwdWsConfig)")
-    if isinstance(cfg, attention_ws.FwdWsConfig):  # the Hopper warp-specialized forward (opt-in)
-        why = attention_ws.ws_supported(q, k, v, out, block_size, cfg)
-        if why is not None:
-            raise ValueError(f"config={cfg}: the warp-specialized forward kernel {why}")
+    if _check_config(cfg, attention_ws.FwdWsConfig, "config", "forward", q, k, v, out, block_size):
         attention_ws.launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
                                    key_padding_mask is not None, scale, cfg)
         return out, lse
-    cfg.check(block_size)
     tma = _tma_ok(cfg, D, d_tile, k, v)
     if tma:
         ensure_allocator()
@@ -467,16 +461,18 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     return out, lse
 
 
-def _check_backward_config(cfg, ws_kind, where: str, what: str, q, k, v, grad_out, block_size: int,
-                           deterministic: bool) -> bool:
-    """Whether ``cfg`` picks the warp-specialized kernel (raising ValueError, named after
-    ``where``, if these inputs cannot take it); else checks it as an AttentionConfig."""
+def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_size: int,
+                  deterministic: bool = True) -> bool:
+    """Whether ``cfg`` picks the Hopper warp-specialized kernel of ``ws_kind`` (raising
+    ValueError, named after ``where``, if these inputs cannot take it: neither backward
+    kernel has the atomic-dQ mode); else checks it as an AttentionConfig. ``third`` is
+    grad_out for the backward, the output for the forward."""
     if not isinstance(cfg, ws_kind):
         if not isinstance(cfg, AttentionConfig):
             raise ValueError(f"{where}={cfg}: not a {what} config (an AttentionConfig or {ws_kind.__name__})")
         cfg.check(block_size)
         return False
-    why = attention_ws.ws_supported(q, k, v, grad_out, block_size, cfg) or (
+    why = attention_ws.ws_supported(q, k, v, third, block_size, cfg) or (
         None if deterministic else "has no atomic-dQ mode (deterministic=False)")
     if why is not None:
         raise ValueError(f"{where}={cfg}: the warp-specialized {what} kernel {why}")
@@ -506,17 +502,13 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
     if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's
-        ws_default = deterministic and attention_ws.default_config
-        configs = ((ws_default and ws_default("dkdv", q, k, v, grad_out, block_size))
-                   or attention_config("dkdv", block_size, D, q.dtype),
-                   (ws_default and ws_default("dq", q, k, v, grad_out, block_size))
-                   or attention_config("dq", block_size, D, q.dtype))
+        configs = tuple((deterministic and attention_ws.default_config(kind, q, k, v, grad_out, block_size))
+                        or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
     cfg_kv, cfg_q = configs
-    # Hopper warp-specialized kernels (opt-in by config): neither has the atomic-dQ mode
-    ws = _check_backward_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out,
-                                block_size, deterministic)
-    ws_q = _check_backward_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
-                                  deterministic)
+    ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,
+                       deterministic)
+    ws_q = _check_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
+                         deterministic)
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
