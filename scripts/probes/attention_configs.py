@@ -27,10 +27,9 @@ os.environ.setdefault("TILESPARSE_POISON", "1")
 from tilesparse.attention import layouts as attention_layouts  # noqa: E402
 from tilesparse.kernels import attention as K  # noqa: E402
 from tilesparse.kernels import attention_ws  # noqa: E402
+from tilesparse.kernels._device import capability_major  # noqa: E402
 
-
-def cuda_capability_major() -> int:
-    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+HOPPER = capability_major(torch.device("cuda" if torch.cuda.is_available() else "cpu")) == 9
 
 
 def candidates(kind: str, block: int, head_dim: int):
@@ -55,17 +54,17 @@ def candidates(kind: str, block: int, head_dim: int):
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
-        if kind == "dkdv" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
+        if kind == "dkdv" and HOPPER and block in (64, 128) and head_dim in (64, 128):
             # the Hopper warp-specialized Gluon kernel (tilesparse.kernels.attention_ws; written
             # 2026-11-30 after the device time ran out, first timed by this sweep)
             for bm, stages in ((64, 2), (64, 3), (32, 4)):
                 if block % bm == 0:
                     yield attention_ws.DkdvWsConfig(bm, stages)
-        if kind == "fwd" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
+        if kind == "fwd" and HOPPER and block in (64, 128) and head_dim in (64, 128):
             for bm, bn, stages in ((128, 128, 2), (128, 64, 3), (128, 128, 3)):
                 if block % bm == 0 and block % bn == 0:
                     yield attention_ws.FwdWsConfig(bm, bn, stages)
-        if kind == "dq" and cuda_capability_major() == 9 and block in (64, 128) and head_dim in (64, 128):
+        if kind == "dq" and HOPPER and block in (64, 128) and head_dim in (64, 128):
             for bm, bn, stages in ((128, 64, 2), (128, 64, 3), (64, 64, 3), (128, 128, 2)):
                 if block % bm == 0 and block % bn == 0:
                     yield attention_ws.DqWsConfig(bm, bn, stages)
