@@ -54,20 +54,16 @@ def candidates(kind: str, block: int, head_dim: int):
         for stages in (2, 3, 4):
             if stages != base.num_stages:
                 yield K.AttentionConfig(base.block_m, base.block_n, base.num_warps, stages, tma=True)
-        if kind == "dkdv" and HOPPER and block in (64, 128) and head_dim in (64, 128):
-            # the Hopper warp-specialized Gluon kernel (tilesparse.kernels.attention_ws; written
-            # 2026-11-30 after the device time ran out, first timed by this sweep)
-            for bm, stages in ((64, 2), (64, 3), (32, 4)):
-                if block % bm == 0:
-                    yield attention_ws.DkdvWsConfig(bm, stages)
-        if kind == "fwd" and HOPPER and block in (64, 128) and head_dim in (64, 128):
-            for bm, bn, stages in ((128, 128, 2), (128, 64, 3), (128, 128, 3)):
-                if block % bm == 0 and block % bn == 0:
-                    yield attention_ws.FwdWsConfig(bm, bn, stages)
-        if kind == "dq" and HOPPER and block in (64, 128) and head_dim in (64, 128):
-            for bm, bn, stages in ((128, 64, 2), (128, 64, 3), (64, 64, 3), (128, 128, 2)):
-                if block % bm == 0 and block % bn == 0:
-                    yield attention_ws.DqWsConfig(bm, bn, stages)
+        if HOPPER and block in (64, 128) and head_dim in (64, 128):
+            # the Hopper warp-specialized Gluon kernels (tilesparse.kernels.attention_ws; written
+            # 2026-11-30 after the device time ran out, first timed by this sweep), those whose
+            # tiles fit in the block
+            ws = {"dkdv": [attention_ws.DkdvWsConfig(bm, st) for bm, st in ((64, 2), (64, 3), (32, 4))],
+                  "fwd": [attention_ws.FwdWsConfig(bm, bn, st) for bm, bn, st in ((128, 128, 2), (128, 64, 3),
+                                                                                   (128, 128, 3))],
+                  "dq": [attention_ws.DqWsConfig(bm, bn, st) for bm, bn, st in ((128, 64, 2), (128, 64, 3), (64, 64, 3),
+                                                                                 (128, 128, 2))]}[kind]
+            yield from (cfg for cfg in ws if block % max(cfg.block_m, getattr(cfg, "block_n", 0)) == 0)
         if kind == "dkdv":
             # the two-pass walk (one fp32 accumulator live at a time; 5 matmuls per block pair
             # instead of 4) and register caps (two CTAs of 8 warps per SM); compiled for sm_90
