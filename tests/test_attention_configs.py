@@ -112,7 +112,7 @@ def test_ws_defaults_apply_only_where_measured_and_supported(monkeypatch):
     from tilesparse.kernels import attention_ws
 
     q = torch.randn(1, 2, 256, 64)
-    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # empty table
+    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # no entry (D 64)
     monkeypatch.setitem(attention_ws._WS_DEFAULTS, ("fwd", 128, 64), attention_ws.FwdWsConfig())
     assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # not on an sm90 GPU
     monkeypatch.setattr(attention_ws, "ws_supported", lambda *args: None)

@@ -87,6 +87,27 @@ def test_dds_picks_the_ws_kernel_on_hopper_at_large_m(trans, monkeypatch):
 
 
 @needs_hopper
+@pytest.mark.parametrize("precision", ["high", "highest"])
+def test_dds_picks_the_ws_kernel_for_fp32_only_as_tf32(precision, monkeypatch):
+    # fp32 at b 128, large M: the TF32 warp-specialized config under 'high'; under
+    # 'highest' the Triton kernel's IEEE path (the ws kernel runs TF32 only)
+    calls = []
+    real = bsmm_ws.launch_dds_ws
+    monkeypatch.setattr(bsmm_ws, "launch_dds_ws", lambda *args: calls.append(args[8]) or real(*args))
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(precision)
+        out, expected = _run("random", 128, torch.float32, True, bsmm_ws.WS_MIN_M + 100, None)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    if precision == "high":
+        assert calls == [bsmm_ws.WsConfig(128, 32, 8, 4)]
+    else:
+        assert calls == []
+    assert_close(out, expected, torch.float32, f"dds fp32 default ({precision})")
+
+
+@needs_hopper
 def test_ws_kernel_is_bitwise_deterministic_and_matches_the_tile_kernel_shape():
     # each output tile is written by one program, its blocks summed in table order
     import tilesparse

@@ -530,10 +530,17 @@ def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 # Where a warp-specialized kernel is the measured default on Hopper: (kind, block size,
-# head dim) -> config. Empty until the kernels are timed against the Triton ones on the
-# H200 (docs/performance.md, tenth session: written, not yet run); the launchers consult
-# it only when no config is given.
-_WS_DEFAULTS: dict = {}
+# head dim) -> config; the launchers consult it only when no config is given. Measured on
+# the H200 (scripts/probes/attention_configs.py, B 4, H 16, S 8192, bf16; eleventh
+# session), backward time with the other kernel at its default:
+#   dQ   causal 8.44 -> 7.78 ms, local1024 2.57 -> 2.57 ms
+#   dK/dV causal 8.25 -> 8.06 ms, local1024 2.55 -> 2.55 ms
+# The warp-specialized forward lost to the Triton one there (causal 2.50 vs 2.35 ms,
+# local1024 0.88 vs 0.80 ms), so it stays opt-in.
+_WS_DEFAULTS: dict = {
+    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2),
+    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2),
+}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int):
