@@ -19,7 +19,7 @@ import json
 import torch
 
 import tilesparse as ts
-from tilesparse import kernels as K
+from tilesparse.kernels import bsmm as K
 from tilesparse.bench.timing import bench_ms
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
