@@ -1,7 +1,7 @@
 """The tiled transposing copy (tilesparse.kernels.transpose) that makes TF32 updat's
 activations M-contiguous: exact (a copy, no arithmetic) against ``t.t().contiguous()``,
-on ragged shapes, every dtype, under the interpreter and on the GPU; the TF32 sdd that
-uses it against a float64 reference."""
+on ragged shapes, every dtype, under the interpreter and on the GPU; and TF32 updat,
+whose M-strided operands it is written to copy, against a float64 reference."""
 
 import pytest
 import torch
@@ -47,8 +47,8 @@ def test_transpose_kernel_gpu_is_exact(shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [32, 64, 128], ids=lambda b: f"b{b}")
-def test_tf32_updat_through_the_transposing_copy(block_size):
-    # dW = dY^T X on the layout in TF32: both operands are M-strided views copied by the kernel
+def test_tf32_updat_matches_reference(block_size):
+    # dW = dY^T X on the layout in TF32: both operands are M-strided views, copied M-contiguous
     from tilesparse import layouts
     from tilesparse.kernels import bsmm
 

@@ -6,6 +6,11 @@ fp32 [8192, 4096] in 0.24 ms on the H200 (about 1.1 TB/s of its ~4.2 TB/s; eleve
 session, ``scripts/probes/sdd_splits.py``): two of them were 0.49 of TF32 updat's
 0.61 ms at density 0.05. A tile is read along its rows and written along its columns,
 both coalesced (Triton stages the transpose through shared memory).
+
+Status: interpreter-tested (exact); written after the eleventh session's device time was
+spent, so not yet run or timed on a GPU, and not yet called by ``bsmm.sdd``. Prediction:
+~0.08-0.10 ms per fp32 [8192, 4096] copy (~3 TB/s), TF32 updat at density 0.05 from
+0.61 to ~0.3 ms.
 """
 
 from __future__ import annotations
