@@ -27,6 +27,8 @@
 #            dispatch entries in $OUT/tuned-crossover.json (merge with --merge to ship them)
 #   ws     - the Hopper warp-specialized dds (bsmm_ws) against the Triton tile kernel and dense,
 #            kernel time, fprop, bprop and updat (WS_ARGS overrides shapes / blocks / variants)
+#   ws-balanced - the ws dds with the balanced tile schedule (kernels/ws_schedule.py) against
+#            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
 #   host   - host time per call: profile_host.py, the direct-launch A/B (launch_ab.py) and
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -90,6 +92,12 @@ for step in ${STEPS:-large dtypes graph}; do
               --record "$OUT/tuned-crossover.json" > "$OUT/small-crossover.log" 2>&1 ;;
     ws)     timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py ${WS_ARGS:---shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 128 64 --ops fprop bprop updat} --out "$OUT/ws-sweep.json" > "$OUT/ws-sweep.log" 2>&1 ;;
+    ws-balanced) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 128 64 --ops fprop bprop --variants m128k64w8st5 m128k64w8st5bal \
+              m128k64w4st4pp m128k64w4st4ppbal --out "$OUT/ws-balanced.json" > "$OUT/ws-balanced.log" 2>&1
+            timeout 120 python3 scripts/probes/ws_sweep.py --dtype fp32 --shapes 8192x4096x4096 --blocks 128 \
+              --ops fprop --variants tf32-m128k32w8st4 tf32-m128k32w8st4bal --out "$OUT/ws-balanced-tf32.json" \
+              > "$OUT/ws-balanced-tf32.log" 2>&1 ;;
     host)   { timeout 120 python3 scripts/profile_host.py; timeout 120 python3 scripts/probes/launch_ab.py \
               --out "$OUT/launch-ab.json"; timeout 120 python3 scripts/probes/step_gap.py --out "$OUT/step-gap.json"; } \
               > "$OUT/host.log" 2>&1 ;;

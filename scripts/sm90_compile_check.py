@@ -146,23 +146,27 @@ def ws_cases(quick: bool):
     """The warp-specialized persistent kernels (Gluon, ``bsmm_ws``): dds fprop and bprop at
     b 128 and 64 (bf16; fp32 as TF32), sdd at b 128 and 64; expected: wgmma, and the
     producer warp's register budget (setmaxnreg)."""
-    cases = ((128, 128, 64, 8, 4, True, False, "bf16"), (128, 128, 64, 4, 4, True, True, "bf16"),
-             (128, 128, 32, 8, 4, True, False, "fp32")) if quick else \
-        ((128, 128, 64, 8, 4, True, False, "bf16"), (128, 128, 64, 8, 4, False, False, "bf16"),
-         (128, 256, 64, 8, 3, True, False, "bf16"), (64, 128, 64, 4, 4, False, False, "bf16"),
-         (128, 128, 64, 4, 4, True, True, "bf16"), (64, 128, 64, 4, 4, False, True, "bf16"),
-         (128, 128, 32, 8, 4, True, False, "fp32"), (64, 128, 32, 4, 4, True, False, "fp32"))
+    # (block, block_m, block_k, warps, stages, trans, pingpong, dtype, balanced schedule)
+    cases = ((128, 128, 64, 8, 4, True, False, "bf16", False), (128, 128, 64, 4, 4, True, True, "bf16", False),
+             (128, 128, 32, 8, 4, True, False, "fp32", False), (128, 128, 64, 8, 5, True, False, "bf16", True)) \
+        if quick else \
+        ((128, 128, 64, 8, 4, True, False, "bf16", False), (128, 128, 64, 8, 4, False, False, "bf16", False),
+         (128, 256, 64, 8, 3, True, False, "bf16", False), (64, 128, 64, 4, 4, False, False, "bf16", False),
+         (128, 128, 64, 4, 4, True, True, "bf16", False), (64, 128, 64, 4, 4, False, True, "bf16", False),
+         (128, 128, 32, 8, 4, True, False, "fp32", False), (64, 128, 32, 4, 4, True, False, "fp32", False),
+         (128, 128, 64, 8, 5, True, False, "bf16", True), (64, 128, 64, 4, 4, False, True, "bf16", True))
     fn = bsmm_ws._dds_ws_kernel
-    for block, block_m, block_k, warps, stages, trans, pingpong, dt in cases:
-        cfg = bsmm_ws.WsConfig(block_m, block_k, warps, stages, pingpong=pingpong)
+    for block, block_m, block_k, warps, stages, trans, pingpong, dt, balanced in cases:
+        cfg = bsmm_ws.WsConfig(block_m, block_k, warps, stages, pingpong=pingpong, balanced=balanced)
         lay = bsmm_ws._layouts(cfg, block, trans, {"bf16": torch.bfloat16, "fp32": torch.float32}[dt])
         const = dict(B=block, BLOCK_M=block_m, BLOCK_K=block_k, STAGES=stages, TRANS_V=trans, HAS_SLOT=not trans,
                      HAS_BIAS=True, GROUP_M=8, LOAD_REGS=cfg.load_regs, PINGPONG=pingpong, MMA_REGS=cfg.mma_regs,
-                     a_layout=lay.a, v_layout=lay.v,
+                     SCHEDULED=balanced, a_layout=lay.a, v_layout=lay.v,
                      c_layout=lay.c, num_warps=warps)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
+        sig = {name: "constexpr" if name in const else
+               "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr", "sched_ptr")
                else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-        suffix = "" if dt == "bf16" else f" {dt}"
+        suffix = ("" if dt == "bf16" else f" {dt}") + (" balanced" if balanced else "")
         yield (f"ws dds b{block} m{block_m} w{warps} {'fprop' if trans else 'bprop'} pingpong={pingpong}{suffix}", fn,
                sig, const, warps, stages, None, GluonASTSource)
     sdd = bsmm_ws._sdd_ws_kernel

@@ -25,6 +25,8 @@ CONFIGS = {
     "m64w4k128": bsmm_ws.WsConfig(64, 128, 4, 3),
     "m128w4pp": bsmm_ws.WsConfig(128, 64, 4, 4, pingpong=True),
     "m64w4pp": bsmm_ws.WsConfig(64, 64, 4, 6, pingpong=True),
+    "m128w8bal": bsmm_ws.WsConfig(128, 64, 8, 4, balanced=True),
+    "m64w4ppbal": bsmm_ws.WsConfig(64, 64, 4, 6, pingpong=True, balanced=True),
 }
 
 
@@ -125,6 +127,38 @@ def test_ws_kernel_is_bitwise_deterministic_and_matches_the_tile_kernel_shape():
                        config=kernels.dds_config(3000, 128, torch.bfloat16))
     assert torch.equal(first, tile)  # same blocks, same k-steps, same fp32 order (seen on the H200)
     assert_close(first, tile.double().cpu(), torch.bfloat16, "ws vs tile kernel")
+
+
+@needs_hopper
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("pingpong", [False, True], ids=["coop", "pingpong"])
+def test_balanced_schedule_is_taken_and_bitwise_equal_to_round_robin(trans, pingpong, monkeypatch):
+    # which program computes a tile changes nothing in its arithmetic
+    import tilesparse
+
+    layout = tilesparse.layouts.random(4096, 2048, 128, 0.25, seed=5, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    x = torch.randn(2999, layout.block_cols * 128 if trans else layout.block_rows * 128, device=DEVICE,
+                    dtype=torch.bfloat16)
+    meta = layout.meta_on(DEVICE)
+    warps, stages = (4, 4) if pingpong else (8, 4)
+    plain = bsmm_ws.WsConfig(128, 64, warps, stages, pingpong=pingpong)
+    balanced = bsmm_ws.WsConfig(128, 64, warps, stages, pingpong=pingpong, balanced=True)
+    scheds = []
+    real = bsmm_ws.launch_dds_ws
+    monkeypatch.setattr(bsmm_ws, "launch_dds_ws", lambda *args: scheds.append(args[10]) or real(*args))
+    want = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
+    got = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, trans, config=balanced)
+    assert scheds[0] is None and scheds[1] is not None and scheds[1].is_cuda
+    assert torch.equal(got, want)
+    # a CUDA graph replays the remembered schedule
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, trans, config=balanced)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    fresh = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
+    assert torch.equal(captured, fresh)
 
 
 def test_ws_kernel_refuses_what_it_cannot_run():

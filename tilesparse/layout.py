@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz", "longest_runs"]
+__all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz", "longest_runs",
+           "block_counts"]
 
 
 @dataclass(frozen=True)
@@ -77,20 +78,25 @@ def _build_meta(mask: torch.Tensor) -> torch.Tensor:
     """Build the packed tables from a bool mask, on the mask's device (``nonzero`` syncs
     with the host once to learn nnz; see :func:`_build_meta_with_nnz` for the sync-free
     path when nnz is known). The longest block-row and block-column are learned in the
-    same go (one more small sync) and remembered on the tensor: :func:`longest_runs`."""
+    same go (one more small sync) with every block-row's and block-column's count, and
+    remembered on the tensor: :func:`longest_runs`, :func:`block_counts`."""
     meta = _build_meta_with_nnz(mask, mask.nonzero())
     if mask.numel() and not torch.compiler.is_compiling():  # dynamo cannot trace a tensor's __dict__
-        longest = torch.stack([mask.sum(dim=1).max(), mask.sum(dim=0).max()]).tolist()
-        _remember_runs(meta, (int(longest[0]), int(longest[1])))
+        sums = torch.cat([mask.sum(dim=1), mask.sum(dim=0)]).tolist()
+        counts = (tuple(sums[:mask.shape[0]]), tuple(sums[mask.shape[0]:]))
+        _remember_runs(meta, (max(counts[0]), max(counts[1])), counts)
     return meta
 
 
 _LONGEST_RUNS = "_tilesparse_longest_runs"
+_BLOCK_COUNTS = "_tilesparse_block_counts"
 
 
-def _remember_runs(meta: torch.Tensor, runs: tuple[int, int] | None) -> None:
+def _remember_runs(meta: torch.Tensor, runs: tuple[int, int] | None, counts: tuple | None = None) -> None:
     if runs is not None and not torch.compiler.is_compiling():
         meta.__dict__[_LONGEST_RUNS] = runs
+    if counts is not None and not torch.compiler.is_compiling():
+        meta.__dict__[_BLOCK_COUNTS] = counts
 
 
 def longest_runs(meta: torch.Tensor) -> tuple[int, int] | None:
@@ -103,6 +109,14 @@ def longest_runs(meta: torch.Tensor) -> tuple[int, int] | None:
     them whole, so such a layout's small-batch products may differ in the last bits
     from one whose runs are known."""
     return meta.__dict__.get(_LONGEST_RUNS)
+
+
+def block_counts(meta: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(blocks in each block-row, blocks in each block-column) of a packed ``meta``, known
+    where :func:`longest_runs` is learned from the mask (None otherwise, and for tables
+    given their runs without the mask's counts). The Hopper kernel's balanced tile
+    schedule (``tilesparse.kernels.ws_schedule``) weighs each output tile by them."""
+    return meta.__dict__.get(_BLOCK_COUNTS)
 
 
 def coords_with_nnz(mask: torch.Tensor, nnz: int) -> torch.Tensor:
@@ -275,7 +289,7 @@ class BlockLayout:
                 meta = _build_meta(self.mask.to(device))
             else:
                 meta = source.to(device)
-                _remember_runs(meta, longest_runs(source))
+                _remember_runs(meta, longest_runs(source), block_counts(source))
             self._meta_by_device[device] = meta
         return meta
 

@@ -46,10 +46,14 @@ VARIANTS = {
     "m128k64w4st4pp": W.WsConfig(128, 64, 4, 4, pingpong=True),
     "m128k64w4st3pp": W.WsConfig(128, 64, 4, 3, pingpong=True),
     "m64k64w4st6pp": W.WsConfig(64, 64, 4, 6, pingpong=True),
+    # tiles from the balanced schedule (kernels/ws_schedule.py) instead of round-robin
+    "m128k64w8st5bal": W.WsConfig(128, 64, 8, 5, balanced=True),
+    "m128k64w4st4ppbal": W.WsConfig(128, 64, 4, 4, pingpong=True, balanced=True),
     # fp32 as TF32 (32-deep steps: 128-byte rows)
     "tf32-m128k32w8st4": W.WsConfig(128, 32, 8, 4),
     "tf32-m128k32w8st3": W.WsConfig(128, 32, 8, 3),
     "tf32-m64k32w4st5": W.WsConfig(64, 32, 4, 5),
+    "tf32-m128k32w8st4bal": W.WsConfig(128, 32, 8, 4, balanced=True),
 }
 
 

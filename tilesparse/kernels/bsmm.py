@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, tuned
+from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, tuned, ws_schedule
 from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
@@ -232,6 +232,18 @@ def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
     return nnz / max(1, block_rows * block_cols)
 
 
+def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:
+    """The warp-specialized dds, with its balanced tile schedule where ``cfg.balanced``
+    and the layout's block counts are known (``ws_schedule.schedule_tensor``)."""
+    sched = None
+    if cfg.balanced:
+        m = a.shape[0]
+        sched = ws_schedule.schedule_tensor(meta, trans, cdiv(m, cfg.block_m), cfg.group_m,
+                                            values.shape[-1] // cfg.block_k,
+                                            bsmm_ws.programs(m, n_out, cfg, a.device), a.device)
+    bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, sched)
+
+
 def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     """TMA when asked for, on sm90+, for power-of-two b >= 16 and TMA-addressable
     row-major operands (3-D operands are blocks [nnz, b, b], contiguous)."""
@@ -288,7 +300,7 @@ def dds(
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:
-            bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v)
+            _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v, meta, trans)
             return c
         if not chosen_here:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
@@ -311,7 +323,7 @@ def dds(
     if config is None:  # on Hopper, the warp-specialized kernel where it was measured faster
         ws_cfg = bsmm_ws.default_config(a, b, density)
         if ws_cfg is not None and bsmm_ws.ws_supported(a, values, c, ws_cfg) is None:
-            bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v)
+            _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v, meta, trans)
             return c
     cfg = config or dds_config(m, b, a.dtype)
     check_fits_tile(cfg, tile_for(b), "block_k")
@@ -342,7 +354,8 @@ def sdd(
 ) -> torch.Tensor:
     """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
     ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
-    ``block_m`` is the M step (opt-in: not timed on a GPU yet).
+    ``block_m`` is the M step (opt-in: on the H200 it matched the Triton sdd at b 128 and
+    lost at b 64).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.

@@ -16,11 +16,14 @@ trans=True is fprop (values[slot] used as S_block^T), trans=False is bprop. The
 launchers in :mod:`tilesparse.kernels.bsmm` call these for a :class:`WsConfig` (dds also
 by default, where measured faster: :func:`default_config`); :func:`ws_supported` and
 :func:`sdd_ws_supported` say where they apply (sm90; 16-bit, or fp32 as TF32 for dds;
-row-major 16-byte-aligned operands; b 64 or 128). Measured on an H200: the dds kernel
-(docs/performance.md, tenth session); the sdd kernel and TF32 were written after the
-device time ran out and have not run on a GPU yet. There is no interpreter path: tests
-run them on the GPU (``tests/test_bsmm_ws_gpu.py``) and compile them for sm_90 on the
-CPU (``tests/test_sm90_codegen.py``).
+row-major 16-byte-aligned operands; b 64 or 128). Measured on an H200
+(docs/performance.md, tenth and eleventh sessions): the dds kernel is the default for
+16-bit and TF32 at large M; the sdd kernel was within +-4 % of the Triton sdd at b 128
+and slower at b 64, so it stays opt-in; the balanced tile schedule
+(``WsConfig.balanced``, :mod:`tilesparse.kernels.ws_schedule`) is written and compiled
+for sm_90, not yet run on a GPU. There is no interpreter path: tests run them on the
+GPU (``tests/test_bsmm_ws_gpu.py``) and compile them for sm_90 on the CPU
+(``tests/test_sm90_codegen.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ class WsConfig:
     the reduction step, ``stages`` the shared-memory ring, ``group_m`` the tile order's
     group (L2 reuse), ``load_regs`` the producer warp's register budget. ``pingpong``: a
     second consumer of ``num_warps`` warps (``mma_regs`` registers each) takes every other
-    tile, so that one consumer's epilogue overlaps the other's main loop."""
+    tile, so that one consumer's epilogue overlaps the other's main loop. ``balanced``
+    (dds): programs take their tiles from a schedule balanced by each tile's block count
+    (:mod:`tilesparse.kernels.ws_schedule`) instead of round-robin."""
 
     block_m: int = 128
     block_k: int = 64
@@ -62,6 +67,7 @@ class WsConfig:
     load_regs: int = 40
     pingpong: bool = False
     mma_regs: int = 232
+    balanced: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "block_m", "block_k")
@@ -103,6 +109,31 @@ def _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M: gl.constexpr):
     pid_m = first_m + (tile % pids_per_group) % group_rows
     pid_n = (tile % pids_per_group) // group_rows
     return pid_m, pid_n
+
+
+@gluon.jit
+def _program_tiles(sched_ptr, pid, nprog, num_tiles, SCHEDULED: gl.constexpr):
+    """(lo, hi, stride) of this program's walk: its slice of the balanced schedule (whose
+    first nprog + 1 entries are the programs' offsets), or round-robin p, p + P, ..."""
+    if SCHEDULED:
+        lo = gl.load(sched_ptr + pid)
+        hi = gl.load(sched_ptr + pid + 1)
+        stride = 1
+    else:
+        lo = pid
+        hi = num_tiles
+        stride = nprog
+    return lo, hi, stride
+
+
+@gluon.jit
+def _nth_tile(sched_ptr, i, nprog, SCHEDULED: gl.constexpr):
+    """The grouped-order index of the tile at position i of the walk."""
+    if SCHEDULED:
+        tile = gl.load(sched_ptr + nprog + 1 + i)
+    else:
+        tile = i
+    return tile
 
 
 @gluon.jit
@@ -161,19 +192,22 @@ def _mma_stages(acc, step, n_steps, a_bufs, b_bufs, ready_bars, empty_bars,
 @gluon.jit
 def _ws_load_partition(descs, bufs, bars, tables, sizes,
                        B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
-                       TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, GROUP_M: gl.constexpr):
+                       TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, GROUP_M: gl.constexpr,
+                       SCHEDULED: gl.constexpr):
     """Producer (one warp): walk this program's tiles and their block lists, and fill
     the ring: wait for a free stage, then TMA-load the A tile and the S tile into it."""
     a_desc, v_desc, c_desc = descs
     a_bufs, v_bufs, c_bufs = bufs
     ready_bars, empty_bars, turn_bars = bars
-    ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
+    ptr_ptr, idx_ptr, slot_ptr, bias_ptr, sched_ptr = tables
     num_pid_m, n_out_blocks, num_tiles = sizes
     K_STEPS: gl.constexpr = B // BLOCK_K
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
+    lo, hi, stride = _program_tiles(sched_ptr, pid, nprog, num_tiles, SCHEDULED)
     step = 0
-    for tile in range(pid, num_tiles, nprog):
+    for i in range(lo, hi, stride):
+        tile = _nth_tile(sched_ptr, i, nprog, SCHEDULED)
         pid_m, pid_n = _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M)
         row0 = pid_m * BLOCK_M
         start = gl.load(ptr_ptr + pid_n)
@@ -198,7 +232,8 @@ def _ws_load_partition(descs, bufs, bars, tables, sizes,
 def _ws_mma_partition(descs, bufs, bars, tables, sizes,
                       B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr,
                       TRANS_V: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-                      CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+                      CONSUMERS: gl.constexpr, ROLE: gl.constexpr, SCHEDULED: gl.constexpr,
+                      num_warps: gl.constexpr):
     """A consumer: per tile, wgmma over the ring's stages with one MMA in flight,
     releasing each stage once the MMA that read it has retired; then the epilogue
     (bias, cast, shared memory, TMA store) while the producer loads ahead. With two
@@ -210,7 +245,7 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
     a_desc, v_desc, c_desc = descs
     a_bufs, v_bufs, c_bufs = bufs
     ready_bars, empty_bars, turn_bars = bars
-    ptr_ptr, idx_ptr, slot_ptr, bias_ptr = tables
+    ptr_ptr, idx_ptr, slot_ptr, bias_ptr, sched_ptr = tables
     num_pid_m, n_out_blocks, num_tiles = sizes
     K_STEPS: gl.constexpr = B // BLOCK_K
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -219,10 +254,12 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
     c_smem = c_bufs.index(ROLE)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
+    lo, hi, stride = _program_tiles(sched_ptr, pid, nprog, num_tiles, SCHEDULED)
     step = 0  # the ring position of the tile's first stage, counted over every consumer's tiles
     j = 0
     own = 0
-    for tile in range(pid, num_tiles, nprog):
+    for i in range(lo, hi, stride):
+        tile = _nth_tile(sched_ptr, i, nprog, SCHEDULED)
         pid_m, pid_n = _tile_coords(tile, num_pid_m, n_out_blocks, GROUP_M)
         start = gl.load(ptr_ptr + pid_n)
         end = gl.load(ptr_ptr + pid_n + 1)
@@ -249,14 +286,15 @@ def _ws_mma_partition(descs, bufs, bars, tables, sizes,
 
 @gluon.jit
 def _dds_ws_kernel(
-    a_ptr, v_ptr, c_ptr, bias_ptr, ptr_ptr, idx_ptr, slot_ptr,
+    a_ptr, v_ptr, c_ptr, bias_ptr, ptr_ptr, idx_ptr, slot_ptr, sched_ptr,
     M, K_A, n_out_blocks, nnz, stride_am, stride_cm,
     B: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
     TRANS_V: gl.constexpr, HAS_SLOT: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-    LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, MMA_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr, PINGPONG: gl.constexpr, MMA_REGS: gl.constexpr, SCHEDULED: gl.constexpr,
     a_layout: gl.constexpr, v_layout: gl.constexpr, c_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Persistent: program p takes tiles p, p + P, ... of the grouped order. Descriptors
+    """Persistent: program p takes tiles p, p + P, ... of the grouped order (SCHEDULED:
+    its slice of the balanced schedule at sched_ptr). Descriptors
     are built on the device (no host encoding per launch); rows past M are zero-filled
     on load and clipped on store. PINGPONG: a second consumer warpgroup (a worker
     partition of num_warps warps, MMA_REGS registers) takes every other tile."""
@@ -284,21 +322,21 @@ def _dds_ws_kernel(
     descs = (a_desc, v_desc, c_desc)
     bufs = (a_bufs, v_bufs, c_bufs)
     bars = (ready_bars, empty_bars, turn_bars)
-    tables = (ptr_ptr, idx_ptr, slot_ptr, bias_ptr)
+    tables = (ptr_ptr, idx_ptr, slot_ptr, bias_ptr, sched_ptr)
     sizes = (num_pid_m, n_out_blocks, num_pid_m * n_out_blocks)
-    load_args = (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_SLOT, GROUP_M)
+    load_args = (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_SLOT, GROUP_M, SCHEDULED)
     if PINGPONG:
         gl.warp_specialize([
             (_ws_mma_partition, (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_BIAS, GROUP_M,
-                                 CONSUMERS, 0, num_warps)),
+                                 CONSUMERS, 0, SCHEDULED, num_warps)),
             (_ws_mma_partition, (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_BIAS, GROUP_M,
-                                 CONSUMERS, 1, num_warps)),
+                                 CONSUMERS, 1, SCHEDULED, num_warps)),
             (_ws_load_partition, load_args),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_ws_mma_partition, (descs, bufs, bars, tables, sizes, B, BLOCK_M, BLOCK_K, TRANS_V, HAS_BIAS, GROUP_M,
-                                 CONSUMERS, 0, num_warps)),
+                                 CONSUMERS, 0, SCHEDULED, num_warps)),
             (_ws_load_partition, load_args),
         ], [1], [LOAD_REGS])
 
@@ -506,18 +544,27 @@ def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
     )
 
 
-def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, trans_v: bool) -> None:
-    """C = A @ op(S) (+ bias) into the preallocated C (row-major, same dtype as A)."""
+def programs(m: int, n_out: int, cfg: WsConfig, device: torch.device) -> int:
+    """The persistent grid: one program per SM, fewer where there are fewer tiles."""
+    return max(1, min(cdiv(m, cfg.block_m) * n_out, sm_count(device)))
+
+
+def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, trans_v: bool,
+                  sched: torch.Tensor | None = None) -> None:
+    """C = A @ op(S) (+ bias) into the preallocated C (row-major, same dtype as A).
+    ``sched``: a balanced schedule for :func:`programs` programs
+    (:func:`tilesparse.kernels.ws_schedule.schedule_tensor`), else round-robin."""
     b = values.shape[-1]
     m = a.shape[0]
-    tiles = cdiv(m, cfg.block_m) * n_out
     lay = _layouts(cfg, b, trans_v, a.dtype)
     ensure_allocator()
-    launch(_dds_ws_kernel, (max(1, min(tiles, sm_count(a.device))),),
+    launch(_dds_ws_kernel, (programs(m, n_out, cfg, a.device),),
         a, values, c, bias if bias is not None else c, ptr, idx, slot if slot is not None else ptr,
+        sched if sched is not None else ptr,
         m, a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),
         B=b, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k, STAGES=cfg.stages,
         TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m,
-        LOAD_REGS=cfg.load_regs, PINGPONG=cfg.pingpong, MMA_REGS=cfg.mma_regs, a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
+        LOAD_REGS=cfg.load_regs, PINGPONG=cfg.pingpong, MMA_REGS=cfg.mma_regs, SCHEDULED=sched is not None,
+        a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
         num_warps=cfg.num_warps,
     )
