@@ -29,6 +29,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (pr
 from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
+from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
 
@@ -169,9 +170,9 @@ def ws_cases(quick: bool):
         suffix = ("" if dt == "bf16" else f" {dt}") + (" balanced" if balanced else "")
         yield (f"ws dds b{block} m{block_m} w{warps} {'fprop' if trans else 'bprop'} pingpong={pingpong}{suffix}", fn,
                sig, const, warps, stages, None, GluonASTSource)
-    sdd = bsmm_ws._sdd_ws_kernel
+    sdd = bsmm_ws_sdd._sdd_ws_kernel
     for block, block_m, warps, stages in ((128, 64, 8, 5),) if quick else ((128, 64, 8, 5), (64, 64, 4, 5), (128, 128, 8, 3)):
-        lay_ab, lay_out = bsmm_ws._sdd_layouts(block_m, block, torch.bfloat16)
+        lay_ab, lay_out = bsmm_ws_sdd._sdd_layouts(block_m, block, torch.bfloat16)
         const = dict(B=block, BLOCK_M=block_m, STAGES=stages, LOAD_REGS=40, ab_layout=lay_ab, out_layout=lay_out,
                      num_warps=warps)
         sig = {name: "constexpr" if name in const else "*i32" if name in ("rows_ptr", "cols_ptr")

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, tuned, ws_schedule
+from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_sdd, tuned, ws_schedule
 from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
@@ -380,9 +380,9 @@ def sdd(
         return values.zero_()
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device)
     if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
-        why = bsmm_ws.sdd_ws_supported(a.t(), b, values, cfg)
+        why = bsmm_ws_sdd.sdd_ws_supported(a.t(), b, values, cfg)
         if why is None:
-            bsmm_ws.launch_sdd_ws(a.t(), b, values, row_of, row_cols, cfg)
+            bsmm_ws_sdd.launch_sdd_ws(a.t(), b, values, row_of, row_cols, cfg)
             return values
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")

@@ -1,7 +1,7 @@
-"""Hopper (sm90) warp-specialized, persistent block-sparse products written in Gluon
-(Triton's explicit-layout dialect): dds, C = A @ op(S), and sdd, the sampled product of
-updat, each with a producer warp and consumer warpgroups, as CUTLASS's Hopper GEMMs are
-built.
+"""Hopper (sm90) warp-specialized, persistent block-sparse dds, C = A @ op(S), written in
+Gluon (Triton's explicit-layout dialect), with a producer warp and consumer warpgroups
+as CUTLASS's Hopper GEMMs are built; also the config, shared-memory ring and MMA helpers
+that :mod:`tilesparse.kernels.bsmm_ws_sdd` (updat's sampled product) shares.
 
 Why: Triton's own pipeliner stops prefetching across the dependent scalar load of the
 block index once tiles grow past 128x128 (docs/performance.md, "the Triton mainloop
@@ -13,16 +13,14 @@ and the producer runs ahead into the next tile while the consumers store the las
 
 Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring):
 trans=True is fprop (values[slot] used as S_block^T), trans=False is bprop. The
-launchers in :mod:`tilesparse.kernels.bsmm` call these for a :class:`WsConfig` (dds also
-by default, where measured faster: :func:`default_config`); :func:`ws_supported` and
-:func:`sdd_ws_supported` say where they apply (sm90; 16-bit, or fp32 as TF32 for dds;
-row-major 16-byte-aligned operands; b 64 or 128). Measured on an H200
-(docs/performance.md, tenth and eleventh sessions): the dds kernel is the default for
-16-bit and TF32 at large M; the sdd kernel was within +-4 % of the Triton sdd at b 128
-and slower at b 64, so it stays opt-in; the balanced tile schedule
+launcher in :mod:`tilesparse.kernels.bsmm` calls it for a :class:`WsConfig` and by
+default where measured faster (:func:`default_config`); :func:`ws_supported` says where
+it applies (sm90; 16-bit, or fp32 as TF32; row-major 16-byte-aligned operands; b 64 or
+128). Measured on an H200 (docs/performance.md, tenth and eleventh sessions): the
+default for 16-bit and TF32 at large M. The balanced tile schedule
 (``WsConfig.balanced``, :mod:`tilesparse.kernels.ws_schedule`) is written and compiled
-for sm_90, not yet run on a GPU. There is no interpreter path: tests run them on the
-GPU (``tests/test_bsmm_ws_gpu.py``) and compile them for sm_90 on the CPU
+for sm_90, not yet run on a GPU. There is no interpreter path: tests run the kernels on
+the GPU (``tests/test_bsmm_ws_gpu.py``) and compile them for sm_90 on the CPU
 (``tests/test_sm90_codegen.py``).
 """
 
@@ -341,71 +339,6 @@ def _dds_ws_kernel(
         ], [1], [LOAD_REGS])
 
 
-@gluon.jit
-def _sdd_ws_load_partition(at_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, rows_ptr, cols_ptr, M, nnz,
-                           B: gl.constexpr, BLOCK_M: gl.constexpr):
-    """sdd's producer (one warp): for each of this program's blocks z, the M-slices of
-    A^T's block-column rows[z] and B's block-column cols[z], into the ring."""
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    step = 0
-    for z in range(pid, nnz, nprog):
-        r = gl.load(rows_ptr + z)
-        c = gl.load(cols_ptr + z)
-        for m0 in range(0, M, BLOCK_M):
-            _fill_stage(step, at_desc, [m0, r * B], b_desc, [m0, c * B], a_bufs, b_bufs, ready_bars, empty_bars)
-            step += 1
-
-
-@gluon.jit
-def _sdd_ws_mma_partition(out_desc, a_bufs, b_bufs, out_smem, ready_bars, empty_bars, M, nnz,
-                          B: gl.constexpr, BLOCK_M: gl.constexpr, num_warps: gl.constexpr):
-    """sdd's consumers: out[z] = sum over the M-slices of A^T-slice^T @ B-slice (the
-    A tile's transposed view is wgmma's A operand), then the block out through TMA."""
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=_warps_per_cta(B, num_warps), instr_shape=[16, B, 16])
-    n_steps = gl.cdiv(M, BLOCK_M)
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    step = 0
-    for z in range(pid, nnz, nprog):
-        acc = gl.zeros((B, B), dtype=gl.float32, layout=mma_layout)
-        acc = _mma_stages(acc, step, n_steps, a_bufs, b_bufs, ready_bars, empty_bars, True, False)
-        step += n_steps
-        tma.store_wait(pendings=0)  # the previous block's store has left out_smem
-        out_smem.store(acc.to(out_desc.dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(out_desc, [z * B, 0], out_smem)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _sdd_ws_kernel(
-    at_ptr, b_ptr, out_ptr, rows_ptr, cols_ptr,
-    M, R_B, C_B, nnz, stride_atm, stride_bm,
-    B: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, LOAD_REGS: gl.constexpr,
-    ab_layout: gl.constexpr, out_layout: gl.constexpr, num_warps: gl.constexpr,
-):
-    """updat's sampled product, persistent and warp-specialized: program p takes blocks
-    p, p + P, ... of the layout (table order). ``at`` is the row-major [M, R*B] matrix
-    whose transpose is sdd's left operand (dY), ``b`` the row-major [M, C*B] (X); ``out``
-    the blocks [nnz, B, B]. Slices past M are zero-filled by TMA."""
-    dtype: gl.constexpr = at_ptr.dtype.element_ty
-    at_desc = tma.make_tensor_descriptor(at_ptr, [M, R_B], [stride_atm, 1], [BLOCK_M, B], ab_layout)
-    b_desc = tma.make_tensor_descriptor(b_ptr, [M, C_B], [stride_bm, 1], [BLOCK_M, B], ab_layout)
-    out_desc = tma.make_tensor_descriptor(out_ptr, [nnz * B, B], [B, 1], [B, B], out_layout)
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], ab_layout)
-    out_smem = gl.allocate_shared_memory(dtype, [B, B], out_layout)
-    ready_bars, empty_bars = _alloc_ring(STAGES)
-    gl.warp_specialize([
-        (_sdd_ws_mma_partition, (out_desc, a_bufs, b_bufs, out_smem, ready_bars, empty_bars, M, nnz, B, BLOCK_M,
-                                 num_warps)),
-        (_sdd_ws_load_partition, (at_desc, b_desc, a_bufs, b_bufs, ready_bars, empty_bars, rows_ptr, cols_ptr, M, nnz,
-                                  B, BLOCK_M)),
-    ], [1], [LOAD_REGS])
-
-
 def _nvmma(shape: list[int], dtype: torch.dtype):
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
     return gl.NVMMASharedLayout.get_default_for(shape, gl_dtype)
@@ -423,12 +356,6 @@ def _layouts(cfg: WsConfig, b: int, trans_v: bool, dtype: torch.dtype) -> _Layou
     """The dds kernel's shared-memory layouts (remembered: a launch asks every call)."""
     v_shape = [b, cfg.block_k] if trans_v else [cfg.block_k, b]
     return _Layouts(_nvmma([cfg.block_m, cfg.block_k], dtype), _nvmma(v_shape, dtype), _nvmma([cfg.block_m, b], dtype))
-
-
-@functools.lru_cache(maxsize=None)
-def _sdd_layouts(block_m: int, b: int, dtype: torch.dtype) -> tuple:
-    """The sdd kernel's shared-memory layouts: the activation tiles', the output block's."""
-    return _nvmma([block_m, b], dtype), _nvmma([b, b], dtype)
 
 
 # The shipped choice, measured on the H200 (scripts/probes/ws_sweep.py, docs/performance.md):
@@ -502,46 +429,6 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
     if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
         return f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, more than the GPU has"
     return None
-
-
-def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
-    """Why the sdd kernel cannot run these operands (a_t [M, R*b] and b [M, C*b], the
-    sampled product's operands with M leading; out [nnz, b, b]), or None if it can."""
-    block = out.shape[-1]
-    if cfg.pingpong:
-        return "has no ping-pong mode for sdd"
-    why = hopper_reason(a_t)
-    if why is not None:
-        return why
-    if block not in (64, 128):
-        return f"needs a block size of 64 or 128, got {block}"
-    if b.dtype != a_t.dtype:
-        return f"needs one dtype: B is {b.dtype}, A is {a_t.dtype}"
-    if 16 * cfg.num_warps > block:
-        return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
-    for name, t in (("A (transposed)", a_t), ("B", b)):
-        if not row_major_tma_ok(t):
-            return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
-    if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
-        return "addresses tensors through TMA, whose coordinates are 32-bit"
-    if cfg.shared_bytes(block, sdd=True) > shared_memory_bytes(a_t.device):
-        return f"needs {cfg.shared_bytes(block, sdd=True)} bytes of shared memory at this config, more than the GPU has"
-    return None
-
-
-def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:
-    """out[z] = (a_t^T @ b)[block rows[z], cols[z]] for every stored block z, into the
-    preallocated contiguous out [nnz, B, B]."""
-    block = out.shape[-1]
-    nnz = out.shape[0]
-    lay = _sdd_layouts(cfg.block_m, block, a_t.dtype)
-    ensure_allocator()
-    launch(_sdd_ws_kernel, (max(1, min(nnz, sm_count(a_t.device))),),
-        a_t, b, out, rows, cols,
-        a_t.shape[0], a_t.shape[1], b.shape[1], nnz, a_t.stride(0), b.stride(0),
-        B=block, BLOCK_M=cfg.block_m, STAGES=cfg.stages, LOAD_REGS=cfg.load_regs,
-        ab_layout=lay[0], out_layout=lay[1], num_warps=cfg.num_warps,
-    )
 
 
 def programs(m: int, n_out: int, cfg: WsConfig, device: torch.device) -> int:
