@@ -183,14 +183,14 @@ def ws_cases(quick: bool):
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
-    from tilesparse.kernels import attention_ws
+    from tilesparse.kernels import attention_ws, attention_ws_base, attention_ws_dkdv
 
-    fn = attention_ws._bwd_dkdv_ws_kernel
+    fn = attention_ws_dkdv._bwd_dkdv_ws_kernel
     cases = ((128, 128, 64, 2, True, False),) if quick else \
         ((128, 128, 64, 2, True, False), (128, 128, 64, 3, False, True), (64, 64, 64, 2, True, True),
          (128, 64, 64, 2, False, False))
     for block, head_dim, block_m, stages, causal, kpm in cases:
-        qo, kv = attention_ws._layouts(block_m, block, head_dim, torch.bfloat16)
+        qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      qo_layout=qo, kv_layout=kv, num_warps=block // 16)
         sig = _attention_signature(fn, "bf16", const)
@@ -205,7 +205,7 @@ def attention_ws_cases(quick: bool):
     }
     for kind, (fn, cases) in row_cases.items():
         for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
-            qo, kv = attention_ws._layouts(block_m, block_n, head_dim, torch.bfloat16)
+            qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)
             const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                          HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
             sig = _attention_signature(fn, "bf16", const)

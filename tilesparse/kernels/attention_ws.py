@@ -1,283 +1,43 @@
-"""Hopper (sm90) warp-specialized backward kernels (dK/dV, dQ) of the fused block-sparse
-attention, written in Gluon (Triton's explicit-layout dialect), opt-in.
+"""Hopper (sm90) warp-specialized kernels of the fused block-sparse attention, written in
+Gluon (Triton's explicit-layout dialect): the row walks, dQ and the forward, here; dK/dV
+in :mod:`tilesparse.kernels.attention_ws_dkdv`; their configs and shared helpers in
+:mod:`tilesparse.kernels.attention_ws_base`. This module is where the attention
+launchers (:mod:`tilesparse.kernels.attention`) find all three: the measured defaults
+(:func:`default_config`) and where the kernels apply (:func:`ws_supported`).
 
-Why: the Triton dK/dV kernel (:mod:`tilesparse.kernels.attention`) takes 1.45 ms of
-the 2.43 ms backward on local-1024 attention (B 4, H 16, S 8192, D 128, H200), against
-FlexAttention's whole backward at 2.05 ms; its config sweeps found nothing better, and
-it does not spill inside its loop (docs/performance.md). This kernel splits the work
-as FlashAttention-3 does on Hopper: one producer warp reads the layout's CSC column and
-streams the query and output-gradient tiles through a ring of TMA stages, and the
-consumer warpgroups only wait on mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to the
-next wgmma from registers (no shared-memory round trip).
+Why: the Triton backward kernels took 2.35 ms of the backward on local-1024 attention
+(B 4, H 16, S 8192, D 128, H200) against FlexAttention's whole backward at 2.05 ms. These
+split the work as FlashAttention-3 does on Hopper: one producer warp reads the layout's
+tables and streams tiles through a ring of TMA stages, and the consumer warpgroups only
+wait on mbarriers and issue wgmma. The dQ kernel mirrors ``_bwd_dq_kernel`` (the
+producer streams K and V along the query block's CSR row; dQ += dS K with dS from
+registers), the forward ``_fwd_kernel``; the sums run in the same order as the Triton
+kernels: bitwise deterministic. Rows past S read zeros (TMA zero-fill) and keys past S
+or padding are masked.
 
-Same math, tables and order as ``_bwd_dkdv_kernel`` (read that module's docstring): per
-key tile of one kv head, for each query head of its group and each query tile of the
-key block's column, sT = K Qᵀ, Pᵀ = exp2(sT * scale·log2e - lse), dV += Pᵀ dO,
-dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end. The dQ
-kernel mirrors ``_bwd_dq_kernel`` the same way (the producer streams K and V along the
-query block's CSR row; dQ += dS K with dS from registers). The sums run in the same
-order: bitwise deterministic. Rows past S read zeros (TMA
-zero-fill) and keys past S or padding are masked, as in the Triton kernel.
-
-Written after the session's device time ran out: compiled for sm_90 on the CPU
-(``scripts/sm90_compile_check.py``), GPU tests in ``tests/test_attention_ws_gpu.py``,
-never run on a GPU yet. :func:`ws_supported` says where they apply: sm90, fp16 /
-bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
+Measured on the H200 (docs/performance.md, eleventh session): dQ and dK/dV are the
+default at blocks of 128 and D 128 (causal backward 8.4 -> 7.8 ms, sparse patterns
+unchanged); the forward lost to the Triton one and is opt-in. Tests:
+``tests/test_attention_ws_gpu.py``; compiled for sm_90 on the CPU by
+``scripts/sm90_compile_check.py``. :func:`ws_supported` says where they apply: sm90,
+fp16 / bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
 from ._device import shared_memory_bytes
 from ._launch import launch
+from .attention_ws_base import LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask, _row_keep
+from .attention_ws_dkdv import launch_dkdv_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma, hopper_reason
+from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
 
-LOG2E = 1.4426950408889634
-
-
-@gluon.jit
-def _head_desc(ptr, B, HEADS, S, D: gl.constexpr, stride_b, stride_h, stride_s, ROWS: gl.constexpr,
-               layout: gl.constexpr):
-    """A TMA descriptor over [B, HEADS, S, D] (unit stride along D) with [1, 1, ROWS, D]
-    boxes: each head's rows past S are zero-filled on load."""
-    return tma.make_tensor_descriptor(ptr, [B, HEADS, S, D], [stride_b, stride_h, stride_s, 1], [1, 1, ROWS, D],
-                                      layout)
-
-
-@gluon.jit
-def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
-    """Whether block pair (qblk, kblk) needs the element mask, as the Triton kernels'
-    ``_needs_mask``: always with key padding, else the last key block when S is not a
-    multiple of the block and, if causal, the diagonal block."""
-    need = (kblk + 1) * BS > S
-    if CAUSAL:
-        need = need | (kblk == qblk)
-    if HAS_KPM:
-        need = need | (kblk == kblk)
-    return need
-
-
-@gluon.jit
-def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
-    """[queries, keys] bool of a row walk's tile: query < S, key < S and not padding, key
-    <= query when causal (the Triton kernels' ``_tile_mask``)."""
-    n_ok = offs_n < S
-    if HAS_KPM:
-        pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
-        n_ok = n_ok & (pad == 0)
-    keep = m_ok[:, None] & n_ok[None, :]
-    if CAUSAL:
-        keep = keep & (offs_n[None, :] <= offs_m[:, None])
-    return keep
-
-
-@dataclasses.dataclass(frozen=True)
-class DkdvWsConfig:
-    """Launch parameters of the warp-specialized dK/dV kernel: ``block_m`` query rows per
-    step (the key tile is the whole layout block, 16 rows per consumer warp), ``stages``
-    of query / output-gradient tiles in flight, the producer warp's ``load_regs``."""
-
-    block_m: int = 64
-    stages: int = 2
-    load_regs: int = 40
-
-    def __post_init__(self):
-        if self.block_m not in (32, 64, 128):
-            raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        if self.stages < 2:
-            raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
-
-    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
-        """K and V tiles, plus the ring of query and output-gradient tiles."""
-        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + 1024
-
-
-@gluon.jit
-def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
-                  BS: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Producer (one warp): the key tile's K and V once, then for each query head of the
-    group and each query tile of the key block's CSC column, the Q and dO tiles."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs = bufs
-    kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
-    M_STEPS: gl.constexpr = BS // BLOCK_M
-    kblk = gl.program_id(0)
-    bhk = gl.program_id(1)
-    bz = bhk // HKV
-    hkv = bhk % HKV
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [bz, hkv, kblk * BS, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [bz, hkv, kblk * BS, 0], kv_bar, v_smem)
-    step = 0
-    for g in range(0, GROUP):
-        h = hkv * GROUP + g
-        lh = h % L_HEADS
-        start = gl.load(col_ptr_ptr + lh * NB + kblk)
-        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for t in range(start * M_STEPS, end * M_STEPS):
-            qblk = gl.load(col_rows_ptr + t // M_STEPS)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
-            _fill_stage(step, q_desc, [bz, h, row, 0], do_desc, [bz, h, row, 0], q_bufs, do_bufs, ready_bars,
-                        empty_bars)
-            step += 1
-
-
-@gluon.jit
-def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
-                 BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
-                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (the default partition, 16 key rows per warp): the four products per
-    query tile, synchronous wgmma, the stage released after the last one that read it;
-    then dK * scale and dV stored with masks (keys past S are not written)."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs = bufs
-    kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
-    STAGES: gl.constexpr = q_bufs.type.shape[0]
-    M_STEPS: gl.constexpr = BS // BLOCK_M
-    dtype: gl.constexpr = q_desc.dtype
-    # sT, pT, dpT: [BS keys, BLOCK_M queries]; dK, dV: [BS keys, D]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    # pT and dsT as wgmma's A operand from registers
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    kblk = gl.program_id(0)
-    bhk = gl.program_id(1)
-    bz = bhk // HKV
-    hkv = bhk % HKV
-
-    offs_n = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, s_layout))
-    n_keep = offs_n < S
-    if HAS_KPM:
-        pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_keep, other=1)
-        n_keep = n_keep & (pad == 0)
-    dk = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
-    dv = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
-    s_zero = gl.zeros((BS, BLOCK_M), dtype=gl.float32, layout=s_layout)
-
-    mbarrier.wait(kv_bar, 0)
-    k = k_smem.reshape([BS, D])
-    v = v_smem.reshape([BS, D])
-    step = 0
-    for g in range(0, GROUP):
-        h = hkv * GROUP + g
-        lh = h % L_HEADS
-        bh = (bz * H + h).to(gl.int64)
-        start = gl.load(col_ptr_ptr + lh * NB + kblk)
-        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for t in range(start * M_STEPS, end * M_STEPS):
-            qblk = gl.load(col_rows_ptr + t // M_STEPS)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
-            offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-            m_ok = offs_m < S
-            lse = gl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
-            lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
-            delta = gl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
-            s = step % STAGES
-            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-            q = q_bufs.index(s).reshape([BLOCK_M, D])
-            do = do_bufs.index(s).reshape([BLOCK_M, D])
-            sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
-            pT = gl.exp2(sT * qk_scale - lse[None, :])
-            # the element mask where the Triton kernel needs one (_needs_mask): key padding,
-            # the last key block when S is not a multiple of the block, the causal diagonal
-            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-                keep = n_keep[:, None] & m_ok[None, :]
-                if CAUSAL:
-                    keep = keep & (offs_n[:, None] <= offs_m[None, :])
-                pT = gl.where(keep, pT, 0.0)
-            dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
-            dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
-            dsT = pT * (dpT - delta[None, :])
-            dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
-            mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
-            step += 1
-
-    offs_on = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bhk.to(gl.int64) * S * D + offs_on.to(gl.int64)[:, None] * D + offs_d[None, :]
-    out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
-    gl.store(dk_ptr + out_off, (dk * scale).to(dtype), mask=out_mask)
-    gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
-
-
-@gluon.jit
-def _bwd_dkdv_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-    BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
-    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
-):
-    """Program (key block, batch * kv head). Q and dO are read through descriptors over
-    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
-    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
-    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BS, kv_layout)
-    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BS, kv_layout)
-    k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
-    v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
-    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    ready_bars, empty_bars = _alloc_ring(STAGES)
-    descs = (q_desc, k_desc, v_desc, do_desc)
-    bufs = (k_smem, v_smem, q_bufs, do_bufs)
-    bars = (kv_bar, ready_bars, empty_bars)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr)
-    sizes = (S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale)
-    gl.warp_specialize([
-        (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, num_warps)),
-        (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
-    ], [1], [LOAD_REGS])
-
-
-@dataclasses.dataclass(frozen=True)
-class _RowWalkConfig:
-    """Launch parameters of a row-walking kernel (forward, dQ): ``block_m`` query rows per
-    program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
-    tiles in flight, the producer warp's ``load_regs``."""
-
-    block_m: int = 128
-    block_n: int = 64
-    stages: int = 2
-    load_regs: int = 40
-    _QUERY_TILES = 1  # query-side tiles held in shared memory (Q; dQ also dO)
-
-    def __post_init__(self):
-        name = type(self).__name__
-        if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
-            raise ValueError(f"{name}.block_m must be 64 or 128 and block_n 32, 64 or 128, "
-                             f"got {self.block_m!r}, {self.block_n!r}")
-        if self.stages < 2:
-            raise ValueError(f"{name}.stages must be >= 2, got {self.stages!r}")
-
-    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
-        """The query-side tiles, plus the ring of K and V tiles."""
-        return (self._QUERY_TILES * self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class DqWsConfig(_RowWalkConfig):
-    """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``)."""
-
-    _QUERY_TILES = 2
+__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ws_supported", "launch_dkdv_ws",
+           "launch_dq_ws", "launch_fwd_ws"]
 
 
 @gluon.jit
@@ -412,13 +172,6 @@ def _bwd_dq_ws_kernel(
     ], [1], [LOAD_REGS])
 
 
-@dataclasses.dataclass(frozen=True)
-class FwdWsConfig(_RowWalkConfig):
-    """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``)."""
-
-    block_n: int = 128
-
-
 @gluon.jit
 def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
                 BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -522,13 +275,6 @@ def _fwd_ws_kernel(
     ], [1], [LOAD_REGS])
 
 
-@functools.lru_cache(maxsize=None)
-def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
-    """(query-side, key-side) shared-memory layouts of [1, 1, rows, D] tiles (remembered:
-    a launch asks every call)."""
-    return _nvmma([1, 1, query_rows, head_dim], dtype), _nvmma([1, 1, key_rows, head_dim], dtype)
-
-
 # Where a warp-specialized kernel is the measured default on Hopper: (kind, block size,
 # head dim) -> config; the launchers consult it only when no config is given. Measured on
 # the H200 (scripts/probes/attention_configs.py, B 4, H 16, S 8192, bf16; eleventh
@@ -585,23 +331,6 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
     if cfg.shared_bytes(block_size, D) > shared_memory_bytes(q.device):
         return f"needs {cfg.shared_bytes(block_size, D)} bytes of shared memory, more than the GPU has"
     return None
-
-
-def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
-                   block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig) -> None:
-    """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
-    ``_bwd_dkdv_kernel`` computes them."""
-    B, H, S, D = q.shape
-    hkv = k.shape[1]
-    qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
-    ensure_allocator()
-    launch(_bwd_dkdv_ws_kernel, (nb, B * hkv),
-        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
-        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
-        BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
-        LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout, num_warps=block_size // 16,
-    )
 
 
 def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,

@@ -1,0 +1,123 @@
+"""Shared parts of the Hopper warp-specialized attention kernels
+(:mod:`tilesparse.kernels.attention_ws`, :mod:`tilesparse.kernels.attention_ws_dkdv`):
+their launch configs, the Gluon helpers for head descriptors and masks, and their
+shared-memory layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+
+from .bsmm_ws import _nvmma
+
+__all__ = ["LOG2E", "DkdvWsConfig", "DqWsConfig", "FwdWsConfig"]
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _head_desc(ptr, B, HEADS, S, D: gl.constexpr, stride_b, stride_h, stride_s, ROWS: gl.constexpr,
+               layout: gl.constexpr):
+    """A TMA descriptor over [B, HEADS, S, D] (unit stride along D) with [1, 1, ROWS, D]
+    boxes: each head's rows past S are zero-filled on load."""
+    return tma.make_tensor_descriptor(ptr, [B, HEADS, S, D], [stride_b, stride_h, stride_s, 1], [1, 1, ROWS, D],
+                                      layout)
+
+
+@gluon.jit
+def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """Whether block pair (qblk, kblk) needs the element mask, as the Triton kernels'
+    ``_needs_mask``: always with key padding, else the last key block when S is not a
+    multiple of the block and, if causal, the diagonal block."""
+    need = (kblk + 1) * BS > S
+    if CAUSAL:
+        need = need | (kblk == qblk)
+    if HAS_KPM:
+        need = need | (kblk == kblk)
+    return need
+
+
+@gluon.jit
+def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """[queries, keys] bool of a row walk's tile: query < S, key < S and not padding, key
+    <= query when causal (the Triton kernels' ``_tile_mask``)."""
+    n_ok = offs_n < S
+    if HAS_KPM:
+        pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_ok, other=1)
+        n_ok = n_ok & (pad == 0)
+    keep = m_ok[:, None] & n_ok[None, :]
+    if CAUSAL:
+        keep = keep & (offs_n[None, :] <= offs_m[:, None])
+    return keep
+
+
+@dataclasses.dataclass(frozen=True)
+class DkdvWsConfig:
+    """Launch parameters of the warp-specialized dK/dV kernel: ``block_m`` query rows per
+    step (the key tile is the whole layout block, 16 rows per consumer warp), ``stages``
+    of query / output-gradient tiles in flight, the producer warp's ``load_regs``."""
+
+    block_m: int = 64
+    stages: int = 2
+    load_regs: int = 40
+
+    def __post_init__(self):
+        if self.block_m not in (32, 64, 128):
+            raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
+        if self.stages < 2:
+            raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """K and V tiles, plus the ring of query and output-gradient tiles."""
+        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowWalkConfig:
+    """Launch parameters of a row-walking kernel (forward, dQ): ``block_m`` query rows per
+    program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
+    tiles in flight, the producer warp's ``load_regs``."""
+
+    block_m: int = 128
+    block_n: int = 64
+    stages: int = 2
+    load_regs: int = 40
+    _QUERY_TILES = 1  # query-side tiles held in shared memory (Q; dQ also dO)
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.block_m not in (64, 128) or self.block_n not in (32, 64, 128):
+            raise ValueError(f"{name}.block_m must be 64 or 128 and block_n 32, 64 or 128, "
+                             f"got {self.block_m!r}, {self.block_n!r}")
+        if self.stages < 2:
+            raise ValueError(f"{name}.stages must be >= 2, got {self.stages!r}")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """The query-side tiles, plus the ring of K and V tiles."""
+        return (self._QUERY_TILES * self.block_m + 2 * self.stages * self.block_n) * head_dim * element_bytes + 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class DqWsConfig(_RowWalkConfig):
+    """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``)."""
+
+    _QUERY_TILES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdWsConfig(_RowWalkConfig):
+    """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``)."""
+
+    block_n: int = 128
+
+
+@functools.lru_cache(maxsize=None)
+def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
+    """(query-side, key-side) shared-memory layouts of [1, 1, rows, D] tiles (remembered:
+    a launch asks every call)."""
+    return _nvmma([1, 1, query_rows, head_dim], dtype), _nvmma([1, 1, key_rows, head_dim], dtype)

@@ -1,0 +1,191 @@
+"""Hopper (sm90) warp-specialized dK/dV kernel of the fused block-sparse attention, in
+Gluon: FlashAttention-3's split on Hopper. One producer warp reads the layout's CSC
+column and streams the query and output-gradient tiles through a ring of TMA stages;
+the consumer warpgroups only wait on mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to
+the next wgmma from registers (no shared-memory round trip).
+
+Same math, tables and order as ``_bwd_dkdv_kernel`` (:mod:`tilesparse.kernels.attention`):
+per key tile of one kv head, for each query head of its group and each query tile of
+the key block's column, sT = K Qᵀ, Pᵀ = exp2(sT * scale·log2e - lse), dV += Pᵀ dO,
+dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end; bitwise
+deterministic. The default at blocks of 128 and D 128 on Hopper
+(:mod:`tilesparse.kernels.attention_ws`, where its config and support checks live).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+
+from ._launch import launch
+from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask
+from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
+from .bsmm_ws import _alloc_ring, _fill_stage
+
+__all__ = ["launch_dkdv_ws"]
+
+
+@gluon.jit
+def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
+                  BS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Producer (one warp): the key tile's K and V once, then for each query head of the
+    group and each query tile of the key block's CSC column, the Q and dO tiles."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs = bufs
+    kv_bar, ready_bars, empty_bars = bars
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
+    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    M_STEPS: gl.constexpr = BS // BLOCK_M
+    kblk = gl.program_id(0)
+    bhk = gl.program_id(1)
+    bz = bhk // HKV
+    hkv = bhk % HKV
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [bz, hkv, kblk * BS, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [bz, hkv, kblk * BS, 0], kv_bar, v_smem)
+    step = 0
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        lh = h % L_HEADS
+        start = gl.load(col_ptr_ptr + lh * NB + kblk)
+        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
+        for t in range(start * M_STEPS, end * M_STEPS):
+            qblk = gl.load(col_rows_ptr + t // M_STEPS)
+            row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            _fill_stage(step, q_desc, [bz, h, row, 0], do_desc, [bz, h, row, 0], q_bufs, do_bufs, ready_bars,
+                        empty_bars)
+            step += 1
+
+
+@gluon.jit
+def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
+                 BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
+                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+    """Consumers (the default partition, 16 key rows per warp): the four products per
+    query tile, synchronous wgmma, the stage released after the last one that read it;
+    then dK * scale and dV stored with masks (keys past S are not written)."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs = bufs
+    kv_bar, ready_bars, empty_bars = bars
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
+    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    STAGES: gl.constexpr = q_bufs.type.shape[0]
+    M_STEPS: gl.constexpr = BS // BLOCK_M
+    dtype: gl.constexpr = q_desc.dtype
+    # sT, pT, dpT: [BS keys, BLOCK_M queries]; dK, dV: [BS keys, D]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    # pT and dsT as wgmma's A operand from registers
+    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    kblk = gl.program_id(0)
+    bhk = gl.program_id(1)
+    bz = bhk // HKV
+    hkv = bhk % HKV
+
+    offs_n = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, s_layout))
+    n_keep = offs_n < S
+    if HAS_KPM:
+        pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_keep, other=1)
+        n_keep = n_keep & (pad == 0)
+    dk = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
+    dv = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((BS, BLOCK_M), dtype=gl.float32, layout=s_layout)
+
+    mbarrier.wait(kv_bar, 0)
+    k = k_smem.reshape([BS, D])
+    v = v_smem.reshape([BS, D])
+    step = 0
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        lh = h % L_HEADS
+        bh = (bz * H + h).to(gl.int64)
+        start = gl.load(col_ptr_ptr + lh * NB + kblk)
+        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
+        for t in range(start * M_STEPS, end * M_STEPS):
+            qblk = gl.load(col_rows_ptr + t // M_STEPS)
+            row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+            m_ok = offs_m < S
+            lse = gl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+            lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
+            delta = gl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+            s = step % STAGES
+            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+            q = q_bufs.index(s).reshape([BLOCK_M, D])
+            do = do_bufs.index(s).reshape([BLOCK_M, D])
+            sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
+            pT = gl.exp2(sT * qk_scale - lse[None, :])
+            # the element mask where the Triton kernel needs one (_needs_mask): key padding,
+            # the last key block when S is not a multiple of the block, the causal diagonal
+            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+                keep = n_keep[:, None] & m_ok[None, :]
+                if CAUSAL:
+                    keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                pT = gl.where(keep, pT, 0.0)
+            dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
+            dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
+            dsT = pT * (dpT - delta[None, :])
+            dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
+            mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
+            step += 1
+
+    offs_on = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, o_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    out_off = bhk.to(gl.int64) * S * D + offs_on.to(gl.int64)[:, None] * D + offs_d[None, :]
+    out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
+    gl.store(dk_ptr + out_off, (dk * scale).to(dtype), mask=out_mask)
+    gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
+
+
+@gluon.jit
+def _bwd_dkdv_ws_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr,
+    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
+    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Program (key block, batch * kv head). Q and dO are read through descriptors over
+    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device."""
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BS, kv_layout)
+    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BS, kv_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    ready_bars, empty_bars = _alloc_ring(STAGES)
+    descs = (q_desc, k_desc, v_desc, do_desc)
+    bufs = (k_smem, v_smem, q_bufs, do_bufs)
+    bars = (kv_bar, ready_bars, empty_bars)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr)
+    sizes = (S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale)
+    gl.warp_specialize([
+        (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, num_warps)),
+        (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+    ], [1], [LOAD_REGS])
+
+
+def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
+                   block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig) -> None:
+    """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
+    ``_bwd_dkdv_kernel`` computes them."""
+    B, H, S, D = q.shape
+    hkv = k.shape[1]
+    qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
+    ensure_allocator()
+    launch(_bwd_dkdv_ws_kernel, (nb, B * hkv),
+        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
+        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
+        BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
+        LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout, num_warps=block_size // 16,
+    )
