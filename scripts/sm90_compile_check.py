@@ -32,6 +32,7 @@ from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
+from tilesparse.kernels import transpose  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -111,6 +112,9 @@ def semi24_cases(quick: bool):
                    {"w_ptr": f"*{dt}", "m_ptr": "*u8", "out_ptr": f"*{dt}", "R": "i32", "C": "i32", "swr": "i32",
                     "swc": "i32", "smr": "i32", "smc": "i32", "BLOCK_R": "constexpr", "BLOCK_C": "constexpr"},
                    {"BLOCK_R": 32, "BLOCK_C": 128}, 4, 2)
+        yield (f"transpose copy {dt}", transpose._transpose_kernel,
+               {"src": f"*{dt}", "dst": f"*{dt}", "rows": "i32", "cols": "i32", "src_stride": "i32",
+                "dst_stride": "i32", "TILE": "constexpr"}, {"TILE": 64}, 4, 2)
         yield (f"2:4 apply+transpose {dt}", semi24._apply_transpose_kernel,
                {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}", "N": "i32",
                 "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)

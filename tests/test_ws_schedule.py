@@ -84,15 +84,29 @@ def test_schedule_tensor_layout_and_cache_and_fallbacks():
     layout = layouts.random(1024, 512, 64, 0.5, seed=1)
     meta = layout.meta
     cpu = torch.device("cpu")
-    sched = ws.schedule_tensor(meta, True, 10, 8, 1, 7, cpu)
     n_out = layout.block_rows  # fprop: the layout's block-rows are the output's columns
+    sched = ws.schedule_tensor(meta, True, n_out, 10, 8, 1, 7, cpu)
     assert sched.dtype == torch.int32 and sched.numel() == 8 + 10 * n_out
     offsets, order = sched[:8].tolist(), sched[8:].tolist()
     work = ws.tile_work(block_counts(meta)[0], 10, 8, 1)
     assert (order, offsets) == ws.balanced_schedule(work, 7)
-    assert ws.schedule_tensor(meta, True, 10, 8, 1, 7, cpu) is sched  # remembered
-    bprop = ws.schedule_tensor(meta, False, 10, 8, 1, 7, cpu)
+    assert ws.schedule_tensor(meta, True, n_out, 10, 8, 1, 7, cpu) is sched  # remembered
+    bprop = ws.schedule_tensor(meta, False, layout.block_cols, 10, 8, 1, 7, cpu)
     assert bprop.numel() == 8 + 10 * layout.block_cols
     quiet = BlockLayout.from_mask_with_nnz(layout.mask, 64, layout.nnz)
-    assert ws.schedule_tensor(quiet.meta, True, 10, 8, 1, 7, cpu) is None  # counts unknown: round-robin
-    assert ws.schedule_tensor(meta, True, ws.MAX_TILES, 8, 1, 7, cpu) is None  # too many tiles to plan in Python
+    assert ws.schedule_tensor(quiet.meta, True, n_out, 10, 8, 1, 7, cpu) is None  # counts unknown: round-robin
+    assert ws.schedule_tensor(meta, True, n_out, ws.MAX_TILES, 8, 1, 7, cpu) is None  # too many tiles for Python
+    assert ws.schedule_tensor(meta, True, n_out + 1, 10, 8, 1, 7, cpu) is None  # another grid than the layout's
+
+
+def test_schedule_cache_is_bounded_and_never_drops_a_schedule(monkeypatch):
+    # a CUDA graph holds only a schedule's address: once handed out it must live as long
+    # as the layout, so past the bound new problems run round-robin instead of evicting
+    monkeypatch.setattr(ws, "_CACHE_ENTRIES", 3)
+    layout = layouts.random(512, 512, 64, 0.5, seed=2)
+    meta, cpu = layout.meta, torch.device("cpu")
+    first = [ws.schedule_tensor(meta, True, layout.block_rows, m, 8, 1, 4, cpu) for m in (1, 2, 3)]
+    assert all(s is not None for s in first)
+    assert ws.schedule_tensor(meta, True, layout.block_rows, 4, 8, 1, 4, cpu) is None
+    assert [ws.schedule_tensor(meta, True, layout.block_rows, m, 8, 1, 4, cpu) for m in (1, 2, 3)] == first
+

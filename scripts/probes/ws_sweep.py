@@ -24,6 +24,7 @@ import tilesparse as ts
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_ws as W
+from tilesparse.layout import block_counts
 
 # updat (sdd): block_m is the M step
 SDD_VARIANTS = {
@@ -75,6 +76,8 @@ def sweep(shapes, blocks, densities, ops, variants, dtype, log=print) -> list[di
                 layout = ts.layouts.random(n, k, b, d, seed=0, device="cuda")
                 values = torch.randn(layout.nnz, b, b, device="cuda", dtype=dtype) * b ** -0.5
                 meta = layout.meta_on("cuda")
+                if block_counts(meta) is None:  # the 'bal' variants would silently run round-robin
+                    log(f"  note: {m}x{n}x{k} b{b} d{d}: block counts unknown, balanced variants run round-robin")
                 for op in ops:
                     trans = op == "fprop"
                     a = x if trans else dy

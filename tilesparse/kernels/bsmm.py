@@ -238,7 +238,7 @@ def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig,
     sched = None
     if cfg.balanced:
         m = a.shape[0]
-        sched = ws_schedule.schedule_tensor(meta, trans, cdiv(m, cfg.block_m), cfg.group_m,
+        sched = ws_schedule.schedule_tensor(meta, trans, n_out, cdiv(m, cfg.block_m), cfg.group_m,
                                             values.shape[-1] // cfg.block_k,
                                             bsmm_ws.programs(m, n_out, cfg, a.device), a.device)
     bsmm_ws.launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, sched)

@@ -443,9 +443,15 @@ def launch_dds_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: WsConfig, tran
     (:func:`tilesparse.kernels.ws_schedule.schedule_tensor`), else round-robin."""
     b = values.shape[-1]
     m = a.shape[0]
+    grid = programs(m, n_out, cfg, a.device)
+    tiles = cdiv(m, cfg.block_m) * n_out
+    if sched is not None and (sched.numel() != grid + 1 + tiles or sched.dtype != torch.int32
+                              or sched.device != a.device):
+        raise ValueError(f"sched must hold {grid + 1 + tiles} int32 entries on {a.device} ({grid} programs, "
+                         f"{tiles} tiles), got {sched.numel()} {sched.dtype} entries on {sched.device}")
     lay = _layouts(cfg, b, trans_v, a.dtype)
     ensure_allocator()
-    launch(_dds_ws_kernel, (programs(m, n_out, cfg, a.device),),
+    launch(_dds_ws_kernel, (grid,),
         a, values, c, bias if bias is not None else c, ptr, idx, slot if slot is not None else ptr,
         sched if sched is not None else ptr,
         m, a.shape[1], n_out, values.shape[0], a.stride(0), c.stride(0),

@@ -26,13 +26,17 @@ from ._tiles import cdiv
 __all__ = ["transpose_contiguous", "transpose_reference"]
 
 _TILE = 64
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
 def _transpose_kernel(src, dst, rows, cols, src_stride, dst_stride, TILE: tl.constexpr):
-    """dst[c, r] = src[r, c] for one TILE x TILE tile; offsets in int64 (a side may pass 2^31 elements)."""
-    r = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
-    c = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+    """dst[c, r] = src[r, c] for one TILE x TILE tile (a 1-D grid: CUDA caps grid axes 1-2
+    at 65535); offsets in int64 (a side may pass 2^31 elements)."""
+    col_tiles = tl.cdiv(cols, TILE)
+    pid = tl.program_id(0).to(tl.int64)
+    r = (pid // col_tiles) * TILE + tl.arange(0, TILE)
+    c = (pid % col_tiles) * TILE + tl.arange(0, TILE)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     tile = tl.load(src + r[:, None] * src_stride + c[None, :], mask=mask)
     tl.store(dst + c[None, :] * dst_stride + r[:, None], tile, mask=mask)
@@ -44,14 +48,15 @@ def transpose_reference(t: torch.Tensor) -> torch.Tensor:
 
 def transpose_contiguous(t: torch.Tensor) -> torch.Tensor:
     """``t.t().contiguous()`` for a 2-D tensor: the Triton kernel on CUDA for a row-major
-    ``t`` (unit column stride), PyTorch's copy otherwise (CPU, other strides)."""
+    ``t`` (unit column stride) of a floating dtype the kernels use, PyTorch's copy
+    otherwise (CPU, other strides or dtypes)."""
     if t.dim() != 2:
         raise ValueError(f"t must be 2-D, got shape {tuple(t.shape)}")
     rows, cols = t.shape
-    if t.device.type != "cuda" or t.stride(1) != 1 or t.numel() == 0:
+    if t.device.type != "cuda" or t.stride(1) != 1 or t.numel() == 0 or t.dtype not in _DTYPES:
         return transpose_reference(t)
     out = new_output(cols, rows, dtype=t.dtype, device=t.device)
-    launch(_transpose_kernel, (cdiv(rows, _TILE), cdiv(cols, _TILE)),
+    launch(_transpose_kernel, (cdiv(rows, _TILE) * cdiv(cols, _TILE),),
         t, out, rows, cols, t.stride(0), out.stride(0), TILE=_TILE, num_warps=4)
     return out
 
@@ -60,6 +65,6 @@ def transpose_interpreted(t: torch.Tensor) -> torch.Tensor:
     """The kernel itself on any device (the CPU tests run it under TRITON_INTERPRET=1)."""
     rows, cols = t.shape
     out = new_output(cols, rows, dtype=t.dtype, device=t.device)
-    _transpose_kernel[(cdiv(rows, _TILE), cdiv(cols, _TILE))](
+    _transpose_kernel[(cdiv(rows, _TILE) * cdiv(cols, _TILE),)](
         t, out, rows, cols, t.stride(0), out.stride(0), TILE=_TILE)
     return out

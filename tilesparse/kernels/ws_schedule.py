@@ -16,14 +16,18 @@ in the grouped order, so its L2 reuse is kept. The same simulation puts the busi
 program 3 / 3 / 6 / 4 % above the mean (main shape) and within 1 % (large shape).
 
 The block counts come from the layout's tables (:func:`tilesparse.layout.block_counts`,
-learned with them); where they are unknown, or while a CUDA graph is being captured (a
-new schedule is uploaded with a host copy), the launcher keeps the round-robin order.
-Which program computes a tile does not change its arithmetic: outputs are bitwise equal.
+learned with them from the mask). Where they are unknown (tables built without a host
+sync: ``BlockLayout.from_mask_with_nnz``, so RigL's rewired layouts), while a CUDA graph
+is being captured and the schedule is new, or past MAX_TILES, the launcher keeps the
+round-robin order. Building a schedule costs Python time once per (layout, M, config):
+it suits fixed shapes. Which program computes a tile does not change its arithmetic:
+outputs are bitwise equal either way.
 """
 
 from __future__ import annotations
 
 import heapq
+import threading
 
 import torch
 
@@ -34,10 +38,13 @@ __all__ = ["grouped_tile_columns", "tile_work", "balanced_schedule", "makespan",
 
 # A tile's fixed cost (accumulator set-up, epilogue, store) in units of one K step.
 EPILOGUE_STEPS = 2
-# Schedules are computed in Python, once per (layout, M, config): bound the work.
-MAX_TILES = 1 << 17
+# Schedules are computed in Python, once per (layout, M, config): ~17 ms at 16k tiles on a
+# CPU core. Above this the kernel keeps round-robin.
+MAX_TILES = 1 << 15
 _CACHE = "_tilesparse_ws_schedules"
-_CACHE_ENTRIES = 16
+_CACHE_ENTRIES = 64
+_LOCK = threading.Lock()
+_UPLOAD_STREAMS: dict = {}
 
 
 def grouped_tile_columns(num_pid_m: int, n_out: int, group_m: int) -> list[int]:
@@ -88,28 +95,48 @@ def round_robin_makespan(work: list[int], programs: int) -> int:
     return max((sum(work[p::programs]) for p in range(programs)), default=0)
 
 
-def schedule_tensor(meta: torch.Tensor, trans: bool, num_pid_m: int, group_m: int, k_steps: int, programs: int,
-                    device: torch.device) -> torch.Tensor | None:
+def schedule_tensor(meta: torch.Tensor, trans: bool, n_out: int, num_pid_m: int, group_m: int, k_steps: int,
+                    programs: int, device: torch.device) -> torch.Tensor | None:
     """The balanced schedule as one int32 tensor on ``device``: ``programs + 1`` offsets,
-    then the tile order; remembered on ``meta`` per problem. None (the kernel keeps its
-    round-robin order) where the layout's block counts are unknown, the problem has more
-    than MAX_TILES tiles, or a CUDA graph is being captured and the schedule is new."""
+    then the tile order; remembered on ``meta`` per problem and never dropped while the
+    layout lives (a CUDA graph that captured it holds only its address; at most
+    _CACHE_ENTRIES problems per layout, of at most MAX_TILES tiles: 128 KB each). None
+    (the kernel keeps its round-robin order) where the layout's block counts are unknown
+    or do not match ``n_out``, the problem is too large or one too many, or a CUDA graph
+    is being captured and the schedule is new. Meant for fixed shapes: each new M costs
+    one schedule (Python, up to ~35 ms)."""
     counts = block_counts(meta)
     if counts is None:
         return None
     out_counts = counts[0] if trans else counts[1]  # fprop's output columns are the layout's rows
-    if num_pid_m * len(out_counts) > MAX_TILES:
+    if len(out_counts) != n_out or num_pid_m * n_out > MAX_TILES:
         return None
-    cache = meta.__dict__.setdefault(_CACHE, {})
     key = (trans, num_pid_m, group_m, k_steps, programs, device)
-    sched = cache.get(key)
-    if sched is not None:
-        return sched
+    with _LOCK:
+        cache = meta.__dict__.setdefault(_CACHE, {})
+        sched = cache.get(key)
+        if sched is not None or len(cache) >= _CACHE_ENTRIES:
+            return sched
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     order, offsets = balanced_schedule(tile_work(out_counts, num_pid_m, group_m, k_steps), programs)
-    sched = torch.tensor(offsets + order, dtype=torch.int32).to(device)
-    if len(cache) >= _CACHE_ENTRIES:
-        cache.pop(next(iter(cache)))
-    cache[key] = sched
-    return sched
+    sched = _upload(torch.tensor(offsets + order, dtype=torch.int32), device)
+    with _LOCK:
+        return cache.setdefault(key, sched)
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device``. On CUDA the copy runs on a side stream that the current one
+    then waits for: its memory comes from the caching allocator's ordinary pool even where
+    the current stream allocates into a CUDA graph's private pool (torch.compile's
+    reduce-overhead warm-up), whose blocks later replays overwrite."""
+    if device.type != "cuda":
+        return host.to(device)
+    current = torch.cuda.current_stream(device)
+    side = _UPLOAD_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    with torch.cuda.stream(side):
+        out = host.pin_memory().to(device, non_blocking=True)
+    current.wait_stream(side)
+    out.record_stream(current)  # the kernels that read it run on the current stream
+    side.synchronize()  # the pinned source may be freed once this returns
+    return out
