@@ -36,7 +36,7 @@ def test_grouped_columns_match_the_kernels_tile_order(num_pid_m, n_out, group_m)
 
 @settings(max_examples=60, deadline=None)
 @given(work=st.lists(st.integers(0, 50), min_size=0, max_size=300), programs=st.integers(1, 40))
-def test_schedule_covers_every_tile_once_in_order_and_beats_round_robin(work, programs):
+def test_schedule_covers_every_tile_once_in_order_within_grahams_bound(work, programs):
     order, offsets = ws.balanced_schedule(work, programs)
     assert len(offsets) == programs + 1 and offsets[0] == 0 and offsets[-1] == len(work)
     assert sorted(order) == list(range(len(work)))
@@ -46,7 +46,8 @@ def test_schedule_covers_every_tile_once_in_order_and_beats_round_robin(work, pr
     # greedy list scheduling (Graham's bound): the busiest program is within one tile of
     # the mean. (It can lose to round-robin on adversarial lists: [1, 0, 1, 2] on two
     # programs is 3 against 2; the layout test below checks the cases it is for.)
-    assert ws.makespan(work, order, offsets) <= sum(work) / programs + max(work, default=0) * (1 - 1 / programs)
+    bound = sum(work) / programs + max(work, default=0) * (1 - 1 / programs)
+    assert ws.makespan(work, order, offsets) <= bound + 1e-9
 
 
 @pytest.mark.parametrize("density", [0.5, 0.25, 0.1, 0.05])
