@@ -29,6 +29,8 @@
 #            kernel time, fprop, bprop and updat (WS_ARGS overrides shapes / blocks / variants)
 #   ws-balanced - the ws dds with the balanced tile schedule (kernels/ws_schedule.py) against
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
+#   transpose - TF32 updat's activation copies: PyTorch's against kernels/transpose.py, alone and
+#            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
 #   host   - host time per call: profile_host.py, the direct-launch A/B (launch_ab.py) and
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -98,6 +100,8 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 120 python3 scripts/probes/ws_sweep.py --dtype fp32 --shapes 8192x4096x4096 --blocks 128 \
               --ops fprop --variants tf32-m128k32w8st4 tf32-m128k32w8st4bal --out "$OUT/ws-balanced-tf32.json" \
               > "$OUT/ws-balanced-tf32.log" 2>&1 ;;
+    transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
+              > "$OUT/transpose-copy.log" 2>&1 ;;
     host)   { timeout 120 python3 scripts/profile_host.py; timeout 120 python3 scripts/probes/launch_ab.py \
               --out "$OUT/launch-ab.json"; timeout 120 python3 scripts/probes/step_gap.py --out "$OUT/step-gap.json"; } \
               > "$OUT/host.log" 2>&1 ;;

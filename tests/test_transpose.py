@@ -46,11 +46,15 @@ def test_transpose_kernel_gpu_is_exact(shape, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tiled", [False, True], ids=["torch-copies", "tiled-copies"])
 @pytest.mark.parametrize("block_size", [32, 64, 128], ids=lambda b: f"b{b}")
-def test_tf32_updat_matches_reference(block_size):
-    # dW = dY^T X on the layout in TF32: both operands are M-strided views, copied M-contiguous
+def test_tf32_updat_matches_reference(block_size, tiled, monkeypatch):
+    # dW = dY^T X on the layout in TF32: both operands are M-strided views, copied
+    # M-contiguous by PyTorch or by the tiled kernel (bsmm.TILED_TF32_COPIES)
     from tilesparse import layouts
     from tilesparse.kernels import bsmm
+
+    monkeypatch.setattr(bsmm, "TILED_TF32_COPIES", tiled)
 
     m, n, k = 777, 4 * block_size, 6 * block_size
     layout = layouts.random(n, k, block_size, 0.5, seed=1)

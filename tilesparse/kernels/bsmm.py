@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ..layout import longest_runs, table_views
 from . import bsmm_panel, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_sdd, tuned, ws_schedule
+from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
@@ -232,6 +233,11 @@ def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
     return nnz / max(1, block_rows * block_cols)
 
 
+# TF32 updat's activation copies through kernels/transpose.py instead of PyTorch's copy
+# (off until timed on a GPU; see sdd).
+TILED_TF32_COPIES = False
+
+
 def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:
     """The warp-specialized dds, with its balanced tile schedule where ``cfg.balanced``
     and the layout's block counts are known (``ws_schedule.schedule_tensor``)."""
@@ -369,10 +375,15 @@ def sdd(
         # in the backward A = dY^T and B = X are M-strided views. One copy of each
         # activation makes them M-contiguous (no copy of the weight). PyTorch's copy of a
         # transposed view ran at ~1.1 TB/s on the H200 (0.49 of TF32 updat's 0.61 ms at
-        # 8192x4096², density 0.05); kernels/transpose.py is the tiled replacement, to be
-        # wired in here once timed on the GPU (written when the session's device time was spent).
-        a = a if a.stride(1) == 1 else a.contiguous()
-        b = b if b.stride(0) == 1 else b.t().contiguous().t()
+        # 8192x4096², density 0.05); kernels/transpose.py is the tiled replacement, used
+        # where TILED_TF32_COPIES is set until it is timed on the GPU
+        # (scripts/probes/transpose_copy.py compares both in one process).
+        if TILED_TF32_COPIES:
+            a = a if a.stride(1) == 1 else transpose_contiguous(a.t())
+            b = b if b.stride(0) == 1 else transpose_contiguous(b).t()
+        else:
+            a = a if a.stride(1) == 1 else a.contiguous()
+            b = b if b.stride(0) == 1 else b.t().contiguous().t()
     values = new_output(nnz, block_size, block_size, dtype=a.dtype, device=a.device)
     if nnz == 0:
         return values

@@ -7,8 +7,10 @@ session, ``scripts/probes/sdd_splits.py``): two of them were 0.49 of TF32 updat'
 0.61 ms at density 0.05. A tile is read along its rows and written along its columns,
 both coalesced (Triton stages the transpose through shared memory).
 
-Status: interpreter-tested (exact); written after the eleventh session's device time was
-spent, so not yet run or timed on a GPU, and not yet called by ``bsmm.sdd``. Prediction:
+Status: interpreter-tested (exact), compiled for sm_90; written after the eleventh
+session's device time was spent, so not yet run or timed on a GPU; ``bsmm.sdd`` calls it
+only where ``bsmm.TILED_TF32_COPIES`` is set (``scripts/probes/transpose_copy.py``
+times both). Prediction:
 ~0.08-0.10 ms per fp32 [8192, 4096] copy (~3 TB/s), TF32 updat at density 0.05 from
 0.61 to ~0.3 ms.
 """
