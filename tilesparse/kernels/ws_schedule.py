@@ -133,7 +133,9 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     current = torch.cuda.current_stream(device)
-    side = _UPLOAD_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    side = _UPLOAD_STREAMS.get(device)
+    if side is None:
+        side = _UPLOAD_STREAMS.setdefault(device, torch.cuda.Stream(device))
     with torch.cuda.stream(side):
         out = host.pin_memory().to(device, non_blocking=True)
     current.wait_stream(side)
