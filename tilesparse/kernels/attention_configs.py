@@ -1,4 +1,4 @@
-"""Launch configs of the fused attention kernels (:mod:`tilesparse.kernels.attention`):
+"""Launch configs of the fused attention kernels (:mod:`tilesparse.kernels.attention_kernels`):
 the config type, the H200-measured configs and the heuristic, and whether a config's
 tensor-descriptor (TMA) loads can be honoured for given tensors."""
 

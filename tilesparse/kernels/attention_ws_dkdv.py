@@ -4,7 +4,7 @@ column and streams the query and output-gradient tiles through a ring of TMA sta
 the consumer warpgroups only wait on mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to
 the next wgmma from registers (no shared-memory round trip).
 
-Same math, tables and order as ``_bwd_dkdv_kernel`` (:mod:`tilesparse.kernels.attention`):
+Same math, tables and order as ``_bwd_dkdv_kernel`` (:mod:`tilesparse.kernels.attention_kernels`):
 per key tile of one kv head, for each query head of its group and each query tile of
 the key block's column, sT = K Qᵀ, Pᵀ = exp2(sT * scale·log2e - lse), dV += Pᵀ dO,
 dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end; bitwise
