@@ -98,7 +98,8 @@ def main() -> None:
                    "profiler": _profiled_kernels(fn, args.reps)}
             rows.append(row)
             print(f"{op:6} {name:10} eager {row['eager']:.4f}  graph {row['graph']:.4f}  hot {row['hot']:.4f}  "
-                  f"flushed {row['flushed']:.4f}  kernels {json.dumps({k_: round(v, 4) for k_, v in row['profiler'].items()})}")
+                  f"flushed {row['flushed']:.4f}  "
+                  f"kernels {json.dumps({k_: round(v, 4) for k_, v in row['profiler'].items()})}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"shape": args.shape, "block": args.block, "density": args.density,

@@ -56,7 +56,8 @@ def main() -> None:
         same = torch.equal(row["tiled=False"].pop("out"), row["tiled=True"].pop("out"))
         row["bitwise_equal"] = same
         rows.append(row)
-        print(f"updat tf32 d{d}: torch copies {row['tiled=False']['ms']:.4f} ms, tiled {row['tiled=True']['ms']:.4f} ms, "
+        print(f"updat tf32 d{d}: torch copies {row['tiled=False']['ms']:.4f} ms, "
+              f"tiled {row['tiled=True']['ms']:.4f} ms, "
               f"bitwise equal {same}")
     if args.out:
         with open(args.out, "w") as f:

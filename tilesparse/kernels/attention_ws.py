@@ -31,7 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ._device import shared_memory_bytes
 from ._launch import launch
-from .attention_ws_base import LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask, _row_keep
+from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask,
+                                _row_keep)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
