@@ -54,6 +54,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         if block in (64, 128) and m > 256:  # the Hopper warp-specialized kernel as TF32
             yield WsConfig(128, 32, 8, 4)
             yield WsConfig(128, 32, 8, 3)
+            yield WsConfig(128, 32, 8, 4, balanced=True)
         for bm, bk, warps, stages in ((128, 32, 8, 3), (128, 32, 4, 4), (128, 64, 8, 3), (64, 32, 4, 4)):
             for tma in (False, True):
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
@@ -70,6 +71,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                                                 (128, 64, 8, 4, False), (128, 128, 8, 3, False)):
             if bk <= block:
                 yield WsConfig(bm, bk, warps, stages, pingpong=pingpong)
+        yield WsConfig(128, 64, 8, 5, balanced=True)  # tiles from the balanced schedule (kernels/ws_schedule.py)
+        yield WsConfig(128, 64, 4, 4, pingpong=True, balanced=True)
     yield K.KernelConfig(128, 64, 4, 4)
     for bm, bk, warps, stages in ((128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 5)):
         yield K.KernelConfig(bm, min(bk, tile), warps, stages, tma=True)
