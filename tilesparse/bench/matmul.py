@@ -27,6 +27,7 @@ import torch
 
 from .. import layouts
 from ..layout import BlockLayout, longest_runs
+from ..ops import dense_dispatch
 from . import base_row, case_table, env, register
 from .peers import ADAPTERS, Operands
 from .timing import bench_ms_noted, rotation_copies
@@ -327,12 +328,13 @@ def _float32_precision(dtype_name: str):
 
 def run(suite: str, table: dict, ctx: RunContext, bytes_moved: Callable[..., int] | None = None) -> list[dict]:
     """Run every (dtype, shape) of ``table``; rows in CSV order. fp32 rows use TF32.
-    ``bytes_moved``: see :func:`_run_shape` (the large suites pass none)."""
+    ``bytes_moved``: see :func:`_run_shape` (the large suites pass none). The kernels are
+    timed even where a layer would run as dense (``tilesparse.ops.dense_dispatch``)."""
     rows: list[dict] = []
     for dtype_name in table["dtypes"]:
         for shape in table["shapes"]:
             start = time.perf_counter()
-            with _float32_precision(dtype_name):
+            with _float32_precision(dtype_name), dense_dispatch.kernels_only():
                 _run_shape(suite, table, dtype_name, shape, ctx, rows, bytes_moved)
             ctx.log(f"  ({time.perf_counter() - start:.0f} s)")
             if ctx.cuda:

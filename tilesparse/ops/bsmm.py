@@ -16,11 +16,13 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from .. import _checks
 from ..kernels import bsmm as kernels
 from ..layout import BlockLayout
 from ..reference import dds_reference, sdd_reference
+from . import dense_dispatch
 
 __all__ = ["block_sparse_linear", "dds", "dsd", "sdd"]
 
@@ -225,7 +227,9 @@ def block_sparse_linear(
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Y = X W^T + bias with W [out, in] block-sparse: ``weight`` [nnz, b, b] in
-    ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]."""
+    ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]. Where this
+    call was measured slower than dense on this GPU (small blocks at high density, large
+    batches: :mod:`tilesparse.ops.dense_dispatch`) it runs as dense, and warns once."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
@@ -241,6 +245,9 @@ def block_sparse_linear(
     _checks.check_same(weight, "weight", x, "x")
     if bias is not None:
         _checks.check_same(bias, "bias", x, "x")
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if dense_dispatch.dense_is_faster(x, layout.block_size, layout.density, training):
+        return F.linear(x, layout.to_dense(weight), bias)
     meta = layout.meta_on(x.device)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)

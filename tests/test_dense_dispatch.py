@@ -1,0 +1,117 @@
+"""Dense dispatch of block-sparse linear layers where they were measured slower than
+dense (tilesparse.ops.dense_dispatch): the interpolation of the measured speedups, the
+crossover densities, where it applies, and that the dense path computes the same layer
+(values, and the gradients of x, the blocks and the bias)."""
+
+import warnings
+
+import pytest
+import torch
+
+import tilesparse as ts
+from tilesparse.ops import bsmm as ops
+from tilesparse.ops import dense_dispatch as dd
+from tolerances import assert_close
+
+H200 = dd.SPEEDUPS["nvidia-h200"]
+
+
+@pytest.mark.parametrize("op", ["step", "fprop"])
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+def test_estimate_passes_through_the_measurements_and_falls_with_density(op, block):
+    points = H200[op][block]
+    for density, speedup in points:
+        assert dd.speedup_estimate(points, density) == pytest.approx(speedup)
+    grid = [0.01 * i for i in range(1, 101)]
+    estimates = [dd.speedup_estimate(points, d) for d in grid]
+    assert all(a >= b for a, b in zip(estimates, estimates[1:]))
+    # above the largest density timed: the rate at 0.5 (speedup x density) over the density
+    assert dd.speedup_estimate(points, 1.0) == pytest.approx(points[-1][1] * 0.5)
+
+
+@pytest.mark.parametrize("op", ["step", "fprop"])
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
+def test_crossover_is_where_the_estimate_crosses_one(op, block):
+    points = H200[op][block]
+    c = dd.crossover_density(points)
+    assert dd.speedup_estimate(points, c) == pytest.approx(1.0, rel=1e-6)
+    losing = [d for d, s in points if s < 1]
+    winning = [d for d, s in points if s >= 1]
+    assert all(d < c for d in winning) and all(d > c for d in losing)
+
+
+def test_crossovers_of_the_h200_table():
+    # b 16 loses from density ~0.07 (training) / ~0.10 (forward); b 32 from ~0.26 / ~0.35;
+    # b 64 and 128 only above the densities measured (0.5), by their rate there
+    got = {op: {b: round(dd.crossover_density(p), 2) for b, p in H200[op].items()} for op in H200}
+    assert got["step"][16] == pytest.approx(0.07, abs=0.01) and got["step"][32] == pytest.approx(0.26, abs=0.01)
+    assert got["fprop"][16] == pytest.approx(0.10, abs=0.01) and got["fprop"][32] == pytest.approx(0.35, abs=0.01)
+    assert min(got["step"][64], got["step"][128], got["fprop"][64], got["fprop"][128]) > 0.5
+
+
+def test_measured_only_where_measured():
+    args = dict(rows=dd.MIN_ROWS, block_size=16, density=0.5, training=True)
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **args) == pytest.approx(0.168)
+    assert dd.measured_speedup("nvidia-h200", torch.float16, **args) == pytest.approx(0.168)
+    assert dd.measured_speedup("nvidia-h200", torch.float32, **args) is None  # TF32 not timed
+    assert dd.measured_speedup("nvidia-a100-sxm4-80gb", torch.bfloat16, **args) is None
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "rows": dd.MIN_ROWS - 1}) is None
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "block_size": 8}) is None
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "training": False}) == pytest.approx(0.28)
+
+
+def test_cpu_tensors_never_dispatch():
+    x = torch.randn(dd.MIN_ROWS, 32, dtype=torch.bfloat16)
+    assert not dd.dense_is_faster(x, 16, 0.5, True)
+
+
+@pytest.mark.parametrize("shape", [(37, 64), (3, 5, 64)])
+def test_dense_path_computes_the_same_layer(shape, monkeypatch):
+    layout = ts.layouts.random(48, 64, 16, 0.5, seed=0)
+    weight = (torch.randn(layout.nnz, 16, 16, dtype=torch.float64) * 0.2).requires_grad_()
+    bias = torch.randn(48, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(*shape[:-1], 48, dtype=torch.float64)
+    want = ops.block_sparse_linear(x, weight, layout, bias)
+    want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
+    calls = []
+    monkeypatch.setattr(dd, "dense_is_faster", lambda *args: calls.append(args) or True)
+    got = ops.block_sparse_linear(x, weight, layout, bias)
+    got_grads = torch.autograd.grad(got, (x, weight, bias), grad)
+    assert calls and calls[0][1:] == (16, layout.density, True)
+    assert_close(got, want, torch.float64, "dense path output")
+    for name, g, w in zip(("dx", "dweight", "dbias"), got_grads, want_grads):
+        assert_close(g, w, torch.float64, f"dense path {name}")
+    with torch.no_grad():
+        ops.block_sparse_linear(x, weight, layout, bias)
+    assert calls[-1][3] is False  # no gradient wanted: the forward's measurements apply
+
+
+@pytest.mark.gpu
+def test_gpu_dispatches_small_dense_blocks_to_dense_and_warns_once(monkeypatch):
+    name = dd._gpu(torch.cuda.current_device())
+    if name not in dd.SPEEDUPS:
+        pytest.skip(f"no measurements for {name}")
+    layer = ts.nn.BlockSparseLinear(1024, 1024, block_size=16, density=0.5).cuda().to(torch.bfloat16)
+    x = torch.randn(dd.MIN_ROWS, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dd._warn_once.cache_clear()
+    with pytest.warns(UserWarning, match="runs as dense"):
+        y = layer(x)
+    y.float().sum().backward()
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sparse = layer(x)
+    assert_close(y, sparse.double().cpu(), torch.bfloat16, "dense dispatch vs the kernel")
+
+
+def test_kernels_only_turns_dispatch_off_and_nests(monkeypatch):
+    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH", raising=False)
+    assert dd.enabled()
+    with dd.kernels_only():
+        with dd.kernels_only():
+            assert not dd.enabled()
+        assert not dd.enabled()
+    assert dd.enabled()
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
+    assert not dd.enabled()
