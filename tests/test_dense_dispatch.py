@@ -115,3 +115,17 @@ def test_kernels_only_turns_dispatch_off_and_nests(monkeypatch):
     assert dd.enabled()
     monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
     assert not dd.enabled()
+
+
+def test_compiled_code_keeps_the_kernels(monkeypatch):
+    # the decision is skipped while dynamo traces (a device-name lookup would break a full
+    # graph); the compiled layer matches the eager one
+    layout = ts.layouts.random(32, 32, 16, 0.5, seed=1)
+    weight = torch.randn(layout.nnz, 16, 16)
+    x = torch.randn(8, 32)
+    seen = []
+    real = dd.dense_is_faster
+    monkeypatch.setattr(dd, "dense_is_faster", lambda *args: seen.append(torch.compiler.is_compiling()) or real(*args))
+    compiled = torch.compile(lambda x_: ops.block_sparse_linear(x_, weight, layout), fullgraph=True)
+    assert_close(compiled(x), ops.block_sparse_linear(x, weight, layout), torch.float32, "compiled")
+    assert True in seen and not real(x, 16, 0.5, True)

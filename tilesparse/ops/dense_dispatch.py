@@ -16,7 +16,7 @@ small-batch kernel, which streams the weight, was faster than dense at every den
 speedup, interpolated linearly in log speedup against log density between the densities
 timed, crosses 1; above the largest density timed (0.5) the speedup is taken as the rate at
 0.5 (speedup x density, dense's rate share) over the density. ``TILESPARSE_DENSE_DISPATCH=0``
-turns it off.
+or :func:`kernels_only` turn it off; code compiled by ``torch.compile`` runs the kernels.
 """
 
 from __future__ import annotations
@@ -124,16 +124,17 @@ def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, d
 
 def dense_is_faster(x: torch.Tensor, block_size: int, density: float, training: bool) -> bool:
     """Whether this call of a block-sparse linear layer is measured slower than dense on
-    this GPU (see the module docstring for where that is known); warns once where so."""
-    if x.device.type != "cuda" or not enabled():
+    this GPU (see the module docstring for where that is known); warns once where so.
+    Not under ``torch.compile`` (the device-name lookup would break a full graph): compiled
+    code runs the kernels."""
+    if torch.compiler.is_compiling() or x.device.type != "cuda" or not enabled():
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     rows = x.numel() // max(1, x.shape[-1])
     speedup = measured_speedup(_gpu(index), x.dtype, rows, block_size, density, training)
     if speedup is None or speedup >= 1.0:
         return False
-    if not torch.compiler.is_compiling():
-        _warn_once(block_size, round(density, 3), "training step" if training else "forward", round(speedup, 2))
+    _warn_once(block_size, round(density, 3), "training step" if training else "forward", round(speedup, 2))
     return True
 
 
