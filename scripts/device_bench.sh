@@ -31,6 +31,8 @@
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
 #   transpose - TF32 updat's activation copies: PyTorch's against kernels/transpose.py, alone and
 #            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
+#   dense-dispatch - block_sparse_linear with TILESPARSE_DENSE_DISPATCH on / off against dense,
+#            b 16 / 32 / 64, density 0.05-0.5 (scripts/probes/dense_dispatch_ab.py)
 #   host   - host time per call: profile_host.py, the direct-launch A/B (launch_ab.py) and
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -102,6 +104,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/ws-balanced-tf32.log" 2>&1 ;;
     transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
               > "$OUT/transpose-copy.log" 2>&1 ;;
+    dense-dispatch) timeout 200 python3 scripts/probes/dense_dispatch_ab.py --out "$OUT/dense-dispatch-ab.json" \
+              > "$OUT/dense-dispatch-ab.log" 2>&1 ;;
     host)   { timeout 120 python3 scripts/profile_host.py; timeout 120 python3 scripts/probes/launch_ab.py \
               --out "$OUT/launch-ab.json"; timeout 120 python3 scripts/probes/step_gap.py --out "$OUT/step-gap.json"; } \
               > "$OUT/host.log" 2>&1 ;;

@@ -1,7 +1,7 @@
-"""Dense dispatch of block-sparse linear layers where they were measured slower than
-dense (tilesparse.ops.dense_dispatch): the interpolation of the measured speedups, the
-crossover densities, where it applies, and that the dense path computes the same layer
-(values, and the gradients of x, the blocks and the bias)."""
+"""Block-sparse linear layers measured slower than dense (tilesparse.ops.dense_dispatch):
+the interpolation of the measured speedups, the crossover densities, where they apply,
+the opt-in switch, and that the dense path computes the same layer (values, and the
+gradients of x, the blocks and the bias) without keeping a dense weight alive."""
 
 import warnings
 
@@ -53,16 +53,26 @@ def test_measured_only_where_measured():
     args = dict(rows=dd.MIN_ROWS, block_size=16, density=0.5, training=True)
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **args) == pytest.approx(0.168)
     assert dd.measured_speedup("nvidia-h200", torch.float16, **args) == pytest.approx(0.168)
-    assert dd.measured_speedup("nvidia-h200", torch.float32, **args) is None  # TF32 not timed
+    assert dd.measured_speedup("nvidia-h200", torch.float32, **args) is None  # TF32: not in the table
     assert dd.measured_speedup("nvidia-a100-sxm4-80gb", torch.bfloat16, **args) is None
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "rows": dd.MIN_ROWS - 1}) is None
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "block_size": 8}) is None
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, **{**args, "training": False}) == pytest.approx(0.28)
 
 
-def test_cpu_tensors_never_dispatch():
+def test_cpu_tensors_never_dispatch(monkeypatch):
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
     x = torch.randn(dd.MIN_ROWS, 32, dtype=torch.bfloat16)
-    assert not dd.dense_is_faster(x, 16, 0.5, True)
+    assert not dd.run_dense(x, 16, 0.5, True)
+
+
+def test_scatter_and_gather_match_the_layouts_own():
+    layout = ts.layouts.random(96, 64, 16, 0.4, seed=3)
+    values = torch.randn(layout.nnz, 16, 16)
+    meta = layout.meta
+    dense = dd.scatter_dense(values, meta, layout.block_rows, layout.block_cols)
+    assert dense.is_contiguous() and torch.equal(dense, layout.to_dense(values))
+    assert torch.equal(dd.gather_blocks(dense, meta, layout.block_rows, layout.block_cols, 16), values)
 
 
 @pytest.mark.parametrize("shape", [(37, 64), (3, 5, 64)])
@@ -75,46 +85,58 @@ def test_dense_path_computes_the_same_layer(shape, monkeypatch):
     want = ops.block_sparse_linear(x, weight, layout, bias)
     want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
     calls = []
-    monkeypatch.setattr(dd, "dense_is_faster", lambda *args: calls.append(args) or True)
-    got = ops.block_sparse_linear(x, weight, layout, bias)
+    monkeypatch.setattr(dd, "run_dense", lambda *args: calls.append(args) or True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        got = ops.block_sparse_linear(x, weight, layout, bias)
+    assert max(saved) < 48 * 64  # the blocks and x are kept for the backward, never the dense weight
     got_grads = torch.autograd.grad(got, (x, weight, bias), grad)
     assert calls and calls[0][1:] == (16, layout.density, True)
     assert_close(got, want, torch.float64, "dense path output")
     for name, g, w in zip(("dx", "dweight", "dbias"), got_grads, want_grads):
         assert_close(g, w, torch.float64, f"dense path {name}")
+    again = torch.autograd.grad(ops.block_sparse_linear(x, weight, layout, bias), (x, weight, bias), grad)
+    assert all(torch.equal(a, b) for a, b in zip(again, got_grads))  # deterministic
     with torch.no_grad():
         ops.block_sparse_linear(x, weight, layout, bias)
     assert calls[-1][3] is False  # no gradient wanted: the forward's measurements apply
 
 
 @pytest.mark.gpu
-def test_gpu_dispatches_small_dense_blocks_to_dense_and_warns_once(monkeypatch):
+def test_gpu_warns_by_default_and_dispatches_when_asked(monkeypatch):
     name = dd._gpu(torch.cuda.current_device())
     if name not in dd.SPEEDUPS:
         pytest.skip(f"no measurements for {name}")
     layer = ts.nn.BlockSparseLinear(1024, 1024, block_size=16, density=0.5).cuda().to(torch.bfloat16)
     x = torch.randn(dd.MIN_ROWS, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(dd.MIN_ROWS, 1024, device="cuda", dtype=torch.bfloat16)
     dd._warn_once.cache_clear()
-    with pytest.warns(UserWarning, match="runs as dense"):
-        y = layer(x)
-    y.float().sum().backward()
-    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        sparse = layer(x)
-    assert_close(y, sparse.double().cpu(), torch.bfloat16, "dense dispatch vs the kernel")
-
-
-def test_kernels_only_turns_dispatch_off_and_nests(monkeypatch):
     monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH", raising=False)
+    with pytest.warns(UserWarning, match="would be faster as dense"):
+        kernel = layer(x)
+    kernel_grads = torch.autograd.grad(kernel, (x, layer.weight, layer.bias), grad)
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+    with pytest.warns(UserWarning, match="runs as dense"):
+        dense = layer(x)
+    dense_grads = torch.autograd.grad(dense, (x, layer.weight, layer.bias), grad)
+    assert_close(dense, kernel.double().cpu(), torch.bfloat16, "dense dispatch vs the kernel")
+    for n, a, b in zip(("dx", "dweight", "dbias"), dense_grads, kernel_grads):
+        assert_close(a, b.double().cpu(), torch.bfloat16, f"dense dispatch {n}")
+    with dd.kernels_only(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not dd.run_dense(x, 16, 0.5, True)
+
+
+def test_dispatch_is_opt_in_and_kernels_only_turns_it_off(monkeypatch):
+    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH", raising=False)
+    assert not dd.enabled()  # off until the dense path is timed on a GPU
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
     assert dd.enabled()
     with dd.kernels_only():
         with dd.kernels_only():
             assert not dd.enabled()
         assert not dd.enabled()
     assert dd.enabled()
-    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
-    assert not dd.enabled()
 
 
 def test_compiled_code_keeps_the_kernels(monkeypatch):
@@ -124,8 +146,8 @@ def test_compiled_code_keeps_the_kernels(monkeypatch):
     weight = torch.randn(layout.nnz, 16, 16)
     x = torch.randn(8, 32)
     seen = []
-    real = dd.dense_is_faster
-    monkeypatch.setattr(dd, "dense_is_faster", lambda *args: seen.append(torch.compiler.is_compiling()) or real(*args))
+    real = dd.run_dense
+    monkeypatch.setattr(dd, "run_dense", lambda *args: seen.append(torch.compiler.is_compiling()) or real(*args))
     compiled = torch.compile(lambda x_: ops.block_sparse_linear(x_, weight, layout), fullgraph=True)
     assert_close(compiled(x), ops.block_sparse_linear(x, weight, layout), torch.float32, "compiled")
-    assert True in seen and not real(x, 16, 0.5, True)
+    assert True in seen

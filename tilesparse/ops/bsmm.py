@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from .. import _checks
 from ..kernels import bsmm as kernels
@@ -229,7 +228,8 @@ def block_sparse_linear(
     """Y = X W^T + bias with W [out, in] block-sparse: ``weight`` [nnz, b, b] in
     ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]. Where this
     call was measured slower than dense on this GPU (small blocks at high density, large
-    batches: :mod:`tilesparse.ops.dense_dispatch`) it runs as dense, and warns once."""
+    batches: :mod:`tilesparse.ops.dense_dispatch`) it warns once, and runs as dense where
+    ``TILESPARSE_DENSE_DISPATCH=1``."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
@@ -246,12 +246,13 @@ def block_sparse_linear(
     if bias is not None:
         _checks.check_same(bias, "bias", x, "x")
     training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    if dense_dispatch.dense_is_faster(x, layout.block_size, layout.density, training):
-        return F.linear(x, layout.to_dense(weight), bias)
     meta = layout.meta_on(x.device)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)
-    y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)
+    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training):
+        y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols)
+    else:
+        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)
     # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
 

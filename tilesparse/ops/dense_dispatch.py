@@ -1,27 +1,35 @@
-"""Where a block-sparse linear layer would be slower than dense, run it as dense, and say so.
+"""Block-sparse linear layers measured slower than dense: say so, and run them as dense
+where asked.
 
 Small blocks at high density lose to cuBLAS: on the H200 the eager training step
 (fprop + bprop + updat) at b 16, density 0.1 ran at 0.65-0.79x of dense's speed and at
 b 32, density 0.5 at 0.44-0.57x (``bench/results/2026-11-30-nvidia-h200-large-all-blocks-
 6d479c1.csv``, bf16, M 8192 and 16384, four weight shapes). There
-:func:`tilesparse.ops.block_sparse_linear` scatters the blocks into a dense weight for the
-call (``BlockLayout.to_dense``: a transient [out, in] tensor, freed after the call, and
-differentiable: the gradient of the blocks is gathered from the dense one) and calls
-``F.linear``, and warns once per (block size, density) so that users know.
+:func:`tilesparse.ops.block_sparse_linear` warns once per configuration. With
+``TILESPARSE_DENSE_DISPATCH=1`` it also runs such calls as dense (:class:`_DenseLinear`:
+the blocks scattered into a dense weight for the matmul, saved as blocks and scattered
+again in the backward, the blocks' gradient gathered from the dense one); off by default
+until that path is itself timed against the kernels on a GPU (it moves the dense weight
+two to three times per call, which the crossover below does not count).
 
-Only where it was measured: the GPUs in ``SPEEDUPS`` (by name), fp16 / bf16 (the suite
-timed bf16; fp16 tracked it), at least ``MIN_ROWS`` rows (the suite's smallest M; the
-small-batch kernel, which streams the weight, was faster than dense at every density up to
-0.5 it was timed at). The crossover density of each block size is where the measured
-speedup, interpolated linearly in log speedup against log density between the densities
-timed, crosses 1; above the largest density timed (0.5) the speedup is taken as the rate at
-0.5 (speedup x density, dense's rate share) over the density. ``TILESPARSE_DENSE_DISPATCH=0``
-or :func:`kernels_only` turn it off; code compiled by ``torch.compile`` runs the kernels.
+Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
+taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
+smallest M. Below it nothing is claimed: batches of 512 rows and fewer run the
+small-batch kernel, whose own measurements (``...-small-m1-512.csv``) put b 16 at density
+0.5 at 0.21-0.94x of dense, and 512-8192 rows were not timed. The crossover density of
+each block size is where the measured speedup (the geometric mean over the four shapes),
+interpolated linearly in log speedup against log density between the densities timed,
+crosses 1; above the largest density timed (0.5) the speedup is taken as the rate at 0.5
+(speedup x density) over the density, an extrapolation. Not under
+``torch.use_deterministic_algorithms`` (cuBLAS needs its own workspace setting there)
+nor inside ``torch.compile`` (the device-name lookup would break a full graph): there the
+kernels run. The dense path's results differ from the kernels' in the last bits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
 import os
@@ -30,9 +38,10 @@ import warnings
 import torch
 
 from ..kernels.tuned import gpu_slug
+from ..layout import table_views
 
-__all__ = ["MIN_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "dense_is_faster",
-           "kernels_only"]
+__all__ = ["MIN_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
+           "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
 
@@ -88,22 +97,24 @@ def crossover_density(points: tuple) -> float:
     return hi
 
 
-_FORCED: list = []  # kernels_only() nesting: while non-empty, never dispatch
+_KERNELS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesparse_kernels_only", default=False)
 
 
 def enabled() -> bool:
-    return not _FORCED and os.environ.get("TILESPARSE_DENSE_DISPATCH", "1") != "0"
+    """Whether measured-slower calls run as dense: ``TILESPARSE_DENSE_DISPATCH=1``, outside
+    :func:`kernels_only`."""
+    return not _KERNELS_ONLY.get() and os.environ.get("TILESPARSE_DENSE_DISPATCH", "0") == "1"
 
 
 @contextlib.contextmanager
 def kernels_only():
-    """Within it, block-sparse layers run their kernels whatever the measurements say (the
-    benchmarks time the kernels)."""
-    _FORCED.append(True)
+    """Within it (this thread / task), block-sparse layers run their kernels whatever the
+    measurements say, and do not warn: the benchmarks time the kernels."""
+    token = _KERNELS_ONLY.set(True)
     try:
         yield
     finally:
-        _FORCED.pop()
+        _KERNELS_ONLY.reset(token)
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,26 +133,84 @@ def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, d
     return None if points is None else speedup_estimate(points, density)
 
 
-def dense_is_faster(x: torch.Tensor, block_size: int, density: float, training: bool) -> bool:
-    """Whether this call of a block-sparse linear layer is measured slower than dense on
-    this GPU (see the module docstring for where that is known); warns once where so.
-    Not under ``torch.compile`` (the device-name lookup would break a full graph): compiled
-    code runs the kernels."""
-    if torch.compiler.is_compiling() or x.device.type != "cuda" or not enabled():
+def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool) -> bool:
+    """Whether this call of a block-sparse linear layer should run as dense: it was
+    measured slower than dense on this GPU (see the module docstring for where that is
+    known) and dense dispatch is on. Warns once per configuration where it is slower,
+    whether or not it is dispatched."""
+    if torch.compiler.is_compiling() or x.device.type != "cuda" or _KERNELS_ONLY.get():
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     rows = x.numel() // max(1, x.shape[-1])
     speedup = measured_speedup(_gpu(index), x.dtype, rows, block_size, density, training)
     if speedup is None or speedup >= 1.0:
         return False
-    _warn_once(block_size, round(density, 3), "training step" if training else "forward", round(speedup, 2))
-    return True
+    dispatch = enabled() and not torch.are_deterministic_algorithms_enabled()
+    _warn_once(block_size, round(density, 3), "training step" if training else "forward", round(speedup, 2),
+               dispatch)
+    return dispatch
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_once(block_size: int, density: float, what: str, speedup: float) -> None:
+def _warn_once(block_size: int, density: float, what: str, speedup: float, dispatch: bool) -> None:
+    action = ("runs as dense here" if dispatch else
+              "would be faster as dense here (TILESPARSE_DENSE_DISPATCH=1 runs such layers as dense)")
     warnings.warn(
         f"tilesparse: a block-sparse linear layer with {block_size}x{block_size} blocks at density {density} "
-        f"runs as dense here: its {what} was measured at {speedup:.2f}x of dense's speed on this GPU "
-        f"(crossover and data: tilesparse/ops/dense_dispatch.py; TILESPARSE_DENSE_DISPATCH=0 turns this off)",
-        stacklevel=4)
+        f"{action}: its {what} was measured at {speedup:.2f}x of dense's speed on this GPU "
+        f"(data and crossovers: tilesparse/ops/dense_dispatch.py)", stacklevel=4)
+
+
+def _block_view(dense: torch.Tensor, rows: int, cols: int, b: int) -> torch.Tensor:
+    """[rows, cols, b, b] view of a row-major [rows * b, cols * b] matrix's blocks."""
+    return dense.view(rows, b, cols, b).permute(0, 2, 1, 3)
+
+
+def scatter_dense(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """The dense [rows * b, cols * b] matrix of blocks ``values`` [nnz, b, b] on the packed
+    tables ``meta`` (storage order), written in place through a block view (one zeroed
+    buffer, no further copy; the tables are on the values' device: no host sync)."""
+    b = values.shape[-1]
+    row_of, row_cols = table_views(meta, rows, cols, "row_of", "row_cols")
+    dense = values.new_zeros(rows * b, cols * b)
+    _block_view(dense, rows, cols, b)[row_of.long(), row_cols.long()] = values
+    return dense
+
+
+def gather_blocks(dense: torch.Tensor, meta: torch.Tensor, rows: int, cols: int, b: int) -> torch.Tensor:
+    """The stored blocks [nnz, b, b] of a dense [rows * b, cols * b] matrix."""
+    row_of, row_cols = table_views(meta, rows, cols, "row_of", "row_cols")
+    return _block_view(dense, rows, cols, b)[row_of.long(), row_cols.long()]
+
+
+class _DenseLinear(torch.autograd.Function):
+    """Y = X W^T + bias through cuBLAS with W scattered from its blocks for the call. Saves
+    the blocks, not the dense W (which would stay alive until the backward): the backward
+    scatters it again for dX and gathers the blocks' gradient from the dense dW."""
+
+    @staticmethod
+    def forward(ctx, x, values, bias, meta, rows: int, cols: int):
+        ctx.save_for_backward(x, values, meta)
+        ctx.grid = (rows, cols)
+        ctx.has_bias = bias is not None
+        return torch.nn.functional.linear(x, scatter_dense(values, meta, rows, cols), bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, values, meta = ctx.saved_tensors
+        rows, cols = ctx.grid
+        grad_x = grad_values = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ scatter_dense(values, meta, rows, cols)
+        if ctx.needs_input_grad[1]:
+            grad_values = gather_blocks(grad.t() @ x, meta, rows, cols, values.shape[-1])
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_values, grad_bias, None, None, None
+
+
+def dense_linear(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, bias: torch.Tensor | None,
+                 rows: int, cols: int) -> torch.Tensor:
+    """The layer as dense, for a 2-D ``x`` (see :class:`_DenseLinear`)."""
+    return _DenseLinear.apply(x, values, bias, meta, rows, cols)
