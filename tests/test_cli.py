@@ -149,3 +149,18 @@ def test_every_suite_header_names_its_cases(quick):
         table = bench.get_suite(name).prepare(name, quick=quick, overrides={})
         line = describe_table(table)
         assert line and "entries" in line or "[" in line, (name, line)
+
+
+def test_environment_records_host_launch_time_on_gpus_only():
+    # the JSON sidecar's host_launch_us says how fast the machine's host launches (eager
+    # rows faster than their calls' host time are host-bound); nothing to time on the CPU
+    import torch
+
+    from tilesparse.bench import env
+
+    if torch.cuda.is_available():
+        us = env.host_launch_us(calls=50)
+        assert 0 < us < 1000
+    else:
+        assert env.host_launch_us() is None
+        assert "host_launch_us" not in env.environment(bandwidth=False)

@@ -291,6 +291,9 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
         console.print(f"[dim]skipped {key}: {why}[/]")
     if info.get("copy_bandwidth_gbs"):
         console.print(f"device copy bandwidth: {info['copy_bandwidth_gbs']:.0f} GB/s")
+    if info.get("host_launch_us"):
+        console.print(f"host time per trivial launch: {info['host_launch_us']:.1f} µs (eager rows faster than "
+                      "their calls' host time are host-bound)")
     written = [csv_path, json_path]
     plot = suite.plot or report.plot
     if not args.no_plot and plot(rows, png_path, title=f"{label} on {stamp['gpu']} ({stamp['commit']})"):

@@ -10,13 +10,14 @@ import datetime as _dt
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import torch
 
 __all__ = [
     "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
-    "copy_bandwidth_gbs", "l2_cache_bytes", "environment", "paths",
+    "copy_bandwidth_gbs", "host_launch_us", "l2_cache_bytes", "environment", "paths",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -116,6 +117,25 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float | None:
     return 2 * nbytes / (ms * 1e-3) / 1e9  # the 2 GiB go back to torch's cache on return
 
 
+def host_launch_us(calls: int = 500) -> float | None:
+    """Host microseconds per launch of a trivial kernel (an in-place add on one element),
+    back to back with the GPU idle between the syncs: how fast this machine's host feeds
+    the GPU. Eager rows whose kernels take less than their calls' host time are
+    host-bound, and lent machines' hosts differ (~0.06-0.1 ms per block-sparse call seen
+    on H200 machines); recorded so that eager results can be read against it. None on CPU."""
+    if not has_cuda():
+        return None
+    t = torch.zeros(1, device="cuda")
+    for _ in range(20):
+        t.add_(1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        t.add_(1)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def l2_cache_bytes() -> int | None:
     """The GPU's L2 cache size in bytes (what an operand must exceed to be read from HBM
     under graph replay, which does not flush L2); None on CPU."""
@@ -165,5 +185,6 @@ def environment(bandwidth: bool = True) -> dict:
         env["cuda"] = torch.version.cuda
         env["l2_cache_bytes"] = l2_cache_bytes()
         env["copy_bandwidth_gbs"] = copy_bandwidth_gbs() if bandwidth else None
+        env["host_launch_us"] = host_launch_us()
     env["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     return env
