@@ -29,6 +29,7 @@
 #            kernel time, fprop, bprop and updat (WS_ARGS overrides shapes / blocks / variants)
 #   ws-balanced - the ws dds with the balanced tile schedule (kernels/ws_schedule.py) against
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
+#   ws-small-blocks - the ws dds at b 32 and 16 (deep rings) against the Triton kernels, fprop and bprop
 #   transpose - TF32 updat's activation copies: PyTorch's against kernels/transpose.py, alone and
 #            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
 #   dense-dispatch - block_sparse_linear with TILESPARSE_DENSE_DISPATCH on / off against dense,
@@ -102,6 +103,9 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 120 python3 scripts/probes/ws_sweep.py --dtype fp32 --shapes 8192x4096x4096 --blocks 128 \
               --ops fprop --variants tf32-m128k32w8st4 tf32-m128k32w8st4bal --out "$OUT/ws-balanced-tf32.json" \
               > "$OUT/ws-balanced-tf32.log" 2>&1 ;;
+    ws-small-blocks) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              --blocks 32 16 --ops fprop bprop --variants b32-m128k32w8st12 b32-m128k32w8st16 b32-m256k32w8st10 \
+              b16-m128k16w8st16 b16-m256k16w8st16 --out "$OUT/ws-small-blocks.json" > "$OUT/ws-small-blocks.log" 2>&1 ;;
     transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
               > "$OUT/transpose-copy.log" 2>&1 ;;
     dense-dispatch) timeout 200 python3 scripts/probes/dense_dispatch_ab.py --out "$OUT/dense-dispatch-ab.json" \

@@ -163,6 +163,19 @@ def test_balanced_schedule_is_taken_and_bitwise_equal_to_round_robin(trans, ping
     assert torch.equal(captured, fresh)
 
 
+@needs_hopper
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("m", [1, 1000, 4096], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("block_size,cfg", [(32, bsmm_ws.WsConfig(128, 32, 8, 12)), (32, bsmm_ws.WsConfig(256, 32, 8, 10)),
+                                            (16, bsmm_ws.WsConfig(128, 16, 8, 16))], ids=["b32m128", "b32m256", "b16m128"])
+def test_ws_kernel_small_blocks(block_size, cfg, m, trans):
+    # b 16 and 32 (opt-in): one K step per block, deep rings; empty rows and columns,
+    # bias, odd M; bf16 and fp16
+    for dtype in DTYPES:
+        out, expected = _run("empty_rows_cols", block_size, dtype, trans, m, cfg)
+        assert_close(out, expected, dtype, f"dds ws b{block_size}")
+
+
 def test_ws_kernel_refuses_what_it_cannot_run():
     layout = make_layout("random", 4, 4, 32)
     values = random_values(layout, torch.float32, DEVICE)

@@ -55,6 +55,12 @@ VARIANTS = {
     "tf32-m128k32w8st3": W.WsConfig(128, 32, 8, 3),
     "tf32-m64k32w4st5": W.WsConfig(64, 32, 4, 5),
     "tf32-m128k32w8st4bal": W.WsConfig(128, 32, 8, 4, balanced=True),
+    # small blocks: one K step per block, so deep rings (a stage is one block's tiles)
+    "b32-m128k32w8st12": W.WsConfig(128, 32, 8, 12),
+    "b32-m128k32w8st16": W.WsConfig(128, 32, 8, 16),
+    "b32-m256k32w8st10": W.WsConfig(256, 32, 8, 10),
+    "b16-m128k16w8st16": W.WsConfig(128, 16, 8, 16),
+    "b16-m256k16w8st16": W.WsConfig(256, 16, 8, 16),
 }
 
 

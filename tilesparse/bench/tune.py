@@ -60,6 +60,9 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
         return
     if tile < 64:
+        if block == tile and m > 256:  # the Hopper warp-specialized kernel, deep rings (one K step a block)
+            yield WsConfig(128, tile, 8, 12 if tile == 32 else 16)
+            yield WsConfig(256, tile, 8, 10 if tile == 32 else 16)
         for bm, warps, stages in ((128, 4, 3), (256, 8, 3), (64, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
         for width in (64, 128):

@@ -15,8 +15,8 @@ Same math and tables as :mod:`tilesparse.kernels.bsmm` (read its docstring):
 trans=True is fprop (values[slot] used as S_block^T), trans=False is bprop. The
 launcher in :mod:`tilesparse.kernels.bsmm` calls it for a :class:`WsConfig` and by
 default where measured faster (:func:`default_config`); :func:`ws_supported` says where
-it applies (sm90; 16-bit, or fp32 as TF32; row-major 16-byte-aligned operands; b 64 or
-128). Measured on an H200 (docs/performance.md, tenth and eleventh sessions): the
+it applies (sm90; 16-bit, or fp32 as TF32; row-major 16-byte-aligned operands; b 16-128:
+b 16 and 32 by explicit config only, compiled for sm_90 but not yet run on a GPU). Measured on an H200 (docs/performance.md, tenth and eleventh sessions): the
 default for 16-bit and TF32 at large M. The balanced tile schedule
 (``WsConfig.balanced``, :mod:`tilesparse.kernels.ws_schedule`) is written and compiled
 for sm_90, not yet run on a GPU. There is no interpreter path: tests run the kernels on
@@ -413,8 +413,8 @@ def ws_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: Ws
         return "runs fp32 as TF32 only (torch.get_float32_matmul_precision() is 'highest')"
     if a.dtype == torch.float32 and cfg.block_k * 4 > 128:
         return f"needs block_k <= 32 for fp32 (128-byte rows of the swizzled tiles), got {cfg.block_k}"
-    if b < 64 or b & (b - 1) or b > 128:
-        return f"needs a block size of 64 or 128, got {b}"
+    if b < 16 or b & (b - 1) or b > 128:
+        return f"needs a block size of 16, 32, 64 or 128, got {b}"
     if cfg.block_k > b:
         return f"block_k={cfg.block_k} exceeds the block size {b}"
     if 16 * cfg.num_warps > cfg.block_m:
