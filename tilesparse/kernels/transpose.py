@@ -25,7 +25,7 @@ from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv
 
-__all__ = ["transpose_contiguous", "transpose_reference"]
+__all__ = ["transpose_contiguous", "transpose_tiled", "transpose_reference"]
 
 _TILE = 64
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -57,16 +57,14 @@ def transpose_contiguous(t: torch.Tensor) -> torch.Tensor:
     rows, cols = t.shape
     if t.device.type != "cuda" or t.stride(1) != 1 or t.numel() == 0 or t.dtype not in _DTYPES:
         return transpose_reference(t)
+    return transpose_tiled(t)
+
+
+def transpose_tiled(t: torch.Tensor) -> torch.Tensor:
+    """The kernel itself, for a row-major 2-D ``t`` on any device (no fallback; the CPU
+    tests run it under TRITON_INTERPRET=1)."""
+    rows, cols = t.shape
     out = new_output(cols, rows, dtype=t.dtype, device=t.device)
     launch(_transpose_kernel, (cdiv(rows, _TILE) * cdiv(cols, _TILE),),
         t, out, rows, cols, t.stride(0), out.stride(0), TILE=_TILE, num_warps=4)
-    return out
-
-
-def transpose_interpreted(t: torch.Tensor) -> torch.Tensor:
-    """The kernel itself on any device (the CPU tests run it under TRITON_INTERPRET=1)."""
-    rows, cols = t.shape
-    out = new_output(cols, rows, dtype=t.dtype, device=t.device)
-    _transpose_kernel[(cdiv(rows, _TILE) * cdiv(cols, _TILE),)](
-        t, out, rows, cols, t.stride(0), out.stride(0), TILE=_TILE)
     return out
