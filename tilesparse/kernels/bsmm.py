@@ -272,7 +272,8 @@ def dds(
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
     :mod:`tilesparse.kernels.bsmm_small`; a config of any kind forces its kernel
     (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks;
-    ``bsmm_ws.WsConfig``: the Hopper warp-specialized persistent kernel, b 64-128, 16-bit).
+    ``bsmm_ws.WsConfig``: the Hopper warp-specialized persistent kernel, b 16-128, 16-bit
+    or fp32 as TF32; the default where measured faster: ``bsmm_ws.default_config``).
     Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
