@@ -103,7 +103,7 @@ def test_dds_picks_the_ws_kernel_for_fp32_only_as_tf32(precision, monkeypatch):
     finally:
         torch.set_float32_matmul_precision(previous)
     if precision == "high":
-        assert calls == [bsmm_ws.WsConfig(128, 32, 8, 4)]
+        assert calls == [bsmm_ws._TF32_DEFAULTS[0][2]]
     else:
         assert calls == []
     assert_close(out, expected, torch.float32, f"dds fp32 default ({precision})")

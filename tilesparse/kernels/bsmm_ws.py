@@ -360,20 +360,25 @@ def _layouts(cfg: WsConfig, b: int, trans_v: bool, dtype: torch.dtype) -> _Layou
 
 # The shipped choice, measured on the H200 (scripts/probes/ws_sweep.py, docs/performance.md):
 # (block size, density at least) -> config, first match; the large-batch path only (M
-# above the small-batch crossover table's range, which ends at 512). 128x128 tiles, two
-# cooperating consumer warpgroups, 5 stages: within 3 % of the best variant at every
-# point swept (b 128: 8192x4096² and 16384x8192², density 0.05-0.5; b 64: 8192x4096²),
-# and 10-38 % faster than the Triton tile kernel there.
+# above the small-batch crossover table's range, which ends at 512).
+# b 128: two ping-pong consumers of one warpgroup each, 4 stages, tiles from the balanced
+# schedule (ws_schedule.py). Twelfth session, kernel time, fprop / bprop, 8192x4096² and
+# 16384x8192², density 0.05-0.5: 1.02-1.09x faster than the round-robin cooperative
+# kernel (128x128, 8 warps, 5 stages) everywhere but 8192x4096² at density 0.05 (within
+# 3 %); 83-84 % of dense's rate at density 0.25 on the main shape, 90-92 % on the large.
+# b 64: the cooperative round-robin kernel; balancing gained <= 4 % at density <= 0.1 on
+# the large shape and lost up to 4 % at 0.5, so it stays off.
 _DEFAULTS = (
-    (128, 0.0, WsConfig(128, 64, 8, 5)),
+    (128, 0.0, WsConfig(128, 64, 4, 4, pingpong=True, balanced=True)),
     (64, 0.0, WsConfig(128, 64, 8, 5)),
 )
-# fp32 inputs run as TF32 (32-wide K steps: the swizzled tiles' rows are 128 bytes).
-# Measured on the H200, b 128, 8192x4096², fprop, kernel time: 87 / 73 / 59 / 46 % of
-# dense TF32's rate at density 0.5 / 0.25 / 0.1 / 0.05, against 62 / 55 / 44 / 35 % for
-# the Triton tile kernel (1.30-1.42x faster; eleventh session). b 64 was not measured.
+# fp32 inputs run as TF32 (32-wide K steps: the swizzled tiles' rows are 128 bytes), tiles
+# from the balanced schedule. Measured on the H200, b 128, 8192x4096², fprop, kernel time:
+# 0.458 / 0.251 / 0.132 / 0.088 ms at density 0.5 / 0.25 / 0.1 / 0.05 (dense TF32 0.812 ms),
+# against 0.468 / 0.278 / 0.141 / 0.090 round-robin and 0.667 / 0.371 / 0.186 / 0.117 for
+# the Triton tile kernel: 89 / 81 / 61 / 46 % of dense TF32's rate. b 64 was not measured.
 _TF32_DEFAULTS = (
-    (128, 0.0, WsConfig(128, 32, 8, 4)),
+    (128, 0.0, WsConfig(128, 32, 8, 4, balanced=True)),
 )
 WS_MIN_M = 513
 
