@@ -111,11 +111,11 @@ def test_gpu_warns_by_default_and_dispatches_when_asked(monkeypatch):
     x = torch.randn(dd.MIN_ROWS, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn(dd.MIN_ROWS, 1024, device="cuda", dtype=torch.bfloat16)
     dd._warn_once.cache_clear()
-    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH", raising=False)
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
     with pytest.warns(UserWarning, match="would be faster as dense"):
         kernel = layer(x)
     kernel_grads = torch.autograd.grad(kernel, (x, layer.weight, layer.bias), grad)
-    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH")  # on by default
     with pytest.warns(UserWarning, match="runs as dense"):
         dense = layer(x)
     dense_grads = torch.autograd.grad(dense, (x, layer.weight, layer.bias), grad)
@@ -127,10 +127,10 @@ def test_gpu_warns_by_default_and_dispatches_when_asked(monkeypatch):
         assert not dd.run_dense(x, 16, 0.5, True)
 
 
-def test_dispatch_is_opt_in_and_kernels_only_turns_it_off(monkeypatch):
-    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH", raising=False)
-    assert not dd.enabled()  # off until the dense path is timed on a GPU
-    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+def test_dispatch_is_on_by_default_and_kernels_only_turns_it_off(monkeypatch):
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
+    assert not dd.enabled()
+    monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH")
     assert dd.enabled()
     with dd.kernels_only():
         with dd.kernels_only():

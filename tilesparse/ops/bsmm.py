@@ -228,8 +228,8 @@ def block_sparse_linear(
     """Y = X W^T + bias with W [out, in] block-sparse: ``weight`` [nnz, b, b] in
     ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]. Where this
     call was measured slower than dense on this GPU (small blocks at high density, large
-    batches: :mod:`tilesparse.ops.dense_dispatch`) it warns once, and runs as dense where
-    ``TILESPARSE_DENSE_DISPATCH=1``."""
+    batches: :mod:`tilesparse.ops.dense_dispatch`) it warns once and runs as dense, unless
+    ``TILESPARSE_DENSE_DISPATCH=0``."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")

@@ -1,16 +1,17 @@
-"""Block-sparse linear layers measured slower than dense: say so, and run them as dense
-where asked.
+"""Block-sparse linear layers measured slower than dense: say so, and run them as dense.
 
 Small blocks at high density lose to cuBLAS: on the H200 the eager training step
 (fprop + bprop + updat) at b 16, density 0.1 ran at 0.65-0.79x of dense's speed and at
 b 32, density 0.5 at 0.44-0.57x (``bench/results/2026-11-30-nvidia-h200-large-all-blocks-
 6d479c1.csv``, bf16, M 8192 and 16384, four weight shapes). There
-:func:`tilesparse.ops.block_sparse_linear` warns once per configuration. With
-``TILESPARSE_DENSE_DISPATCH=1`` it also runs such calls as dense (:class:`_DenseLinear`:
-the blocks scattered into a dense weight for the matmul, saved as blocks and scattered
-again in the backward, the blocks' gradient gathered from the dense one); off by default
-until that path is itself timed against the kernels on a GPU (it moves the dense weight
-two to three times per call, which the crossover below does not count).
+:func:`tilesparse.ops.block_sparse_linear` warns once per configuration and runs such calls
+as dense (:class:`_DenseLinear`: the blocks scattered into a dense weight for the matmul,
+saved as blocks and scattered again in the backward, the blocks' gradient gathered from the
+dense one; the dense weight lives only for the matmul). ``TILESPARSE_DENSE_DISPATCH=0``
+keeps the kernels there (still warning). Timed on the H200 (twelfth session,
+``scripts/probes/dense_dispatch_ab.py``, 8192x4096², bf16, eager): b 16 at density 0.25
+forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43 and
+6.44 -> 1.32 ms; b 32 at 0.5 0.56 -> 0.42 and 2.07 -> 1.31 ms.
 
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
@@ -101,9 +102,9 @@ _KERNELS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesparse
 
 
 def enabled() -> bool:
-    """Whether measured-slower calls run as dense: ``TILESPARSE_DENSE_DISPATCH=1``, outside
-    :func:`kernels_only`."""
-    return not _KERNELS_ONLY.get() and os.environ.get("TILESPARSE_DENSE_DISPATCH", "0") == "1"
+    """Whether measured-slower calls run as dense: unless ``TILESPARSE_DENSE_DISPATCH=0``,
+    outside :func:`kernels_only`."""
+    return not _KERNELS_ONLY.get() and os.environ.get("TILESPARSE_DENSE_DISPATCH", "1") != "0"
 
 
 @contextlib.contextmanager
@@ -154,7 +155,7 @@ def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool) 
 @functools.lru_cache(maxsize=None)
 def _warn_once(block_size: int, density: float, what: str, speedup: float, dispatch: bool) -> None:
     action = ("runs as dense here" if dispatch else
-              "would be faster as dense here (TILESPARSE_DENSE_DISPATCH=1 runs such layers as dense)")
+              "would be faster as dense here (TILESPARSE_DENSE_DISPATCH=0 keeps the kernels)")
     warnings.warn(
         f"tilesparse: a block-sparse linear layer with {block_size}x{block_size} blocks at density {density} "
         f"{action}: its {what} was measured at {speedup:.2f}x of dense's speed on this GPU "
