@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import tilesparse as ts
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws as W
 from tilesparse.layout import block_counts
 
@@ -61,6 +62,18 @@ VARIANTS = {
     "b32-m256k32w8st10": W.WsConfig(256, 32, 8, 10),
     "b16-m128k16w8st16": W.WsConfig(128, 16, 8, 16),
     "b16-m256k16w8st16": W.WsConfig(256, 16, 8, 16),
+    # feature-major tiles (the streaming kernel, bsmm_small, at large M): a W block slice
+    # is the MMA's M side and 128-256 activation rows its N side, so each W slice read
+    # from shared memory serves N = 128-256 columns instead of b (the small-block limit,
+    # docs/performance.md, twelfth session); block_k past b gathers several blocks per step
+    "fm-b64-m256w8st3": S.SmallConfig(64, 64, 256, 8, 3),
+    "fm-b64-m256w8st4": S.SmallConfig(64, 64, 256, 8, 4),
+    "fm-b64-m128w4st4": S.SmallConfig(64, 64, 128, 4, 4),
+    "fm-b32-m256w4st4": S.SmallConfig(32, 64, 256, 4, 4),
+    "fm-b32-m256w8st3": S.SmallConfig(32, 64, 256, 8, 3),
+    "fm-b32-m128w4st4": S.SmallConfig(32, 32, 128, 4, 4),
+    "fm-b16-m256w4st4": S.SmallConfig(16, 64, 256, 4, 4),
+    "fm-b16-m128w4st4": S.SmallConfig(16, 64, 128, 4, 4),
 }
 
 
