@@ -30,6 +30,8 @@
 #   ws-balanced - the ws dds with the balanced tile schedule (kernels/ws_schedule.py) against
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
 #   ws-small-blocks - the ws dds at b 32 and 16 (deep rings) against the Triton kernels, fprop and bprop
+#   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
+#            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   transpose - TF32 updat's activation copies: PyTorch's against kernels/transpose.py, alone and
 #            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
 #   dense-dispatch - block_sparse_linear with TILESPARSE_DENSE_DISPATCH on / off against dense,
@@ -106,6 +108,10 @@ for step in ${STEPS:-large dtypes graph}; do
     ws-small-blocks) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               --blocks 32 16 --ops fprop bprop --variants b32-m128k32w8st12 b32-m128k32w8st16 b32-m256k32w8st10 \
               b16-m128k16w8st16 b16-m256k16w8st16 --out "$OUT/ws-small-blocks.json" > "$OUT/ws-small-blocks.log" 2>&1 ;;
+    feature-major) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 64 32 16 --densities 0.5 0.25 0.1 --ops fprop bprop --variants m128k64w8st5 \
+              fm-b64-m256w8st3 fm-b64-m256w8st4 fm-b64-m128w4st4 fm-b32-m256w4st4 fm-b32-m256w8st3 fm-b32-m128w4st4 \
+              fm-b16-m256w4st4 fm-b16-m128w4st4 --out "$OUT/feature-major.json" > "$OUT/feature-major.log" 2>&1 ;;
     transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
               > "$OUT/transpose-copy.log" 2>&1 ;;
     dense-dispatch) timeout 200 python3 scripts/probes/dense_dispatch_ab.py --out "$OUT/dense-dispatch-ab.json" \

@@ -122,13 +122,18 @@ def semi24_cases(quick: bool):
 
 def small_cases(quick: bool):
     """The small-batch dds kernel at M 64 (b 128 and 16, fprop and bprop): the default
-    orientation (mma.sync at 32-wide slices) and the swapped one (wgmma expected)."""
+    orientation (mma.sync at 32-wide slices) and the swapped one (wgmma expected); and its
+    feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program)."""
     fn = bsmm_small._dds_small_kernel
-    cases = ((128, 32, 128, 8, True), (16, 16, 64, 8, False)) if quick else \
-        ((128, 32, 128, 8, True), (128, 32, 128, 8, False), (64, 32, 64, 12, False), (16, 16, 64, 8, True))
-    for block, sub, block_k, stages, trans in cases:
-        for swap in (False, True):
-            const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=64, SPLITS=1, CHUNKS=1,
+    # (block, sub, block_k, stages, trans, block_m, warps, swap variants)
+    cases = ((128, 32, 128, 8, True, 64, 4, (False, True)), (16, 16, 64, 8, False, 64, 4, (False, True))) if quick else \
+        ((128, 32, 128, 8, True, 64, 4, (False, True)), (128, 32, 128, 8, False, 64, 4, (False, True)),
+         (64, 32, 64, 12, False, 64, 4, (False, True)), (16, 16, 64, 8, True, 64, 4, (False, True)),
+         (64, 64, 64, 3, True, 256, 8, (False,)), (64, 64, 64, 3, False, 256, 8, (False,)),
+         (32, 32, 64, 4, True, 256, 4, (False,)), (16, 16, 64, 4, False, 256, 4, (False,)))
+    for block, sub, block_k, stages, trans, block_m, warps, swaps in cases:
+        for swap in swaps:
+            const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
             sig = {}
@@ -143,8 +148,8 @@ def small_cases(quick: bool):
                     sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it)
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
-            yield (f"small dds b{block} sub{sub} M64 {'fprop' if trans else 'bprop'} swap={swap}", fn, sig, const, 4,
-                   stages, aligned)
+            yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}", fn, sig,
+                   const, warps, stages, aligned)
 
 
 def ws_cases(quick: bool):

@@ -87,6 +87,32 @@ def test_dds_panel_kernel(block_size, dtype, trans, m, group):
     assert_close(out, expected, dtype, "dds panel")
 
 
+# --------------------------------------------------------------------------- feature-major tiles (large M)
+
+
+@pytest.mark.parametrize("m", [777, 1000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [16, 32, 64], ids=lambda b: f"b{b}")
+def test_dds_feature_major_tiles_at_large_m(block_size, dtype, trans, m):
+    # the streaming kernel with 128-256 activation rows per program (tune's feature-major
+    # candidates): the W slice as the MMA's M side; M not a multiple of the tile
+    from tilesparse.kernels import bsmm_small
+
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    meta = layout.meta_on(DEVICE)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    for cfg in (bsmm_small.SmallConfig(block_size, 64, 256, 8 if block_size == 64 else 4, 3 if block_size == 64 else 4),
+                bsmm_small.SmallConfig(block_size, 64, 128, 4, 4)):
+        out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
+        assert_close(out, expected, dtype, f"dds feature-major {cfg}")
+
+
 @pytest.mark.parametrize("reduce", [{"splits": 4}, {"chunks": 3}], ids=["splits4", "chunks3"])
 def test_small_kernel_split_reduction_is_bitwise_deterministic(reduce):
     # The split partials are summed in a fixed order (the chunks' in-kernel sum whatever

@@ -33,7 +33,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
     warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
-    several block-columns at b <= 32; the streaming kernel at small M."""
+    several block-columns at b <= 32; the streaming kernel at small M, and at large M for
+    b <= 64 in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
     if m <= 256:
         block_m = min(64, max(16, 1 << (m - 1).bit_length()))
@@ -59,6 +60,11 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
             for tma in (False, True):
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
         return
+    if tile <= 64 and m > 256:  # 16-bit only (fp32 returned above)
+        # feature-major tiles: the streaming kernel with a W slice as the MMA's M side and
+        # 128-256 activation rows as its N side (each W slice read serves N >> b columns)
+        for bm, warps, stages in ((256, 8 if tile == 64 else 4, 3 if tile == 64 else 4), (128, 4, 4)):
+            yield SmallConfig(tile, 64, bm, warps, stages)
     if tile < 64:
         if block == tile and m > 256:  # the Hopper warp-specialized kernel, deep rings (one K step a block)
             yield WsConfig(128, tile, 8, 12 if tile == 32 else 16)
