@@ -32,6 +32,8 @@
 #   ws-small-blocks - the ws dds at b 32 and 16 (deep rings) against the Triton kernels, fprop and bprop
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
+#   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
+#            against the default sdd, b 128-16, both shapes
 #   transpose - TF32 updat's activation copies: PyTorch's against kernels/transpose.py, alone and
 #            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
 #   dense-dispatch - block_sparse_linear with TILESPARSE_DENSE_DISPATCH on / off against dense,
@@ -112,6 +114,10 @@ for step in ${STEPS:-large dtypes graph}; do
               16384x8192x8192 --blocks 64 32 16 --densities 0.5 0.25 0.1 --ops fprop bprop --variants m128k64w8st5 \
               fm-b64-m256w8st3 fm-b64-m256w8st4 fm-b64-m128w4st4 fm-b32-m256w4st4 fm-b32-m256w8st3 fm-b32-m128w4st4 \
               fm-b16-m256w4st4 fm-b16-m128w4st4 --out "$OUT/feature-major.json" > "$OUT/feature-major.log" 2>&1 ;;
+    sdd-group) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 128 64 32 16 --densities 0.5 0.25 0.1 --ops updat --variants grp-b128-g2w8 \
+              grp-b64-g4w8 grp-b64-g4w8sw grp-b64-g2w4 grp-b32-g8w8sw grp-b32-g4w4sw grp-b16-g16w8sw grp-b16-g8w4sw \
+              --out "$OUT/sdd-group.json" > "$OUT/sdd-group.log" 2>&1 ;;
     transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
               > "$OUT/transpose-copy.log" 2>&1 ;;
     dense-dispatch) timeout 200 python3 scripts/probes/dense_dispatch_ab.py --out "$OUT/dense-dispatch-ab.json" \

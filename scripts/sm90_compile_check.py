@@ -27,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
 from tilesparse.kernels import attention as attn  # noqa: E402
+from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
@@ -152,6 +153,31 @@ def small_cases(quick: bool):
                    const, warps, stages, aligned)
 
 
+def sdd_group_cases(quick: bool):
+    """The grouped sdd (``bsmm_sdd_group``): several blocks of a block-row per program,
+    bf16; expected: wgmma (the swapped orientation at b < 64) and cp.async pipelining
+    (M and the row strides divisible by 16, as Triton specializes them at launch)."""
+    fn = bsmm_sdd_group._sdd_group_kernel
+    # (block, group, swap, warps, stages)
+    cases = ((64, 4, False, 8, 3), (16, 16, True, 8, 3)) if quick else \
+        ((64, 4, False, 8, 3), (64, 4, True, 8, 3), (64, 2, False, 4, 4), (32, 8, True, 8, 3), (32, 4, True, 4, 4),
+         (16, 16, True, 8, 3), (16, 8, True, 4, 4), (8, 8, True, 4, 3), (128, 2, False, 8, 3))
+    for block, group, swap, warps, stages in cases:
+        const = dict(B=block, TILE_B=max(16, block), GROUP=group, BLOCK_M=64, SWAP=swap, INPUT_PRECISION="ieee",
+                     stride_ar=1, stride_bc=1)
+        sig = {}
+        for name in fn.arg_names:
+            if name in const:
+                sig[name] = "constexpr"
+            elif name in ("starts_ptr", "row_ptr_ptr", "row_of_ptr", "cols_ptr"):
+                sig[name] = "*i32"
+            else:
+                sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                   if name.endswith("_ptr") or name in ("M", "stride_am", "stride_bm")}
+        yield f"sdd group b{block} G{group} swap={swap}", fn, sig, const, warps, stages, aligned
+
+
 def ws_cases(quick: bool):
     """The warp-specialized persistent kernels (Gluon, ``bsmm_ws``): dds fprop and bprop at
     b 128 and 64 (bf16; fp32 as TF32), sdd at b 128 and 64; expected: wgmma, and the
@@ -230,7 +256,8 @@ def main() -> int:
     args = parser.parse_args()
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *ws_cases(args.quick),
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
+            *ws_cases(args.quick),
             *attention_ws_cases(args.quick)):
         try:
             attrs = extra[0] if extra else None
@@ -238,7 +265,7 @@ def main() -> int:
             source = source_kind(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
             ptx = compiled.asm["ptx"]
-            mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}"
+            mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async')}"
             if "setmaxnreg" in ptx:
                 mma += f", setmaxnreg {ptx.count('setmaxnreg')}"
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")

@@ -13,6 +13,7 @@ from tilesparse.cli import main
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_panel import PanelConfig
+from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
 from tilesparse.kernels.bsmm_ws import WsConfig
 from tolerances import assert_close
@@ -145,7 +146,12 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     dds = list(tune_mod.dds_space(m, block, fp32))
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
-    assert all(isinstance(c, kinds) for c in dds) and all(isinstance(c, (kernels.KernelConfig, WsConfig)) for c in sdd)
+    assert all(isinstance(c, kinds) for c in dds)
+    assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig)) for c in sdd)
+    assert any(isinstance(c, SddGroupConfig) for c in sdd) == (not fp32)
+    for c in sdd:
+        if isinstance(c, SddGroupConfig):
+            c.check_block(block)  # the panel fits
     assert any(isinstance(c, WsConfig) for c in sdd) == (not fp32 and block >= 64)
     # the streaming kernel: at small M, and at large M as feature-major tiles (16-bit, b <= 64)
     assert any(isinstance(c, SmallConfig) for c in dds) == (m <= 256 or (not fp32 and block <= 64))
@@ -204,7 +210,11 @@ def test_search_spaces_use_the_kernels_tile_for_odd_blocks():
     for c in tune_mod.dds_space(8192, 24, False):
         if isinstance(c, kernels.KernelConfig):
             assert c.block_k == 32
-    assert all(c.block_k == 32 for c in tune_mod.sdd_space(24, nnz=10, sms=132, fp32=False))
+    for c in tune_mod.sdd_space(24, nnz=10, sms=132, fp32=False):
+        if isinstance(c, SddGroupConfig):
+            c.check_block(24)  # panels of 32-wide tiles
+        else:
+            assert c.block_k == 32
 
 
 def test_float32_keys_name_the_matmul_precision():

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import tilesparse as ts
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_sdd_group as G
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws as W
 from tilesparse.layout import block_counts
@@ -33,6 +34,16 @@ SDD_VARIANTS = {
     "sdd-m64w4st4": W.WsConfig(64, 64, 4, 4),
     "sdd-m128w8st3": W.WsConfig(128, 64, 8, 3),
     "sdd-m64w8st4": W.WsConfig(64, 64, 8, 4),
+    # grouped (kernels/bsmm_sdd_group.py): G blocks of a block-row per program; "sw": the
+    # panel as the MMA's M side
+    "grp-b128-g2w8": G.SddGroupConfig(2, 64, 8, 3),
+    "grp-b64-g4w8": G.SddGroupConfig(4, 64, 8, 3),
+    "grp-b64-g4w8sw": G.SddGroupConfig(4, 64, 8, 3, swap=True),
+    "grp-b64-g2w4": G.SddGroupConfig(2, 64, 4, 4),
+    "grp-b32-g8w8sw": G.SddGroupConfig(8, 64, 8, 3, swap=True),
+    "grp-b32-g4w4sw": G.SddGroupConfig(4, 64, 4, 4, swap=True),
+    "grp-b16-g16w8sw": G.SddGroupConfig(16, 64, 8, 3, swap=True),
+    "grp-b16-g8w4sw": G.SddGroupConfig(8, 64, 4, 4, swap=True),
 }
 
 DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)

@@ -22,6 +22,7 @@ from ..kernels import bsmm as K
 from ..kernels import tuned
 from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
+from ..kernels.bsmm_sdd_group import SddGroupConfig
 from ..kernels.bsmm_small import SmallConfig
 from ..kernels.bsmm_ws import WsConfig
 from .matmul import DTYPES
@@ -87,14 +88,28 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         yield K.KernelConfig(bm, min(bk, tile), warps, stages, tma=True)
 
 
+# tile side -> grouped sdd candidates (group, warps, stages, swap)
+_SDD_GROUPS = {
+    16: ((16, 8, 3, True), (8, 4, 4, True)),
+    32: ((8, 8, 3, True), (4, 4, 4, True)),
+    64: ((4, 8, 3, False), (4, 8, 3, True), (2, 4, 4, False)),
+    128: ((2, 8, 3, False),),
+}
+
+
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
-    or device TMA descriptors; on Hopper the warp-specialized kernel at b 64 and 128."""
+    or device TMA descriptors; several blocks of a block-row per program (16-bit); on
+    Hopper the warp-specialized kernel at b 64 and 128."""
     tile = tile_for(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
         return
+    # grouped: several blocks of a block-row per program, sharing each dY^T tile (the panel
+    # as the MMA's M side below b 64, where the block alone is too narrow for wgmma)
+    for group, warps, stages, swap in _SDD_GROUPS.get(tile, ()):
+        yield SddGroupConfig(group, 64, warps, stages, swap=swap)
     if block in (64, 128):  # the Hopper warp-specialized kernel (refused elsewhere: skipped)
         for bm, warps, stages in ((64, 8, 5), (64, 4, 4), (128, 8, 3)):
             if 16 * warps <= block:  # a warpgroup per 64 rows of the block

@@ -11,7 +11,8 @@ float32 matmul precision (the kernels differ). M bucket: the power of two at or 
 count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
 0.05, 0.03, 0.01 (the nearest on a log scale). A config is one of the launchers' kinds:
 ``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
-(small blocks, several output block-columns per program).
+(small blocks, several output block-columns per program), ``WsConfig`` (Hopper
+warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per program).
 
 Sources, later ones overriding earlier: the tables shipped with the package
 (``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
@@ -90,10 +91,10 @@ def _gpu_slug(index: int) -> str:
 
 
 def _kinds() -> dict:
-    from . import bsmm, bsmm_panel, bsmm_small, bsmm_ws  # late: bsmm imports this module
+    from . import bsmm, bsmm_panel, bsmm_sdd_group, bsmm_small, bsmm_ws  # late: bsmm imports this module
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
-            "ws": bsmm_ws.WsConfig}
+            "ws": bsmm_ws.WsConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig}
 
 
 def to_json(config) -> dict:

@@ -1,0 +1,102 @@
+"""The grouped sdd (kernels/bsmm_sdd_group.py): several blocks of a block-row per program.
+
+Against float64 references sampled on the layout (``layout.gather`` of the dense
+product), under the interpreter on CPU (fp32, fp16: the interpreter's bf16 dot is wrong)
+and on CUDA (marked), across block sizes, group sizes, both orientations, odd M and
+every layout class; plus the group-start table, determinism and bad configs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, make_layout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import tuned
+from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig, group_starts
+from tolerances import assert_close
+
+
+def _interpreter(test):
+    return functools.reduce(lambda t, mark: mark(t), INTERPRETER_MARKS, test)
+
+
+def _run(kind, block_size, group, swap, m, dtype, device, block_m=32):
+    layout = make_layout(kind, 5, 7, block_size)
+    rows, cols = layout.shape
+    dy = torch.randn(m, rows, device=device).to(dtype)
+    x = torch.randn(m, cols, device=device).to(dtype)
+    meta = layout.meta_on(device)
+    cfg = SddGroupConfig(group, block_m, swap=swap)
+    got = kernels.sdd(dy.t(), x, meta, block_size, layout.block_rows, layout.block_cols, config=cfg)
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    return got, expected
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["panel-n", "panel-m"])
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@_interpreter
+def test_grouped_sdd_matches_reference_interpreter(dtype, kind, block_size, group, swap):
+    got, expected = _run(kind, block_size, group, swap, 45, dtype, "cpu")
+    assert got.shape == expected.shape
+    if expected.numel():
+        assert_close(got, expected, dtype, f"grouped sdd b{block_size} G{group}")
+
+
+@_interpreter
+def test_grouped_sdd_is_bitwise_deterministic_interpreter():
+    layout = make_layout("random", 6, 6, 16)
+    dy, x = torch.randn(70, 96), torch.randn(70, 96)
+    meta = layout.meta_on("cpu")
+    cfg = SddGroupConfig(4, 32)
+    runs = [kernels.sdd(dy.t(), x, meta, 16, 6, 6, config=cfg) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_group_starts_lists_each_rows_groups_first():
+    layout = make_layout("empty_rows_cols", 9, 11, 16)
+    counts = layout.mask.sum(dim=1).tolist()
+    expected, entry = [], 0
+    for n in counts:  # storage order is row-major: a row's blocks are consecutive entries
+        expected += list(range(entry, entry + n, 3))
+        entry += n
+    starts = group_starts(layout.meta_on("cpu"), 9, 11, 3)
+    assert starts.dtype == torch.int32
+    assert starts.numel() >= len(expected)
+    assert starts[:len(expected)].tolist() == expected
+    assert set(starts[len(expected):].tolist()).isdisjoint(expected)  # padding: entries that start nothing
+
+
+def test_sdd_group_config_checks_its_fields():
+    with pytest.raises(ValueError, match="group"):
+        SddGroupConfig(3)
+    with pytest.raises(ValueError, match="block_m"):
+        SddGroupConfig(2, block_m=48)
+    with pytest.raises(ValueError, match="num_warps"):
+        SddGroupConfig(2, num_warps=3)
+    with pytest.raises(ValueError, match="swap"):
+        SddGroupConfig(2, swap=1)
+    with pytest.raises(ValueError, match="exceeds 256 columns"):
+        SddGroupConfig(8).check_block(64)
+    SddGroupConfig(4).check_block(64)
+
+
+def test_sdd_group_config_round_trips_through_the_tuned_table_format():
+    cfg = SddGroupConfig(4, 64, 8, 3, swap=True)
+    assert tuned.from_json(tuned.to_json(cfg)) == cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swap", [False, True], ids=["panel-n", "panel-m"])
+@pytest.mark.parametrize("block_size, group", [(16, 8), (16, 16), (32, 4), (32, 8), (64, 2), (64, 4), (128, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_grouped_sdd_matches_reference_gpu(dtype, block_size, group, swap):
+    for kind in ("random", "empty_rows_cols", "full"):
+        got, expected = _run(kind, block_size, group, swap, 1000, dtype, "cuda", block_m=64)
+        assert_close(got, expected, dtype, f"grouped sdd {kind} b{block_size} G{group}")

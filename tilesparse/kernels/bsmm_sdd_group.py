@@ -1,0 +1,161 @@
+"""Grouped variant of sdd (updat, dW = dY^T X on the layout): several stored blocks of one
+block-row per program, sharing each dY^T tile.
+
+The one-block kernel (:mod:`tilesparse.kernels.bsmm`) computes each stored block
+[b, b] alone: per reduction step it loads a dY^T tile [b, BM] and an X tile [BM, b] and
+runs a b x b x BM product. At b 64 that is a 64-wide MMA whose operands are re-read from
+shared memory for every 64 output columns; on the H200 updat at b 64 ran at 40-43 % of
+dense's rate on 16384x8192², against fprop's 65-67 % (docs/performance.md, twelfth
+session), and at b 32 / 16 at 13-21 % / 4-5 %. Here a program owns up to G consecutive
+stored blocks of one block-row (storage order is row-major, so they are adjacent
+entries): the dY^T tile is loaded once per step and multiplied by a [BM, G*b] panel of
+the G blocks' X columns (gathered by column block), one wide product instead of G narrow
+ones, G times less dY traffic, and no zeros: every column of the panel is a stored
+block's (a row's last group may hold fewer).
+
+Which entries start a group is computed on the device from the packed tables, without
+a host sync: entry z starts one where ``(z - row_ptr[row_of[z]]) % G == 0``. The starts
+are moved to the front of a list of ``cdiv(nnz, G) + block_rows`` entries (an upper
+bound on the groups) by a stable argsort; programs whose entry is not a start (the
+padding past the real starts) do nothing. The list is remembered on the ``meta`` tensor
+per G, like the other table views. Each stored block is written by one program, its
+reduction in a fixed order: bitwise deterministic. Chosen by config
+(``SddGroupConfig``) or from the tuned table, until measurements make it a default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..layout import table_views
+from ._launch import launch
+from ._tiles import cdiv, check_power_of_two, tile_for
+
+__all__ = ["SddGroupConfig", "group_starts", "launch_sdd_group"]
+
+MAX_PANEL = 256  # G * tile columns per program (the accumulator is [tile, G * tile] fp32)
+
+
+@triton.jit
+def _sdd_group_kernel(
+    a_ptr, b_ptr, out_ptr, starts_ptr, row_ptr_ptr, row_of_ptr, cols_ptr,
+    M, stride_ar, stride_am, stride_bm, stride_bc,
+    B: tl.constexpr, TILE_B: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Program g: if starts[g] = z0 starts a group of its block-row r, computes
+    out[z0 + j] = A[r-block, :] @ B[:, cols[z0 + j]-block] for j < min(G, row end - z0).
+
+    a [R*B, M] strided (dY^T), b [M, C*B] strided (X). SWAP: each step as the transposed
+    product (the panel's G*b columns as the MMA's M side, for b < 64 where the MMA's M is
+    otherwise too narrow for wgmma); acc is transposed back before the stores.
+    """
+    z0 = tl.load(starts_ptr + tl.program_id(0))
+    r = tl.load(row_of_ptr + z0)
+    first = tl.load(row_ptr_ptr + r)
+    last = tl.load(row_ptr_ptr + r + 1)
+    if (z0 - first) % GROUP == 0:  # else: padding past the real starts
+        count = tl.minimum(last - z0, GROUP)
+        PANEL: tl.constexpr = GROUP * TILE_B
+        offs_i = tl.arange(0, TILE_B)
+        offs_g = tl.arange(0, GROUP)
+        offs_m = tl.arange(0, BLOCK_M)
+        i_ok = offs_i < B
+        g_ok = offs_g < count
+        cols = tl.load(cols_ptr + z0 + offs_g, mask=g_ok, other=0).to(tl.int64)
+        a_ptrs = a_ptr + (r.to(tl.int64) * B + offs_i)[:, None] * stride_ar + offs_m[None, :] * stride_am
+        # the panel as [BLOCK_M, GROUP, TILE_B]: contiguous along its last axis (a block's
+        # columns), so the loads stay vectorized and pipelined; reshaped for the product
+        b_ptrs = b_ptr + offs_m[:, None, None] * stride_bm \
+            + (cols[None, :, None] * B + offs_i[None, None, :]) * stride_bc
+        panel_ok = g_ok[None, :, None] & i_ok[None, None, :]
+        if SWAP:
+            acc = tl.zeros((PANEL, TILE_B), dtype=tl.float32)
+        else:
+            acc = tl.zeros((TILE_B, PANEL), dtype=tl.float32)
+        for m0 in range(0, M, BLOCK_M):
+            m_ok = (m0 + offs_m) < M
+            a = tl.load(a_ptrs, mask=i_ok[:, None] & m_ok[None, :], other=0.0)
+            panel = tl.reshape(tl.load(b_ptrs, mask=m_ok[:, None, None] & panel_ok, other=0.0), (BLOCK_M, PANEL))
+            if SWAP:
+                acc = tl.dot(tl.trans(panel), tl.trans(a), acc, input_precision=INPUT_PRECISION)
+            else:
+                acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_M * stride_am
+            b_ptrs += BLOCK_M * stride_bm
+        if SWAP:
+            acc = tl.trans(acc)  # [TILE_B, PANEL], as the store below expects
+        out = tl.reshape(acc, (TILE_B, GROUP, TILE_B)).to(out_ptr.dtype.element_ty)
+        out_ptrs = out_ptr + (z0 + offs_g).to(tl.int64)[None, :, None] * (B * B) + offs_i[:, None, None] * B \
+            + offs_i[None, None, :]
+        tl.store(out_ptrs, out, mask=i_ok[:, None, None] & panel_ok)
+
+
+@dataclass(frozen=True)
+class SddGroupConfig:
+    """Launch parameters of the grouped sdd: ``group`` stored blocks of a block-row per
+    program (group * tile <= 256 columns), ``block_m`` the M step, ``swap``: each step
+    as the transposed product (the panel as the MMA's M side)."""
+
+    group: int
+    block_m: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    swap: bool = False
+
+    def __post_init__(self):
+        check_power_of_two(self, "group", minimum=1)
+        check_power_of_two(self, "block_m")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"SddGroupConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
+                             f"got {self.num_warps!r}, {self.num_stages!r}")
+        if not isinstance(self.swap, bool):
+            raise ValueError(f"SddGroupConfig.swap must be a bool, got {self.swap!r}")
+
+    def check_block(self, block_size: int) -> None:
+        """ValueError unless the panel (group x the block's tile) fits MAX_PANEL columns."""
+        if self.group * tile_for(block_size) > MAX_PANEL:
+            raise ValueError(f"SddGroupConfig.group={self.group} x the {tile_for(block_size)}-wide tile of block size "
+                             f"{block_size} exceeds {MAX_PANEL} columns")
+
+
+_STARTS = "_tilesparse_sdd_group_starts"
+
+
+def group_starts(meta: torch.Tensor, block_rows: int, block_cols: int, group: int) -> torch.Tensor:
+    """int32 [min(nnz, cdiv(nnz, group) + block_rows)]: the storage entries that start a
+    group of ``group`` consecutive blocks in their block-row, ascending, then other entries
+    (padding the kernel skips). Built on meta's device without a host sync; remembered on
+    ``meta`` per group, except while a CUDA graph is being captured."""
+    cache = meta.__dict__.get(_STARTS)
+    if cache is not None and group in cache:
+        return cache[group]
+    row_ptr, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_of")
+    nnz = row_of.numel()
+    entry = torch.arange(nnz, device=meta.device)
+    is_start = (entry - row_ptr[row_of.long()]) % group == 0
+    bound = min(nnz, cdiv(nnz, group) + block_rows)
+    starts = torch.argsort((~is_start).to(torch.uint8), stable=True)[:bound].to(torch.int32)
+    if not (meta.is_cuda and torch.cuda.is_current_stream_capturing()):
+        meta.__dict__.setdefault(_STARTS, {})[group] = starts
+    return starts
+
+
+def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, config: SddGroupConfig) -> None:
+    """values[z] = (A @ B)[block z] for every stored block; a [R*b, M], b [M, C*b], values
+    [nnz, b, b] (nnz > 0, M > 0), as prepared by ``bsmm.sdd``."""
+    block_size = values.shape[-1]
+    config.check_block(block_size)
+    row_ptr, row_of, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_of", "row_cols")
+    starts = group_starts(meta, block_rows, block_cols, config.group)
+    launch(_sdd_group_kernel, (starts.numel(),),
+        a, b, values, starts, row_ptr, row_of, row_cols,
+        a.shape[1], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+        B=block_size, TILE_B=tile_for(block_size), GROUP=config.group, BLOCK_M=config.block_m, SWAP=config.swap,
+        INPUT_PRECISION=precision,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
