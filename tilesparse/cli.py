@@ -118,7 +118,25 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, default=None,
                    help="tuned-config file to update (default: $TILESPARSE_TUNED or ~/.cache/tilesparse/tuned.json)")
     t.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
+    g = sub.add_parser("goals", help="check large-suite CSVs against the large-batch issue's goals",
+                       description="Point by point: b 128 fprop and step speedups, the rate goals at b 64 / 32 / 16 "
+                       "and TF32, bprop and updat against fprop, and the peers (tilesparse/bench/large_goals.py).")
+    g.add_argument("csv", nargs="+", type=Path, help="suite CSVs (bench/results/...-large*.csv)")
+    g.add_argument("--failed", action="store_true", help="list only the checks not met")
     return parser
+
+
+def cmd_goals(args, console) -> int:
+    from .bench import large_goals
+
+    for path in args.csv:
+        if not path.is_file():
+            console.print(f"[bold red]goals: no such file: {path}[/]")
+            return 2
+        console.print(f"## {path}\n")
+        console.print(large_goals.format_table(large_goals.check_rows(large_goals.load(path)), args.failed),
+                      markup=False)
+    return 0
 
 
 def cmd_tune(args, parser, console) -> int:
@@ -320,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_demo(args, parser, console)
     if args.command == "tune":
         return cmd_tune(args, parser, console)
+    if args.command == "goals":
+        return cmd_goals(args, console)
     return cmd_bench(args, parser, console, argv)
 
 
