@@ -75,6 +75,20 @@ def test_scatter_and_gather_match_the_layouts_own():
     assert torch.equal(dd.gather_blocks(dense, meta, layout.block_rows, layout.block_cols, 16), values)
 
 
+def test_dense_path_is_twice_differentiable():
+    # as the kernels' path is (gradient penalties, Hessian-vector products)
+    layout = ts.layouts.random(32, 48, 16, 0.5, seed=4)
+    weight = (torch.randn(layout.nnz, 16, 16, dtype=torch.float64) * 0.2).requires_grad_()
+    bias = torch.randn(32, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(5, 48, dtype=torch.float64, requires_grad=True)
+    meta = layout.meta
+
+    def layer(x, weight, bias):
+        return dd.dense_linear(x, weight, meta, bias, layout.block_rows, layout.block_cols)
+
+    assert torch.autograd.gradgradcheck(layer, (x, weight, bias))
+
+
 @pytest.mark.parametrize("shape", [(37, 64), (3, 5, 64)])
 def test_dense_path_computes_the_same_layer(shape, monkeypatch):
     layout = ts.layouts.random(48, 64, 16, 0.5, seed=0)
@@ -128,8 +142,11 @@ def test_gpu_warns_by_default_and_dispatches_when_asked(monkeypatch):
 
 
 def test_dispatch_is_on_by_default_and_kernels_only_turns_it_off(monkeypatch):
-    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
-    assert not dd.enabled()
+    for off in ("0", "off", "False", " no "):
+        monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", off)
+        assert not dd.enabled(), off
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+    assert dd.enabled()
     monkeypatch.delenv("TILESPARSE_DENSE_DISPATCH")
     assert dd.enabled()
     with dd.kernels_only():

@@ -73,6 +73,24 @@ def test_group_starts_lists_each_rows_groups_first():
     assert set(starts[len(expected):].tolist()).isdisjoint(expected)  # padding: entries that start nothing
 
 
+def test_group_starts_are_kept_per_grid_and_group_and_check_the_group():
+    layout = make_layout("random", 4, 4, 16)
+    meta = layout.meta_on("cpu")
+    assert group_starts(meta, 4, 4, 2) is group_starts(meta, 4, 4, 2)
+    assert group_starts(meta, 4, 4, 4) is not group_starts(meta, 4, 4, 2)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="group must be a positive int"):
+            group_starts(meta, 4, 4, bad)
+
+
+def test_dds_refuses_an_sdd_config():
+    layout = make_layout("random", 4, 4, 16)
+    a = torch.randn(8, 64)
+    values = torch.randn(layout.nnz, 16, 16)
+    with pytest.raises(ValueError, match="an sdd .updat. config"):
+        kernels.dds(a, values, layout.meta_on("cpu"), None, 4, 4, True, config=SddGroupConfig(2))
+
+
 def test_sdd_group_config_checks_its_fields():
     with pytest.raises(ValueError, match="group"):
         SddGroupConfig(3)

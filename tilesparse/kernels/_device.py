@@ -37,3 +37,30 @@ def shared_memory_bytes(device: torch.device) -> int:
 def capability_major(device: torch.device) -> int:
     """Major compute capability of a CUDA device (0 for any other device)."""
     return _cuda_facts(_index(device))[0] if device.type == "cuda" else 0
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def build_outside_graph_pools(device: torch.device, build):
+    """``build()``'s tensors, complete, made on a side stream (CUDA) that first waits for
+    the current one: their memory comes from the caching allocator's ordinary pool even
+    where the current stream allocates into a CUDA graph's private pool (torch.compile's
+    reduce-overhead warm-up, whose blocks later replays overwrite), and they are finished
+    before any other stream can read them. For tables cached on a layout for its life.
+    ``build`` returns a tensor or a tuple of tensors; on other devices it just runs. Not
+    during a CUDA-graph capture (the side stream's sync would break it): callers build in
+    place there, uncached."""
+    if device.type != "cuda":
+        return build()
+    current = torch.cuda.current_stream(device)
+    side = _SIDE_STREAMS.get(device)
+    if side is None:
+        side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = build()
+    for t in out if isinstance(out, tuple) else (out,):
+        t.record_stream(current)  # the kernels that read it run on the current stream
+    side.synchronize()  # complete (and any pinned host source no longer needed)
+    return out

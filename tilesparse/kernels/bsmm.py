@@ -306,6 +306,11 @@ def dds(
     density = _density(meta, block_rows, block_cols)
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
         config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device)
+        if isinstance(config, bsmm_sdd_group.SddGroupConfig):  # another op's kind (a hand-edited table)
+            config = None
+    elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
+        raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
+                         "PanelConfig or WsConfig")
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:
@@ -401,8 +406,11 @@ def sdd(
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
-        bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)
-        return values
+        if config is None and cfg.group * tile_for(block_size) > bsmm_sdd_group.MAX_PANEL:
+            cfg = None  # a tuned entry too wide for this block size: the heuristic below
+        else:
+            bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)
+            return values
     if not isinstance(cfg, KernelConfig):  # nothing measured (or an entry of another kernel's kind)
         cfg = sdd_config(m, block_size, nnz, a.dtype, a.device)
     splits = max(1, min(cfg.splits, cdiv(max(m, 1), cfg.block_m)))

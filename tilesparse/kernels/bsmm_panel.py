@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
+from ._device import build_outside_graph_pools
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two, grouped_tile
 
@@ -106,28 +107,35 @@ def panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
     time: group q's union entries are pptr[q]:pptr[q+1], each naming a reduction block
     pk[u] and the storage slots of the G blocks (reduction block, output column), -1 for
     an absent block. trans=True (fprop) groups block-rows of S; trans=False groups
-    block-columns. Built on meta's device and remembered on ``meta``."""
+    block-columns. Built on meta's device and remembered on ``meta`` (the nonzero() syncs
+    once: not under CUDA-graph capture)."""
     cache = meta.__dict__.setdefault("_tilesparse_panel_tables", {})
     key = (block_rows, block_cols, trans, group)
     if key not in cache:
-        row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
-        nnz = row_of.numel()
-        slot = torch.full((block_rows, block_cols), -1, dtype=torch.int32, device=meta.device)
-        slot[row_of.long(), row_cols.long()] = torch.arange(nnz, dtype=torch.int32, device=meta.device)
-        if not trans:
-            slot = slot.t()
-        n_out, n_in = slot.shape
-        n_groups = cdiv(n_out, group)
-        padded = torch.full((n_groups * group, n_in), -1, dtype=torch.int32, device=meta.device)
-        padded[:n_out] = slot
-        grouped = padded.view(n_groups, group, n_in)
-        union = (grouped >= 0).any(dim=1)  # [Q, n_in]
-        q_idx, k_idx = union.nonzero(as_tuple=True)  # sorted by group, then reduction block
-        pslots = grouped[q_idx, :, k_idx].contiguous()  # [U, G]
-        pptr = torch.zeros(n_groups + 1, dtype=torch.int32, device=meta.device)
-        pptr[1:] = torch.cumsum(union.sum(dim=1), 0).to(torch.int32)
-        cache[key] = (pptr, k_idx.to(torch.int32).contiguous(), pslots)
+        # built outside CUDA graphs' private pools and complete before any stream reads it
+        cache[key] = build_outside_graph_pools(meta.device, lambda: _build_panel_tables(
+            meta, block_rows, block_cols, trans, group))
     return cache[key]
+
+
+def _build_panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int):
+    row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
+    nnz = row_of.numel()
+    slot = torch.full((block_rows, block_cols), -1, dtype=torch.int32, device=meta.device)
+    slot[row_of.long(), row_cols.long()] = torch.arange(nnz, dtype=torch.int32, device=meta.device)
+    if not trans:
+        slot = slot.t()
+    n_out, n_in = slot.shape
+    n_groups = cdiv(n_out, group)
+    padded = torch.full((n_groups * group, n_in), -1, dtype=torch.int32, device=meta.device)
+    padded[:n_out] = slot
+    grouped = padded.view(n_groups, group, n_in)
+    union = (grouped >= 0).any(dim=1)  # [Q, n_in]
+    q_idx, k_idx = union.nonzero(as_tuple=True)  # sorted by group, then reduction block
+    pslots = grouped[q_idx, :, k_idx].contiguous()  # [U, G]
+    pptr = torch.zeros(n_groups + 1, dtype=torch.int32, device=meta.device)
+    pptr[1:] = torch.cumsum(union.sum(dim=1), 0).to(torch.int32)
+    return pptr, k_idx.to(torch.int32).contiguous(), pslots
 
 
 def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, cfg: PanelConfig):

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
+from ._device import build_outside_graph_pools
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two, tile_for
 
@@ -68,8 +69,9 @@ def _sdd_group_kernel(
         g_ok = offs_g < count
         cols = tl.load(cols_ptr + z0 + offs_g, mask=g_ok, other=0).to(tl.int64)
         a_ptrs = a_ptr + (r.to(tl.int64) * B + offs_i)[:, None] * stride_ar + offs_m[None, :] * stride_am
-        # the panel as [BLOCK_M, GROUP, TILE_B]: contiguous along its last axis (a block's
-        # columns), so the loads stay vectorized and pipelined; reshaped for the product
+        # the panel as [BLOCK_M, GROUP, TILE_B]: where X is row-major, contiguous along its
+        # last axis (a block's columns), so the loads stay vectorized and pipelined;
+        # reshaped for the product
         b_ptrs = b_ptr + offs_m[:, None, None] * stride_bm \
             + (cols[None, :, None] * B + offs_i[None, None, :]) * stride_bc
         panel_ok = g_ok[None, :, None] & i_ok[None, None, :]
@@ -129,19 +131,28 @@ _STARTS = "_tilesparse_sdd_group_starts"
 def group_starts(meta: torch.Tensor, block_rows: int, block_cols: int, group: int) -> torch.Tensor:
     """int32 [min(nnz, cdiv(nnz, group) + block_rows)]: the storage entries that start a
     group of ``group`` consecutive blocks in their block-row, ascending, then other entries
-    (padding the kernel skips). Built on meta's device without a host sync; remembered on
-    ``meta`` per group, except while a CUDA graph is being captured."""
+    (padding the kernel skips). Built on meta's device without a host sync and remembered
+    on ``meta`` (built outside CUDA graphs' private pools, complete before any stream reads
+    it), except while a CUDA graph is being captured."""
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group must be a positive int, got {group!r}")
+    key = (block_rows, block_cols, group)
     cache = meta.__dict__.get(_STARTS)
-    if cache is not None and group in cache:
-        return cache[group]
-    row_ptr, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_of")
-    nnz = row_of.numel()
-    entry = torch.arange(nnz, device=meta.device)
-    is_start = (entry - row_ptr[row_of.long()]) % group == 0
-    bound = min(nnz, cdiv(nnz, group) + block_rows)
-    starts = torch.argsort((~is_start).to(torch.uint8), stable=True)[:bound].to(torch.int32)
-    if not (meta.is_cuda and torch.cuda.is_current_stream_capturing()):
-        meta.__dict__.setdefault(_STARTS, {})[group] = starts
+    if cache is not None and key in cache:
+        return cache[key]
+
+    def build():
+        row_ptr, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_of")
+        nnz = row_of.numel()
+        entry = torch.arange(nnz, device=meta.device)
+        is_start = (entry - row_ptr[row_of.long()]) % group == 0
+        bound = min(nnz, cdiv(nnz, group) + block_rows)
+        return torch.argsort((~is_start).to(torch.uint8), stable=True)[:bound].to(torch.int32)
+
+    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
+        return build()
+    starts = build_outside_graph_pools(meta.device, build)
+    meta.__dict__.setdefault(_STARTS, {})[key] = starts
     return starts
 
 

@@ -32,6 +32,7 @@ import threading
 import torch
 
 from ..layout import block_counts
+from ._device import build_outside_graph_pools
 
 __all__ = ["grouped_tile_columns", "tile_work", "balanced_schedule", "makespan", "round_robin_makespan",
            "schedule_tensor"]
@@ -44,7 +45,6 @@ MAX_TILES = 1 << 15
 _CACHE = "_tilesparse_ws_schedules"
 _CACHE_ENTRIES = 64
 _LOCK = threading.Lock()
-_UPLOAD_STREAMS: dict = {}
 
 
 def grouped_tile_columns(num_pid_m: int, n_out: int, group_m: int) -> list[int]:
@@ -126,19 +126,8 @@ def schedule_tensor(meta: torch.Tensor, trans: bool, n_out: int, num_pid_m: int,
 
 
 def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` on ``device``. On CUDA the copy runs on a side stream that the current one
-    then waits for: its memory comes from the caching allocator's ordinary pool even where
-    the current stream allocates into a CUDA graph's private pool (torch.compile's
-    reduce-overhead warm-up), whose blocks later replays overwrite."""
+    """``host`` on ``device``, copied outside any CUDA graph's private pool
+    (:func:`tilesparse.kernels._device.build_outside_graph_pools`)."""
     if device.type != "cuda":
         return host.to(device)
-    current = torch.cuda.current_stream(device)
-    side = _UPLOAD_STREAMS.get(device)
-    if side is None:
-        side = _UPLOAD_STREAMS.setdefault(device, torch.cuda.Stream(device))
-    with torch.cuda.stream(side):
-        out = host.pin_memory().to(device, non_blocking=True)
-    current.wait_stream(side)
-    out.record_stream(current)  # the kernels that read it run on the current stream
-    side.synchronize()  # the pinned source may be freed once this returns
-    return out
+    return build_outside_graph_pools(device, lambda: host.pin_memory().to(device, non_blocking=True))

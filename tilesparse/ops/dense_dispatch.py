@@ -100,13 +100,15 @@ def crossover_density(points: tuple) -> float:
     return hi
 
 
+_OFF = frozenset(("0", "off", "false", "no"))
 _KERNELS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesparse_kernels_only", default=False)
 
 
 def enabled() -> bool:
-    """Whether measured-slower calls run as dense: unless ``TILESPARSE_DENSE_DISPATCH=0``,
-    outside :func:`kernels_only`."""
-    return not _KERNELS_ONLY.get() and os.environ.get("TILESPARSE_DENSE_DISPATCH", "1") != "0"
+    """Whether measured-slower calls run as dense: unless ``TILESPARSE_DENSE_DISPATCH`` is
+    0 / off / false / no, outside :func:`kernels_only`."""
+    setting = os.environ.get("TILESPARSE_DENSE_DISPATCH", "1").strip().lower()
+    return not _KERNELS_ONLY.get() and setting not in _OFF
 
 
 @contextlib.contextmanager
@@ -199,8 +201,7 @@ class _DenseLinear(torch.autograd.Function):
         return torch.nn.functional.linear(x, scatter_dense(values, meta, rows, cols), bias)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx, grad):  # differentiable ops only: double backward works, as on the kernels' path
         x, values, meta = ctx.saved_tensors
         rows, cols = ctx.grid
         grad_x = grad_values = grad_bias = None
