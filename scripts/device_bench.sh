@@ -29,6 +29,7 @@
 #            kernel time, fprop, bprop and updat (WS_ARGS overrides shapes / blocks / variants)
 #   ws-balanced - the ws dds with the balanced tile schedule (kernels/ws_schedule.py) against
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
+#   ws-b128-more - around the b 128 default: a 5th stage, tile-order groups of 4 and 16
 #   ws-small-blocks - the ws dds at b 32 and 16 (deep rings) against the Triton kernels, fprop and bprop
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
@@ -107,6 +108,9 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 120 python3 scripts/probes/ws_sweep.py --dtype fp32 --shapes 8192x4096x4096 --blocks 128 \
               --ops fprop --variants tf32-m128k32w8st4 tf32-m128k32w8st4bal --out "$OUT/ws-balanced-tf32.json" \
               > "$OUT/ws-balanced-tf32.log" 2>&1 ;;
+    ws-b128-more) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 128 --ops fprop bprop --variants m128k64w4st4ppbal m128k64w4st5ppbal \
+              m128k64w4st4ppbalg4 m128k64w4st4ppbalg16 --out "$OUT/ws-b128-more.json" > "$OUT/ws-b128-more.log" 2>&1 ;;
     ws-small-blocks) timeout "${WS_TIMEOUT:-240}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               --blocks 32 16 --ops fprop bprop --variants b32-m128k32w8st12 b32-m128k32w8st16 b32-m256k32w8st10 \
               b16-m128k16w8st16 b16-m256k16w8st16 --out "$OUT/ws-small-blocks.json" > "$OUT/ws-small-blocks.log" 2>&1 ;;

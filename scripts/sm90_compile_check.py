@@ -192,7 +192,8 @@ def ws_cases(quick: bool):
          (128, 128, 32, 8, 4, True, False, "fp32", False), (64, 128, 32, 4, 4, True, False, "fp32", False),
          (128, 128, 64, 8, 5, True, False, "bf16", True), (64, 128, 64, 4, 4, False, True, "bf16", True),
          (32, 128, 32, 8, 12, True, False, "bf16", False), (32, 256, 32, 8, 10, False, False, "bf16", False),
-         (16, 128, 16, 8, 16, True, False, "bf16", False), (16, 128, 16, 8, 16, False, False, "bf16", False))
+         (16, 128, 16, 8, 16, True, False, "bf16", False), (16, 128, 16, 8, 16, False, False, "bf16", False),
+         (128, 128, 64, 4, 5, True, True, "bf16", True))
     fn = bsmm_ws._dds_ws_kernel
     for block, block_m, block_k, warps, stages, trans, pingpong, dt, balanced in cases:
         cfg = bsmm_ws.WsConfig(block_m, block_k, warps, stages, pingpong=pingpong, balanced=balanced)

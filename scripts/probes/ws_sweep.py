@@ -62,6 +62,11 @@ VARIANTS = {
     # tiles from the balanced schedule (kernels/ws_schedule.py) instead of round-robin
     "m128k64w8st5bal": W.WsConfig(128, 64, 8, 5, balanced=True),
     "m128k64w4st4ppbal": W.WsConfig(128, 64, 4, 4, pingpong=True, balanced=True),
+    # around the b 128 default (m128k64w4st4ppbal): a 5th stage (230 KB of shared memory),
+    # tile-order groups of 4 and 16 (L2 reuse of the activation rows against the W blocks)
+    "m128k64w4st5ppbal": W.WsConfig(128, 64, 4, 5, pingpong=True, balanced=True),
+    "m128k64w4st4ppbalg4": W.WsConfig(128, 64, 4, 4, group_m=4, pingpong=True, balanced=True),
+    "m128k64w4st4ppbalg16": W.WsConfig(128, 64, 4, 4, group_m=16, pingpong=True, balanced=True),
     # fp32 as TF32 (32-deep steps: 128-byte rows)
     "tf32-m128k32w8st4": W.WsConfig(128, 32, 8, 4),
     "tf32-m128k32w8st3": W.WsConfig(128, 32, 8, 3),

@@ -83,6 +83,9 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 yield WsConfig(bm, bk, warps, stages, pingpong=pingpong)
         yield WsConfig(128, 64, 8, 5, balanced=True)  # tiles from the balanced schedule (kernels/ws_schedule.py)
         yield WsConfig(128, 64, 4, 4, pingpong=True, balanced=True)
+        if block == 128:  # a 5th stage (230 KB of shared memory) and other tile-order groups
+            yield WsConfig(128, 64, 4, 5, pingpong=True, balanced=True)
+            yield WsConfig(128, 64, 4, 4, group_m=16, pingpong=True, balanced=True)
     yield K.KernelConfig(128, 64, 4, 4)
     for bm, bk, warps, stages in ((128, 64, 4, 4), (128, 64, 8, 3), (256, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 5)):
         yield K.KernelConfig(bm, min(bk, tile), warps, stages, tma=True)
