@@ -25,6 +25,19 @@ def _grid(block_size):
     return OUT_FEATURES // block_size, IN_FEATURES // block_size
 
 
+def _dds_case(block_size, dtype, trans, m):
+    """(operands, expected): A, the blocks, bias and tables of a layout with an empty
+    block-row and block-column, and the float64 reference of dds on them."""
+    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
+    values = random_values(layout, dtype, DEVICE)
+    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    return (a, values, layout.meta_on(DEVICE), bias, layout.block_rows, layout.block_cols, trans), expected
+
+
 # --------------------------------------------------------------------------- small-batch kernel
 # dds has two kernels: large-batch tiles and a weight-streaming kernel for few rows.
 # Both are forced here at the M values around the dispatch threshold, every block size
@@ -39,11 +52,7 @@ def _grid(block_size):
 def test_dds_both_kernels(block_size, dtype, trans, m, path):
     from tilesparse.kernels import bsmm_small
 
-    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
-    rows, cols = layout.shape
-    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
-    values = random_values(layout, dtype, DEVICE)
-    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
+    operands, expected = _dds_case(block_size, dtype, trans, m)
     if path == "large":
         cfg = kernels.dds_config(m, block_size, dtype)
     else:
@@ -54,11 +63,7 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, chunks=2, longest_first=True)
         elif path == "small-swap":
             cfg = dataclasses.replace(cfg, swap=True)
-    meta = layout.meta_on(DEVICE)
-    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
-    s = dense_of(values, layout)
-    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
-    assert_close(out, expected, dtype, f"dds {path}")
+    assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 
 # --------------------------------------------------------------------------- panel kernel (small blocks)
@@ -74,16 +79,8 @@ def test_dds_panel_kernel(block_size, dtype, trans, m, group):
 
     if block_size * group > 128:
         pytest.skip("panels wider than 128 columns are not a supported config")
-    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
-    rows, cols = layout.shape
-    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
-    values = random_values(layout, dtype, DEVICE)
-    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
-    meta = layout.meta_on(DEVICE)
-    cfg = bsmm_panel.PanelConfig(group)
-    out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
-    s = dense_of(values, layout)
-    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    operands, expected = _dds_case(block_size, dtype, trans, m)
+    out = kernels.dds(*operands, config=bsmm_panel.PanelConfig(group))
     assert_close(out, expected, dtype, "dds panel")
 
 
@@ -99,18 +96,10 @@ def test_dds_feature_major_tiles_at_large_m(block_size, dtype, trans, m):
     # candidates): the W slice as the MMA's M side; M not a multiple of the tile
     from tilesparse.kernels import bsmm_small
 
-    layout = make_layout("empty_rows_cols", *_grid(block_size), block_size)
-    rows, cols = layout.shape
-    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
-    values = random_values(layout, dtype, DEVICE)
-    bias = torch.randn(rows if trans else cols, device=DEVICE).to(dtype)
-    meta = layout.meta_on(DEVICE)
-    s = dense_of(values, layout)
-    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    operands, expected = _dds_case(block_size, dtype, trans, m)
     for cfg in (bsmm_small.SmallConfig(block_size, 64, 256, 8 if block_size == 64 else 4, 3 if block_size == 64 else 4),
                 bsmm_small.SmallConfig(block_size, 64, 128, 4, 4)):
-        out = kernels.dds(a, values, meta, bias, layout.block_rows, layout.block_cols, trans, config=cfg)
-        assert_close(out, expected, dtype, f"dds feature-major {cfg}")
+        assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds feature-major {cfg}")
 
 
 @pytest.mark.parametrize("reduce", [{"splits": 4}, {"chunks": 3}], ids=["splits4", "chunks3"])
