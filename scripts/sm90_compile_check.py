@@ -27,6 +27,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
 from tilesparse.kernels import attention as attn  # noqa: E402
+from tilesparse.kernels import attention_stored_ds  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
@@ -47,7 +48,7 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
-        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr")):
+        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr")):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{dtype}"
@@ -71,18 +72,27 @@ def attention_cases(quick: bool):
                 cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
                 # variants: dQ by atomics (deterministic=False) and the two-pass dK/dV walk
                 # (AttentionConfig.two_pass), alone and together; the forward's split-off last block
-                variants = {"dkdv": ((), ("atomic_dq",), ("two_pass",), ("two_pass", "atomic_dq"))[:3 if quick else 4],
+                variants = {"dkdv": ((), ("atomic_dq",), ("two_pass",), ("store_ds",),
+                                     ("two_pass", "atomic_dq"))[:3 if quick else 5],
                             "fwd": ((),) if kpm else ((), ("split_last",))}.get(kind, ((),))
                 for variant in variants:
                     const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
                     if kind == "dkdv":  # a constexpr left out would compile as a runtime int
                         atomic = "atomic_dq" in variant
-                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS="two_pass" in variant)
+                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS="two_pass" in variant,
+                                     STORE_DS="store_ds" in variant)
                     elif kind == "fwd":
                         const.update(SPLIT_LAST="split_last" in variant)
                     name = "".join(f" {v}" for v in variant)
                     yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}{name}", fn,
                            _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
+        if not quick:  # dQ from the stored dS (attention_stored_ds), at the dQ kernel's tiles
+            cfg = attn.attention_config("dq", block, head_dim, torch.bfloat16)
+            const = dict(BS=block, D=head_dim, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                         INPUT_PRECISION="ieee")
+            fn = attention_stored_ds._bwd_dq_from_ds_kernel
+            yield (f"attention dq from stored dS b{block} D{head_dim}", fn, _attention_signature(fn, "bf16", const),
+                   const, cfg.num_warps, cfg.num_stages)
         const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
         fn = attn._bwd_preprocess_kernel
         yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
@@ -90,7 +100,8 @@ def attention_cases(quick: bool):
         fn = attn._bwd_dkdv_kernel
         for block_m, block_n, warps in ((64, 128, 4), (128, 128, 8), (64, 64, 4), (64, 64, 8)):
             const = dict(BS=128, D=128, D_TILE=128, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=True, HAS_KPM=False,
-                         INPUT_PRECISION="ieee", TMA=True, ATOMIC_DQ=False, TMA_REDUCE=False, TWO_PASS=True)
+                         INPUT_PRECISION="ieee", TMA=True, ATOMIC_DQ=False, TMA_REDUCE=False, TWO_PASS=True,
+                         STORE_DS=False)
             yield (f"attention dkdv b128 D128 causal=True kpm=False tma=True two_pass {block_m}x{block_n} w{warps}",
                    fn, _attention_signature(fn, "bf16", const), const, warps, 2)
 

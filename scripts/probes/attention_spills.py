@@ -49,7 +49,7 @@ from sm90_compile_check import TARGET, _attention_signature  # noqa: E402
 from tilesparse.kernels import attention as attn  # noqa: E402
 
 KERNELS = {"fwd": attn._fwd_kernel, "dkdv": attn._bwd_dkdv_kernel, "dq": attn._bwd_dq_kernel}
-FLAGS = ("tma", "two_pass", "atomic_dq", "split_last")
+FLAGS = ("tma", "two_pass", "atomic_dq", "split_last", "store_ds")
 
 # The default table: the measured (default) config of each pass at b 128, D 128, and
 # dK/dV variants around it: the single pass (two fp32 accumulators) and TWO_PASS (one),
@@ -119,7 +119,7 @@ def constexprs(kind: str, cfg: attn.AttentionConfig, flags: set, block: int, hea
                  HAS_KPM=kpm, INPUT_PRECISION="ieee", TMA=tma)
     if kind == "dkdv":
         atomic = "atomic_dq" in flags
-        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS=cfg.two_pass)
+        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS=cfg.two_pass, STORE_DS="store_ds" in flags)
     elif kind == "fwd":
         const.update(SPLIT_LAST=cfg.split_last and not kpm)
     return const

@@ -13,7 +13,7 @@ import torch
 
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
-from . import attention_ws
+from . import attention_stored_ds, attention_ws
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .attention_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel, _fwd_kernel
 from .bsmm_tma import ensure_allocator
@@ -121,7 +121,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
     an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
     then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
-    each key tile's column twice (dV, then dK; one fp32 accumulator live at a time)."""
+    each key tile's column twice (dV, then dK; one fp32 accumulator live at a time).
+    With ``attention_stored_ds`` on (and no configs given), the dK/dV kernel stores each
+    pair's dS and dQ is one product per pair over the rows (deterministic, 5 matmuls)."""
     q, k, v, out, grad_out = (_rows(t) for t in (q, k, v, out, grad_out))
     B, H, S, D, Hkv, nb, d_tile = _common(q, k, meta, layout_heads, block_size)
     dk = new_output(B, Hkv, S, D, dtype=k.dtype, device=k.device)
@@ -133,15 +135,19 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
+    row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
+    # dQ from dS stored by the dK/dV kernel (attention_stored_ds): the Triton kernels only
+    stored_ds = deterministic and configs is None and attention_stored_ds.use_stored_ds(
+        attention_stored_ds.workspace_bytes(B, H, layout_heads, col_rows.numel(), block_size, q.dtype))
     if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's
-        configs = tuple((deterministic and attention_ws.default_config(kind, q, k, v, grad_out, block_size))
+        configs = tuple((deterministic and not stored_ds and attention_ws.default_config(kind, q, k, v, grad_out,
+                                                                                         block_size))
                         or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
     cfg_kv, cfg_q = configs
     ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,
                        deterministic)
     ws_q = _check_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
                          deterministic)
-    row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
@@ -151,22 +157,35 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
+    ds = None
+    if stored_ds:  # every tile of every pair is written by the dK/dV kernel
+        ds = new_output(B * (H // layout_heads), col_rows.numel(), block_size, block_size, dtype=q.dtype,
+                        device=q.device)
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
                                     block_size, causal, key_padding_mask is not None, scale, cfg_kv)
     else:
         launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
             q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
-            B, S, H, Hkv, H // Hkv, nb, layout_heads, scale * LOG2E, scale, *strides,
+            delta if ds is None else ds,
+            B, S, H, Hkv, H // Hkv, nb, layout_heads, col_rows.numel(), scale * LOG2E, scale, *strides,
             BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
             TWO_PASS=cfg_kv.two_pass,
             # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
-            TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda",
+            TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda", STORE_DS=ds is not None,
             **cfg_kv.launch_options(), **common,
         )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    if ds is not None:
+        launch(attention_stored_ds._bwd_dq_from_ds_kernel, (nb * (block_size // cfg_q.block_m), B * H),
+            ds, k, dq, row_ptr, row_cols, attention_stored_ds.row_entry_slots(meta, layout_heads, nb),
+            S, H, H // Hkv, nb, layout_heads, col_rows.numel(), scale, *k.stride()[:3],
+            BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n,
+            INPUT_PRECISION=common["INPUT_PRECISION"], **cfg_q.launch_options(),
+        )
+        return dq, dk, dv
     if ws_q:
         attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
                                   block_size, causal, key_padding_mask is not None, scale, cfg_q)

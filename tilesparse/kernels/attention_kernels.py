@@ -211,13 +211,14 @@ def _bwd_preprocess_kernel(
 @triton.jit
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr,
-    col_ptr_ptr, col_rows_ptr, dq_acc_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    col_ptr_ptr, col_rows_ptr, dq_acc_ptr, ds_ptr,
+    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, INPUT_PRECISION: tl.constexpr, TMA: tl.constexpr,
     ATOMIC_DQ: tl.constexpr = False, TMA_REDUCE: tl.constexpr = False, TWO_PASS: tl.constexpr = False,
+    STORE_DS: tl.constexpr = False,
 ):
     """dK, dV of one key tile of one kv head: a fixed-order sum over the group's query
     heads and, for each, the query blocks of the key block's CSC column. dk/dv are
@@ -229,8 +230,14 @@ def _bwd_dkdv_kernel(
     stored, then dK (S, P, dP, dS, dK += dS^T Q; 3 matmuls, and ATOMIC_DQ's dQ share).
     5 matmuls per pair instead of 4, for half the accumulator registers. Both passes walk
     the pairs in the single pass's order: the same sums in the same order (deterministic;
-    under the interpreter bitwise equal to the single pass)."""
+    under the interpreter bitwise equal to the single pass).
+
+    STORE_DS: each block pair's dS (in q's dtype, the value dK's product uses) is also
+    stored into ``ds`` [B * H / L_HEADS-sharing heads, NNZ, BS, BS] at the pair's CSC
+    slot, query rows first, for the dQ kernel that reads it instead of recomputing S,
+    P and dP (:mod:`tilesparse.kernels.attention_stored_ds`)."""
     tl.static_assert(not TMA_REDUCE or (TMA and ATOMIC_DQ), "TMA_REDUCE needs TMA loads and ATOMIC_DQ")
+    tl.static_assert(not (STORE_DS and ATOMIC_DQ), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     N_SPLIT: tl.constexpr = BS // BLOCK_N
     M_STEPS: tl.constexpr = BS // BLOCK_M
     pid = tl.program_id(0)
@@ -314,6 +321,12 @@ def _bwd_dkdv_kernel(
                     dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
                     dsT = pT * (dpT - delta[None, :])
                     dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
+                    if STORE_DS:  # ds[row, slot, m, n] = dsT[n, m]; row: (batch, head) where heads share a layout
+                        HPL = H // L_HEADS
+                        ds_tile = ds_ptr + ((bz * HPL + h % HPL) * NNZ + t // M_STEPS) * (BS * BS)
+                        n_in = (pid % N_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
+                        m_in = (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
+                        tl.store(ds_tile + m_in[None, :] * BS + n_in[:, None], dsT.to(ds_ptr.dtype.element_ty))
                     if ATOMIC_DQ:
                         dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
                         if TMA_REDUCE:

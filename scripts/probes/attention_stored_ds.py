@@ -1,0 +1,79 @@
+"""Block-sparse attention's backward: dQ recomputed (the default: the warp-specialized
+kernels on Hopper at b 128 / D 128, else Triton's) against dQ from stored dS
+(kernels/attention_stored_ds.py, TILESPARSE_STORED_DS=on), forward + backward, in one
+process, on the attention suite's patterns (B 4, H 16, S 8192, D 128, blocks of 128,
+bf16), with FlexAttention's time where it compiles; gradients compared between the modes.
+
+    python scripts/probes/attention_stored_ds.py --out attention-stored-ds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+import triton.testing
+
+from tilesparse.attention import block_sparse_attention
+from tilesparse.bench.attention import _make_fns, build_layout, resolve_table
+
+
+def _time(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
+    """Both modes (and Flex if asked) on one pattern; the row of results."""
+    layout = build_layout(spec, S, block, H)
+    causal = bool(spec.get("causal", False))
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16)
+
+    def fwd_bwd():
+        out = block_sparse_attention(q, k, v, layout, causal=causal, dense_fallback=False)
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+
+    row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block}
+    grads = {}
+    for mode in ("off", "on"):
+        os.environ["TILESPARSE_STORED_DS"] = mode
+        grads[mode] = fwd_bwd()
+        row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
+    os.environ.pop("TILESPARSE_STORED_DS", None)
+    row["rel_diff"] = {n: ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+                       for n, a, b in zip(("dq", "dk", "dv"), grads["on"], grads["off"])}
+    row["speedup_on_over_off"] = row["fwd_bwd_ms_off"] / row["fwd_bwd_ms_on"]
+    if flex:
+        fns, _ = _make_fns("flex", q, k, v, layout, causal, spec["name"], grad_out)
+        row["flex_fwd_bwd_ms"] = _time(fns[1]) if fns else None
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
+    p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles: minutes)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    table = resolve_table("attention")
+    B, H, S, D = table["shapes"][0]
+    block = table["blocks"][0]
+    specs = {spec["name"]: spec for spec in table["layouts"]}
+    rows = []
+    for name in args.patterns:
+        row = run_pattern(specs[name], B, H, S, D, block, args.flex)
+        print(f"{name:10} density {row['density']:.3f}: recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS "
+              f"{row['fwd_bwd_ms_on']:.3f} ms ({row['speedup_on_over_off']:.2f}x)"
+              + (f", flex {row['flex_fwd_bwd_ms']:.3f} ms" if row.get("flex_fwd_bwd_ms") else "")
+              + f"; grads differ by {max(row['rel_diff'].values()):.1e}", flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Block-sparse attention's dQ from stored dS: 5 matmuls per block pair in the backward
+instead of 7, deterministic.
+
+The default backward computes dK/dV over the layout's columns (S, dP, dV, dK: 4
+matmuls per block pair) and dQ over its rows (S and dP again, then dQ: 3 more), because
+dQ sums over key blocks that different dK/dV programs own. Summing dQ by atomics in the
+dK/dV kernel (``deterministic=False``) saves the recomputation but not the order. Here
+the dK/dV kernel stores each pair's dS tile (``STORE_DS``, in the inputs' dtype: the
+value its dK product uses) into a workspace, and dQ is one product per pair over each
+row, in table order:
+
+    dQ[i] = scale * sum over the key blocks j of row i of dS[i, j] @ K[j]
+
+so the backward does 5 matmuls per pair and the dS bytes cross HBM twice (written once,
+read once). On issue 6's local-1024 case (B 4, H 16, S 8192, blocks of 128, 34.5k pairs
+per batch and head group) that is 1.1 GB of workspace in bf16. It is used where the
+workspace fits ``MAX_WORKSPACE_BYTES``; long sequences keep the recomputing dQ kernel,
+whose memory stays O(S * D) (the goal of 131072 keys at 2-5 % of blocks).
+
+Status: interpreter-tested; off by default (``MODE``) until timed on a GPU against the
+recomputing kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..attention.layout import attention_table_views
+from ._device import build_outside_graph_pools
+from .attention_kernels import _query_tile
+
+__all__ = ["MODE", "MAX_WORKSPACE_BYTES", "workspace_bytes", "use_stored_ds", "row_entry_slots",
+           "_bwd_dq_from_ds_kernel"]
+
+# "off": always recompute dQ's S and dP; "on": store dS wherever the workspace fits;
+# TILESPARSE_STORED_DS overrides. Off until timed on the GPU (docs/performance.md).
+MODE = "off"
+MAX_WORKSPACE_BYTES = 4 << 30
+
+
+def workspace_bytes(batch: int, heads: int, layout_heads: int, nnz: int, block_size: int,
+                    dtype: torch.dtype) -> int:
+    """Bytes of the dS workspace: one [b, b] tile per stored block pair of every (batch,
+    head); heads sharing one layout (``layout_heads`` 1) each need their own."""
+    heads_per_layout = heads // layout_heads
+    return batch * heads_per_layout * nnz * block_size * block_size * torch.finfo(dtype).bits // 8
+
+
+def use_stored_ds(nbytes: int) -> bool:
+    """Whether the backward stores dS (MODE or TILESPARSE_STORED_DS "on", and the workspace
+    within MAX_WORKSPACE_BYTES)."""
+    mode = os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower()
+    return mode == "on" and 0 < nbytes <= MAX_WORKSPACE_BYTES
+
+
+_SLOTS = "_tilesparse_attention_row_entry_slots"
+
+
+def row_entry_slots(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> torch.Tensor:
+    """int32 [nnz]: for each CSR entry (layout head l, query block m, key block n) of the
+    packed attention tables, its CSC position, where the dK/dV kernel stored that pair's
+    dS. Built on meta's device without a host sync and remembered on ``meta`` (outside
+    CUDA graphs' private pools), except while a CUDA graph is being captured."""
+    key = (layout_heads, num_blocks)
+    cache = meta.__dict__.get(_SLOTS)
+    if cache is not None and key in cache:
+        return cache[key]
+
+    def build():
+        row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, num_blocks)
+        nnz = row_cols.numel()
+        lanes = torch.arange(layout_heads * num_blocks, device=meta.device)
+        lm = torch.repeat_interleave(lanes, (row_ptr[1:] - row_ptr[:-1]).long(), output_size=nnz)
+        layout_head, m = lm // num_blocks, lm % num_blocks
+        csc_key = (layout_head * num_blocks + row_cols.long()) * num_blocks + m  # CSC order: (l, n, m)
+        order = torch.argsort(csc_key, stable=True)
+        slots = torch.empty(nnz, dtype=torch.int32, device=meta.device)
+        slots[order] = torch.arange(nnz, dtype=torch.int32, device=meta.device)
+        return slots
+
+    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
+        return build()
+    slots = build_outside_graph_pools(meta.device, build)
+    meta.__dict__.setdefault(_SLOTS, {})[key] = slots
+    return slots
+
+
+@triton.jit
+def _bwd_dq_from_ds_kernel(
+    ds_ptr, k_ptr, dq_ptr, row_ptr_ptr, row_cols_ptr, slots_ptr,
+    S, H, GROUP, NB, L_HEADS, NNZ, scale, skb, skh, sks,
+    BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """dQ of one query tile: scale * sum over its block row (table order) of the stored
+    dS [BLOCK_M, BLOCK_N] pieces times K. dq is contiguous [B, H, S, D]; ds as the dK/dV
+    kernel's STORE_DS wrote it (zeros wherever the masks removed a score)."""
+    N_STEPS: tl.constexpr = BS // BLOCK_N
+    bh = tl.program_id(1)
+    qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
+    offs_d = tl.arange(0, D_TILE)
+    d_ok = offs_d < D
+    m_ok = offs_m < S
+    m_in = offs_m - qblk * BS  # rows within the block
+    HPL = H // L_HEADS
+    ds_row = ds_ptr + (bz * HPL + h % HPL) * NNZ * (BS * BS)
+    k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
+    dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
+    start = tl.load(row_ptr_ptr + lh * NB + qblk)
+    end = tl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    for t in range(start * N_STEPS, end * N_STEPS):
+        e = t // N_STEPS
+        kblk = tl.load(row_cols_ptr + e).to(tl.int64)
+        slot = tl.load(slots_ptr + e).to(tl.int64)
+        n_in = (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_n = kblk * BS + n_in
+        ds = tl.load(ds_row + slot * (BS * BS) + m_in[:, None] * BS + n_in[None, :])
+        k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=(offs_n < S)[:, None] & d_ok[None, :],
+                    other=0.0)
+        dq += tl.dot(ds, k, input_precision=INPUT_PRECISION)
+    tl.store(dq_ptr + bh.to(tl.int64) * S * D + offs_m[:, None] * D + offs_d[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
