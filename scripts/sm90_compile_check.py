@@ -235,16 +235,17 @@ def attention_ws_cases(quick: bool):
     from tilesparse.kernels import attention_ws, attention_ws_base, attention_ws_dkdv
 
     fn = attention_ws_dkdv._bwd_dkdv_ws_kernel
-    cases = ((128, 128, 64, 2, True, False),) if quick else \
-        ((128, 128, 64, 2, True, False), (128, 128, 64, 3, False, True), (64, 64, 64, 2, True, True),
-         (128, 64, 64, 2, False, False))
-    for block, head_dim, block_m, stages, causal, kpm in cases:
+    # (block, D, block_m, stages, causal, key padding, STORE_DS: dS into the workspace)
+    cases = ((128, 128, 64, 2, True, False, False),) if quick else \
+        ((128, 128, 64, 2, True, False, False), (128, 128, 64, 3, False, True, False), (64, 64, 64, 2, True, True, False),
+         (128, 64, 64, 2, False, False, False), (128, 128, 64, 2, True, False, True), (64, 64, 64, 2, False, True, True))
+    for block, head_dim, block_m, stages, causal, kpm, store_ds in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
-                     qo_layout=qo, kv_layout=kv, num_warps=block // 16)
+                     STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16)
         sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}", fn, sig, const, block // 16,
-               stages, None, GluonASTSource)
+        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else ""),
+               fn, sig, const, block // 16, stages, None, GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
         "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else

@@ -136,12 +136,13 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
-    # dQ from dS stored by the dK/dV kernel (attention_stored_ds): the Triton kernels only
+    # dQ from dS stored by the dK/dV kernel (attention_stored_ds; either dK/dV kernel stores it)
     stored_ds = deterministic and configs is None and attention_stored_ds.use_stored_ds(
         attention_stored_ds.workspace_bytes(B, H, layout_heads, col_rows.numel(), block_size, q.dtype))
-    if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's
-        configs = tuple((deterministic and not stored_ds and attention_ws.default_config(kind, q, k, v, grad_out,
-                                                                                         block_size))
+    if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's;
+        # with stored dS, dQ runs the Triton dq-from-dS kernel at the dQ config's tiles
+        configs = tuple((deterministic and not (stored_ds and kind == "dq")
+                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size))
                         or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
     cfg_kv, cfg_q = configs
     ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,
@@ -163,7 +164,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                         device=q.device)
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
-                                    block_size, causal, key_padding_mask is not None, scale, cfg_kv)
+                                    block_size, causal, key_padding_mask is not None, scale, cfg_kv, ds=ds)
     else:
         launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
             q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,

@@ -233,9 +233,9 @@ def _bwd_dkdv_kernel(
     under the interpreter bitwise equal to the single pass).
 
     STORE_DS: each block pair's dS (in q's dtype, the value dK's product uses) is also
-    stored into ``ds`` [B * H / L_HEADS-sharing heads, NNZ, BS, BS] at the pair's CSC
-    slot, query rows first, for the dQ kernel that reads it instead of recomputing S,
-    P and dP (:mod:`tilesparse.kernels.attention_stored_ds`)."""
+    stored into ``ds`` [B * heads sharing a layout, NNZ, BS keys, BS queries] at the pair's
+    CSC slot (transposed, as computed here), for the dQ kernel that reads it instead of
+    recomputing S, P and dP (:mod:`tilesparse.kernels.attention_stored_ds`)."""
     tl.static_assert(not TMA_REDUCE or (TMA and ATOMIC_DQ), "TMA_REDUCE needs TMA loads and ATOMIC_DQ")
     tl.static_assert(not (STORE_DS and ATOMIC_DQ), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     N_SPLIT: tl.constexpr = BS // BLOCK_N
@@ -321,12 +321,12 @@ def _bwd_dkdv_kernel(
                     dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
                     dsT = pT * (dpT - delta[None, :])
                     dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
-                    if STORE_DS:  # ds[row, slot, m, n] = dsT[n, m]; row: (batch, head) where heads share a layout
+                    if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m]; row: (batch, head) where heads share a layout
                         HPL = H // L_HEADS
                         ds_tile = ds_ptr + ((bz * HPL + h % HPL) * NNZ + t // M_STEPS) * (BS * BS)
                         n_in = (pid % N_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
                         m_in = (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
-                        tl.store(ds_tile + m_in[None, :] * BS + n_in[:, None], dsT.to(ds_ptr.dtype.element_ty))
+                        tl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], dsT.to(ds_ptr.dtype.element_ty))
                     if ATOMIC_DQ:
                         dq_part = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=INPUT_PRECISION) * scale
                         if TMA_REDUCE:

@@ -97,8 +97,9 @@ def _bwd_dq_from_ds_kernel(
     INPUT_PRECISION: tl.constexpr,
 ):
     """dQ of one query tile: scale * sum over its block row (table order) of the stored
-    dS [BLOCK_M, BLOCK_N] pieces times K. dq is contiguous [B, H, S, D]; ds as the dK/dV
-    kernel's STORE_DS wrote it (zeros wherever the masks removed a score)."""
+    dS pieces times K. dq is contiguous [B, H, S, D]; ds as the dK/dV kernels' STORE_DS
+    wrote it, keys-major [rows, NNZ, BS keys, BS queries] (zeros wherever the masks removed
+    a score)."""
     N_STEPS: tl.constexpr = BS // BLOCK_N
     bh = tl.program_id(1)
     qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
@@ -118,9 +119,9 @@ def _bwd_dq_from_ds_kernel(
         slot = tl.load(slots_ptr + e).to(tl.int64)
         n_in = (t % N_STEPS) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_n = kblk * BS + n_in
-        ds = tl.load(ds_row + slot * (BS * BS) + m_in[:, None] * BS + n_in[None, :])
+        dsT = tl.load(ds_row + slot * (BS * BS) + n_in[:, None] * BS + m_in[None, :])  # stored keys-major
         k = tl.load(k_base + offs_n[:, None] * sks + offs_d[None, :], mask=(offs_n < S)[:, None] & d_ok[None, :],
                     other=0.0)
-        dq += tl.dot(ds, k, input_precision=INPUT_PRECISION)
+        dq += tl.dot(tl.trans(dsT), k, input_precision=INPUT_PRECISION)
     tl.store(dq_ptr + bh.to(tl.int64) * S * D + offs_m[:, None] * D + offs_d[None, :],
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

@@ -34,8 +34,8 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
+    S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     kblk = gl.program_id(0)
     bhk = gl.program_id(1)
@@ -61,15 +61,16 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
-                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr, num_warps: gl.constexpr):
     """Consumers (the default partition, 16 key rows per warp): the four products per
     query tile, synchronous wgmma, the stage released after the last one that read it;
-    then dK * scale and dV stored with masks (keys past S are not written)."""
+    then dK * scale and dV stored with masks (keys past S are not written). STORE_DS:
+    each dSᵀ tile also goes to the workspace as ``_bwd_dkdv_kernel`` stores it."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale = sizes
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
+    S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
     dtype: gl.constexpr = q_desc.dtype
@@ -130,6 +131,12 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             dsT = pT * (dpT - delta[None, :])
             dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
+            if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it)
+                HPL = H // L_HEADS
+                ds_tile = ds_ptr + ((bz * HPL + h % HPL).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
+                n_in = gl.arange(0, BS, layout=gl.SliceLayout(1, s_layout))
+                m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+                gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], dsT.to(dtype))
             step += 1
 
     offs_on = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, o_layout))
@@ -142,11 +149,11 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
 
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
+    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
+    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
@@ -166,26 +173,29 @@ def _bwd_dkdv_ws_kernel(
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr)
-    sizes = (S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
+    sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale)
     gl.warp_specialize([
-        (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, num_warps)),
+        (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, num_warps)),
         (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
     ], [1], [LOAD_REGS])
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
-                   block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig) -> None:
+                   block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
+                   ds=None) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
-    ``_bwd_dkdv_kernel`` computes them."""
+    ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
+    STORE_DS workspace)."""
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
     ensure_allocator()
     launch(_bwd_dkdv_ws_kernel, (nb, B * hkv),
-        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows,
-        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
+        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
+        B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
-        LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout, num_warps=block_size // 16,
+        LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
+        num_warps=block_size // 16,
     )
