@@ -4,6 +4,8 @@ determinism, the workspace limit, and the CSR -> CSC slot table."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -15,9 +17,10 @@ from tilesparse.kernels import attention_stored_ds as stored
 
 @pytest.fixture
 def stored_ds_on(monkeypatch):
-    monkeypatch.setenv("TILESPARSE_STORED_DS", "on")
     """TILESPARSE_STORED_DS=on; yields the grids the dQ-from-dS kernel was launched with."""
     import tilesparse.kernels.attention as attention_launchers
+
+    monkeypatch.setenv("TILESPARSE_STORED_DS", "on")
 
     launches = []
     real_launch = attention_launchers.launch
@@ -52,6 +55,40 @@ def test_stored_ds_backward_matches_reference(case, stored_ds_on):
 
 
 @interpreter
+@pytest.mark.parametrize("tiles", [((16, 16), (32, 16)), ((32, 16, True), (16, 32)), ((16, 32), (16, 16))],
+                         ids=["kv16x16-q32x16", "kv32x16-two-pass-q16x32", "kv16x32-q16x16"])
+def test_stored_ds_with_other_tiles_than_the_dq_kernels(tiles, stored_ds_on, monkeypatch):
+    # the dK/dV kernel's BLOCK_M x BLOCK_N (query steps, key splits of a block) and the dQ
+    # kernel's differ: each element of each stored tile is written once and read by its pair
+    import tilesparse.kernels.attention as attention_launchers
+
+    kv, dq = tiles
+    configs = {"dkdv": attention_launchers.AttentionConfig(kv[0], kv[1], two_pass=len(kv) > 2),
+               "dq": attention_launchers.AttentionConfig(*dq)}
+    real = attention_launchers.attention_config
+    monkeypatch.setattr(attention_launchers, "attention_config",
+                        lambda kind, *args: configs.get(kind) or real(kind, *args))
+    layout = layouts.random(75, 32, 0.5, _seed(), num_heads=4)
+    check_case(layout, 1, 4, 2, 32, torch.float16, True, "tail")
+    assert len(stored_ds_on) == 1
+
+
+@interpreter
+def test_stored_ds_with_a_layout_per_pair_of_heads(stored_ds_on):
+    # 2 layout heads for 4 query heads (the launchers take it; the op allows 1 or H): heads
+    # 0 and 2 share layout 0 but each keeps its own dS rows
+    layout = layouts.random(64, 16, 0.5, _seed(), num_heads=2)
+    q, k, v = make_inputs(1, 4, 4, 64, 32, torch.float32)
+    grad_out = torch.randn(1, 4, 64, 32)
+    stored = run_kernels(q, k, v, layout, False, None, 0.2, grad_out)[2]
+    os.environ["TILESPARSE_STORED_DS"] = "off"
+    recomputed = run_kernels(q, k, v, layout, False, None, 0.2, grad_out)[2]
+    for a, b in zip(stored, recomputed):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+    assert len(stored_ds_on) == 1
+
+
+@interpreter
 def test_stored_ds_gradients_are_bitwise_deterministic(stored_ds_on):
     layout = layouts.bigbird(96, 16, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
     q, k, v = make_inputs(1, 4, 2, 96, 32, torch.float16)
@@ -73,8 +110,10 @@ def test_workspace_past_the_limit_recomputes(stored_ds_on, monkeypatch):
 def test_mode_and_workspace_size(monkeypatch):
     monkeypatch.delenv("TILESPARSE_STORED_DS", raising=False)
     assert stored.MODE == "off" and not stored.use_stored_ds(1 << 20)
-    monkeypatch.setenv("TILESPARSE_STORED_DS", "on")
-    assert stored.use_stored_ds(1 << 20) and not stored.use_stored_ds(0)
+    for on in ("on", "1", " True "):
+        monkeypatch.setenv("TILESPARSE_STORED_DS", on)
+        assert stored.use_stored_ds(1 << 20), on
+    assert not stored.use_stored_ds(0)
     assert not stored.use_stored_ds(stored.MAX_WORKSPACE_BYTES + 1)
     # issue 6's local-1024 case: 540 pairs per head, shared by 16 heads, batch 4, blocks of 128, bf16
     assert stored.workspace_bytes(4, 16, 1, 540, 128, torch.bfloat16) == 4 * 16 * 540 * 128 * 128 * 2

@@ -18,6 +18,7 @@ import triton.testing
 
 from tilesparse.attention import block_sparse_attention
 from tilesparse.bench.attention import _make_fns, build_layout, resolve_table
+from tilesparse.kernels import attention_stored_ds as stored
 
 
 def _time(fn) -> float:
@@ -35,13 +36,21 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
         out = block_sparse_attention(q, k, v, layout, causal=causal, dense_fallback=False)
         return torch.autograd.grad(out, (q, k, v), grad_out)
 
-    row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block}
+    nbytes = stored.workspace_bytes(B, H, layout.layout_heads, layout.nnz, block, torch.bfloat16)
+    row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block,
+           "workspace_bytes": nbytes, "stored_ds_used": nbytes <= stored.MAX_WORKSPACE_BYTES}
     grads = {}
-    for mode in ("off", "on"):
-        os.environ["TILESPARSE_STORED_DS"] = mode
-        grads[mode] = fwd_bwd()
-        row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
-    os.environ.pop("TILESPARSE_STORED_DS", None)
+    before = os.environ.get("TILESPARSE_STORED_DS")
+    try:
+        for mode in ("off", "on"):
+            os.environ["TILESPARSE_STORED_DS"] = mode
+            grads[mode] = fwd_bwd()
+            row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
+    finally:
+        if before is None:
+            os.environ.pop("TILESPARSE_STORED_DS", None)
+        else:
+            os.environ["TILESPARSE_STORED_DS"] = before
     row["rel_diff"] = {n: ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
                        for n, a, b in zip(("dq", "dk", "dv"), grads["on"], grads["off"])}
     row["speedup_on_over_off"] = row["fwd_bwd_ms_off"] / row["fwd_bwd_ms_on"]
@@ -64,7 +73,8 @@ def main() -> None:
     rows = []
     for name in args.patterns:
         row = run_pattern(specs[name], B, H, S, D, block, args.flex)
-        print(f"{name:10} density {row['density']:.3f}: recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS "
+        print(f"{name:10} density {row['density']:.3f} (dS workspace {row['workspace_bytes'] / 2**30:.2f} GiB"
+              f"{'' if row['stored_ds_used'] else ': over the cap, both modes recompute'}): recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS "
               f"{row['fwd_bwd_ms_on']:.3f} ms ({row['speedup_on_over_off']:.2f}x)"
               + (f", flex {row['flex_fwd_bwd_ms']:.3f} ms" if row.get("flex_fwd_bwd_ms") else "")
               + f"; grads differ by {max(row['rel_diff'].values()):.1e}", flush=True)

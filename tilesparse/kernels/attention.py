@@ -158,10 +158,11 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
-    ds = None
+    ds = slots = None
     if stored_ds:  # every tile of every pair is written by the dK/dV kernel
         ds = new_output(B * (H // layout_heads), col_rows.numel(), block_size, block_size, dtype=q.dtype,
                         device=q.device)
+        slots = attention_stored_ds.row_entry_slots(meta, layout_heads, nb)  # (first call: built before the launches)
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
                                     block_size, causal, key_padding_mask is not None, scale, cfg_kv, ds=ds)
@@ -181,7 +182,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     if ds is not None:
         launch(attention_stored_ds._bwd_dq_from_ds_kernel, (nb * (block_size // cfg_q.block_m), B * H),
-            ds, k, dq, row_ptr, row_cols, attention_stored_ds.row_entry_slots(meta, layout_heads, nb),
+            ds, k, dq, row_ptr, row_cols, slots,
             S, H, H // Hkv, nb, layout_heads, col_rows.numel(), scale, *k.stride()[:3],
             BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n,
             INPUT_PRECISION=common["INPUT_PRECISION"], **cfg_q.launch_options(),

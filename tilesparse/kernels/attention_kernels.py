@@ -321,9 +321,9 @@ def _bwd_dkdv_kernel(
                     dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
                     dsT = pT * (dpT - delta[None, :])
                     dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
-                    if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m]; row: (batch, head) where heads share a layout
+                    if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m]; row: (batch, which of the heads sharing layout lh)
                         HPL = H // L_HEADS
-                        ds_tile = ds_ptr + ((bz * HPL + h % HPL) * NNZ + t // M_STEPS) * (BS * BS)
+                        ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS) * NNZ + t // M_STEPS) * (BS * BS)
                         n_in = (pid % N_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
                         m_in = (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
                         tl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], dsT.to(ds_ptr.dtype.element_ty))

@@ -12,10 +12,12 @@ row, in table order:
     dQ[i] = scale * sum over the key blocks j of row i of dS[i, j] @ K[j]
 
 so the backward does 5 matmuls per pair and the dS bytes cross HBM twice (written once,
-read once). On issue 6's local-1024 case (B 4, H 16, S 8192, blocks of 128, 34.5k pairs
-per batch and head group) that is 1.1 GB of workspace in bf16. It is used where the
-workspace fits ``MAX_WORKSPACE_BYTES``; long sequences keep the recomputing dQ kernel,
-whose memory stays O(S * D) (the goal of 131072 keys at 2-5 % of blocks).
+read once). On issue 6's local-1024 case (B 4, H 16, S 8192, blocks of 128: 540 pairs
+per (batch, head), 34.5k in all) that is 1.1 GB of workspace in bf16. It is used where
+the workspace fits ``MAX_WORKSPACE_BYTES``, an absolute cap (the backward's peak memory
+grows by up to that much; lower it where memory is tight); long sequences keep the
+recomputing dQ kernel, whose memory stays O(S * D) (the goal of 131072 keys at 2-5 % of
+blocks).
 
 Status: interpreter-tested; off by default (``MODE``) until timed on a GPU against the
 recomputing kernels.
@@ -37,8 +39,10 @@ __all__ = ["MODE", "MAX_WORKSPACE_BYTES", "workspace_bytes", "use_stored_ds", "r
            "_bwd_dq_from_ds_kernel"]
 
 # "off": always recompute dQ's S and dP; "on": store dS wherever the workspace fits;
-# TILESPARSE_STORED_DS overrides. Off until timed on the GPU (docs/performance.md).
+# TILESPARSE_STORED_DS (on / 1 / true / yes, or off / 0 / false / no) overrides. Off until
+# timed on the GPU (docs/performance.md).
 MODE = "off"
+_ON = frozenset(("on", "1", "true", "yes"))
 MAX_WORKSPACE_BYTES = 4 << 30
 
 
@@ -54,7 +58,7 @@ def use_stored_ds(nbytes: int) -> bool:
     """Whether the backward stores dS (MODE or TILESPARSE_STORED_DS "on", and the workspace
     within MAX_WORKSPACE_BYTES)."""
     mode = os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower()
-    return mode == "on" and 0 < nbytes <= MAX_WORKSPACE_BYTES
+    return mode in _ON and 0 < nbytes <= MAX_WORKSPACE_BYTES
 
 
 _SLOTS = "_tilesparse_attention_row_entry_slots"
@@ -63,8 +67,9 @@ _SLOTS = "_tilesparse_attention_row_entry_slots"
 def row_entry_slots(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> torch.Tensor:
     """int32 [nnz]: for each CSR entry (layout head l, query block m, key block n) of the
     packed attention tables, its CSC position, where the dK/dV kernel stored that pair's
-    dS. Built on meta's device without a host sync and remembered on ``meta`` (outside
-    CUDA graphs' private pools), except while a CUDA graph is being captured."""
+    dS. Built on meta's device and remembered on ``meta``: once, on a side stream outside
+    CUDA graphs' private pools that the host waits for; while a CUDA graph is being
+    captured, in place and not remembered."""
     key = (layout_heads, num_blocks)
     cache = meta.__dict__.get(_SLOTS)
     if cache is not None and key in cache:
@@ -108,7 +113,7 @@ def _bwd_dq_from_ds_kernel(
     m_ok = offs_m < S
     m_in = offs_m - qblk * BS  # rows within the block
     HPL = H // L_HEADS
-    ds_row = ds_ptr + (bz * HPL + h % HPL) * NNZ * (BS * BS)
+    ds_row = ds_ptr + (bz * HPL + h // L_HEADS) * NNZ * (BS * BS)
     k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
     dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
     start = tl.load(row_ptr_ptr + lh * NB + qblk)

@@ -81,6 +81,9 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                                                        instr_shape=[16, D, 16])
     # pT and dsT as wgmma's A operand from registers
     p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    # STORE_DS's stores: 8 consecutive queries (16 bytes) per thread, BLOCK_M // 8 threads per row
+    ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
+                                               warps_per_cta=[num_warps, 1], order=[1, 0])
     kblk = gl.program_id(0)
     bhk = gl.program_id(1)
     bz = bhk // HKV
@@ -131,12 +134,14 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             dsT = pT * (dpT - delta[None, :])
             dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
-            if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it)
+            if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
+                # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
+                # accumulator layout would store 4-byte pieces)
                 HPL = H // L_HEADS
-                ds_tile = ds_ptr + ((bz * HPL + h % HPL).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
-                n_in = gl.arange(0, BS, layout=gl.SliceLayout(1, s_layout))
-                m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-                gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], dsT.to(dtype))
+                ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
+                n_in = gl.arange(0, BS, layout=gl.SliceLayout(1, ds_layout))
+                m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
+                gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
             step += 1
 
     offs_on = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, o_layout))
