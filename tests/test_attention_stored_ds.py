@@ -115,6 +115,7 @@ def test_mode_and_workspace_size(monkeypatch):
         assert stored.use_stored_ds(1 << 20), on
     assert not stored.use_stored_ds(0)
     assert not stored.use_stored_ds(stored.MAX_WORKSPACE_BYTES + 1)
+    assert stored.use_stored_ds(1 << 20, torch.device("cpu"))  # the free-memory share is a CUDA check
     # issue 6's local-1024 case: 540 pairs per head, shared by 16 heads, batch 4, blocks of 128, bf16
     assert stored.workspace_bytes(4, 16, 1, 540, 128, torch.bfloat16) == 4 * 16 * 540 * 128 * 128 * 2
     assert stored.workspace_bytes(4, 16, 16, 540 * 16, 128, torch.bfloat16) == 4 * 540 * 16 * 128 * 128 * 2

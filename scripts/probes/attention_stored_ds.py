@@ -38,12 +38,14 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
     nbytes = stored.workspace_bytes(B, H, layout.layout_heads, layout.nnz, block, torch.bfloat16)
     row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block,
-           "workspace_bytes": nbytes, "stored_ds_used": nbytes <= stored.MAX_WORKSPACE_BYTES}
+           "workspace_bytes": nbytes}
     grads = {}
     before = os.environ.get("TILESPARSE_STORED_DS")
     try:
         for mode in ("off", "on"):
             os.environ["TILESPARSE_STORED_DS"] = mode
+            if mode == "on":  # within the caps (absolute, and a share of the free memory now)?
+                row["stored_ds_used"] = stored.use_stored_ds(nbytes, q.device)
             grads[mode] = fwd_bwd()
             row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
     finally:

@@ -138,7 +138,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     # dQ from dS stored by the dK/dV kernel (attention_stored_ds; either dK/dV kernel stores it)
     stored_ds = deterministic and configs is None and attention_stored_ds.use_stored_ds(
-        attention_stored_ds.workspace_bytes(B, H, layout_heads, col_rows.numel(), block_size, q.dtype))
+        attention_stored_ds.workspace_bytes(B, H, layout_heads, col_rows.numel(), block_size, q.dtype), q.device)
     if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's;
         # with stored dS, dQ runs the Triton dq-from-dS kernel at the dQ config's tiles
         configs = tuple((deterministic and not (stored_ds and kind == "dq")

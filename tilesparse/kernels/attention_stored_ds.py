@@ -14,8 +14,8 @@ row, in table order:
 so the backward does 5 matmuls per pair and the dS bytes cross HBM twice (written once,
 read once). On issue 6's local-1024 case (B 4, H 16, S 8192, blocks of 128: 540 pairs
 per (batch, head), 34.5k in all) that is 1.1 GB of workspace in bf16. It is used where
-the workspace fits ``MAX_WORKSPACE_BYTES``, an absolute cap (the backward's peak memory
-grows by up to that much; lower it where memory is tight); long sequences keep the
+the workspace fits ``MAX_WORKSPACE_BYTES`` and a quarter of the free device memory (the
+backward's peak memory grows by that much); long sequences keep the
 recomputing dQ kernel, whose memory stays O(S * D) (the goal of 131072 keys at 2-5 % of
 blocks).
 
@@ -43,7 +43,10 @@ __all__ = ["MODE", "MAX_WORKSPACE_BYTES", "workspace_bytes", "use_stored_ds", "r
 # timed on the GPU (docs/performance.md).
 MODE = "off"
 _ON = frozenset(("on", "1", "true", "yes"))
-MAX_WORKSPACE_BYTES = 4 << 30
+# The workspace is used up to this many bytes, and on CUDA up to FREE_FRACTION of the
+# device memory free at the call (issue 6's causal case at S 8192, B 4, H 16: 4.1 GiB).
+MAX_WORKSPACE_BYTES = 8 << 30
+FREE_FRACTION = 0.25
 
 
 def workspace_bytes(batch: int, heads: int, layout_heads: int, nnz: int, block_size: int,
@@ -54,11 +57,16 @@ def workspace_bytes(batch: int, heads: int, layout_heads: int, nnz: int, block_s
     return batch * heads_per_layout * nnz * block_size * block_size * torch.finfo(dtype).bits // 8
 
 
-def use_stored_ds(nbytes: int) -> bool:
-    """Whether the backward stores dS (MODE or TILESPARSE_STORED_DS "on", and the workspace
-    within MAX_WORKSPACE_BYTES)."""
+def use_stored_ds(nbytes: int, device: torch.device | None = None) -> bool:
+    """Whether the backward stores dS: MODE or TILESPARSE_STORED_DS on, and the workspace
+    within MAX_WORKSPACE_BYTES and (CUDA) FREE_FRACTION of the device's free memory."""
     mode = os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower()
-    return mode in _ON and 0 < nbytes <= MAX_WORKSPACE_BYTES
+    if mode not in _ON or not 0 < nbytes <= MAX_WORKSPACE_BYTES:
+        return False
+    if device is not None and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return nbytes <= FREE_FRACTION * free
+    return True
 
 
 _SLOTS = "_tilesparse_attention_row_entry_slots"
