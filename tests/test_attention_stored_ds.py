@@ -107,18 +107,47 @@ def test_workspace_past_the_limit_recomputes(stored_ds_on, monkeypatch):
     assert stored_ds_on == []
 
 
-def test_mode_and_workspace_size(monkeypatch):
+def test_mode_budget_and_plan(monkeypatch):
     monkeypatch.delenv("TILESPARSE_STORED_DS", raising=False)
-    assert stored.MODE == "off" and not stored.use_stored_ds(1 << 20)
+    assert stored.MODE == "off" and not stored.enabled()
+    assert stored.plan(4, 16, 16, 1, 540, 128, torch.bfloat16, 128 << 20) is None
     for on in ("on", "1", " True "):
         monkeypatch.setenv("TILESPARSE_STORED_DS", on)
-        assert stored.use_stored_ds(1 << 20), on
-    assert not stored.use_stored_ds(0)
-    assert not stored.use_stored_ds(stored.MAX_WORKSPACE_BYTES + 1)
-    assert stored.use_stored_ds(1 << 20, torch.device("cpu"))  # the free-memory share is a CUDA check
-    # issue 6's local-1024 case: 540 pairs per head, shared by 16 heads, batch 4, blocks of 128, bf16
+        assert stored.enabled(), on
+    # issue 6's local-1024 case: 540 pairs per head, shared by 16 heads, batch 4, blocks of
+    # 128, bf16: 1.1 GB of workspace against 128 MiB activations: one chunk
     assert stored.workspace_bytes(4, 16, 1, 540, 128, torch.bfloat16) == 4 * 16 * 540 * 128 * 128 * 2
-    assert stored.workspace_bytes(4, 16, 16, 540 * 16, 128, torch.bfloat16) == 4 * 540 * 16 * 128 * 128 * 2
+    assert stored.budget_bytes(128 << 20) == min(stored.MAX_WORKSPACE_BYTES, stored.ACTIVATION_FACTOR * (128 << 20))
+    chunks, rows = stored.plan(4, 16, 16, 1, 540, 128, torch.bfloat16, 128 << 20)
+    assert chunks == [stored.Chunk(0, 64, 0, 64, 0)] and rows == 64
+    # causal at S 8192 (2080 pairs, 4.4 GB): chunks of kv heads, each covering its rows
+    chunks, rows = stored.plan(4, 16, 16, 1, 2080, 128, torch.bfloat16, 128 << 20)
+    assert len(chunks) == 3 and rows == 31 and chunks[-1].kv_end == 64  # 2 GiB / 68 MB a row
+    assert all(c.q_first == c.row_first == c.kv_first for c in chunks)  # no GQA: a row per (batch, head)
+    # GQA (4 query heads a kv head) and a layout per head (heads share a batch's row), with
+    # budgets of one and two units
+    monkeypatch.setattr(stored, "ACTIVATION_FACTOR", 1)
+    chunks, rows = stored.plan(2, 8, 2, 1, 10, 16, torch.float16, 10 * 16 * 16 * 2 * 4)
+    assert [(c.kv_first, c.kv_end, c.q_first, c.q_end, c.row_first) for c in chunks] == \
+        [(0, 1, 0, 4, 0), (1, 2, 4, 8, 4), (2, 3, 8, 12, 8), (3, 4, 12, 16, 12)] and rows == 4
+    chunks, rows = stored.plan(3, 4, 2, 4, 40, 16, torch.float16, 40 * 16 * 16 * 2 * 2)
+    assert [(c.kv_first, c.kv_end, c.q_first, c.q_end, c.row_first) for c in chunks] == \
+        [(0, 4, 0, 8, 0), (4, 6, 8, 12, 2)] and rows == 2
+    monkeypatch.undo()
+    monkeypatch.setenv("TILESPARSE_STORED_DS", "on")
+    # S 131072 at 2 % with 2 heads: 1.3 GB a head against 32 MiB activations: recompute
+    assert stored.plan(1, 2, 2, 1, 20500, 128, torch.bfloat16, 32 << 20) is None
+    assert stored.plan(1, 2, 2, 1, 0, 128, torch.bfloat16, 32 << 20) is None  # nothing stored
+
+
+@interpreter
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-layout", "per-head-layouts"])
+def test_stored_ds_in_chunks_of_heads(shared, stored_ds_on, monkeypatch):
+    # a budget of ~one unit: several dK/dV + dQ launch pairs over one small workspace
+    monkeypatch.setattr(stored, "ACTIVATION_FACTOR", 1)
+    layout = layouts.random(64, 16, 0.6, _seed(), num_heads=None if shared else 4)
+    check_case(layout, 3, 4, 2, 32, torch.float32, False, "tail")  # (causal would trim the layout's blocks)
+    assert len(stored_ds_on) == 2
 
 
 @pytest.mark.parametrize("num_heads", [1, 3])

@@ -111,6 +111,31 @@ def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_siz
     return True
 
 
+def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
+          scale, cfg_kv, ws: bool, tma_kv: bool, has_kpm: bool, strides, common) -> None:
+    """One launch of a dK/dV kernel (the warp-specialized one where ``ws``): over every
+    (batch, kv head), or over ``chunk``'s with its workspace rows (stored dS)."""
+    B, H, S, _ = q.shape
+    Hkv = k.shape[1]
+    first, end, row_first = (0, B * Hkv, 0) if chunk is None else (chunk.kv_first, chunk.kv_end, chunk.row_first)
+    block_size, causal = common["BS"], common["CAUSAL"]
+    if ws:
+        attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
+                                    block_size, causal, has_kpm, scale, cfg_kv, ds=ds, kv_heads=(first, end),
+                                    ds_row_offset=row_first)
+        return
+    launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), end - first),
+        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
+        delta if ds is None else ds,
+        B, S, H, Hkv, H // Hkv, nb, layout_heads, col_rows.numel(), first, row_first, scale * LOG2E, scale, *strides,
+        BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
+        TWO_PASS=cfg_kv.two_pass,
+        # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
+        TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda", STORE_DS=ds is not None,
+        **cfg_kv.launch_options(), **common,
+    )
+
+
 def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads: int, block_size: int,
                        causal: bool, scale: float, configs: tuple[AttentionConfig, AttentionConfig] | None = None,
                        deterministic: bool = True):
@@ -136,9 +161,13 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         D=D, D_TILE=d_tile, BLOCK_M=64,
     )
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
-    # dQ from dS stored by the dK/dV kernel (attention_stored_ds; either dK/dV kernel stores it)
-    stored_ds = deterministic and configs is None and attention_stored_ds.use_stored_ds(
-        attention_stored_ds.workspace_bytes(B, H, layout_heads, col_rows.numel(), block_size, q.dtype), q.device)
+    # dQ from dS stored by the dK/dV kernel (attention_stored_ds; either dK/dV kernel stores it),
+    # in chunks of heads where the workspace would pass its budget
+    stored = None
+    if deterministic and configs is None:
+        stored = attention_stored_ds.plan(B, H, Hkv, layout_heads, col_rows.numel(), block_size, q.dtype,
+                                          q.numel() * q.element_size(), q.device)
+    stored_ds = stored is not None
     if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's;
         # with stored dS, dQ runs the Triton dq-from-dS kernel at the dQ config's tiles
         configs = tuple((deterministic and not (stored_ds and kind == "dq")
@@ -159,34 +188,27 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
     ds = slots = None
-    if stored_ds:  # every tile of every pair is written by the dK/dV kernel
-        ds = new_output(B * (H // layout_heads), col_rows.numel(), block_size, block_size, dtype=q.dtype,
-                        device=q.device)
+    chunks = [None]  # one launch over every head
+    if stored_ds:  # every tile of every pair of a chunk is written by the dK/dV kernel
+        chunks, rows = stored
+        ds = new_output(rows, col_rows.numel(), block_size, block_size, dtype=q.dtype, device=q.device)
         slots = attention_stored_ds.row_entry_slots(meta, layout_heads, nb)  # (first call: built before the launches)
-    if ws:
-        attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
-                                    block_size, causal, key_padding_mask is not None, scale, cfg_kv, ds=ds)
-    else:
-        launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), B * Hkv),
-            q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
-            delta if ds is None else ds,
-            B, S, H, Hkv, H // Hkv, nb, layout_heads, col_rows.numel(), scale * LOG2E, scale, *strides,
-            BLOCK_M=cfg_kv.block_m, BLOCK_N=cfg_kv.block_n, TMA=tma_kv, ATOMIC_DQ=dq_acc is not None,
-            TWO_PASS=cfg_kv.two_pass,
-            # the bulk TMA reduction of dQ on the GPU (the interpreter has none: pointer atomics there)
-            TMA_REDUCE=dq_acc is not None and tma_kv and q.device.type == "cuda", STORE_DS=ds is not None,
-            **cfg_kv.launch_options(), **common,
-        )
+    dq = None if dq_acc is not None else new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    for chunk in chunks:
+        _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
+              scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common)
+        if chunk is not None:
+            launch(attention_stored_ds._bwd_dq_from_ds_kernel,
+                (nb * (block_size // cfg_q.block_m), chunk.q_end - chunk.q_first),
+                ds, k, dq, row_ptr, row_cols, slots,
+                S, H, H // Hkv, nb, layout_heads, col_rows.numel(), chunk.q_first, chunk.row_first, scale,
+                *k.stride()[:3],
+                BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n,
+                INPUT_PRECISION=common["INPUT_PRECISION"], **cfg_q.launch_options(),
+            )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
-    dq = new_output(B, H, S, D, dtype=q.dtype, device=q.device)
-    if ds is not None:
-        launch(attention_stored_ds._bwd_dq_from_ds_kernel, (nb * (block_size // cfg_q.block_m), B * H),
-            ds, k, dq, row_ptr, row_cols, slots,
-            S, H, H // Hkv, nb, layout_heads, col_rows.numel(), scale, *k.stride()[:3],
-            BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n,
-            INPUT_PRECISION=common["INPUT_PRECISION"], **cfg_q.launch_options(),
-        )
+    if stored_ds:
         return dq, dk, dv
     if ws_q:
         attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,

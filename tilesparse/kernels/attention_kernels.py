@@ -212,7 +212,7 @@ def _bwd_preprocess_kernel(
 def _bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr,
     col_ptr_ptr, col_rows_ptr, dq_acc_ptr, ds_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale,
+    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -233,15 +233,17 @@ def _bwd_dkdv_kernel(
     under the interpreter bitwise equal to the single pass).
 
     STORE_DS: each block pair's dS (in q's dtype, the value dK's product uses) is also
-    stored into ``ds`` [B * heads sharing a layout, NNZ, BS keys, BS queries] at the pair's
-    CSC slot (transposed, as computed here), for the dQ kernel that reads it instead of
-    recomputing S, P and dP (:mod:`tilesparse.kernels.attention_stored_ds`)."""
+    stored into ``ds`` [rows, NNZ, BS keys, BS queries] at the pair's CSC slot (transposed,
+    as computed here), row (batch, which of the heads sharing layout head lh) minus
+    DS_ROW_OFFSET, for the dQ kernel that reads it instead of recomputing S, P and dP
+    (:mod:`tilesparse.kernels.attention_stored_ds`). BHK_OFFSET: program (.., i) works on
+    batch * kv head BHK_OFFSET + i (a launch per chunk of kv heads)."""
     tl.static_assert(not TMA_REDUCE or (TMA and ATOMIC_DQ), "TMA_REDUCE needs TMA loads and ATOMIC_DQ")
     tl.static_assert(not (STORE_DS and ATOMIC_DQ), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     N_SPLIT: tl.constexpr = BS // BLOCK_N
     M_STEPS: tl.constexpr = BS // BLOCK_M
     pid = tl.program_id(0)
-    bhk = tl.program_id(1)
+    bhk = tl.program_id(1) + BHK_OFFSET  # the launch may cover a chunk of the kv heads
     kblk = pid // N_SPLIT
     bz = (bhk // HKV).to(tl.int64)
     hkv = bhk % HKV
@@ -323,7 +325,7 @@ def _bwd_dkdv_kernel(
                     dk += tl.dot(dsT.to(q.dtype), q, input_precision=INPUT_PRECISION)
                     if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m]; row: (batch, which of the heads sharing layout lh)
                         HPL = H // L_HEADS
-                        ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS) * NNZ + t // M_STEPS) * (BS * BS)
+                        ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS - DS_ROW_OFFSET) * NNZ + t // M_STEPS) * (BS * BS)
                         n_in = (pid % N_SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
                         m_in = (t % M_STEPS) * BLOCK_M + tl.arange(0, BLOCK_M)
                         tl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], dsT.to(ds_ptr.dtype.element_ty))

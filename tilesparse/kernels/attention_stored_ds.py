@@ -14,10 +14,9 @@ row, in table order:
 so the backward does 5 matmuls per pair and the dS bytes cross HBM twice (written once,
 read once). On issue 6's local-1024 case (B 4, H 16, S 8192, blocks of 128: 540 pairs
 per (batch, head), 34.5k in all) that is 1.1 GB of workspace in bf16. It is used where
-the workspace fits ``MAX_WORKSPACE_BYTES`` and a quarter of the free device memory (the
-backward's peak memory grows by that much); long sequences keep the
-recomputing dQ kernel, whose memory stays O(S * D) (the goal of 131072 keys at 2-5 % of
-blocks).
+the workspace's budget allows, in chunks of heads where it is larger (``plan``); where not
+even one unit fits (long sequences: the goal of 131072 keys at 2-5 % of blocks), dQ is
+recomputed and the backward's memory stays O(S * D).
 
 Status: interpreter-tested; off by default (``MODE``) until timed on a GPU against the
 recomputing kernels.
@@ -26,6 +25,7 @@ recomputing kernels.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -35,17 +35,22 @@ from ..attention.layout import attention_table_views
 from ._device import build_outside_graph_pools
 from .attention_kernels import _query_tile
 
-__all__ = ["MODE", "MAX_WORKSPACE_BYTES", "workspace_bytes", "use_stored_ds", "row_entry_slots",
-           "_bwd_dq_from_ds_kernel"]
+__all__ = ["MODE", "MAX_WORKSPACE_BYTES", "ACTIVATION_FACTOR", "FREE_FRACTION", "Chunk", "workspace_bytes",
+           "enabled", "budget_bytes", "plan", "row_entry_slots", "_bwd_dq_from_ds_kernel"]
 
 # "off": always recompute dQ's S and dP; "on": store dS wherever the workspace fits;
 # TILESPARSE_STORED_DS (on / 1 / true / yes, or off / 0 / false / no) overrides. Off until
 # timed on the GPU (docs/performance.md).
 MODE = "off"
 _ON = frozenset(("on", "1", "true", "yes"))
-# The workspace is used up to this many bytes, and on CUDA up to FREE_FRACTION of the
-# device memory free at the call (issue 6's causal case at S 8192, B 4, H 16: 4.1 GiB).
+# The workspace's budget (budget_bytes): at most this many bytes, ACTIVATION_FACTOR times
+# one [B, H, S, D] activation, and on CUDA FREE_FRACTION of the device memory free at the
+# call. A backward whose workspace is larger runs in chunks of heads (plan); where one
+# unit does not fit, dQ is recomputed. Issue 6's local-1024 case needs 1.1 GB (8.6x its
+# 128 MiB activations: one chunk), causal at S 8192 4.4 GB (3 chunks), S 131072 at 2 %
+# with 2 heads 1.3 GB per head against 32 MiB activations (recomputed: memory O(S * D)).
 MAX_WORKSPACE_BYTES = 8 << 30
+ACTIVATION_FACTOR = 16
 FREE_FRACTION = 0.25
 
 
@@ -57,16 +62,57 @@ def workspace_bytes(batch: int, heads: int, layout_heads: int, nnz: int, block_s
     return batch * heads_per_layout * nnz * block_size * block_size * torch.finfo(dtype).bits // 8
 
 
-def use_stored_ds(nbytes: int, device: torch.device | None = None) -> bool:
-    """Whether the backward stores dS: MODE or TILESPARSE_STORED_DS on, and the workspace
-    within MAX_WORKSPACE_BYTES and (CUDA) FREE_FRACTION of the device's free memory."""
-    mode = os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower()
-    if mode not in _ON or not 0 < nbytes <= MAX_WORKSPACE_BYTES:
-        return False
+def enabled() -> bool:
+    """MODE, or TILESPARSE_STORED_DS where set, is on."""
+    return os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower() in _ON
+
+
+def budget_bytes(activation_bytes: int, device: torch.device | None = None) -> int:
+    """The workspace's budget: MAX_WORKSPACE_BYTES, ACTIVATION_FACTOR times one [B, H, S, D]
+    activation (so the backward's memory stays O(S * D)), and on CUDA FREE_FRACTION of the
+    device's free memory, whichever is least."""
+    budget = int(min(MAX_WORKSPACE_BYTES, ACTIVATION_FACTOR * activation_bytes))
     if device is not None and device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return nbytes <= FREE_FRACTION * free
-    return True
+        budget = min(budget, int(FREE_FRACTION * free))
+    return budget
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One launch pair of the stored-dS backward: the dK/dV kernel over the flat (batch,
+    kv head) range [kv_first, kv_end), then the dQ kernel over the (batch, head) range
+    [q_first, q_end), whose workspace rows start at ``row_first``."""
+
+    kv_first: int
+    kv_end: int
+    q_first: int
+    q_end: int
+    row_first: int
+
+
+def plan(batch: int, heads: int, kv_heads: int, layout_heads: int, nnz: int, block_size: int,
+         dtype: torch.dtype, activation_bytes: int, device: torch.device | None = None
+         ) -> tuple[list[Chunk], int] | None:
+    """(chunks, workspace rows) for a backward with stored dS, or None (recompute dQ): off,
+    nothing stored, or not even one unit fits :func:`budget_bytes`. A unit is one kv head's
+    query heads where the layout is shared (their rows are their own), else one batch
+    element (with a layout per head its heads share one row: their slots differ)."""
+    row_bytes = nnz * block_size * block_size * (torch.finfo(dtype).bits // 8)
+    if not enabled() or row_bytes == 0:
+        return None
+    group = heads // kv_heads
+    if layout_heads == 1:  # a kv head's query heads: rows bh = (batch * kv heads + kv head) * group + g
+        unit_rows, units, unit_kv = group, batch * kv_heads, 1
+    else:  # a batch element: rows batch * heads_per_layout + h // layout_heads
+        unit_rows, units, unit_kv = heads // layout_heads, batch, kv_heads
+    per_chunk = min(units, budget_bytes(activation_bytes, device) // (unit_rows * row_bytes))
+    if per_chunk < 1:
+        return None
+    chunks = [Chunk(u * unit_kv, min(units, u + per_chunk) * unit_kv, u * unit_kv * group,
+                    min(units, u + per_chunk) * unit_kv * group, u * unit_rows)
+              for u in range(0, units, per_chunk)]
+    return chunks, per_chunk * unit_rows
 
 
 _SLOTS = "_tilesparse_attention_row_entry_slots"
@@ -105,7 +151,7 @@ def row_entry_slots(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> t
 @triton.jit
 def _bwd_dq_from_ds_kernel(
     ds_ptr, k_ptr, dq_ptr, row_ptr_ptr, row_cols_ptr, slots_ptr,
-    S, H, GROUP, NB, L_HEADS, NNZ, scale, skb, skh, sks,
+    S, H, GROUP, NB, L_HEADS, NNZ, BH_OFFSET, DS_ROW_OFFSET, scale, skb, skh, sks,
     BS: tl.constexpr, D: tl.constexpr, D_TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
@@ -114,14 +160,14 @@ def _bwd_dq_from_ds_kernel(
     wrote it, keys-major [rows, NNZ, BS keys, BS queries] (zeros wherever the masks removed
     a score)."""
     N_STEPS: tl.constexpr = BS // BLOCK_N
-    bh = tl.program_id(1)
+    bh = tl.program_id(1) + BH_OFFSET  # the launch may cover a chunk of the (batch, head) pairs
     qblk, bz, h, hkv, lh, offs_m = _query_tile(bh, H, GROUP, L_HEADS, BS, BLOCK_M)
     offs_d = tl.arange(0, D_TILE)
     d_ok = offs_d < D
     m_ok = offs_m < S
     m_in = offs_m - qblk * BS  # rows within the block
     HPL = H // L_HEADS
-    ds_row = ds_ptr + (bz * HPL + h // L_HEADS) * NNZ * (BS * BS)
+    ds_row = ds_ptr + (bz * HPL + h // L_HEADS - DS_ROW_OFFSET) * NNZ * (BS * BS)
     k_base = k_ptr + bz * skb + hkv.to(tl.int64) * skh
     dq = tl.zeros((BLOCK_M, D_TILE), dtype=tl.float32)
     start = tl.load(row_ptr_ptr + lh * NB + qblk)

@@ -35,10 +35,10 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale = sizes
+    S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     kblk = gl.program_id(0)
-    bhk = gl.program_id(1)
+    bhk = gl.program_id(1) + BHK_OFFSET  # a launch per chunk of kv heads
     bz = bhk // HKV
     hkv = bhk % HKV
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -70,7 +70,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale = sizes
+    S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
     dtype: gl.constexpr = q_desc.dtype
@@ -85,7 +85,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
     kblk = gl.program_id(0)
-    bhk = gl.program_id(1)
+    bhk = gl.program_id(1) + BHK_OFFSET  # a launch per chunk of kv heads
     bz = bhk // HKV
     hkv = bhk % HKV
 
@@ -138,7 +138,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
                 # accumulator layout would store 4-byte pieces)
                 HPL = H // L_HEADS
-                ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
+                ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS - DS_ROW_OFFSET).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
                 n_in = gl.arange(0, BS, layout=gl.SliceLayout(1, ds_layout))
                 m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
                 gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
@@ -155,7 +155,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale,
+    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
@@ -179,7 +179,7 @@ def _bwd_dkdv_ws_kernel(
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
-    sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, qk_scale, scale)
+    sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
     gl.warp_specialize([
         (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, num_warps)),
         (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
@@ -188,17 +188,19 @@ def _bwd_dkdv_ws_kernel(
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
-                   ds=None) -> None:
+                   ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
-    STORE_DS workspace)."""
+    STORE_DS workspace, whose row 0 is row ``ds_row_offset``). ``kv_heads``: only the
+    flat (batch, kv head) range [first, end) (default all)."""
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
     ensure_allocator()
-    launch(_bwd_dkdv_ws_kernel, (nb, B * hkv),
+    first, end = kv_heads or (0, B * hkv)
+    launch(_bwd_dkdv_ws_kernel, (nb, end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
-        B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), scale * LOG2E, scale,
+        B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
