@@ -64,3 +64,17 @@ def build_outside_graph_pools(device: torch.device, build):
         t.record_stream(current)  # the kernels that read it run on the current stream
     side.synchronize()  # complete (and any pinned host source no longer needed)
     return out
+
+
+def cached_table(owner: torch.Tensor, name: str, key, build):
+    """``build()`` remembered on ``owner`` (a layout's table tensor, never written after it
+    is built) under ``name`` and ``key``: built once by :func:`build_outside_graph_pools`;
+    while a CUDA graph is being captured, built in place and not remembered."""
+    cache = owner.__dict__.get(name)
+    if cache is not None and key in cache:
+        return cache[key]
+    if owner.is_cuda and torch.cuda.is_current_stream_capturing():
+        return build()
+    table = build_outside_graph_pools(owner.device, build)
+    owner.__dict__.setdefault(name, {})[key] = table
+    return table

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..attention.layout import attention_table_views
-from ._device import build_outside_graph_pools
+from ._device import cached_table
 from .attention_kernels import _query_tile
 
 __all__ = ["MODE", "MAX_WORKSPACE_BYTES", "ACTIVATION_FACTOR", "FREE_FRACTION", "Chunk", "workspace_bytes",
@@ -124,10 +124,6 @@ def row_entry_slots(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> t
     dS. Built on meta's device and remembered on ``meta``: once, on a side stream outside
     CUDA graphs' private pools that the host waits for; while a CUDA graph is being
     captured, in place and not remembered."""
-    key = (layout_heads, num_blocks)
-    cache = meta.__dict__.get(_SLOTS)
-    if cache is not None and key in cache:
-        return cache[key]
 
     def build():
         row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, num_blocks)
@@ -141,11 +137,7 @@ def row_entry_slots(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> t
         slots[order] = torch.arange(nnz, dtype=torch.int32, device=meta.device)
         return slots
 
-    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-        return build()
-    slots = build_outside_graph_pools(meta.device, build)
-    meta.__dict__.setdefault(_SLOTS, {})[key] = slots
-    return slots
+    return cached_table(meta, _SLOTS, (layout_heads, num_blocks), build)
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from ._device import build_outside_graph_pools
+from ._device import cached_table
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two, tile_for
 
@@ -136,10 +136,6 @@ def group_starts(meta: torch.Tensor, block_rows: int, block_cols: int, group: in
     it), except while a CUDA graph is being captured."""
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"group must be a positive int, got {group!r}")
-    key = (block_rows, block_cols, group)
-    cache = meta.__dict__.get(_STARTS)
-    if cache is not None and key in cache:
-        return cache[key]
 
     def build():
         row_ptr, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_of")
@@ -149,11 +145,7 @@ def group_starts(meta: torch.Tensor, block_rows: int, block_cols: int, group: in
         bound = min(nnz, cdiv(nnz, group) + block_rows)
         return torch.argsort((~is_start).to(torch.uint8), stable=True)[:bound].to(torch.int32)
 
-    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-        return build()
-    starts = build_outside_graph_pools(meta.device, build)
-    meta.__dict__.setdefault(_STARTS, {})[key] = starts
-    return starts
+    return cached_table(meta, _STARTS, (block_rows, block_cols, group), build)
 
 
 def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, config: SddGroupConfig) -> None:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._alloc import new_output
-from ._device import build_outside_graph_pools
+from ._device import cached_table
 from ._launch import launch
 from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
@@ -310,15 +310,8 @@ def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
     ptr's device without a host sync and remembered on the ptr tensor (layout tables are
     never written after they are built; built outside CUDA graphs' private pools), except
     inside a CUDA-graph capture."""
-    order = ptr.__dict__.get("_tilesparse_longest_first")
-    if order is None:
-        def build():
-            return torch.argsort(ptr[1:] - ptr[:-1], descending=True, stable=True).to(torch.int32)
-
-        if ptr.is_cuda and torch.cuda.is_current_stream_capturing():
-            return build()
-        order = ptr.__dict__["_tilesparse_longest_first"] = build_outside_graph_pools(ptr.device, build)
-    return order
+    return cached_table(ptr, "_tilesparse_longest_first", None, lambda: torch.argsort(
+        ptr[1:] - ptr[:-1], descending=True, stable=True).to(torch.int32))
 
 
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
