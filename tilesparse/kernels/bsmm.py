@@ -406,7 +406,7 @@ def sdd(
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
-        if config is None and cfg.group * tile_for(block_size) > bsmm_sdd_group.MAX_PANEL:
+        if config is None and not cfg.fits(block_size):
             cfg = None  # a tuned entry too wide for this block size: the heuristic below
         else:
             bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)

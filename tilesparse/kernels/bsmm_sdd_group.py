@@ -118,9 +118,13 @@ class SddGroupConfig:
         if not isinstance(self.swap, bool):
             raise ValueError(f"SddGroupConfig.swap must be a bool, got {self.swap!r}")
 
+    def fits(self, block_size: int) -> bool:
+        """Whether the panel (group x the block's tile) fits MAX_PANEL columns."""
+        return self.group * tile_for(block_size) <= MAX_PANEL
+
     def check_block(self, block_size: int) -> None:
-        """ValueError unless the panel (group x the block's tile) fits MAX_PANEL columns."""
-        if self.group * tile_for(block_size) > MAX_PANEL:
+        """ValueError unless the panel fits (:meth:`fits`)."""
+        if not self.fits(block_size):
             raise ValueError(f"SddGroupConfig.group={self.group} x the {tile_for(block_size)}-wide tile of block size "
                              f"{block_size} exceeds {MAX_PANEL} columns")
 
