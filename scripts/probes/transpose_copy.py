@@ -49,10 +49,13 @@ def main() -> None:
         r, c = layout.block_rows, layout.block_cols
         call = lambda: K.sdd(dy.t(), x, meta, 128, r, c)  # noqa: E731
         row = {"op": "updat tf32", "density": d}
-        for tiled in (False, True):
-            K.TILED_TF32_COPIES = tiled
-            row[f"tiled={tiled}"] = {"ms": bench_ms(call, cuda=True, graph=True), "out": call()}
-        K.TILED_TF32_COPIES = False
+        shipped = K.TILED_TF32_COPIES
+        try:
+            for tiled in (False, True):
+                K.TILED_TF32_COPIES = tiled
+                row[f"tiled={tiled}"] = {"ms": bench_ms(call, cuda=True, graph=True), "out": call()}
+        finally:
+            K.TILED_TF32_COPIES = shipped
         same = torch.equal(row["tiled=False"].pop("out"), row["tiled=True"].pop("out"))
         row["bitwise_equal"] = same
         rows.append(row)
