@@ -105,6 +105,29 @@ def test_sdd_group_config_checks_its_fields():
     SddGroupConfig(4).check_block(64)
 
 
+def test_sdd_group_config_checks_shared_memory_by_input_size():
+    """fp32 b 128 G 2 at 3 stages asked sm_90 for 256 KiB (refused on the H200); 16-bit fits."""
+    cfg = SddGroupConfig(2, 64, 8, 3)
+    assert cfg.fits(128, 2) and not cfg.fits(128, 4)
+    cfg.check_block(128, 2)
+    with pytest.raises(ValueError, match="shared memory at block size 128 with 4-byte inputs"):
+        cfg.check_block(128, 4)
+    assert SddGroupConfig(2, 32, 8, 3).fits(128, 4)  # a shorter M step fits
+    assert SddGroupConfig(4, 64, 4, 3).fits(64, 4)  # compiled and passed on the H200
+
+
+def test_sdd_falls_back_from_a_tuned_group_too_big_for_fp32(monkeypatch):
+    """A tuned 16-bit entry must not make fp32 updat fail: sdd uses its heuristic instead."""
+    layout = make_layout("random", 3, 3, 128)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: SddGroupConfig(2, 64, 8, 3))
+    calls = []
+    monkeypatch.setattr(kernels.bsmm_sdd_group, "launch_sdd_group", lambda *args: calls.append(args))
+    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: calls.append("heuristic"))
+    dy, x = torch.randn(8, 3 * 128), torch.randn(8, 3 * 128)
+    kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 128, 3, 3)
+    assert calls and all(c == "heuristic" for c in calls)
+
+
 def test_sdd_group_config_round_trips_through_the_tuned_table_format():
     cfg = SddGroupConfig(4, 64, 8, 3, swap=True)
     assert tuned.from_json(tuned.to_json(cfg)) == cfg
@@ -116,5 +139,6 @@ def test_sdd_group_config_round_trips_through_the_tuned_table_format():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_grouped_sdd_matches_reference_gpu(dtype, block_size, group, swap):
     for kind in ("random", "empty_rows_cols", "full"):
-        got, expected = _run(kind, block_size, group, swap, 1000, dtype, "cuda", block_m=64)
+        block_m = 64 if SddGroupConfig(group, 64).fits(block_size, dtype.itemsize) else 32
+        got, expected = _run(kind, block_size, group, swap, 1000, dtype, "cuda", block_m=block_m)
         assert_close(got, expected, dtype, f"grouped sdd {kind} b{block_size} G{group}")

@@ -406,8 +406,8 @@ def sdd(
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
-        if config is None and not cfg.fits(block_size):
-            cfg = None  # a tuned entry too wide for this block size: the heuristic below
+        if config is None and not cfg.fits(block_size, a.element_size()):
+            cfg = None  # a tuned entry too wide (or too big) for this block size: the heuristic below
         else:
             bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)
             return values

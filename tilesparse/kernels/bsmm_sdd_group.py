@@ -39,6 +39,7 @@ from ._tiles import cdiv, check_power_of_two, tile_for
 __all__ = ["SddGroupConfig", "group_starts", "launch_sdd_group"]
 
 MAX_PANEL = 256  # G * tile columns per program (the accumulator is [tile, G * tile] fp32)
+SMEM_LIMIT = 232448  # bytes of shared memory a Hopper block may use (sm_90)
 
 
 @triton.jit
@@ -118,15 +119,29 @@ class SddGroupConfig:
         if not isinstance(self.swap, bool):
             raise ValueError(f"SddGroupConfig.swap must be a bool, got {self.swap!r}")
 
-    def fits(self, block_size: int) -> bool:
-        """Whether the panel (group x the block's tile) fits MAX_PANEL columns."""
-        return self.group * tile_for(block_size) <= MAX_PANEL
+    def smem_bytes(self, block_size: int, itemsize: int = 2) -> int:
+        """Estimated shared memory: (stages - 1) ring slots of the A tile and the panel,
+        plus the fp32 [tile, G * tile] output staging. On sm_90 it separates the configs
+        that compile from those refused (fp32 b 128 G 2 at 3 stages needs 256 KiB)."""
+        tile = tile_for(block_size)
+        ring = max(1, self.num_stages - 1) * self.block_m * (tile + self.group * tile) * itemsize
+        return ring + tile * self.group * tile * 4
 
-    def check_block(self, block_size: int) -> None:
-        """ValueError unless the panel fits (:meth:`fits`)."""
-        if not self.fits(block_size):
-            raise ValueError(f"SddGroupConfig.group={self.group} x the {tile_for(block_size)}-wide tile of block size "
+    def fits(self, block_size: int, itemsize: int = 2) -> bool:
+        """Whether the panel (group x the block's tile) fits MAX_PANEL columns and the
+        estimated shared memory (:meth:`smem_bytes`, ``itemsize`` bytes per input) fits."""
+        return self.group * tile_for(block_size) <= MAX_PANEL and self.smem_bytes(block_size, itemsize) <= SMEM_LIMIT
+
+    def check_block(self, block_size: int, itemsize: int = 2) -> None:
+        """ValueError unless the panel and its shared memory fit (:meth:`fits`)."""
+        tile = tile_for(block_size)
+        if self.group * tile > MAX_PANEL:
+            raise ValueError(f"SddGroupConfig.group={self.group} x the {tile}-wide tile of block size "
                              f"{block_size} exceeds {MAX_PANEL} columns")
+        if not self.fits(block_size, itemsize):
+            raise ValueError(f"{self} needs ~{self.smem_bytes(block_size, itemsize)} B of shared memory at block size "
+                             f"{block_size} with {itemsize}-byte inputs (limit {SMEM_LIMIT}); lower block_m or "
+                             f"num_stages")
 
 
 _STARTS = "_tilesparse_sdd_group_starts"
@@ -156,7 +171,7 @@ def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, conf
     """values[z] = (A @ B)[block z] for every stored block; a [R*b, M], b [M, C*b], values
     [nnz, b, b] (nnz > 0, M > 0), as prepared by ``bsmm.sdd``."""
     block_size = values.shape[-1]
-    config.check_block(block_size)
+    config.check_block(block_size, a.element_size())
     row_ptr, row_of, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_of", "row_cols")
     starts = group_starts(meta, block_rows, block_cols, config.group)
     launch(_sdd_group_kernel, (starts.numel(),),
