@@ -18,6 +18,11 @@
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
 #   small-chunks-ba - the same on Barabasi-Albert layouts (hub block-rows several times the mean)
+#   small-mid - M 128-512 (where the small suite of 4f17400 fell to 0.6-0.8x dense at density 0.5):
+#            the small kernel with a slice's row tiles as consecutive programs (m_inner), 128-row
+#            programs, wider slices and 2 splits, against the tile kernel and the dispatcher's
+#            choice (--auto); SMALL_MID_ARGS e.g. "--weight 4096x4096"; adopt winners with
+#            scripts/measure_small_crossover.py --adopt small-mid.json
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -80,6 +85,10 @@ for step in ${STEPS:-large dtypes graph}; do
     small-variants) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 32 \
               --densities 0.25 0.03 --ms 1 32 ${VARIANT_ARGS:---variants s32k64st8 s32k64st12 s32k64st16 s16k64st8 \
               s16k64st12 s32k128st8 s32k64st8x2 s32k64st8x3} --out "$OUT/small-variants.json" > "$OUT/small-variants.log" 2>&1 ;;
+    small-mid) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
+              --densities 0.5 0.1 0.03 --ms 128 256 512 --auto --variants s32k64st12S s32k32st12S s16k64st8 \
+              s32k64st12SI s64k64st8SI s32k64st8Sw8m128I s64k64st6Sw8m128I s64k64st6Sw8m128Ix2 s128k64st4Sw8m128I \
+              s128k64st4Sw8m128Ix2 s16k64st8I ${SMALL_MID_ARGS:-} --out "$OUT/small-mid.json" > "$OUT/small-mid.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \

@@ -114,7 +114,9 @@ def adopt(path: Path) -> None:
         if current is None or best is None:
             continue
         # adopted only if clearly ahead of the heuristic and of the large-batch kernel
-        if times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"]:
+        # (and of the dispatcher's own choice, a tuned entry, where the sweep timed it: --auto)
+        if (times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"]
+                or times[best][1] >= r.get("auto", float("inf"))):
             continue
         times = {n: ms for n, (_, ms) in times.items()}
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"])

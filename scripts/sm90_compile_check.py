@@ -135,18 +135,22 @@ def semi24_cases(quick: bool):
 def small_cases(quick: bool):
     """The small-batch dds kernel at M 64 (b 128 and 16, fprop and bprop): the default
     orientation (mma.sync at 32-wide slices) and the swapped one (wgmma expected); and its
-    feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program)."""
+    feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program); the
+    128-row, row-tiles-inner programs for M 128-512."""
     fn = bsmm_small._dds_small_kernel
     # (block, sub, block_k, stages, trans, block_m, warps, swap variants)
     cases = ((128, 32, 128, 8, True, 64, 4, (False, True)), (16, 16, 64, 8, False, 64, 4, (False, True))) if quick else \
         ((128, 32, 128, 8, True, 64, 4, (False, True)), (128, 32, 128, 8, False, 64, 4, (False, True)),
          (64, 32, 64, 12, False, 64, 4, (False, True)), (16, 16, 64, 8, True, 64, 4, (False, True)),
          (64, 64, 64, 3, True, 256, 8, (False,)), (64, 64, 64, 3, False, 256, 8, (False,)),
-         (32, 32, 64, 4, True, 256, 4, (False,)), (16, 16, 64, 4, False, 256, 4, (False,)))
+         (32, 32, 64, 4, True, 256, 4, (False,)), (16, 16, 64, 4, False, 256, 4, (False,)),
+         # M 128-512: 128 activation rows per program, two warpgroups, the row tiles inner (M_INNER)
+         (128, 128, 64, 4, True, 128, 8, (True,)), (128, 128, 64, 4, False, 128, 8, (True,)),
+         (64, 64, 64, 6, True, 128, 8, (True,)), (128, 32, 64, 8, True, 128, 8, (True,)))
     for block, sub, block_k, stages, trans, block_m, warps, swaps in cases:
         for swap in swaps:
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
-                         LONGEST_FIRST=False, SWAP=swap, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
+                         LONGEST_FIRST=False, SWAP=swap, M_INNER=block_m == 128, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
             sig = {}
             for name in fn.arg_names:

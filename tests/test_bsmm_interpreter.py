@@ -122,6 +122,17 @@ def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, spli
     check_dds(layout, a, values, bias, trans, torch.float32, config)
 
 
+@pytest.mark.parametrize("extra", [{}, {"splits": 3}, {"chunks": 2}, {"swap": True}, {"chunks": 2, "swap": True}],
+                         ids=["whole", "splits3", "chunks2", "swap", "chunks2-swap"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_dds_small_kernel_m_tiles_inner(program_order, trans, extra):
+    # m_inner: the grid's x axis walks M's 3 row tiles, y the slices (chunk tiles still distinct)
+    layout = make_layout("random", *GRID, 32)
+    a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
+    config = bsmm_small.SmallConfig(16, 32, 16, num_warps=4, num_stages=2, m_inner=True, **extra)
+    check_dds(layout, a, values, bias, trans, torch.float32, config)
+
+
 def test_dds_small_kernel_chunks_leave_their_counters_at_zero():
     # The last chunk of a tile to finish resets its arrival counter, so the next launch
     # (here: the same product again, on a layout with long and short block-rows) starts
@@ -190,7 +201,8 @@ def test_longest_first_orders_the_runs_by_length():
 @pytest.mark.parametrize("kwargs, field", [({"splits": 2, "chunks": 2}, "chunks"), ({"chunks": 0}, "chunks"),
                                            ({"chunks": 2.0}, "chunks"), ({"chunks": True}, "chunks"),
                                            ({"chunks": bsmm_small.MAX_CHUNKS + 1}, "chunks"),
-                                           ({"longest_first": 1}, "longest_first"), ({"swap": 1}, "swap")])
+                                           ({"longest_first": 1}, "longest_first"), ({"swap": 1}, "swap"),
+                                           ({"m_inner": 1}, "m_inner")])
 def test_small_config_refuses_bad_reduction_settings(kwargs, field):
     with pytest.raises(ValueError, match=field):
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, **kwargs)

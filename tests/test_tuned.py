@@ -44,6 +44,7 @@ def test_buckets():
 @pytest.mark.parametrize("config", [
     kernels.KernelConfig(128, 64, 4, 4, tma=True, device_desc=True),
     SmallConfig(32, 64, 16, 4, 8),
+    SmallConfig(64, 64, 128, 8, 6, splits=2, swap=True, m_inner=True),
     PanelConfig(4, 64, 8, 3),
     WsConfig(128, 64, 4, 4, pingpong=True),
 ])
@@ -138,7 +139,7 @@ def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
     assert calls == [("fprop", torch.float32, 16, 20, density), ("updat", torch.float32, 16, 20, density)]
 
 
-@pytest.mark.parametrize("m", [1, 64, 8192])
+@pytest.mark.parametrize("m", [1, 64, 256, 512, 8192])
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("fp32", [False, True])
 def test_search_spaces_are_valid_configs(m, block, fp32):
@@ -153,8 +154,11 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
         if isinstance(c, SddGroupConfig):
             c.check_block(block)  # the panel fits
     assert any(isinstance(c, WsConfig) for c in sdd) == (not fp32 and block >= 64)
-    # the streaming kernel: at small M, and at large M as feature-major tiles (16-bit, b <= 64)
-    assert any(isinstance(c, SmallConfig) for c in dds) == (m <= 256 or (not fp32 and block <= 64))
+    # the streaming kernel: at small M, at M 128-512 with the row tiles inner (16-bit), and
+    # at large M as feature-major tiles (16-bit, b 16)
+    small = [c for c in dds if isinstance(c, SmallConfig)]
+    assert bool(small) == (m <= 256 or (not fp32 and (m <= 512 or block <= 16)))
+    assert any(c.m_inner for c in small) == (not fp32 and 64 < m <= 512)
     # the Hopper warp-specialized kernel at large M: b 64 and 128 (fp32 as TF32), and in
     # 16-bit b 16 and 32 too (deep rings)
     assert any(isinstance(c, WsConfig) for c in dds) == ((block >= 64 or not fp32) and m > 256)

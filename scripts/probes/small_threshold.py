@@ -25,7 +25,8 @@ from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap]]]]); block_m follows M
+# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m]]]]]]);
+# block_m follows M unless given
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -86,16 +87,33 @@ ALL_VARIANTS = {
     # shorter chains behind the longest block-row (docs/performance.md, sixth session)
     "s32k64st8x2": (32, 64, 8, 4, 2),
     "s32k64st8x3": (32, 64, 8, 4, 3),
+    # M 128-512 (thirteenth session): a row tile's weight slice was read from HBM once per
+    # row tile (the row tiles of one slice ran a whole wave apart). 'I' (9th field,
+    # m_inner): the row tiles of a slice are consecutive programs, sharing it through L2.
+    # 'm128' (10th field): 128 activation rows per program, two warpgroups; wider slices
+    # read each activation tile for more features (the L2 traffic of activations is
+    # M / sub times the weight bytes); 'x2': every run split in 2 (fp32 partials) to keep
+    # 96-192 wide programs from underfilling 132 SMs.
+    "s32k64st12SI": (32, 64, 12, 4, 1, 1, False, True, True),
+    "s64k64st8SI": (64, 64, 8, 4, 1, 1, False, True, True),
+    "s32k64st8Sw8m128I": (32, 64, 8, 8, 1, 1, False, True, True, 128),
+    "s64k64st6Sw8m128I": (64, 64, 6, 8, 1, 1, False, True, True, 128),
+    "s64k64st6Sw8m128Ix2": (64, 64, 6, 8, 2, 1, False, True, True, 128),
+    "s128k64st4Sw8m128I": (128, 64, 4, 8, 1, 1, False, True, True, 128),
+    "s128k64st4Sw8m128Ix2": (128, 64, 4, 8, 2, 1, False, True, True, 128),
+    "s16k64st8I": (16, 64, 8, 4, 1, 1, False, False, True),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
 
 def variant_config(fields: tuple, block_m: int) -> S.SmallConfig:
-    """The SmallConfig of an ALL_VARIANTS entry, for ``block_m`` activation rows."""
+    """The SmallConfig of an ALL_VARIANTS entry, for ``block_m`` activation rows (unless
+    the entry gives its own)."""
     sub, block_k, stages, warps, *more = fields
-    splits, chunks, longest_first, swap = (list(more) + [1, 1, False, False][len(more):])[:4]
+    defaults = [1, 1, False, False, False, block_m]
+    splits, chunks, longest_first, swap, m_inner, block_m = (list(more) + defaults[len(more):])[:6]
     return S.SmallConfig(sub, block_k, block_m, warps, stages, splits=splits, chunks=chunks,
-                         longest_first=longest_first, swap=swap)
+                         longest_first=longest_first, swap=swap, m_inner=m_inner)
 
 
 def kernel_ms(fn, copies: int = 1) -> float:

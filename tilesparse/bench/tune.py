@@ -34,8 +34,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
     warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
-    several block-columns at b <= 32; the streaming kernel at small M, and at large M for
-    b <= 64 in 16-bit (feature-major tiles)."""
+    several block-columns at b <= 32; the streaming kernel at small M, at M 128-512 with
+    a slice's row tiles inner (16-bit), and at large M for b 16 in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
     if m <= 256:
         block_m = min(64, max(16, 1 << (m - 1).bit_length()))
@@ -52,6 +52,16 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, longest_first=True)
                 if block_m == 64 and sub < 64 and chunks == 1:  # activation rows as the MMA's M (wgmma)
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
+    if not fp32 and 64 < m <= 512:
+        # M 128-512: a slice's row tiles as consecutive programs (sharing it through L2),
+        # 128-row programs, wider slices, runs split in 2 to fill the SMs (b 16: unswapped,
+        # as measured faster there at M 64)
+        for sub, bk, stages, warps, bm, splits in ((16, 64, 8, 4, 64, 1), (32, 64, 12, 4, 64, 1), (64, 64, 8, 4, 64, 1),
+                                                   (32, 64, 8, 8, 128, 1), (64, 64, 6, 8, 128, 1),
+                                                   (64, 64, 6, 8, 128, 2), (128, 64, 4, 8, 128, 1),
+                                                   (128, 64, 4, 8, 128, 2)):
+            if sub <= tile:
+                yield SmallConfig(sub, bk, bm, warps, stages, splits, swap=sub >= 32, m_inner=True)
     if fp32:
         if block in (64, 128) and m > 256:  # the Hopper warp-specialized kernel as TF32
             yield WsConfig(128, 32, 8, 4)
@@ -61,9 +71,10 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
             for tma in (False, True):
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
         return
-    if tile <= 64 and m > 256:  # 16-bit only (fp32 returned above)
+    if tile <= 16 and m > 256:  # 16-bit only (fp32 returned above)
         # feature-major tiles: the streaming kernel with a W slice as the MMA's M side and
-        # 128-256 activation rows as its N side (each W slice read serves N >> b columns)
+        # 128-256 activation rows as its N side (each W slice read serves N >> b columns);
+        # on the H200 1.02-1.14x at b 16, 0.87-1.01x at b 64 / 32 (...-feature-major.log)
         for bm, warps, stages in ((256, 8 if tile == 64 else 4, 3 if tile == 64 else 4), (128, 4, 4)):
             yield SmallConfig(tile, 64, bm, warps, stages)
     if tile < 64:

@@ -42,7 +42,7 @@ def _dds_small_kernel(
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
-    TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    M_INNER: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -65,15 +65,24 @@ def _dds_small_kernel(
     activation rows as the MMA's M side (on Hopper, wgmma needs 64 there: BLOCK_M 64
     with 32-wide slices, where the default orientation runs mma.sync); acc is transposed
     back once, before the stores, so the rest of the kernel is the same.
+    M_INNER: the grid is (m-tile, j * SUBS + s, split): the m-tiles of one weight slice
+    are consecutive programs, which run together and share the slice through L2.
     """
     SUBS: tl.constexpr = TILE_B // SUB
-    pid = tl.program_id(0)
+    if M_INNER:
+        pid = tl.program_id(1)
+        m_tile = tl.program_id(0)
+        m_tiles = tl.num_programs(0)
+    else:
+        pid = tl.program_id(0)
+        m_tile = tl.program_id(1)
+        m_tiles = tl.num_programs(1)
     if LONGEST_FIRST:
         j = tl.load(order_ptr + pid // SUBS)
     else:
         j = pid // SUBS
     s = pid % SUBS
-    offs_m = tl.program_id(1).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_f = s * SUB + tl.arange(0, SUB)  # output features within the block
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
@@ -139,7 +148,7 @@ def _dds_small_kernel(
             if chunk == 0:
                 _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
         elif chunk < n_chunks:
-            tile = pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+            tile = pid.to(tl.int64) * m_tiles + m_tile
             ws_tile = ws_ptr + tile * (CHUNKS * SUB * BLOCK_M)
             offs_ws = tl.arange(0, SUB)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
             tl.store(ws_tile + chunk * (SUB * BLOCK_M) + offs_ws, acc, cache_modifier=".cg")
@@ -184,6 +193,7 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
 
 
 MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
 
 
 @dataclass(frozen=True)
@@ -198,7 +208,9 @@ class SmallConfig:
     slices in order of run length, longest first (a permutation of the tables, built
     once per layout); ``swap``: each step's product with the activation rows as the
     MMA's M side (Hopper's wgmma at ``block_m`` 64 with 32-wide slices; the default for
-    16-bit inputs at M > 32, b >= 32)."""
+    16-bit inputs at M > 32, b >= 32); ``m_inner``: the activation row tiles of one weight
+    slice are consecutive programs (they share the slice through L2 instead of reading it
+    from HBM once per row tile; matters only where M > ``block_m``)."""
 
     sub: int
     block_k: int
@@ -209,6 +221,7 @@ class SmallConfig:
     chunks: int = 1
     longest_first: bool = False
     swap: bool = False
+    m_inner: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -219,7 +232,7 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        for name in ("longest_first", "swap"):
+        for name in ("longest_first", "swap", "m_inner"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SmallConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -323,6 +336,9 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     m = a.shape[0]
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
     grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), max(cfg.splits, cfg.chunks))
+    m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
+    if m_inner:
+        grid = (grid[1], grid[0], grid[2])
     ws = sem = ptr  # placeholders: only the chunked mode reads them
     chunk_len = 0
     if cfg.chunks > 1:
@@ -338,7 +354,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, TRANS_V=trans_v, HAS_SLOT=slot is not None,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
