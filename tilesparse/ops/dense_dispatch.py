@@ -15,9 +15,11 @@ forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43 a
 
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
-smallest M. Below it nothing is claimed: batches of 512 rows and fewer run the
-small-batch kernel, whose own measurements (``...-small-m1-512.csv``) put b 16 at density
-0.5 at 0.21-0.94x of dense, and 512-8192 rows were not timed. The crossover density of
+smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
+(:mod:`tilesparse.ops.small_speedups`, W 12288²) decide, and such calls only warn: as
+dense, each call would scatter the whole weight, more traffic than the product itself
+(b 16 at density 0.5 measured 0.21-0.90x of dense; b 32-128 at density 0.5 0.60-0.84x at
+128-512 rows). 513-8191 rows were not timed: nothing is claimed there. The crossover density of
 each block size is where the measured speedup (the geometric mean over the four shapes),
 interpolated linearly in log speedup against log density between the densities timed,
 crosses 1; above the largest density timed (0.5) the speedup is taken as the rate at 0.5
@@ -40,11 +42,13 @@ import torch
 
 from ..kernels.tuned import gpu_slug
 from ..layout import table_views
+from .small_speedups import SMALL_SPEEDUPS
 
-__all__ = ["MIN_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
-           "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
+__all__ = ["MIN_ROWS", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
+           "kernels_only", "decide", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
+SMALL_ROWS = 512  # at most this many rows: the small suite's measurements (warned, never dispatched)
 
 # GPU -> op -> block size -> ((density, speedup over dense), ...): the geometric mean over the
 # suite's four shapes (8192x4096², 16384x8192², W [11008, 4096] and its transpose) of the eager
@@ -131,9 +135,17 @@ def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, d
                      training: bool) -> float | None:
     """The block-sparse layer's speedup over dense for this call as measured on ``gpu`` (a
     name slug, e.g. "nvidia-h200"), or None where it was not measured (other GPUs and
-    dtypes, fewer than MIN_ROWS rows)."""
-    if dtype not in (torch.float16, torch.bfloat16) or rows < MIN_ROWS:
+    dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the small suite's
+    fprop (training: the lower of fprop and bprop) at the power of two at or above
+    ``rows`` (:mod:`tilesparse.ops.small_speedups`)."""
+    if dtype not in (torch.float16, torch.bfloat16) or SMALL_ROWS < rows < MIN_ROWS or rows < 1:
         return None
+    if rows <= SMALL_ROWS:
+        bucket = 1 << (rows - 1).bit_length()
+        ops = SMALL_SPEEDUPS.get(gpu, {})
+        points = [ops.get(op, {}).get(block_size, {}).get(bucket) for op in (("fprop", "bprop") if training
+                                                                            else ("fprop",))]
+        return None if None in points else min(speedup_estimate(p, density) for p in points)
     points = SPEEDUPS.get(gpu, {}).get("step" if training else "fprop", {}).get(block_size)
     return None if points is None else speedup_estimate(points, density)
 
@@ -146,24 +158,37 @@ def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool) 
     if torch.compiler.is_compiling() or x.device.type != "cuda" or _KERNELS_ONLY.get():
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    rows = x.numel() // max(1, x.shape[-1])
-    speedup = measured_speedup(_gpu(index), x.dtype, rows, block_size, density, training)
+    return decide(_gpu(index), x.dtype, x.numel() // max(1, x.shape[-1]), block_size, density, training)
+
+
+def decide(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float, training: bool) -> bool:
+    """:func:`run_dense`'s decision for a call on ``gpu`` (a name slug) with ``rows`` rows
+    of activations: warn once where measured slower than dense; True (run as dense) only
+    at MIN_ROWS rows or more, with dense dispatch on and outside deterministic mode."""
+    speedup = measured_speedup(gpu, dtype, rows, block_size, density, training)
     if speedup is None or speedup >= 1.0:
         return False
-    dispatch = enabled() and not torch.are_deterministic_algorithms_enabled()
-    _warn_once(block_size, round(density, 3), "training step" if training else "forward", round(speedup, 2),
-               dispatch)
+    small = rows <= SMALL_ROWS
+    dispatch = enabled() and not torch.are_deterministic_algorithms_enabled() and not small
+    what = ("forward and backward products" if small else "training step") if training else "forward"
+    if small:
+        what += f" at {1 << (rows - 1).bit_length()} rows"
+    _warn_once(block_size, round(density, 3), what, round(speedup, 2), dispatch, small)
     return dispatch
 
 
 @functools.lru_cache(maxsize=None)
-def _warn_once(block_size: int, density: float, what: str, speedup: float, dispatch: bool) -> None:
-    action = ("runs as dense here" if dispatch else
-              "would be faster as dense here (TILESPARSE_DENSE_DISPATCH=0 keeps the kernels)")
+def _warn_once(block_size: int, density: float, what: str, speedup: float, dispatch: bool, small: bool) -> None:
+    if small:
+        action = "is slower than dense here and runs its kernels (as dense, every call would scatter the weight)"
+    elif dispatch:
+        action = "runs as dense here"
+    else:
+        action = "would be faster as dense here (TILESPARSE_DENSE_DISPATCH=0 keeps the kernels)"
     warnings.warn(
         f"tilesparse: a block-sparse linear layer with {block_size}x{block_size} blocks at density {density} "
         f"{action}: its {what} was measured at {speedup:.2f}x of dense's speed on this GPU "
-        f"(data and crossovers: tilesparse/ops/dense_dispatch.py)", stacklevel=4)
+        f"(data and crossovers: tilesparse/ops/dense_dispatch.py, small_speedups.py)", stacklevel=5)
 
 
 def _block_view(dense: torch.Tensor, rows: int, cols: int, b: int) -> torch.Tensor:

@@ -1,0 +1,79 @@
+"""The small-batch speedup table (tilesparse.ops.small_speedups): generated from its
+committed CSV, read at the right M bucket, and used only to warn (never to run a layer
+as dense) at 512 rows and fewer."""
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilesparse as ts
+from tilesparse.ops import dense_dispatch as dd
+from tilesparse.ops import small_speedups
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = small_speedups.SMALL_SPEEDUPS["nvidia-h200"]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_small_speedups", ROOT / "scripts" / "gen_small_speedups.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_table_is_the_generators_output_for_its_csv():
+    gen = _generator()
+    gpu, weight, table = gen.table_from_csv(ROOT / small_speedups.SOURCE)
+    assert (gpu, weight) == ("nvidia-h200", small_speedups.WEIGHT)
+    assert gen.render(small_speedups.SOURCE, gpu, weight, table) == (ROOT / "tilesparse/ops/small_speedups.py").read_text()
+    for op in ("fprop", "bprop"):  # every block size 16-128 at M 1-512, densities 0.03-0.5
+        assert sorted(H200[op]) == [16, 32, 64, 128]
+        for by_m in H200[op].values():
+            assert sorted(by_m) == [1, 8, 16, 32, 64, 128, 256, 512]
+            assert all([d for d, _ in points] == [0.03, 0.1, 0.25, 0.5] for points in by_m.values())
+
+
+@pytest.mark.parametrize("rows, bucket", [(1, 1), (5, 8), (32, 32), (100, 128), (512, 512)])
+def test_small_rows_read_their_power_of_two_bucket(rows, bucket):
+    fprop, bprop = H200["fprop"][128][bucket][-1][1], H200["bprop"][128][bucket][-1][1]
+    args = dict(rows=rows, block_size=128, density=0.5)
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, training=False, **args) == pytest.approx(fprop)
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, training=True, **args) == pytest.approx(min(fprop, bprop))
+
+
+def test_nothing_claimed_between_the_suites_or_elsewhere():
+    args = dict(block_size=128, density=0.5, training=False)
+    for rows in (0, dd.SMALL_ROWS + 1, 4096, dd.MIN_ROWS - 1):
+        assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=rows, **args) is None, rows
+    assert dd.measured_speedup("nvidia-h200", torch.float32, rows=64, **args) is None
+    assert dd.measured_speedup("nvidia-a100-sxm4-80gb", torch.bfloat16, rows=64, **args) is None
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "block_size": 8}) is None
+
+
+def test_small_rows_slower_than_dense_warn_and_keep_the_kernels(monkeypatch):
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+    dd._warn_once.cache_clear()
+    assert H200["fprop"][16][256][-1][1] < 1  # b 16 at density 0.5, 256 rows: slower than dense
+    with pytest.warns(UserWarning, match=r"slower than dense here and runs its kernels.*forward at 256 rows"):
+        assert not dd.decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # faster than dense: silent
+        assert not dd.decide("nvidia-h200", torch.bfloat16, 32, 128, 0.1, True)
+    with pytest.warns(UserWarning, match="runs as dense"):  # the large-batch rows still dispatch
+        assert dd.decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True)
+
+
+@pytest.mark.gpu
+def test_gpu_layer_at_few_rows_warns_and_matches_the_kernels(monkeypatch):
+    if dd._gpu(torch.cuda.current_device()) not in small_speedups.SMALL_SPEEDUPS:
+        pytest.skip("no small-batch measurements for this GPU")
+    layer = ts.nn.BlockSparseLinear(1024, 1024, block_size=16, density=0.5).cuda().to(torch.bfloat16)
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    dd._warn_once.cache_clear()
+    with pytest.warns(UserWarning, match="runs its kernels"):
+        got = layer(x)
+    with dd.kernels_only():
+        assert torch.equal(got, layer(x))  # the kernels' result, bit for bit
