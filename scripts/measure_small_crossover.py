@@ -86,12 +86,13 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
     tuned.record(entries, path, notes)
 
 
-def adopt(path: Path) -> None:
+def adopt(path: Path, per_shape: bool = False) -> None:
     """Write a variant sweep's winners into the shipped table of its GPU where they beat, in the same run,
     the variant that equals the heuristic config, and the large-batch kernel, by more than
     3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
     skipped. The sweep's variant names are looked up in its own table (ALL_VARIANTS of
-    scripts/probes/small_threshold.py)."""
+    scripts/probes/small_threshold.py). per_shape: keyed by the sweep's weight shape too
+    (the entries then apply to that weight only)."""
     data = json.loads(path.read_text())
     gpu = tuned.gpu_slug(data["gpu"])
     entries, notes = {}, {}
@@ -119,7 +120,8 @@ def adopt(path: Path) -> None:
                 or times[best][1] >= r.get("auto", float("inf"))):
             continue
         times = {n: ms for n, (_, ms) in times.items()}
-        key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"])
+        weight = tuple(map(int, data["weight"].split("x"))) if per_shape else None
+        key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
         entries[key] = _config(best, heuristic.block_m)
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
@@ -152,9 +154,10 @@ def main() -> None:
     p.add_argument("--merge", type=Path, help="merge a recorded file into the shipped table of its GPU, then exit")
     p.add_argument("--adopt", type=Path, help="a variant sweep's JSON: write its clear winners into the shipped "
                                               "table of its GPU, then exit")
+    p.add_argument("--per-shape", action="store_true", help="--adopt: key the entries by the sweep's weight shape too")
     args = p.parse_args()
     if args.adopt:
-        adopt(args.adopt)
+        adopt(args.adopt, args.per_shape)
         return
     if args.merge:
         data = json.loads(args.merge.read_text())

@@ -3,6 +3,7 @@ parts: keys and buckets, JSON round trips, file merging and reading, the launche
 consulting the table, the search spaces. The sweep itself needs a GPU."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -86,12 +87,13 @@ def test_an_unknown_format_is_refused(table_file):
 
 def test_the_shipped_tables_read_as_configs():
     # Every shipped file parses (an unknown field or kind would raise) and its keys are
-    # well formed: gpu|op|dtype|block|M bucket|density bucket.
+    # well formed: gpu|op|dtype|block|M bucket|density bucket[|wNxK].
     tuned.reload()
     shipped = tuned._read_shipped()
     assert shipped, "tilesparse/kernels/tuned/ ships at least the H200's table"
     for k in shipped:
-        gpu, op, dtype, block, m, density = k.split("|")
+        gpu, op, dtype, block, m, density, *weight = k.split("|")
+        assert not weight or re.fullmatch(r"w\d+x\d+", weight[0]) and len(weight) == 1
         assert op in ("fprop", "bprop", "updat") and dtype in ("bf16", "fp16", "tf32", "fp32")
         assert tuned.m_bucket(int(m)) == int(m) and tuned.density_bucket(float(density)) == float(density)
         assert int(block) in (16, 32, 64, 128)
@@ -111,6 +113,23 @@ def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
     assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) is None
 
 
+def test_an_entry_for_the_weight_shape_comes_before_the_shape_free_one(table_file, monkeypatch):
+    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    cuda0 = torch.device("cuda", 0)
+    general = tuned.key("fake-gpu", "updat", torch.bfloat16, 128, 8192, 0.5)
+    shaped = tuned.key("fake-gpu", "updat", torch.bfloat16, 128, 8192, 0.5, (11008, 4096))
+    assert shaped == general + "|w11008x4096"
+    tuned.record({general: kernels.KernelConfig(64, 128, 4, 4)}, table_file)
+    assert tuned.lookup("updat", torch.bfloat16, 128, 8192, 0.5, cuda0, (11008, 4096)) == kernels.KernelConfig(
+        64, 128, 4, 4)  # no entry for the shape: the shape-free one
+    tuned.record({shaped: kernels.KernelConfig(64, 64, 8, 3)}, table_file)
+    assert tuned.lookup("updat", torch.bfloat16, 128, 8192, 0.5, cuda0, (11008, 4096)) == kernels.KernelConfig(
+        64, 64, 8, 3)
+    for other in ((4096, 4096), None):  # other weights, or none named: the shape-free entry
+        assert tuned.lookup("updat", torch.bfloat16, 128, 8192, 0.5, cuda0, other) == kernels.KernelConfig(
+            64, 128, 4, 4)
+
+
 def test_lookups_off_and_on_cpu(monkeypatch):
     assert tuned.lookup("fprop", torch.float32, 16, 64, 0.5, torch.device("cpu")) is None
     monkeypatch.setenv("TILESPARSE_TUNED", "off")
@@ -122,8 +141,9 @@ def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
     # and run whichever kind of config it returns.
     calls = []
 
-    def fake_lookup(op, dtype, block, m, density, device):
+    def fake_lookup(op, dtype, block, m, density, device, weight=None):
         calls.append((op, dtype, block, m, round(density, 4)))
+        assert weight == (layout.shape[0], layout.shape[1])  # W [N, K], whichever product
         return PanelConfig(2, block_m=16) if op != "updat" else kernels.KernelConfig(16, 16, 4, 2)
 
     monkeypatch.setattr(tuned, "lookup", fake_lookup)

@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="fp32 is tuned with TF32")
     t.add_argument("--budget", type=float, default=300.0, help="seconds in all, shared by the cases (default 300)")
     t.add_argument("--min-gain", type=float, default=0.03, help="keep a config only if this much faster (default 0.03)")
+    t.add_argument("--per-shape", action="store_true",
+                   help="key the winners by the weight shape too: they apply to that W [N, K] only, ahead of "
+                        "the shape-free entries (for a shape whose best configs differ from the others')")
     t.add_argument("--out", type=Path, default=None,
                    help="tuned-config file to update (default: $TILESPARSE_TUNED or ~/.cache/tilesparse/tuned.json)")
     t.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
@@ -159,7 +162,8 @@ def cmd_tune(args, parser, console) -> int:
     if out is None and not args.dry_run:
         parser.error("TILESPARSE_TUNED=off: give --out FILE or --dry-run")
     rows, entries, notes = tune(args.shape, args.block, args.density, args.ops, args.dtype,
-                                budget_s=args.budget, min_gain=args.min_gain, log=console.print)
+                                budget_s=args.budget, min_gain=args.min_gain, per_shape=args.per_shape,
+                                log=console.print)
     console.print(json.dumps({"cases": len(rows), "kept": len(entries)}))
     if entries and not args.dry_run:
         console.print(f"wrote {len(entries)} tuned configs to {tuned.record(entries, out, notes)}")

@@ -141,9 +141,10 @@ def _ms(fn) -> float:
 
 
 def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, min_gain: float = 0.03,
-         log: Callable[[str], None] = print) -> tuple[list[dict], dict, dict]:
+         per_shape: bool = False, log: Callable[[str], None] = print) -> tuple[list[dict], dict, dict]:
     """Run the sweep on the current CUDA device. Returns (rows: one per case with the
-    current and best timings, entries: key -> winning config, notes: key -> timings)."""
+    current and best timings, entries: key -> winning config, notes: key -> timings).
+    per_shape: the entries are keyed by the weight shape too (used for that weight only)."""
     dev = torch.device("cuda")
     dtype = DTYPES[dtype_name]
     fp32 = dtype == torch.float32
@@ -192,7 +193,8 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
                 tried += 1
                 if ms < best_ms:
                     best_ms, best_cfg = ms, cfg
-            case_key = tuned.key(gpu, op, dtype, block, m, layout.density)  # m: sdd's reduction length too
+            weight = (r * block, c * block) if per_shape else None  # as the launchers name it
+            case_key = tuned.key(gpu, op, dtype, block, m, layout.density, weight)  # m: sdd's reduction length too
             kept = best_cfg is not None and best_ms < current * (1 - min_gain)
             if kept:
                 entries[case_key] = best_cfg

@@ -305,7 +305,8 @@ def dds(
     chosen_here = config is None  # not the caller's: the layout's skew may still adjust it
     density = _density(meta, block_rows, block_cols)
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
-        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device)
+        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device,
+                              (block_rows * b, block_cols * b))
         if isinstance(config, bsmm_sdd_group.SddGroupConfig):  # another op's kind (a hand-edited table)
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
@@ -397,7 +398,8 @@ def sdd(
         return values
     if m == 0:  # an empty reduction: zero blocks (no kernel needs to build descriptors over empty operands)
         return values.zero_()
-    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device)
+    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device,
+                                 (block_rows * block_size, block_cols * block_size))
     if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
         why = bsmm_ws_sdd.sdd_ws_supported(a.t(), b, values, cfg)
         if why is None:

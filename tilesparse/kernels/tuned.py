@@ -3,13 +3,16 @@
 The launchers use a heuristic config (``bsmm.dds_config`` / ``sdd_config``) unless a
 measured one is known for the problem at hand. A measured config is keyed by
 
-    (GPU, op, dtype, block size, M bucket, density bucket)
+    (GPU, op, dtype, block size, M bucket, density bucket[, weight shape])
 
 op: ``fprop`` (dds through the row table), ``bprop`` (dds through the column table),
 ``updat`` (sdd). dtype: bf16, fp16, and for float32 ``tf32`` or ``fp32`` after the
 float32 matmul precision (the kernels differ). M bucket: the power of two at or above M (M is the activations' row
 count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
-0.05, 0.03, 0.01 (the nearest on a log scale). A config is one of the launchers' kinds:
+0.05, 0.03, 0.01 (the nearest on a log scale). Weight shape (optional, ``w{N}x{K}`` of
+the block-sparse W [N, K]): an entry for that weight only (``tilesparse tune
+--per-shape``), preferred over the shape-free entry when both exist; the best tiles and
+splits depend on how many output tiles the weight makes. A config is one of the launchers' kinds:
 ``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
 (small blocks, several output block-columns per program), ``WsConfig`` (Hopper
 warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per program).
@@ -62,9 +65,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype))
 
 
-def key(gpu: str, op: str, dtype: torch.dtype, block: int, m: int, density: float) -> str:
-    """The table key of a problem, as stored in the JSON files."""
-    return f"{gpu}|{op}|{dtype_name(dtype)}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
+def key(gpu: str, op: str, dtype: torch.dtype, block: int, m: int, density: float,
+        weight: tuple[int, int] | None = None) -> str:
+    """The table key of a problem, as stored in the JSON files; with ``weight`` (N, K),
+    the key of an entry for that weight shape only."""
+    general = f"{gpu}|{op}|{dtype_name(dtype)}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
+    return general if weight is None else f"{general}|w{int(weight[0])}x{int(weight[1])}"
 
 
 def user_path() -> Path | None:
@@ -157,23 +163,30 @@ def reload() -> None:
     _lookup_cached.cache_clear()
 
 
-def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device):
-    """The measured config for this problem on this GPU, or None (use the heuristic).
+def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device,
+           weight: tuple[int, int] | None = None):
+    """The measured config for this problem on this GPU, or None (use the heuristic):
+    the entry for this weight shape (N, K) if there is one, else the shape-free entry.
     Every launch asks, so answers are remembered per problem (building a key costs
     several microseconds of host time)."""
     if device.type != "cuda" or os.environ.get("TILESPARSE_TUNED") == "off":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
     precision = torch.get_float32_matmul_precision() if dtype == torch.float32 else ""
-    return _lookup_cached(op, dtype, block, m, density, index, precision)
+    return _lookup_cached(op, dtype, block, m, density, index, precision, weight)
 
 
 @functools.lru_cache(maxsize=4096)
-def _lookup_cached(op, dtype, block, m, density, index, precision):
+def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
     table = _table()  # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32)
     if not table:
         return None
-    return table.get(key(_gpu_slug(index), op, dtype, block, m, density))
+    gpu = _gpu_slug(index)
+    if weight is not None:
+        found = table.get(key(gpu, op, dtype, block, m, density, weight))
+        if found is not None:
+            return found
+    return table.get(key(gpu, op, dtype, block, m, density))
 
 
 def record(entries: dict, path: Path, notes: dict | None = None) -> Path:
