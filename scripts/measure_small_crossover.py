@@ -95,6 +95,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
     (the entries then apply to that weight only)."""
     data = json.loads(path.read_text())
     gpu = tuned.gpu_slug(data["gpu"])
+    weight = tuple(map(int, data["weight"].split("x"))) if per_shape else None
     entries, notes = {}, {}
     for r in data["rows"]:
         if r.get("copies", 0) * r["weight_bytes"] < MIN_STREAMED_BYTES:
@@ -115,12 +116,11 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         if current is None or best is None:
             continue
         # adopted only if clearly ahead of the heuristic and of the large-batch kernel
-        # (and of the dispatcher's own choice, a tuned entry, where the sweep timed it: --auto)
-        if (times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"]
-                or times[best][1] >= r.get("auto", float("inf"))):
+        # (and of the dispatcher's own choice, a tuned entry, where the sweep timed it (--auto) right)
+        auto = r["auto"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2 else float("inf")
+        if times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"] or times[best][1] >= auto:
             continue
         times = {n: ms for n, (_, ms) in times.items()}
-        weight = tuple(map(int, data["weight"].split("x"))) if per_shape else None
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
         entries[key] = _config(best, heuristic.block_m)
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),

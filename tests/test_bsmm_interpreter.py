@@ -151,22 +151,28 @@ def test_dds_small_kernel_chunks_leave_their_counters_at_zero():
     assert torch.equal(run_dds(layout, a, values, bias, True, config), first)
 
 
-@pytest.fixture(params=["in order", "reversed"])
+@pytest.fixture(params=["in order", "reversed", "shuffled"])
 def program_order(request, monkeypatch):
-    """Run the interpreter's programs in launch order or reversed (it runs them one after
-    another, so in-kernel cross-program logic, the chunks' last-to-arrive sum, otherwise
-    only ever sees the highest chunk arrive last)."""
-    if request.param == "reversed":
+    """Run the interpreter's programs in launch order, reversed, or shuffled (it runs them
+    one after another, z fastest, so in-kernel cross-program logic, the chunks' last-to-
+    arrive sum, otherwise only ever sees one tile's chunks back to back, highest last)."""
+    if request.param != "in order":
         from triton.runtime import interpreter
 
         builder = interpreter.interpreter_builder
         original = type(builder).set_grid_idx
+        orders = {}
 
-        def reversed_idx(self, x, y, z):
+        def remapped_idx(self, x, y, z):
             nx, ny, nz = self.grid_dim
-            original(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+            if request.param == "reversed":
+                return original(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+            n = nx * ny * nz
+            perm = orders.setdefault(n, torch.randperm(n, generator=torch.Generator().manual_seed(n)).tolist())
+            flat = perm[(x * ny + y) * nz + z]
+            original(self, flat // (ny * nz), flat // nz % ny, flat % nz)
 
-        monkeypatch.setattr(type(builder), "set_grid_idx", reversed_idx)
+        monkeypatch.setattr(type(builder), "set_grid_idx", remapped_idx)
     return request.param
 
 
@@ -189,13 +195,6 @@ def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size,
     out = run_dds(layout, a, values, bias, trans, config)
     assert_close(out, dds_expected(layout, a, values, bias, trans), torch.float32, "dds chunks")
     assert int(bsmm_small._arrival_counters(a.device, 1).abs().sum()) == 0
-
-
-def test_longest_first_orders_the_runs_by_length():
-    # runs of 11, 7, 0 and 1 entries -> tables 0, 1, 3, 2 (ties keep table order)
-    ptr = torch.tensor([0, 11, 18, 18, 19, 19], dtype=torch.int32)
-    assert bsmm_small._longest_first(ptr).tolist() == [0, 1, 3, 2, 4]
-    assert bsmm_small._longest_first(ptr) is bsmm_small._longest_first(ptr)  # remembered on the tensor
 
 
 @pytest.mark.parametrize("kwargs, field", [({"splits": 2, "chunks": 2}, "chunks"), ({"chunks": 0}, "chunks"),

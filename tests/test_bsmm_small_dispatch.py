@@ -171,3 +171,27 @@ def test_gpu_skewed_layout_runs_chunked_right_and_reproducibly(monkeypatch, tran
     assert_close(out, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, "dds auto chunks")
     for _ in range(3):
         assert torch.equal(kernels.dds(a, values, meta, None, 64, 64, trans), out)
+
+
+def test_longest_first_orders_the_runs_by_length():
+    # runs of 11, 7, 0 and 1 entries -> tables 0, 1, 3, 2 (ties keep table order)
+    ptr = torch.tensor([0, 11, 18, 18, 19, 19], dtype=torch.int32)
+    assert bsmm_small._longest_first(ptr).tolist() == [0, 1, 3, 2, 4]
+    assert bsmm_small._longest_first(ptr) is bsmm_small._longest_first(ptr)  # remembered on the tensor
+
+
+@pytest.mark.parametrize("max_grid_y", [65535, 1], ids=["row-tiles-inner", "too-many-slices"])
+def test_m_inner_puts_the_row_tiles_on_the_grids_x_axis_where_the_slices_fit_y(monkeypatch, max_grid_y):
+    layout = BlockLayout(torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.5, 16)
+    values = random_values(layout, torch.float32)
+    a = torch.randn(40, layout.shape[1])
+    grids = []
+    real = bsmm_small.launch
+    monkeypatch.setattr(bsmm_small, "launch", lambda kernel, grid, *args, **kw: grids.append(grid) or real(
+        kernel, grid, *args, **kw))
+    monkeypatch.setattr(bsmm_small, "MAX_GRID_Y", max_grid_y)
+    config = bsmm_small.SmallConfig(16, 16, 16, num_warps=4, num_stages=2, m_inner=True)
+    out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True, config)
+    assert_close(out, a.double() @ dense_of(values, layout).t(), torch.float32, "dds m_inner")
+    slices, row_tiles = layout.block_rows, 3  # 16-wide slices of 16-wide blocks; 40 rows in tiles of 16
+    assert grids == [(row_tiles, slices, 1) if max_grid_y > slices else (slices, row_tiles, 1)]

@@ -105,7 +105,7 @@ def test_dense_path_computes_the_same_layer(shape, monkeypatch):
         got = ops.block_sparse_linear(x, weight, layout, bias)
     assert max(saved) < 48 * 64  # the blocks and x are kept for the backward, never the dense weight
     got_grads = torch.autograd.grad(got, (x, weight, bias), grad)
-    assert calls and calls[0][1:] == (16, layout.density, True)
+    assert calls and calls[0][1:] == (16, layout.density, True, layout.shape)
     assert_close(got, want, torch.float64, "dense path output")
     for name, g, w in zip(("dx", "dweight", "dbias"), got_grads, want_grads):
         assert_close(g, w, torch.float64, f"dense path {name}")

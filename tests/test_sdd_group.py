@@ -107,6 +107,7 @@ def test_sdd_group_config_checks_its_fields():
 
 def test_sdd_group_config_checks_shared_memory_by_input_size():
     """fp32 b 128 G 2 at 3 stages asked sm_90 for 256 KiB (refused on the H200); 16-bit fits."""
+    assert SddGroupConfig(2, 64, 8, 3).smem_bytes(128, 4) == 262144  # what sm_90's compile reported
     cfg = SddGroupConfig(2, 64, 8, 3)
     assert cfg.fits(128, 2) and not cfg.fits(128, 4)
     cfg.check_block(128, 2)
@@ -114,6 +115,8 @@ def test_sdd_group_config_checks_shared_memory_by_input_size():
         cfg.check_block(128, 4)
     assert SddGroupConfig(2, 32, 8, 3).fits(128, 4)  # a shorter M step fits
     assert SddGroupConfig(4, 64, 4, 3).fits(64, 4)  # compiled and passed on the H200
+    assert SddGroupConfig(2, 64, 4, 4).fits(128, 2)  # ran on the H200 (the sweep's grp-b64-g2w4 at b 128)
+    assert not cfg.fits(128, 2, limit=99 * 1024)  # a GPU with less shared memory
 
 
 def test_sdd_falls_back_from_a_tuned_group_too_big_for_fp32(monkeypatch):

@@ -36,18 +36,33 @@ def test_table_is_the_generators_output_for_its_csv():
             assert all([d for d, _ in points] == [0.03, 0.1, 0.25, 0.5] for points in by_m.values())
 
 
-@pytest.mark.parametrize("rows, bucket", [(1, 1), (5, 8), (32, 32), (100, 128), (512, 512)])
-def test_small_rows_read_their_power_of_two_bucket(rows, bucket):
-    fprop, bprop = H200["fprop"][128][bucket][-1][1], H200["bprop"][128][bucket][-1][1]
-    args = dict(rows=rows, block_size=128, density=0.5)
+BIG = dd.SMALL_MIN_WEIGHT  # weight elements at which the table applies
+
+
+@pytest.mark.parametrize("rows", [1, 8, 32, 128, 512])
+def test_measured_row_counts_read_their_own_points(rows):
+    fprop, bprop = H200["fprop"][128][rows][-1][1], H200["bprop"][128][rows][-1][1]
+    args = dict(rows=rows, block_size=128, density=0.5, weight_elements=BIG)
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, training=False, **args) == pytest.approx(fprop)
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, training=True, **args) == pytest.approx(min(fprop, bprop))
 
 
-def test_nothing_claimed_between_the_suites_or_elsewhere():
-    args = dict(block_size=128, density=0.5, training=False)
+@pytest.mark.parametrize("rows, below, above", [(2, 1, 8), (5, 1, 8), (100, 64, 128), (200, 128, 256)])
+def test_rows_between_measurements_take_the_lower_of_the_two(rows, below, above):
+    # not monotonic in M (b 64, density 0.5: 0.84x at 128 rows, 1.04x at 256)
+    by_m = H200["fprop"][64]
+    want = min(by_m[below][-1][1], by_m[above][-1][1])
+    got = dd.measured_speedup("nvidia-h200", torch.bfloat16, rows, 64, 0.5, False, weight_elements=BIG)
+    assert got == pytest.approx(want)
+
+
+def test_nothing_claimed_between_the_suites_for_small_weights_or_elsewhere():
+    args = dict(block_size=128, density=0.5, training=False, weight_elements=BIG)
     for rows in (0, dd.SMALL_ROWS + 1, 4096, dd.MIN_ROWS - 1):
         assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=rows, **args) is None, rows
+    for elements in (BIG - 1, None):  # smaller weights (4096² is launch- and L2-bound), or not known
+        assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "weight_elements": elements}) \
+            is None
     assert dd.measured_speedup("nvidia-h200", torch.float32, rows=64, **args) is None
     assert dd.measured_speedup("nvidia-a100-sxm4-80gb", torch.bfloat16, rows=64, **args) is None
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "block_size": 8}) is None
@@ -57,21 +72,23 @@ def test_small_rows_slower_than_dense_warn_and_keep_the_kernels(monkeypatch):
     monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
     dd._warn_once.cache_clear()
     assert H200["fprop"][16][256][-1][1] < 1  # b 16 at density 0.5, 256 rows: slower than dense
-    with pytest.warns(UserWarning, match=r"slower than dense here and runs its kernels.*forward at 256 rows"):
-        assert not dd.decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False)
+    with pytest.warns(UserWarning, match=r"slower than dense here and runs its kernels.*forward near 200 rows"):
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False, BIG)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # faster than dense: silent
-        assert not dd.decide("nvidia-h200", torch.bfloat16, 32, 128, 0.1, True)
+        warnings.simplefilter("error")  # faster than dense, or a weight too small to claim anything: silent
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 32, 128, 0.1, True, BIG)
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False, 1024 * 1024)
     with pytest.warns(UserWarning, match="runs as dense"):  # the large-batch rows still dispatch
-        assert dd.decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True)
+        assert dd._decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True, BIG)
 
 
 @pytest.mark.gpu
-def test_gpu_layer_at_few_rows_warns_and_matches_the_kernels(monkeypatch):
+def test_gpu_layer_at_few_rows_warns_and_matches_the_kernels():
     if dd._gpu(torch.cuda.current_device()) not in small_speedups.SMALL_SPEEDUPS:
         pytest.skip("no small-batch measurements for this GPU")
-    layer = ts.nn.BlockSparseLinear(1024, 1024, block_size=16, density=0.5).cuda().to(torch.bfloat16)
-    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    layer = ts.nn.BlockSparseLinear(8192, 8192, block_size=16, density=0.5).cuda().to(torch.bfloat16)
+    assert layer.in_features * layer.out_features >= dd.SMALL_MIN_WEIGHT
+    x = torch.randn(256, 8192, device="cuda", dtype=torch.bfloat16)
     dd._warn_once.cache_clear()
     with pytest.warns(UserWarning, match="runs its kernels"):
         got = layer(x)

@@ -130,6 +130,21 @@ def test_an_entry_for_the_weight_shape_comes_before_the_shape_free_one(table_fil
             64, 128, 4, 4)
 
 
+def test_the_users_entries_come_before_the_shipped_ones_shaped_or_not(table_file, monkeypatch):
+    # a user's own `tilesparse tune` (shape-free) must not be shadowed by a shipped entry for the shape
+    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    shaped = tuned.key("fake-gpu", "fprop", torch.bfloat16, 64, 8192, 0.5, (4096, 4096))
+    monkeypatch.setattr(tuned, "_read_shipped", lambda: {shaped: kernels.KernelConfig(128, 64, 8, 3)})
+    tuned.reload()
+    cuda0 = torch.device("cuda", 0)
+    assert tuned.lookup("fprop", torch.bfloat16, 64, 8192, 0.5, cuda0, (4096, 4096)) == kernels.KernelConfig(
+        128, 64, 8, 3)
+    tuned.record({tuned.key("fake-gpu", "fprop", torch.bfloat16, 64, 8192, 0.5): kernels.KernelConfig(64, 64, 4, 4)},
+                 table_file)
+    assert tuned.lookup("fprop", torch.bfloat16, 64, 8192, 0.5, cuda0, (4096, 4096)) == kernels.KernelConfig(
+        64, 64, 4, 4)
+
+
 def test_lookups_off_and_on_cpu(monkeypatch):
     assert tuned.lookup("fprop", torch.float32, 16, 64, 0.5, torch.device("cpu")) is None
     monkeypatch.setenv("TILESPARSE_TUNED", "off")

@@ -54,8 +54,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
     if not fp32 and 64 < m <= 512:
         # M 128-512: a slice's row tiles as consecutive programs (sharing it through L2),
-        # 128-row programs, wider slices, runs split in 2 to fill the SMs (b 16: unswapped,
-        # as measured faster there at M 64)
+        # 128-row programs, wider slices, runs split in 2 to fill the SMs (16-wide slices
+        # unswapped, as measured faster at b 16, M 64)
         for sub, bk, stages, warps, bm, splits in ((16, 64, 8, 4, 64, 1), (32, 64, 12, 4, 64, 1), (64, 64, 8, 4, 64, 1),
                                                    (32, 64, 8, 8, 128, 1), (64, 64, 6, 8, 128, 1),
                                                    (64, 64, 6, 8, 128, 2), (128, 64, 4, 8, 128, 1),
@@ -193,7 +193,7 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
                 tried += 1
                 if ms < best_ms:
                     best_ms, best_cfg = ms, cfg
-            weight = (r * block, c * block) if per_shape else None  # as the launchers name it
+            weight = tuned.weight_shape(r, c, block) if per_shape else None  # as the launchers name it
             case_key = tuned.key(gpu, op, dtype, block, m, layout.density, weight)  # m: sdd's reduction length too
             kept = best_cfg is not None and best_ms < current * (1 - min_gain)
             if kept:

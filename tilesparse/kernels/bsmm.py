@@ -306,7 +306,7 @@ def dds(
     density = _density(meta, block_rows, block_cols)
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
         config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device,
-                              (block_rows * b, block_cols * b))
+                              tuned.weight_shape(block_rows, block_cols, b))
         if isinstance(config, bsmm_sdd_group.SddGroupConfig):  # another op's kind (a hand-edited table)
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
@@ -399,7 +399,7 @@ def sdd(
     if m == 0:  # an empty reduction: zero blocks (no kernel needs to build descriptors over empty operands)
         return values.zero_()
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device,
-                                 (block_rows * block_size, block_cols * block_size))
+                                 tuned.weight_shape(block_rows, block_cols, block_size))
     if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
         why = bsmm_ws_sdd.sdd_ws_supported(a.t(), b, values, cfg)
         if why is None:
@@ -408,7 +408,7 @@ def sdd(
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
-        if config is None and not cfg.fits(block_size, a.element_size()):
+        if config is None and not cfg.fits(block_size, a.element_size(), bsmm_sdd_group.smem_limit(a.device)):
             cfg = None  # a tuned entry too wide (or too big) for this block size: the heuristic below
         else:
             bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)

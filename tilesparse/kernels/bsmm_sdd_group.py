@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from ._device import cached_table
+from ._device import cached_table, shared_memory_bytes
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two, tile_for
 
@@ -120,28 +120,36 @@ class SddGroupConfig:
             raise ValueError(f"SddGroupConfig.swap must be a bool, got {self.swap!r}")
 
     def smem_bytes(self, block_size: int, itemsize: int = 2) -> int:
-        """Estimated shared memory: (stages - 1) ring slots of the A tile and the panel,
-        plus the fp32 [tile, G * tile] output staging. On sm_90 it separates the configs
-        that compile from those refused (fp32 b 128 G 2 at 3 stages needs 256 KiB)."""
+        """Estimated shared memory: ``num_stages - 1`` buffers of the [block_m, tile]
+        dY^T tile and ``num_stages`` of the [block_m, G * tile] panel. Fitted to what sm_90
+        compiles reported (fp32 b 128 G 2 at 3 stages: 262,144 B, refused on the H200;
+        bf16 b 128 G 2 at 4 stages and fp32 b 64 G 4 at 3 stages ran); an estimate, not
+        Triton's allocator."""
         tile = tile_for(block_size)
-        ring = max(1, self.num_stages - 1) * self.block_m * (tile + self.group * tile) * itemsize
-        return ring + tile * self.group * tile * 4
+        a_tile = self.block_m * tile * itemsize
+        return max(1, self.num_stages - 1) * a_tile + self.num_stages * self.group * a_tile
 
-    def fits(self, block_size: int, itemsize: int = 2) -> bool:
+    def fits(self, block_size: int, itemsize: int = 2, limit: int = SMEM_LIMIT) -> bool:
         """Whether the panel (group x the block's tile) fits MAX_PANEL columns and the
-        estimated shared memory (:meth:`smem_bytes`, ``itemsize`` bytes per input) fits."""
-        return self.group * tile_for(block_size) <= MAX_PANEL and self.smem_bytes(block_size, itemsize) <= SMEM_LIMIT
+        estimated shared memory (:meth:`smem_bytes`, ``itemsize`` bytes per input) fits
+        ``limit`` bytes (default: sm_90's per-block maximum)."""
+        return self.group * tile_for(block_size) <= MAX_PANEL and self.smem_bytes(block_size, itemsize) <= limit
 
-    def check_block(self, block_size: int, itemsize: int = 2) -> None:
+    def check_block(self, block_size: int, itemsize: int = 2, limit: int = SMEM_LIMIT) -> None:
         """ValueError unless the panel and its shared memory fit (:meth:`fits`)."""
         tile = tile_for(block_size)
         if self.group * tile > MAX_PANEL:
             raise ValueError(f"SddGroupConfig.group={self.group} x the {tile}-wide tile of block size "
                              f"{block_size} exceeds {MAX_PANEL} columns")
-        if not self.fits(block_size, itemsize):
+        if not self.fits(block_size, itemsize, limit):
             raise ValueError(f"{self} needs ~{self.smem_bytes(block_size, itemsize)} B of shared memory at block size "
-                             f"{block_size} with {itemsize}-byte inputs (limit {SMEM_LIMIT}); lower block_m or "
+                             f"{block_size} with {itemsize}-byte inputs (limit {limit}); lower block_m or "
                              f"num_stages")
+
+
+def smem_limit(device: torch.device) -> int:
+    """Shared memory a block may use on ``device`` (CUDA), else sm_90's."""
+    return shared_memory_bytes(device) if device.type == "cuda" else SMEM_LIMIT
 
 
 _STARTS = "_tilesparse_sdd_group_starts"
@@ -171,7 +179,7 @@ def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, conf
     """values[z] = (A @ B)[block z] for every stored block; a [R*b, M], b [M, C*b], values
     [nnz, b, b] (nnz > 0, M > 0), as prepared by ``bsmm.sdd``."""
     block_size = values.shape[-1]
-    config.check_block(block_size, a.element_size())
+    config.check_block(block_size, a.element_size(), smem_limit(a.device))
     row_ptr, row_of, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_of", "row_cols")
     starts = group_starts(meta, block_rows, block_cols, config.group)
     launch(_sdd_group_kernel, (starts.numel(),),

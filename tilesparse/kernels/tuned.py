@@ -19,7 +19,9 @@ warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per 
 
 Sources, later ones overriding earlier: the tables shipped with the package
 (``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
-``~/.cache/tilesparse/tuned.json``), the one ``tilesparse tune`` writes by default.
+``~/.cache/tilesparse/tuned.json``), the one ``tilesparse tune`` writes by default. A
+lookup tries the user's table (the weight shape's entry, then the shape-free one) before
+the shipped ones.
 ``TILESPARSE_TUNED=off`` turns lookups off (heuristics only). Files are read once per
 process (``reload()`` re-reads them).
 """
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["DENSITY_BUCKETS", "density_bucket", "gpu_slug", "m_bucket", "key", "lookup", "record", "reload",
-           "user_path"]
+           "user_path", "weight_shape"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
 OPS = ("fprop", "bprop", "updat")
@@ -71,6 +73,11 @@ def key(gpu: str, op: str, dtype: torch.dtype, block: int, m: int, density: floa
     the key of an entry for that weight shape only."""
     general = f"{gpu}|{op}|{dtype_name(dtype)}|{block}|{m_bucket(m)}|{density_bucket(density):g}"
     return general if weight is None else f"{general}|w{int(weight[0])}x{int(weight[1])}"
+
+
+def weight_shape(block_rows: int, block_cols: int, block: int) -> tuple[int, int]:
+    """W's (N, K) as keys name it: the block grid times the block size."""
+    return block_rows * block, block_cols * block
 
 
 def user_path() -> Path | None:
@@ -146,20 +153,27 @@ def _read_shipped() -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def _table() -> dict:
-    table = _read_shipped()
+def _tables() -> tuple[dict, dict]:
+    """(the user's table, the shipped tables merged), each read once."""
+    user: dict = {}
     path = user_path()
     if path is not None and path.is_file():
         try:
-            table.update(_read(path.read_text(), str(path)))
+            user = _read(path.read_text(), str(path))
         except (ValueError, KeyError, TypeError) as exc:  # incl. JSON syntax errors
             warnings.warn(f"ignoring the tuned-config file {path}: {exc}", stacklevel=2)
-    return table
+    return user, _read_shipped()
+
+
+def _table() -> dict:
+    """Every entry, the user's overriding the shipped ones."""
+    user, shipped = _tables()
+    return {**shipped, **user}
 
 
 def reload() -> None:
     """Forget the tables read so far (the next lookup reads the files again)."""
-    _table.cache_clear()
+    _tables.cache_clear()
     _lookup_cached.cache_clear()
 
 
@@ -178,15 +192,18 @@ def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, devi
 
 @functools.lru_cache(maxsize=4096)
 def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
-    table = _table()  # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32)
-    if not table:
-        return None
+    # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32). The user's
+    # table first (their own measurements, shape-specific then shape-free), then the shipped
     gpu = _gpu_slug(index)
+    keys = [key(gpu, op, dtype, block, m, density)]
     if weight is not None:
-        found = table.get(key(gpu, op, dtype, block, m, density, weight))
-        if found is not None:
-            return found
-    return table.get(key(gpu, op, dtype, block, m, density))
+        keys.insert(0, key(gpu, op, dtype, block, m, density, weight))
+    for table in _tables():
+        for k in keys:
+            found = table.get(k)
+            if found is not None:
+                return found
+    return None
 
 
 def record(entries: dict, path: Path, notes: dict | None = None) -> Path:

@@ -249,7 +249,7 @@ def block_sparse_linear(
     meta = layout.meta_on(x.device)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)
-    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training):
+    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training, layout.shape):
         y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols)
     else:
         y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)

@@ -16,7 +16,8 @@ forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43 a
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
 smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
-(:mod:`tilesparse.ops.small_speedups`, W 12288²) decide, and such calls only warn: as
+(:mod:`tilesparse.ops.small_speedups`, W 12288²) decide for weights of at least a quarter
+of that size (``SMALL_MIN_WEIGHT``), and such calls only warn: as
 dense, each call would scatter the whole weight, more traffic than the product itself
 (b 16 at density 0.5 measured 0.21-0.90x of dense; b 32-128 at density 0.5 0.60-0.84x at
 128-512 rows). 513-8191 rows were not timed: nothing is claimed there. The crossover density of
@@ -42,13 +43,16 @@ import torch
 
 from ..kernels.tuned import gpu_slug
 from ..layout import table_views
-from .small_speedups import SMALL_SPEEDUPS
+from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
-__all__ = ["MIN_ROWS", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
-           "kernels_only", "decide", "scatter_dense", "gather_blocks", "dense_linear"]
+__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
+           "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
 SMALL_ROWS = 512  # at most this many rows: the small suite's measurements (warned, never dispatched)
+# ... for weights of at least a quarter of the measured one's elements (smaller ones, down to
+# L2-resident and launch-bound sizes, were not measured the same way)
+SMALL_MIN_WEIGHT = math.prod(map(int, WEIGHT.split("x"))) // 4
 
 # GPU -> op -> block size -> ((density, speedup over dense), ...): the geometric mean over the
 # suite's four shapes (8192x4096², 16384x8192², W [11008, 4096] and its transpose) of the eager
@@ -132,47 +136,57 @@ def _gpu(index: int) -> str:
 
 
 def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float,
-                     training: bool) -> float | None:
+                     training: bool, weight_elements: int | None = None) -> float | None:
     """The block-sparse layer's speedup over dense for this call as measured on ``gpu`` (a
     name slug, e.g. "nvidia-h200"), or None where it was not measured (other GPUs and
-    dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the small suite's
-    fprop (training: the lower of fprop and bprop) at the power of two at or above
-    ``rows`` (:mod:`tilesparse.ops.small_speedups`)."""
+    dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the small suite's fprop
+    (training: the lower of fprop and bprop) for weights of at least SMALL_MIN_WEIGHT
+    elements (``weight_elements``; None: not known, no claim); between two measured row
+    counts, the lower of the two (the measurements are not monotonic in M)."""
     if dtype not in (torch.float16, torch.bfloat16) or SMALL_ROWS < rows < MIN_ROWS or rows < 1:
         return None
     if rows <= SMALL_ROWS:
-        bucket = 1 << (rows - 1).bit_length()
-        ops = SMALL_SPEEDUPS.get(gpu, {})
-        points = [ops.get(op, {}).get(block_size, {}).get(bucket) for op in (("fprop", "bprop") if training
-                                                                            else ("fprop",))]
-        return None if None in points else min(speedup_estimate(p, density) for p in points)
+        if weight_elements is None or weight_elements < SMALL_MIN_WEIGHT:
+            return None
+        estimates = []
+        for op in ("fprop", "bprop") if training else ("fprop",):
+            by_m = SMALL_SPEEDUPS.get(gpu, {}).get(op, {}).get(block_size)
+            if not by_m:
+                return None
+            above = min((m for m in by_m if m >= rows), default=None)
+            below = max((m for m in by_m if m <= rows), default=None)
+            estimates += [speedup_estimate(by_m[m], density) for m in {above, below} if m is not None]
+        return min(estimates)
     points = SPEEDUPS.get(gpu, {}).get("step" if training else "fprop", {}).get(block_size)
     return None if points is None else speedup_estimate(points, density)
 
 
-def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool) -> bool:
-    """Whether this call of a block-sparse linear layer should run as dense: it was
-    measured slower than dense on this GPU (see the module docstring for where that is
-    known) and dense dispatch is on. Warns once per configuration where it is slower,
-    whether or not it is dispatched."""
+def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool,
+              weight_shape: tuple[int, int] | None = None) -> bool:
+    """Whether this call of a block-sparse linear layer (W [N, K] = ``weight_shape``)
+    should run as dense: it was measured slower than dense on this GPU (see the module
+    docstring for where that is known) and dense dispatch is on. Warns once per
+    configuration where it is slower, whether or not it is dispatched."""
     if torch.compiler.is_compiling() or x.device.type != "cuda" or _KERNELS_ONLY.get():
         return False
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return decide(_gpu(index), x.dtype, x.numel() // max(1, x.shape[-1]), block_size, density, training)
+    elements = None if weight_shape is None else weight_shape[0] * weight_shape[1]
+    return _decide(_gpu(index), x.dtype, x.numel() // max(1, x.shape[-1]), block_size, density, training, elements)
 
 
-def decide(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float, training: bool) -> bool:
+def _decide(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float, training: bool,
+            weight_elements: int | None = None) -> bool:
     """:func:`run_dense`'s decision for a call on ``gpu`` (a name slug) with ``rows`` rows
     of activations: warn once where measured slower than dense; True (run as dense) only
     at MIN_ROWS rows or more, with dense dispatch on and outside deterministic mode."""
-    speedup = measured_speedup(gpu, dtype, rows, block_size, density, training)
+    speedup = measured_speedup(gpu, dtype, rows, block_size, density, training, weight_elements)
     if speedup is None or speedup >= 1.0:
         return False
     small = rows <= SMALL_ROWS
     dispatch = enabled() and not torch.are_deterministic_algorithms_enabled() and not small
     what = ("forward and backward products" if small else "training step") if training else "forward"
     if small:
-        what += f" at {1 << (rows - 1).bit_length()} rows"
+        what += f" near {rows} rows"
     _warn_once(block_size, round(density, 3), what, round(speedup, 2), dispatch, small)
     return dispatch
 
