@@ -12,6 +12,8 @@
 #   semi24 - the 'semi24' suite (2:4 GEMMs and the FFN block vs dense; SEMI24_ARGS, e.g. --quick)
 #   attn-stored-ds - attention forward + backward with dQ recomputed (default) against dQ from the
 #            dS the dK/dV kernel stores (kernels/attention_stored_ds.py); STORED_DS_ARGS e.g. --flex
+#   attn-fwd-persistent - the attention forward: Triton, warp-specialized, and the persistent
+#            warp-specialized kernel (kernels/attention_ws_persistent.py); FWD_PERSISTENT_ARGS e.g. --flex
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
@@ -78,6 +80,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/bench-attention-long.log" 2>&1 ;;
     attn-stored-ds) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_stored_ds.py ${STORED_DS_ARGS:-} \
               --out "$OUT/attention-stored-ds.json" > "$OUT/attention-stored-ds.log" 2>&1 ;;
+    attn-fwd-persistent) timeout "${ATTN_TIMEOUT:-200}" python3 scripts/probes/attention_fwd_persistent.py \
+              ${FWD_PERSISTENT_ARGS:-} --out "$OUT/attention-fwd-persistent.json" > "$OUT/attention-fwd-persistent.log" 2>&1 ;;
     attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \

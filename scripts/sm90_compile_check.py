@@ -138,19 +138,20 @@ def small_cases(quick: bool):
     feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program); the
     128-row, row-tiles-inner programs for M 128-512."""
     fn = bsmm_small._dds_small_kernel
-    # (block, sub, block_k, stages, trans, block_m, warps, swap variants)
+    # (block, sub, block_k, stages, trans, block_m, warps, swap variants[, M_INNER])
     cases = ((128, 32, 128, 8, True, 64, 4, (False, True)), (16, 16, 64, 8, False, 64, 4, (False, True))) if quick else \
         ((128, 32, 128, 8, True, 64, 4, (False, True)), (128, 32, 128, 8, False, 64, 4, (False, True)),
          (64, 32, 64, 12, False, 64, 4, (False, True)), (16, 16, 64, 8, True, 64, 4, (False, True)),
          (64, 64, 64, 3, True, 256, 8, (False,)), (64, 64, 64, 3, False, 256, 8, (False,)),
          (32, 32, 64, 4, True, 256, 4, (False,)), (16, 16, 64, 4, False, 256, 4, (False,)),
          # M 128-512: 128 activation rows per program, two warpgroups, the row tiles inner (M_INNER)
-         (128, 128, 64, 4, True, 128, 8, (True,)), (128, 128, 64, 4, False, 128, 8, (True,)),
-         (64, 64, 64, 6, True, 128, 8, (True,)), (128, 32, 64, 8, True, 128, 8, (True,)))
-    for block, sub, block_k, stages, trans, block_m, warps, swaps in cases:
+         (128, 128, 64, 4, True, 128, 8, (True,), True), (128, 128, 64, 4, False, 128, 8, (True,), True),
+         (64, 64, 64, 6, True, 128, 8, (True,), True), (128, 32, 64, 8, True, 128, 8, (True,), True),
+         (128, 32, 64, 12, False, 64, 4, (True,), True))  # the last: the swap default's 64-row tiles
+    for block, sub, block_k, stages, trans, block_m, warps, swaps, *m_inner in cases:
         for swap in swaps:
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
-                         LONGEST_FIRST=False, SWAP=swap, M_INNER=block_m == 128, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
+                         LONGEST_FIRST=False, SWAP=swap, M_INNER=bool(m_inner), TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
             sig = {}
             for name in fn.arg_names:
@@ -164,7 +165,8 @@ def small_cases(quick: bool):
                     sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it)
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
-            yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}", fn, sig,
+            yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
+                   + (" m_inner" if m_inner else ""), fn, sig,
                    const, warps, stages, aligned)
 
 
@@ -257,6 +259,12 @@ def attention_ws_cases(quick: bool):
         "fwd": (attention_ws._fwd_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
                 ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True))),
     }
+    from tilesparse.kernels import attention_ws_persistent
+
+    row_cases["persistent fwd"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
+                                   ((128, 128, 128, 128, 2, True, False),) if quick else
+                                   ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True),
+                                    (64, 64, 64, 64, 2, True, True)))
     for kind, (fn, cases) in row_cases.items():
         for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
             qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)

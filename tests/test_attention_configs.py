@@ -118,3 +118,12 @@ def test_ws_defaults_apply_only_where_measured_and_supported(monkeypatch):
     monkeypatch.setattr(attention_ws, "ws_supported", lambda *args: None)
     assert attention_ws.default_config("fwd", q, q, q, q, 128) == attention_ws.FwdWsConfig()
     assert attention_ws.default_config("dq", q, q, q, q, 128) is None  # no entry for dQ
+
+
+def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
+    from tilesparse.kernels.attention_ws import FwdWsConfig
+
+    one, persistent = FwdWsConfig(128, 128, 2), FwdWsConfig(128, 128, 2, persistent=True)
+    assert persistent.shared_bytes(128, 128) - one.shared_bytes(128, 128) == 128 * 128 * 2
+    with pytest.raises(ValueError, match="persistent must be a bool"):
+        FwdWsConfig(128, 128, 2, persistent=1)

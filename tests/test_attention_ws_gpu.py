@@ -100,3 +100,26 @@ def test_ws_forward_and_backward_match_the_reference(b, D, S, block_m, block_n, 
     assert bool((out.cpu()[empty] == 0).all()) and bool((grads[0].cpu()[empty] == 0).all())
     triton_out = run_kernels(q, k, v, layout, causal, None if kpm is None else kpm.cuda(), D ** -0.5, grad_out)[0]
     assert rel_error(out, triton_out) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,D,S,block_m,block_n,stages", [(128, 128, 2000, 128, 128, 2), (128, 128, 1500, 128, 64, 3),
+                                                          (64, 64, 1000, 64, 64, 2)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n, stages, causal):
+    # the same tile computation (_fwd_row) in another program order: bitwise equal, and the
+    # reference's; more tiles than programs (B 3 x H 4 x ~16 query tiles), empty rows included
+    dtype = torch.bfloat16
+    layout = layouts.bigbird(S, b, window_blocks=2, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=4)
+    q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
+    kpm = padding(3, S, "all")
+    kpm = None if kpm is None else kpm.cuda()
+    one = attention_ws.FwdWsConfig(block_m, block_n, stages)
+    persistent = attention_ws.FwdWsConfig(block_m, block_n, stages, persistent=True)
+    meta = layout.meta_on(q.device, causal)
+    outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
+            for cfg in (one, persistent)]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    ref = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, torch.zeros(3, 4, S, D, dtype=dtype),
+                               causal=causal, scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())[0]
+    assert_close(outs[1][0], ref, dtype, "persistent out")

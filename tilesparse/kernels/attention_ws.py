@@ -52,7 +52,6 @@ def _row_ws_load(descs, bufs, bars, tables, sizes,
     row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
     H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
-    N_STEPS: gl.constexpr = BS // BLOCK_N
     pid = gl.program_id(0)
     bh = gl.program_id(1)
     qblk = pid // M_SPLIT
@@ -66,16 +65,27 @@ def _row_ws_load(descs, bufs, bars, tables, sizes,
     else:
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
+    _row_kv_fill(0, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr, row_cols_ptr,
+                 GROUP, NB, L_HEADS, BS, BLOCK_N)
+
+
+@gluon.jit
+def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr,
+                 row_cols_ptr, GROUP, NB, L_HEADS, BS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer: the K and V tiles of query block ``qblk``'s CSR row (head ``h``), into
+    the ring from its position ``step`` on; returns the position after them."""
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loop carries a tensor
     lh = h % L_HEADS
     start = gl.load(row_ptr_ptr + lh * NB + qblk)
     end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
-    step = 0
     for t in range(start * N_STEPS, end * N_STEPS):
         kblk = gl.load(row_cols_ptr + t // N_STEPS)
         key0 = kblk * BS + (t % N_STEPS) * BLOCK_N
         _fill_stage(step, k_desc, [bz, h // GROUP, key0, 0], v_desc, [bz, h // GROUP, key0, 0], k_bufs, v_bufs,
                     ready_bars, empty_bars)
         step += 1
+    return step
 
 
 @gluon.jit
@@ -177,30 +187,41 @@ def _bwd_dq_ws_kernel(
 def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
                 BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (the default partition, 16 query rows per warp): the online softmax over
-    the row's key tiles, S = Q Kᵀ and O += P V (P from registers) as synchronous wgmma;
-    then O / l and lse stored (rows past S are not written; empty rows give O = 0 and
-    lse = -inf), as ``_fwd_kernel`` does."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_bufs, v_bufs = bufs
+    """Consumers (the default partition, 16 query rows per warp) of the program's query
+    tile: :func:`_fwd_row` once Q has landed."""
+    q_smem, k_bufs, v_bufs = bufs[0], bufs[2], bufs[3]
     q_bar, ready_bars, empty_bars = bars
+    H = sizes[1]
+    M_SPLIT: gl.constexpr = BS // BLOCK_M
+    pid = gl.program_id(0)
+    bh = gl.program_id(1)
+    qblk = pid // M_SPLIT
+    _fwd_row(q_smem.reshape([BLOCK_M, D]), q_bar, 0, 0, qblk, qblk * BS + (pid % M_SPLIT) * BLOCK_M, bh // H, bh % H, bh,
+             k_bufs, v_bufs, ready_bars, empty_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+             num_warps)
+
+
+@gluon.jit
+def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, ready_bars, empty_bars, tables, sizes,
+             BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+    """One query tile (rows row0 .. row0 + BLOCK_M of block ``qblk``, head ``h`` of batch
+    ``bz``), once ``q_bar`` completes phase ``q_phase`` (Q has landed in ``q``): the online
+    softmax over its key tiles, taken from the ring from position ``step`` on, S = Q Kᵀ and O += P V (P from registers) as synchronous wgmma; then
+    O / l and lse stored (rows past S are not written; empty rows give O = 0 and lse =
+    -inf), as ``_fwd_kernel`` does. Returns the ring position after its tiles."""
     row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr = tables
     S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos = sizes
     STAGES: gl.constexpr = k_bufs.type.shape[0]
-    M_SPLIT: gl.constexpr = BS // BLOCK_M
     N_STEPS: gl.constexpr = BS // BLOCK_N
-    dtype: gl.constexpr = q_desc.dtype
+    dtype: gl.constexpr = k_bufs.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, D, 16])
     p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pid = gl.program_id(0)
-    bh = gl.program_id(1)
-    qblk = pid // M_SPLIT
-    bz = bh // H
-    h = bh % H
-    offs_m = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loop carries a tensor
+    offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_ok = offs_m < S
     m_i = gl.full((BLOCK_M,), float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros((BLOCK_M,), dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -209,9 +230,7 @@ def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
     lh = h % L_HEADS
     start = gl.load(row_ptr_ptr + lh * NB + qblk)
     end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
-    mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, D])
-    step = 0
+    mbarrier.wait(q_bar, q_phase)
     for t in range(start * N_STEPS, end * N_STEPS):
         kblk = gl.load(row_cols_ptr + t // N_STEPS)
         offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -238,10 +257,11 @@ def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
     gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
     acc = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))[:, None]
-    offs_om = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_om = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
     gl.store(o_ptr + out_off, acc.to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+    return step
 
 
 @gluon.jit
@@ -355,7 +375,13 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
 def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int, block_size: int,
                   causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig) -> None:
     """out [B, H, S, D] and lse [B, H, S] of the block-sparse attention, as ``_fwd_kernel``
-    computes them."""
+    computes them (``cfg.persistent``: by the persistent kernel)."""
+    if cfg.persistent:
+        from .attention_ws_persistent import launch_fwd_ws_persistent  # late: that module imports this one
+
+        launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
+                                 has_kpm, scale, cfg)
+        return
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)

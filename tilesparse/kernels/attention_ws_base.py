@@ -111,9 +111,23 @@ class DqWsConfig(_RowWalkConfig):
 
 @dataclasses.dataclass(frozen=True)
 class FwdWsConfig(_RowWalkConfig):
-    """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``)."""
+    """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``);
+    ``persistent``: one program per SM walks many query tiles, its producer loading the
+    next tile's Q (double-buffered) and K / V under the current one's tail
+    (:mod:`tilesparse.kernels.attention_ws_persistent`)."""
 
     block_n: int = 128
+    persistent: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.persistent, bool):
+            raise ValueError(f"FwdWsConfig.persistent must be a bool, got {self.persistent!r}")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """As ``_RowWalkConfig``'s, plus the second Q buffer of the persistent kernel."""
+        return super().shared_bytes(block_size, head_dim, element_bytes) + \
+            self.persistent * self.block_m * head_dim * element_bytes
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,88 @@
+"""Block-sparse attention's forward: the Triton kernel (the default), the warp-specialized
+one (a program per query tile) and the persistent warp-specialized one (a program per
+SM, the producer loading the next tile under the current one's tail;
+kernels/attention_ws_persistent.py), in one process, on the attention suite's patterns
+(B 4, H 16, S 8192, D 128, blocks of 128, bf16), with FlexAttention's forward where it
+compiles. The two warp-specialized outputs must agree bitwise.
+
+    python scripts/probes/attention_fwd_persistent.py --out attention-fwd-persistent.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+from tilesparse.bench.attention import _make_fns, build_layout, resolve_table
+from tilesparse.kernels import attention as K
+from tilesparse.kernels.attention_ws import FwdWsConfig
+
+VARIANTS = {
+    "triton": None,
+    "ws-n128st2": FwdWsConfig(128, 128, 2),
+    "persistent-n128st2": FwdWsConfig(128, 128, 2, persistent=True),
+    "persistent-n64st3": FwdWsConfig(128, 64, 3, persistent=True),
+    "persistent-n64st4": FwdWsConfig(128, 64, 4, persistent=True),
+}
+
+
+def _time(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
+    layout = build_layout(spec, S, block, H)
+    causal = bool(spec.get("causal", False))
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    meta = layout.meta_on(q.device, causal)
+    scale = D ** -0.5
+    row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block}
+    outs = {}
+    for name, cfg in VARIANTS.items():
+        def fwd(cfg=cfg):
+            return K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale, config=cfg)
+        try:
+            outs[name] = fwd()[0]
+            row[f"{name}_ms"] = _time(fwd)
+        except Exception as exc:  # noqa: BLE001 (report and go on: a refused or failing variant)
+            row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    ref = outs.get("triton")
+    for name, out in outs.items():
+        if ref is not None and name != "triton":
+            row[f"{name}_rel_err"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    if "ws-n128st2" in outs and "persistent-n128st2" in outs:
+        row["persistent_bitwise_equal_ws"] = bool(torch.equal(outs["ws-n128st2"], outs["persistent-n128st2"]))
+    if flex:
+        fns, _ = _make_fns("flex", q, k, v, layout, causal, spec["name"], torch.randn_like(q))
+        row["flex_ms"] = _time(fns[0]) if fns else None
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
+    p.add_argument("--flex", action="store_true", help="also time FlexAttention's forward (compiles: minutes)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    table = resolve_table("attention")
+    B, H, S, D = table["shapes"][0]
+    block = table["blocks"][0]
+    specs = {spec["name"]: spec for spec in table["layouts"]}
+    rows = []
+    for name in args.patterns:
+        row = run_pattern(specs[name], B, H, S, D, block, args.flex)
+        times = "  ".join(f"{v}: {row[f'{v}_ms']:.3f} ms" for v in VARIANTS if f"{v}_ms" in row)
+        errors = "  ".join(f"{v}: {row[f'{v}_error']}" for v in VARIANTS if f"{v}_error" in row)
+        print(f"{name:10} density {row['density']:.3f}  {times}  flex: {row.get('flex_ms')}  "
+              f"bitwise ws == persistent: {row.get('persistent_bitwise_equal_ws')}  {errors}", flush=True)
+        rows.append(row)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
