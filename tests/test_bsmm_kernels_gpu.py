@@ -66,6 +66,21 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 
+@pytest.mark.parametrize("m", [100, 200, 300, 512], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
+def test_dds_mid_m_configs(block_size, dtype, trans, m):
+    # the M 128-512 configs in the shipped H200 table: 64-wide slices with a slice's row
+    # tiles inner, at 64 and at 128 rows a program (two warpgroups); M not a multiple of either
+    from tilesparse.kernels import bsmm_small
+
+    operands, expected = _dds_case(block_size, dtype, trans, m)
+    for cfg in (bsmm_small.SmallConfig(64, 64, 64, 4, 8, swap=True, m_inner=True),
+                bsmm_small.SmallConfig(64, 64, 128, 8, 6, swap=True, m_inner=True)):
+        assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {cfg}")
+
+
 # --------------------------------------------------------------------------- panel kernel (small blocks)
 
 
