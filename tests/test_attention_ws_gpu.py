@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention_cases import _seed, make_inputs, padding, reference_with_grads, run_kernels
-from tilesparse.attention import layouts
+from tilesparse.attention import AttentionLayout, layouts
 from tilesparse.kernels import attention as kernels
 from tilesparse.kernels import attention_ws
 from tolerances import assert_close, rel_error
@@ -102,24 +102,39 @@ def test_ws_forward_and_backward_match_the_reference(b, D, S, block_m, block_n, 
     assert rel_error(out, triton_out) < 1e-2
 
 
-@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [5, None], ids=["5-programs", "one-per-sm"])
 @pytest.mark.parametrize("b,D,S,block_m,block_n,stages", [(128, 128, 2000, 128, 128, 2), (128, 128, 1500, 128, 64, 3),
                                                           (64, 64, 1000, 64, 64, 2)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n, stages, causal):
+def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n, stages, causal, programs,
+                                                       monkeypatch):
     # the same tile computation (_fwd_row) in another program order: bitwise equal, and the
-    # reference's; more tiles than programs (B 3 x H 4 x ~16 query tiles), empty rows included
+    # reference's. 5 programs: each walks 38-39 tiles, so both Q buffers are reused many
+    # times (their release and refill waits run); head 0 has an empty block-row (a tile
+    # whose row walks no key block, between tiles that do); batch element 0 all padding
+    from tilesparse.attention.reference import attention_reference
+    from tilesparse.kernels import attention_ws_persistent
+
+    if programs is not None:
+        monkeypatch.setattr(attention_ws_persistent, "programs", lambda *args: programs)
     dtype = torch.bfloat16
-    layout = layouts.bigbird(S, b, window_blocks=2, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=4)
+    nb = -(-S // b)
+    mask = torch.rand(4, nb, nb, generator=torch.Generator().manual_seed(_seed())) < 0.3
+    mask |= torch.eye(nb, dtype=torch.bool)
+    mask[0, 1] = False  # head 0, block-row 1: empty
+    layout = AttentionLayout(mask, b, S)
     q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
-    kpm = padding(3, S, "all")
-    kpm = None if kpm is None else kpm.cuda()
+    kpm = padding(3, S, "all").cuda()
     one = attention_ws.FwdWsConfig(block_m, block_n, stages)
     persistent = attention_ws.FwdWsConfig(block_m, block_n, stages, persistent=True)
     meta = layout.meta_on(q.device, causal)
     outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
             for cfg in (one, persistent)]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    ref = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, torch.zeros(3, 4, S, D, dtype=dtype),
-                               causal=causal, scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())[0]
+    ref, ref_lse = attention_reference(q, k, v, layout, causal=causal, scale=D ** -0.5, key_padding_mask=kpm.cpu(),
+                                       return_lse=True)
     assert_close(outs[1][0], ref, dtype, "persistent out")
+    lse = outs[1][1].cpu()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)

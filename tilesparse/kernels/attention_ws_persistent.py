@@ -18,7 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from ._device import shared_memory_bytes, sm_count
+from ._device import sm_count
 from ._launch import launch
 from .attention_ws import _fwd_row, _row_kv_fill
 from .attention_ws_base import LOG2E, FwdWsConfig, _head_desc, _layouts
@@ -120,10 +120,10 @@ def _fwd_ws_persistent_kernel(
 
 
 def programs(n_tiles: int, cfg: FwdWsConfig, block_size: int, head_dim: int, device) -> int:
-    """Programs of the persistent launch: as many as fit on the GPU at once (by shared
-    memory), at most one per tile."""
-    per_sm = max(1, shared_memory_bytes(device) // cfg.shared_bytes(block_size, head_dim))
-    return max(1, min(n_tiles, sm_count(device) * per_sm))
+    """Programs of the persistent launch: one per SM (the compiled kernels take the whole
+    register file: 256 threads x 256 registers at block_m 64, 384 x 168 at 128), at most
+    one per tile."""
+    return max(1, min(n_tiles, sm_count(device)))
 
 
 def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
