@@ -17,7 +17,7 @@ import torch
 import triton.testing
 
 from tilesparse.attention import block_sparse_attention
-from tilesparse.bench.attention import _make_fns, build_layout, resolve_table
+from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 from tilesparse.kernels import attention_stored_ds as stored
 
 
@@ -70,10 +70,7 @@ def main() -> None:
     p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles: minutes)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    table = resolve_table("attention")
-    B, H, S, D = table["shapes"][0]
-    block = table["blocks"][0]
-    specs = {spec["name"]: spec for spec in table["layouts"]}
+    B, H, S, D, block, specs = suite_patterns()
     rows = []
     for name in args.patterns:
         row = run_pattern(specs[name], B, H, S, D, block, args.flex)

@@ -44,7 +44,7 @@ from . import base_row, case_table, register
 from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
 from .timing import bench_ms_noted
 
-__all__ = ["OPS", "METHODS", "resolve_table", "prepare", "run", "plot_attention", "flops"]
+__all__ = ["OPS", "METHODS", "resolve_table", "suite_patterns", "prepare", "run", "plot_attention", "flops"]
 
 OPS = ("fwd", "fwd_bwd")
 # _atomic: deterministic=False; _kernel: dense_fallback=False, timed on the dense patterns only
@@ -99,6 +99,14 @@ def flops(op: str, nnz_blocks: int, block: int, head_dim: int, batch: int) -> fl
 
 
 # --------------------------------------------------------------------------- layouts
+
+
+def suite_patterns(name: str = "attention") -> tuple[int, int, int, int, int, dict]:
+    """(B, H, S, D, block, {pattern name: spec}) of table ``name``'s first shape and block
+    size: the cases the attention probes (scripts/probes/attention_*.py) time."""
+    table = resolve_table(name)
+    B, H, S, D = table["shapes"][0]
+    return B, H, S, D, table["blocks"][0], {spec["name"]: spec for spec in table["layouts"]}
 
 
 def build_layout(spec: dict, seq: int, block: int, heads: int):
