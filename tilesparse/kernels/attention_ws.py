@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ._device import shared_memory_bytes
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask,
-                                _row_keep)
+                                _one_shot_barrier, _qkv_descs, _row_keep)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
@@ -161,16 +161,14 @@ def _bwd_dq_ws_kernel(
     """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                        (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
     do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
-    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BLOCK_N, kv_layout)
-    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BLOCK_N, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    q_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (q_smem, do_smem, k_bufs, v_bufs)
@@ -276,14 +274,12 @@ def _fwd_ws_kernel(
     """Program (query tile, batch * head), as ``_fwd_kernel``; descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
-    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BLOCK_N, kv_layout)
-    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BLOCK_N, kv_layout)
+    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                        (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    q_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, q_desc)  # (no dO in the forward: the loader skips it)
     bufs = (q_smem, q_smem, k_bufs, v_bufs)

@@ -11,7 +11,7 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .bsmm_ws import _nvmma
 
@@ -27,6 +27,24 @@ def _head_desc(ptr, B, HEADS, S, D: gl.constexpr, stride_b, stride_h, stride_s, 
     boxes: each head's rows past S are zero-filled on load."""
     return tma.make_tensor_descriptor(ptr, [B, HEADS, S, D], [stride_b, stride_h, stride_s, 1], [1, 1, ROWS, D],
                                       layout)
+
+
+@gluon.jit
+def _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_strides, v_strides,
+               Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, qo_layout: gl.constexpr, kv_layout: gl.constexpr):
+    """(Q, K, V) descriptors of one launch: Q over [B, H, S, D] in Q_ROWS-row boxes, K and V
+    over [B, Hkv, S, D] in KV_ROWS-row boxes; strides as (batch, head, row) triples."""
+    return (_head_desc(q_ptr, B, H, S, D, q_strides[0], q_strides[1], q_strides[2], Q_ROWS, qo_layout),
+            _head_desc(k_ptr, B, HKV, S, D, k_strides[0], k_strides[1], k_strides[2], KV_ROWS, kv_layout),
+            _head_desc(v_ptr, B, HKV, S, D, v_strides[0], v_strides[1], v_strides[2], KV_ROWS, kv_layout))
+
+
+@gluon.jit
+def _one_shot_barrier():
+    """An mbarrier completed by one arrival (with its expected bytes): a tile loaded once."""
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    return bar
 
 
 @gluon.jit

@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
 from ._launch import launch
-from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask
+from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage
 
@@ -164,16 +164,14 @@ def _bwd_dkdv_ws_kernel(
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
+    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                        (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
     do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
-    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BS, kv_layout)
-    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BS, kv_layout)
     k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    kv_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)

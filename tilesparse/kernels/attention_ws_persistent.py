@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from ._device import sm_count
 from ._launch import launch
 from .attention_ws import _fwd_row, _row_kv_fill
-from .attention_ws_base import LOG2E, FwdWsConfig, _head_desc, _layouts
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
 
@@ -98,9 +98,8 @@ def _fwd_ws_persistent_kernel(
     """Program p takes tiles p, p + P, p + 2P, ... of the n_tiles = B * H * q_tiles query
     tiles; descriptors as ``_fwd_ws_kernel``'s."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc = _head_desc(q_ptr, B, H, S, D, sqb, sqh, sqs, BLOCK_M, qo_layout)
-    k_desc = _head_desc(k_ptr, B, HKV, S, D, skb, skh, sks, BLOCK_N, kv_layout)
-    v_desc = _head_desc(v_ptr, B, HKV, S, D, svb, svh, svs, BLOCK_N, kv_layout)
+    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                        (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
