@@ -25,6 +25,10 @@
 #            programs, wider slices and 2 splits, against the tile kernel and the dispatcher's
 #            choice (--auto); SMALL_MID_ARGS e.g. "--weight 4096x4096"; adopt winners with
 #            scripts/measure_small_crossover.py --adopt small-mid.json
+#   small-prefetch - the small kernel with each step's block index and activation tile loaded
+#            ahead (SmallConfig.prefetch) against the heuristic's configs (each block's) and the shipped
+#            choice (--auto): M 1 / 32 / 64 / 128, b 128-16,
+#            density 0.5 / 0.1 / 0.03; adopt with measure_small_crossover.py --adopt small-prefetch.json
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -93,6 +97,11 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.5 0.1 0.03 --ms 128 256 512 --auto --variants s32k64st12S s32k32st12S s16k64st8 \
               s32k64st12SI s64k64st8SI s32k64st8Sw8m128I s64k64st6Sw8m128I s64k64st6Sw8m128Ix2 s128k64st4Sw8m128I \
               s128k64st4Sw8m128Ix2 s16k64st8I ${SMALL_MID_ARGS:-} --out "$OUT/small-mid.json" > "$OUT/small-mid.log" 2>&1 ;;
+    small-prefetch) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
+              --densities 0.5 0.1 0.03 --ms 1 32 64 128 --auto --variants s32k128st8 s32k64st12 s32k32st12 s32k64st12S s32k32st12S \
+              s16k64st8 s64k64st8SI s32k128st8P s32k64st12P s32k32st12P s16k64st8P s16k128st8P s32k64st12SP \
+              s32k32st12SP s64k64st8SIP \
+              ${SMALL_PREFETCH_ARGS:-} --out "$OUT/small-prefetch.json" > "$OUT/small-prefetch.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \

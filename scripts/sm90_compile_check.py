@@ -138,7 +138,7 @@ def small_cases(quick: bool):
     feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program); the
     128-row, row-tiles-inner programs for M 128-512."""
     fn = bsmm_small._dds_small_kernel
-    # (block, sub, block_k, stages, trans, block_m, warps, swap variants[, M_INNER])
+    # (block, sub, block_k, stages, trans, block_m, warps, swap variants[, M_INNER[, PREFETCH]])
     cases = ((128, 32, 128, 8, True, 64, 4, (False, True)), (16, 16, 64, 8, False, 64, 4, (False, True))) if quick else \
         ((128, 32, 128, 8, True, 64, 4, (False, True)), (128, 32, 128, 8, False, 64, 4, (False, True)),
          (64, 32, 64, 12, False, 64, 4, (False, True)), (16, 16, 64, 8, True, 64, 4, (False, True)),
@@ -147,11 +147,15 @@ def small_cases(quick: bool):
          # M 128-512: 128 activation rows per program, two warpgroups, the row tiles inner (M_INNER)
          (128, 128, 64, 4, True, 128, 8, (True,), True), (128, 128, 64, 4, False, 128, 8, (True,), True),
          (64, 64, 64, 6, True, 128, 8, (True,), True), (128, 32, 64, 8, True, 128, 8, (True,), True),
-         (128, 32, 64, 12, False, 64, 4, (True,), True))  # the last: the swap default's 64-row tiles
-    for block, sub, block_k, stages, trans, block_m, warps, swaps, *m_inner in cases:
+         (128, 32, 64, 12, False, 64, 4, (True,), True),  # the swap default's 64-row tiles
+         # PREFETCH (block indices two steps ahead, activation tiles one): M 1 and 64, b 128 and 16
+         (128, 32, 128, 8, True, 16, 4, (False,), False, True), (16, 16, 64, 8, True, 16, 4, (False,), False, True),
+         (128, 32, 64, 12, True, 64, 4, (True,), False, True), (64, 32, 64, 12, False, 64, 4, (True,), False, True))
+    for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
+        m_inner, prefetch = (list(flags) + [False, False])[:2]
         for swap in swaps:
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
-                         LONGEST_FIRST=False, SWAP=swap, M_INNER=bool(m_inner), TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
+                         LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
             sig = {}
             for name in fn.arg_names:
@@ -166,7 +170,7 @@ def small_cases(quick: bool):
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it)
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
-                   + (" m_inner" if m_inner else ""), fn, sig,
+                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else ""), fn, sig,
                    const, warps, stages, aligned)
 
 

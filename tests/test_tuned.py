@@ -194,6 +194,8 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     small = [c for c in dds if isinstance(c, SmallConfig)]
     assert bool(small) == (m <= 256 or (not fp32 and (m <= 512 or block <= 16)))
     assert any(c.m_inner for c in small) == (not fp32 and 64 < m <= 512)
+    # each step's index and activation tile loaded ahead: wherever the streaming kernel is tried at small M
+    assert any(c.prefetch for c in small) == (m <= 256 or (not fp32 and m <= 512))
     # the Hopper warp-specialized kernel at large M: b 64 and 128 (fp32 as TF32), and in
     # 16-bit b 16 and 32 too (deep rings)
     assert any(isinstance(c, WsConfig) for c in dds) == ((block >= 64 or not fp32) and m > 256)

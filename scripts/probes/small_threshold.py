@@ -25,8 +25,8 @@ from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_small as S
 
-# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m]]]]]]);
-# block_m follows M unless given
+# name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
+# [, prefetch]]]]]]]); block_m follows M unless given (None: follows M)
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -102,6 +102,18 @@ ALL_VARIANTS = {
     "s128k64st4Sw8m128I": (128, 64, 4, 8, 1, 1, False, True, True, 128),
     "s128k64st4Sw8m128Ix2": (128, 64, 4, 8, 2, 1, False, True, True, 128),
     "s16k64st8I": (16, 64, 8, 4, 1, 1, False, False, True),
+    # 'P' (11th field, prefetch): each step's block index two steps ahead and its
+    # activation tile one step ahead (the TTGIR showed both as synchronous loads in the
+    # loop, the weight tile alone pipelined; thirteenth session)
+    "s32k128st8P": (32, 128, 8, 4, 1, 1, False, False, False, None, True),
+    "s32k64st12P": (32, 64, 12, 4, 1, 1, False, False, False, None, True),
+    "s32k32st12P": (32, 32, 12, 4, 1, 1, False, False, False, None, True),
+    "s16k64st8P": (16, 64, 8, 4, 1, 1, False, False, False, None, True),
+    "s16k128st8P": (16, 128, 8, 4, 1, 1, False, False, False, None, True),
+    "s32k64st12SP": (32, 64, 12, 4, 1, 1, False, True, False, None, True),
+    "s32k32st12SP": (32, 32, 12, 4, 1, 1, False, True, False, None, True),
+    "s64k64st8SIP": (64, 64, 8, 4, 1, 1, False, True, True, None, True),
+    "s64k64st6Sw8m128IP": (64, 64, 6, 8, 1, 1, False, True, True, 128, True),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -110,10 +122,10 @@ def variant_config(fields: tuple, block_m: int) -> S.SmallConfig:
     """The SmallConfig of an ALL_VARIANTS entry, for ``block_m`` activation rows (unless
     the entry gives its own)."""
     sub, block_k, stages, warps, *more = fields
-    defaults = [1, 1, False, False, False, block_m]
-    splits, chunks, longest_first, swap, m_inner, block_m = (list(more) + defaults[len(more):])[:6]
-    return S.SmallConfig(sub, block_k, block_m, warps, stages, splits=splits, chunks=chunks,
-                         longest_first=longest_first, swap=swap, m_inner=m_inner)
+    defaults = [1, 1, False, False, False, block_m, False]
+    splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch = (list(more) + defaults[len(more):])[:7]
+    return S.SmallConfig(sub, block_k, own_block_m or block_m, warps, stages, splits=splits, chunks=chunks,
+                         longest_first=longest_first, swap=swap, m_inner=m_inner, prefetch=prefetch)
 
 
 def kernel_ms(fn, copies: int = 1) -> float:

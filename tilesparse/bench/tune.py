@@ -50,8 +50,12 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks)
                 if splits == 1:  # the same with the longest block-rows started first
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, longest_first=True)
+                if splits == 1 and chunks == 1:  # each step's index and activation tile loaded ahead
+                    yield SmallConfig(sub, bk, block_m, 4, stages, prefetch=True)
                 if block_m == 64 and sub < 64 and chunks == 1:  # activation rows as the MMA's M (wgmma)
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
+                    if splits == 1:
+                        yield SmallConfig(sub, bk, block_m, 4, stages, swap=True, prefetch=True)
     if not fp32 and 64 < m <= 512:
         # M 128-512: a slice's row tiles as consecutive programs (sharing it through L2),
         # 128-row programs, wider slices, runs split in 2 to fill the SMs (16-wide slices
@@ -62,6 +66,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                                                    (128, 64, 4, 8, 128, 2)):
             if sub <= tile:
                 yield SmallConfig(sub, bk, bm, warps, stages, splits, swap=sub >= 32, m_inner=True)
+                if splits == 1:
+                    yield SmallConfig(sub, bk, bm, warps, stages, swap=sub >= 32, m_inner=True, prefetch=True)
     if fp32:
         if block in (64, 128) and m > 256:  # the Hopper warp-specialized kernel as TF32
             yield WsConfig(128, 32, 8, 4)

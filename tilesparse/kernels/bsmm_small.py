@@ -42,7 +42,7 @@ def _dds_small_kernel(
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
-    M_INNER: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -67,6 +67,10 @@ def _dds_small_kernel(
     back once, before the stores, so the rest of the kernel is the same.
     M_INNER: the grid is (m-tile, j * SUBS + s, split): the m-tiles of one weight slice
     are consecutive programs, which run together and share the slice through L2.
+    PREFETCH: each step's activation tile is loaded one step ahead and its block index two
+    steps ahead (registers carried through the loop), so neither the index load nor the
+    activation gather it feeds sits on the step's critical path; Triton's pipeliner
+    streams only the weight tiles (their address needs no load, in fprop).
     """
     SUBS: tl.constexpr = TILE_B // SUB
     if M_INNER:
@@ -112,29 +116,61 @@ def _dds_small_kernel(
         k_in = offs_k % TILE_B
         k_ok = k_in < B
         e_off = offs_k // TILE_B
+        if PREFETCH:  # the block indices two steps ahead, the activation tile one step ahead
+            ok_a = k_ok & (start + e_off < end)
+            blk_a = tl.load(idx_ptr + start + e_off, mask=ok_a, other=0).to(tl.int64)
+            blk_b = tl.load(idx_ptr + start + G + e_off, mask=k_ok & (start + G + e_off < end), other=0).to(tl.int64)
+            x_next = _x_tile(a_ptr, blk_a, k_in, ok_a, offs_m, m_ok, stride_am, stride_ak, B)
         for e0 in range(start, end, G):
             e = e0 + e_off
             ok = k_ok & (e < end)
-            blk = tl.load(idx_ptr + e, mask=ok, other=0).to(tl.int64)
+            if PREFETCH:
+                x = x_next
+                x_next = _x_tile(a_ptr, blk_b, k_in, k_ok & (e + G < end), offs_m, m_ok, stride_am, stride_ak, B)
+                blk_b = tl.load(idx_ptr + e + 2 * G, mask=k_ok & (e + 2 * G < end), other=0).to(tl.int64)
+            else:
+                blk = tl.load(idx_ptr + e, mask=ok, other=0).to(tl.int64)
             if HAS_SLOT:
                 slot = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
             else:
                 slot = e.to(tl.int64)
-            acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
-                        stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
+            if PREFETCH:
+                w = _w_tile(v_ptr + slot * (B * B), k_in, ok, offs_f, f_ok, B, TRANS_V)
+                acc = _mma(acc, w, x, SWAP, INPUT_PRECISION)
+            else:
+                acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
+                            stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
     else:
         K_STEPS: tl.constexpr = TILE_B // BLOCK_K
-        for t in range(start * K_STEPS, end * K_STEPS):
+        t_end = end * K_STEPS
+        if PREFETCH:  # the block index two steps ahead, the activation tile one step ahead
+            t0 = start * K_STEPS
+            blk_a = tl.load(idx_ptr + t0 // K_STEPS, mask=t0 < t_end, other=0).to(tl.int64)
+            blk_b = tl.load(idx_ptr + (t0 + 1) // K_STEPS, mask=t0 + 1 < t_end, other=0).to(tl.int64)
+            k_in_a = (t0 % K_STEPS) * BLOCK_K + offs_k
+            x_next = _x_tile(a_ptr, blk_a, k_in_a, (k_in_a < B) & (t0 < t_end), offs_m, m_ok, stride_am, stride_ak, B)
+        for t in range(start * K_STEPS, t_end):
             e = t // K_STEPS
             k_in = (t % K_STEPS) * BLOCK_K + offs_k
             k_ok = k_in < B
-            blk = tl.load(idx_ptr + e).to(tl.int64)
+            if PREFETCH:
+                x = x_next
+                k_in_n = ((t + 1) % K_STEPS) * BLOCK_K + offs_k
+                x_next = _x_tile(a_ptr, blk_b, k_in_n, (k_in_n < B) & (t + 1 < t_end), offs_m, m_ok, stride_am,
+                                 stride_ak, B)
+                blk_b = tl.load(idx_ptr + (t + 2) // K_STEPS, mask=t + 2 < t_end, other=0).to(tl.int64)
+            else:
+                blk = tl.load(idx_ptr + e).to(tl.int64)
             if HAS_SLOT:
                 slot = tl.load(slot_ptr + e).to(tl.int64)
             else:
                 slot = e.to(tl.int64)
-            acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
-                        stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
+            if PREFETCH:
+                acc = _mma(acc, _w_tile(v_ptr + slot * (B * B), k_in, k_ok, offs_f, f_ok, B, TRANS_V), x, SWAP,
+                           INPUT_PRECISION)
+            else:
+                acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
+                            stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
     if SWAP:
         acc = tl.trans(acc)  # [SUB, BLOCK_M], as the stores below expect
     cols = j.to(tl.int64) * B + offs_f
@@ -170,12 +206,31 @@ def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, strid
     """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step (SWAP: its
     transpose, acc[m, features] += A[m, k] @ op(V)[features, k]^T). v_base and blk are one
     block's (scalars) or, for steps over several blocks, each k lane's."""
-    if TRANS_V:  # feature f, reduction k: V[f, k]
+    w = _w_tile(v_base, k_in, k_ok, offs_f, f_ok, B, TRANS_V)
+    x = _x_tile(a_ptr, blk, k_in, k_ok, offs_m, m_ok, stride_am, stride_ak, B)
+    return _mma(acc, w, x, SWAP, INPUT_PRECISION)
+
+
+@triton.jit
+def _w_tile(v_base, k_in, k_ok, offs_f, f_ok, B: tl.constexpr, TRANS_V: tl.constexpr):
+    """op(V)[features, k] of one step: V[f, k] (TRANS_V) or V[k, f]."""
+    if TRANS_V:
         w = tl.load(v_base + offs_f[:, None] * B + k_in[None, :], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-    else:  # V[k, f]
+    else:
         w = tl.load(v_base + k_in[None, :] * B + offs_f[:, None], mask=f_ok[:, None] & k_ok[None, :], other=0.0)
-    x = tl.load(a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
-                mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _x_tile(a_ptr, blk, k_in, k_ok, offs_m, m_ok, stride_am, stride_ak, B: tl.constexpr):
+    """A[m, blk * B + k]^T of one step, [k, m] (zeros where k or m is out of range)."""
+    return tl.load(a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
+                   mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _mma(acc, w, x, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += w @ x ([features, m]), or its transpose (SWAP: acc [m, features])."""
     if SWAP:
         acc = tl.dot(tl.trans(x), tl.trans(w), acc, input_precision=INPUT_PRECISION)
     else:
@@ -210,7 +265,10 @@ class SmallConfig:
     MMA's M side (Hopper's wgmma at ``block_m`` 64 with 32-wide slices; the default for
     16-bit inputs at M > 32, b >= 32); ``m_inner``: the activation row tiles of one weight
     slice are consecutive programs (they share the slice through L2 instead of reading it
-    from HBM once per row tile; matters only where M > ``block_m``)."""
+    from HBM once per row tile; matters only where M > ``block_m``); ``prefetch``: each
+    step's block index and activation tile loaded ahead of it (off the step's critical
+    path: with the weight alone streamed by the pipeliner, each step waited on an index
+    load and the gather it feeds)."""
 
     sub: int
     block_k: int
@@ -222,6 +280,7 @@ class SmallConfig:
     longest_first: bool = False
     swap: bool = False
     m_inner: bool = False
+    prefetch: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -232,7 +291,7 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        for name in ("longest_first", "swap", "m_inner"):
+        for name in ("longest_first", "swap", "m_inner", "prefetch"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SmallConfig.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -354,7 +413,8 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, TRANS_V=trans_v, HAS_SLOT=slot is not None,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
+        TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -1,0 +1,58 @@
+"""The small-batch kernel's prefetch mode (``SmallConfig.prefetch``: each step's block
+index loaded two steps ahead and its activation tile one step ahead) against float64
+references under the Triton interpreter: steps within a block (b 64, 32-deep) and over
+several blocks (b 16 and 8, 64-deep), runs of zero, one and two steps (the prefetches
+past a run's end are masked), splits, chunks, the swapped orientation and row tiles
+inner, both table directions, every layout class."""
+
+import pytest
+import torch
+
+from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, dense_of, make_layout, random_values
+from tilesparse import BlockLayout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_small
+from tolerances import assert_close
+
+pytestmark = INTERPRETER_MARKS
+
+
+def _check(layout, m, trans, config, dtype=torch.float32):
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows).to(dtype)
+    values = random_values(layout, dtype)
+    bias = torch.randn(rows if trans else cols).to(dtype)
+    out = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans, config=config)
+    s = dense_of(values, layout)
+    assert_close(out, a.double() @ (s.t() if trans else s) + bias.double(), dtype, f"dds {config}")
+
+
+@pytest.mark.parametrize("extra", [{}, {"splits": 3}, {"chunks": 2}, {"swap": True}, {"m_inner": True}],
+                         ids=["whole", "splits3", "chunks2", "swap", "m_inner"])
+@pytest.mark.parametrize("block_size, sub, block_k", [(64, 32, 32), (16, 16, 64), (8, 16, 64), (32, 32, 32)],
+                         ids=["b64-k32", "b16-k64", "b8-k64", "b32-k32"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+def test_prefetch_matches_the_reference(kind, trans, block_size, sub, block_k, extra):
+    layout = make_layout(kind, 3, 5, block_size)
+    block_m = 16 if extra.get("m_inner") else 64  # m_inner: 3 row tiles of 40 rows
+    config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, prefetch=True, **extra)
+    _check(layout, 40, trans, config, torch.float16 if kind == "random" else torch.float32)
+
+
+@pytest.mark.parametrize("run", [1, 2, 3, 5], ids=lambda n: f"run{n}")
+@pytest.mark.parametrize("block_size, block_k", [(16, 64), (32, 32), (64, 32)], ids=["b16-k64", "b32", "b64-k32"])
+def test_prefetch_runs_of_few_steps(block_size, block_k, run):
+    # block-row 0 holds `run` blocks, row 1 none, row 2 one: the loop runs 0 to a few steps
+    mask = torch.zeros(3, 6, dtype=torch.bool)
+    mask[0, :run] = True
+    mask[2, 5] = True
+    layout = BlockLayout(mask, block_size)
+    for trans in (True, False):
+        _check(layout, 5, trans, bsmm_small.SmallConfig(16, block_k, 16, 4, 2, prefetch=True))
+
+
+def test_prefetch_is_checked_and_off_by_default():
+    assert not bsmm_small.small_config(1, 16, torch.bfloat16).prefetch
+    with pytest.raises(ValueError, match="prefetch"):
+        bsmm_small.SmallConfig(16, 16, 16, 4, 2, prefetch=1)
