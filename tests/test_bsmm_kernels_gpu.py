@@ -44,7 +44,8 @@ def _dds_case(block_size, dtype, trans, m):
 # and dtype, both table directions, with bias.
 
 
-@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap"])
+@pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap",
+                                  "small-prefetch", "small-swap-prefetch"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -63,6 +64,10 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, chunks=2, longest_first=True)
         elif path == "small-swap":
             cfg = dataclasses.replace(cfg, swap=True)
+        elif path == "small-prefetch":
+            cfg = dataclasses.replace(cfg, prefetch=True)
+        elif path == "small-swap-prefetch":
+            cfg = dataclasses.replace(cfg, swap=True, prefetch=True)
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 
