@@ -31,6 +31,14 @@ def _sdd_tma_kernel(
 ):
     """Program (z, s): out[s, z] = A^T[M-slice s, rows[z]-block]^T @ B[M-slice s, cols[z]-block]
     where A^T is the row-major [M, R*B] matrix whose transpose is the sdd lhs."""
+    _sdd_block(at_desc, b_desc, out_ptr, rows_ptr, cols_ptr, M, m_per_split, nnz, B, BLOCK_M, INPUT_PRECISION)
+
+
+@triton.jit
+def _sdd_block(at_desc, b_desc, out_ptr, rows_ptr, cols_ptr, M, m_per_split, nnz,
+               B: tl.constexpr, BLOCK_M: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """Program (z, s) of the descriptor sdd kernels (host- or device-built descriptors):
+    stored block z's product over M-slice s, into out[s, z]."""
     z = tl.program_id(0)
     split = tl.program_id(1)
     r = tl.load(rows_ptr + z)
@@ -98,23 +106,9 @@ def _sdd_desc_kernel(
     INPUT_PRECISION: tl.constexpr,
 ):
     """sdd with device-built descriptors; same math as _sdd_tma_kernel."""
-    z = tl.program_id(0)
-    split = tl.program_id(1)
     at_desc = tl.make_tensor_descriptor(at_ptr, [M, R_B], [stride_atm, 1], [BLOCK_M, B])
     b_desc = tl.make_tensor_descriptor(b_ptr, [M, C_B], [stride_bm, 1], [BLOCK_M, B])
-    r = tl.load(rows_ptr + z)
-    c = tl.load(cols_ptr + z)
-    m_start = split * m_per_split
-    m_end = tl.minimum(m_start + m_per_split, M)
-    acc = tl.zeros((B, B), dtype=tl.float32)
-    for m0 in tl.range(m_start, m_end, BLOCK_M):
-        a = at_desc.load([m0, r * B])
-        b = b_desc.load([m0, c * B])
-        acc = tl.dot(a.T, b, acc, input_precision=INPUT_PRECISION)
-    offs = tl.arange(0, B)
-    slot = split.to(tl.int64) * nnz + z
-    out_ptrs = out_ptr + slot * (B * B) + offs[:, None] * B + offs[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty))
+    _sdd_block(at_desc, b_desc, out_ptr, rows_ptr, cols_ptr, M, m_per_split, nnz, B, BLOCK_M, INPUT_PRECISION)
 
 
 # --------------------------------------------------------------------------- eligibility
