@@ -10,13 +10,10 @@ compiles. The two warp-specialized outputs must agree bitwise.
 
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
 import triton.testing
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import _make_fns, build_layout, probe_main
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import FwdWsConfig
 
@@ -61,25 +58,12 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
-    p.add_argument("--flex", action="store_true", help="also time FlexAttention's forward (compiles: minutes)")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    B, H, S, D, block, specs = suite_patterns()
-    rows = []
-    for name in args.patterns:
-        row = run_pattern(specs[name], B, H, S, D, block, args.flex)
-        times = "  ".join(f"{v}: {row[f'{v}_ms']:.3f} ms" for v in VARIANTS if f"{v}_ms" in row)
-        errors = "  ".join(f"{v}: {row[f'{v}_error']}" for v in VARIANTS if f"{v}_error" in row)
-        print(f"{name:10} density {row['density']:.3f}  {times}  flex: {row.get('flex_ms')}  "
-              f"bitwise ws == persistent: {row.get('persistent_bitwise_equal_ws')}  {errors}", flush=True)
-        rows.append(row)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+def describe(name: str, row: dict) -> str:
+    times = "  ".join(f"{v}: {row[f'{v}_ms']:.3f} ms" for v in VARIANTS if f"{v}_ms" in row)
+    errors = "  ".join(f"{v}: {row[f'{v}_error']}" for v in VARIANTS if f"{v}_error" in row)
+    return (f"{name:10} density {row['density']:.3f}  {times}  flex: {row.get('flex_ms')}  "
+            f"bitwise ws == persistent: {row.get('persistent_bitwise_equal_ws')}  {errors}")
 
 
 if __name__ == "__main__":
-    main()
+    probe_main(__doc__.splitlines()[0], run_pattern, describe, "also time FlexAttention's forward (compiles: minutes)")

@@ -9,15 +9,13 @@ bf16), with FlexAttention's time where it compiles; gradients compared between t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import torch
 import triton.testing
 
 from tilesparse.attention import block_sparse_attention
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import _make_fns, build_layout, probe_main
 from tilesparse.kernels import attention_stored_ds as stored
 
 
@@ -64,28 +62,15 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     return row
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
-    p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles: minutes)")
-    p.add_argument("--out", default=None)
-    args = p.parse_args()
-    B, H, S, D, block, specs = suite_patterns()
-    rows = []
-    for name in args.patterns:
-        row = run_pattern(specs[name], B, H, S, D, block, args.flex)
-        chunks = row["stored_ds_chunks"]
-        print(f"{name:10} density {row['density']:.3f} (dS workspace {row['workspace_bytes'] / 2**30:.2f} GiB, "
-              f"{'over the budget: both modes recompute' if chunks is None else f'{chunks} chunk(s)'}): recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS "
-              f"{row['fwd_bwd_ms_on']:.3f} ms ({row['speedup_on_over_off']:.2f}x)"
-              + (f", flex {row['flex_fwd_bwd_ms']:.3f} ms" if row.get("flex_fwd_bwd_ms") else "")
-              + f"; grads differ by {max(row['rel_diff'].values()):.1e}", flush=True)
-        rows.append(row)
-        torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+def describe(name: str, row: dict) -> str:
+    chunks = row["stored_ds_chunks"]
+    plan = "over the budget: both modes recompute" if chunks is None else f"{chunks} chunk(s)"
+    return (f"{name:10} density {row['density']:.3f} (dS workspace {row['workspace_bytes'] / 2**30:.2f} GiB, {plan}): "
+            f"recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS {row['fwd_bwd_ms_on']:.3f} ms "
+            f"({row['speedup_on_over_off']:.2f}x)"
+            + (f", flex {row['flex_fwd_bwd_ms']:.3f} ms" if row.get("flex_fwd_bwd_ms") else "")
+            + f"; grads differ by {max(row['rel_diff'].values()):.1e}")
 
 
 if __name__ == "__main__":
-    main()
+    probe_main(__doc__.splitlines()[0], run_pattern, describe, "also time FlexAttention (compiles: minutes)")

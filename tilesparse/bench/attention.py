@@ -44,7 +44,7 @@ from . import base_row, case_table, register
 from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
 from .timing import bench_ms_noted
 
-__all__ = ["OPS", "METHODS", "resolve_table", "suite_patterns", "prepare", "run", "plot_attention", "flops"]
+__all__ = ["OPS", "METHODS", "resolve_table", "suite_patterns", "probe_main", "prepare", "run", "plot_attention", "flops"]
 
 OPS = ("fwd", "fwd_bwd")
 # _atomic: deterministic=False; _kernel: dense_fallback=False, timed on the dense patterns only
@@ -107,6 +107,33 @@ def suite_patterns(name: str = "attention") -> tuple[int, int, int, int, int, di
     table = resolve_table(name)
     B, H, S, D = table["shapes"][0]
     return B, H, S, D, table["blocks"][0], {spec["name"]: spec for spec in table["layouts"]}
+
+
+def probe_main(description: str, run_pattern, describe, flex_help: str) -> None:
+    """The attention probes' command line (scripts/probes/attention_*.py): ``--patterns``
+    (of the suite's first shape, :func:`suite_patterns`), ``--flex`` (``flex_help``),
+    ``--out`` JSON rewritten after each pattern; ``run_pattern(spec, B, H, S, D, block,
+    flex)`` gives a pattern's row, ``describe(name, row)`` its printed line."""
+    import argparse
+    import json
+
+    import torch
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
+    p.add_argument("--flex", action="store_true", help=flex_help)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    B, H, S, D, block, specs = suite_patterns()
+    rows = []
+    for name in args.patterns:
+        row = run_pattern(specs[name], B, H, S, D, block, args.flex)
+        print(describe(name, row), flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
 
 
 def build_layout(spec: dict, seq: int, block: int, heads: int):
