@@ -138,7 +138,7 @@ def test_dds_leaves_a_balanced_layout_whole(monkeypatch):
 @pytest.mark.parametrize("block_size, block_k", [(32, 32), (64, 64), (128, 64)])
 def test_m_above_32_takes_the_swapped_orientation(block_size, block_k):
     # H200 sweep (small-swap): M 64 at b >= 32 8-22 % faster swapped; M 32 and b 16 not
-    for m in (33, 64, 200):
+    for m in (33, 64) + ((200,) if block_size == 32 else ()):
         cfg = bsmm_small.small_config(m, block_size, torch.bfloat16)
         assert (cfg.swap, cfg.sub, cfg.block_k, cfg.block_m, cfg.num_stages) == (True, 32, block_k, 64, 12)
     assert not bsmm_small.small_config(32, block_size, torch.bfloat16).swap
@@ -195,3 +195,23 @@ def test_m_inner_puts_the_row_tiles_on_the_grids_x_axis_where_the_slices_fit_y(m
     assert_close(out, a.double() @ dense_of(values, layout).t(), torch.float32, "dds m_inner")
     slices, row_tiles = layout.block_rows, 3  # 16-wide slices of 16-wide blocks; 40 rows in tiles of 16
     assert grids == [(row_tiles, slices, 1) if max_grid_y > slices else (slices, row_tiles, 1)]
+
+
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_m_65_to_512_takes_wide_slices_with_the_row_tiles_inner(block_size):
+    # H200 sweeps at fe39cf4 (small-mid): 64-wide slices, row tiles inner; 128-row programs above M 128
+    for m, block_m, warps, stages in ((65, 64, 4, 8), (128, 64, 4, 8), (129, 128, 8, 6), (512, 128, 8, 6)):
+        cfg = bsmm_small.small_config(m, block_size, torch.float16)
+        assert (cfg.sub, cfg.block_k, cfg.block_m, cfg.num_warps, cfg.num_stages, cfg.swap, cfg.m_inner) == (
+            64, 64, block_m, warps, stages, True, True)
+    assert not bsmm_small.small_config(100, 64, torch.float32).m_inner
+    assert not bsmm_small.small_config(100, 32, torch.bfloat16).m_inner
+
+
+def test_which_kernel_runs_without_a_measured_config():
+    use = kernels.use_small_kernel
+    assert all(use(64, b, dt) for b in (16, 32, 64, 128) for dt in (torch.float32, torch.bfloat16))
+    assert use(128, 32, torch.bfloat16) and not use(129, 32, torch.bfloat16)
+    assert use(512, 64, torch.float16) and not use(513, 64, torch.float16)
+    assert use(256, 128, torch.bfloat16) and not use(257, 128, torch.bfloat16)
+    assert not use(65, 16, torch.bfloat16) and not use(65, 128, torch.float32)

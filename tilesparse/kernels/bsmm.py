@@ -175,16 +175,23 @@ def _input_precision(dtype: torch.dtype) -> str:
 
 
 SMALL_M_MAX = 64
-"""Largest M the small-batch dds kernel takes when no measured choice is known. The H200's
-shipped table holds the measured faster kernel for M 16-512 per op, block size and density
-(``scripts/measure_small_crossover.py``): the small kernel wins up to M 64-128 at b >= 32,
-up to M 512 at b = 16 and density >= 0.25."""
+"""Largest M the small-batch dds kernel takes when no measured choice is known (fp32, or
+blocks of 16). The H200's shipped table holds the measured faster kernel for M 16-512 per
+op, block size and density (``scripts/measure_small_crossover.py``)."""
+
+# 16-bit, by tile side: the largest M where the small kernel's configs (``small_config``)
+# beat the large-batch tiles at every density timed (H200, W 12288² and 4096², bf16,
+# fe39cf4, `...-small-mid-*.json`): b 32 at M 128 (130 vs 155 µs at density 0.5); b 64 to
+# M 512 (202 vs 226); b 128 to M 256 (at M 512 the tiles won at density >= 0.25: 140 vs 196).
+_MID_M_MAX = {32: 128, 64: 512, 128: 256}
 
 
 def use_small_kernel(m: int, block_size: int, dtype: torch.dtype) -> bool:
     """Whether dds with M rows of activations runs the small-batch (weight-streaming)
-    kernel rather than the large-batch tiles."""
-    return m <= SMALL_M_MAX
+    kernel rather than the large-batch tiles, where no measured config says."""
+    if m <= SMALL_M_MAX:
+        return True
+    return dtype != torch.float32 and m <= _MID_M_MAX.get(tile_for(block_size), 0)
 
 
 @functools.lru_cache(maxsize=4096)

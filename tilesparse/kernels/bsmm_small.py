@@ -308,7 +308,8 @@ _SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
     """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
-    to a power of two >= 16 (at most 64; the swapped orientation above 32), and a deep
+    to a power of two >= 16 (at most 64; the swapped orientation above 32; above 64 rows
+    at b >= 64, 64-wide slices with the row tiles inner), and a deep
     pipeline: the loop is a stream of independent loads, and HBM needs many bytes in
     flight (on the H200, 8 stages streamed b = 128 at twice the rate of 4). Reduction
     steps and stages per tile side from the H200 sweeps (``_SMALL_16BIT``); fp32 takes
@@ -330,10 +331,18 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
         # (b = 64 bprop at 0.25: 2 %). At M 32 (block_m 32) it was equal for fprop and
         # 50-77 % slower for bprop; at b = 16 slower.
         sub, block_k, stages, swap = 32, min(tile, 64), 12, True
+    warps, m_inner = 4, False
+    if swap and m > 64 and tile >= 64:
+        # M 65-512, b >= 64: 64-wide slices with a slice's row tiles run together (sharing it
+        # through L2), 128-row programs above M 128. H200, W 12288², bf16, fe39cf4
+        # (`...-small-mid-*.json`), b 128 at density 0.5: M 128 95.7 -> 61.2 µs (dense 76.8),
+        # M 256 117 -> 103 µs (dense 122); b 64 alike; the tile kernel 105-123 µs.
+        sub, block_k, m_inner = 64, 64, True
+        block_m, warps, stages = (64, 4, 8) if m <= 128 else (128, 8, 6)
     # Fewer stages where shared memory is short (the compiler keeps ~16 KiB for itself).
     per_stage = (sub * block_k + block_k * block_m) * elt
     stages = max(2, min(stages, (smem_bytes - 16384) // per_stage))
-    return SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=stages, swap=swap)
+    return SmallConfig(sub, block_k, block_m, num_warps=warps, num_stages=stages, swap=swap, m_inner=m_inner)
 
 
 # Chunks on skewed layouts, measured on the H200 (bf16, W 12288², M 1 and 32;
