@@ -108,7 +108,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         for name, ms in r.items():
             if name in _variants().ALL_VARIANTS:
                 try:
-                    times[name] = (_config(name, heuristic.block_m), ms)
+                    times[name] = (_config(name, r["M"]), ms)
                 except ValueError:  # not a valid config (e.g. splits with chunks)
                     pass
         current = next((n for n, (cfg, _) in times.items() if cfg == heuristic), None)
@@ -122,7 +122,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
             continue
         times = {n: ms for n, (_, ms) in times.items()}
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
-        entries[key] = _config(best, heuristic.block_m)
+        entries[key] = _config(best, r["M"])
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
         print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
@@ -139,9 +139,11 @@ def _variants():
     return probe
 
 
-def _config(name: str, block_m: int) -> S.SmallConfig:
-    """The config a variant sweep's name stands for, from the sweep's own table (ALL_VARIANTS)."""
-    return _variants().variant_config(_variants().ALL_VARIANTS[name], block_m)
+def _config(name: str, m: int) -> S.SmallConfig:
+    """The config a variant sweep's name stood for at M rows, from the sweep's own table
+    (ALL_VARIANTS, with the sweep's own rows-per-program rule)."""
+    probe = _variants()
+    return probe.variant_config(probe.ALL_VARIANTS[name], probe.variant_block_m(m))
 
 
 def main() -> None:

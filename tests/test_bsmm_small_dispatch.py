@@ -206,6 +206,7 @@ def test_m_65_to_512_takes_wide_slices_with_the_row_tiles_inner(block_size):
             64, 64, block_m, warps, stages, True, True)
     assert not bsmm_small.small_config(100, 64, torch.float32).m_inner
     assert not bsmm_small.small_config(100, 32, torch.bfloat16).m_inner
+    assert not bsmm_small.small_config(100, 48, torch.bfloat16).m_inner  # 48 on a 64-wide tile: not timed
 
 
 def test_which_kernel_runs_without_a_measured_config():
@@ -215,3 +216,4 @@ def test_which_kernel_runs_without_a_measured_config():
     assert use(512, 64, torch.float16) and not use(513, 64, torch.float16)
     assert use(256, 128, torch.bfloat16) and not use(257, 128, torch.bfloat16)
     assert not use(65, 16, torch.bfloat16) and not use(65, 128, torch.float32)
+    assert not use(100, 24, torch.bfloat16) and not use(100, 48, torch.bfloat16)  # not powers of two: not timed

@@ -1,7 +1,8 @@
 """The small-batch kernel's prefetch mode (``SmallConfig.prefetch``: each step's block
 index loaded two steps ahead and its activation tile one step ahead) against float64
-references under the Triton interpreter: steps within a block (b 64, 32-deep) and over
-several blocks (b 16 and 8, 64-deep), runs of zero, one and two steps (the prefetches
+references under the Triton interpreter: steps within a block (2 and 4 per block: b 64 /
+128 at 32-deep, b 48 on a 64-wide tile at 16-deep) and over several blocks (b 16, 8 and 24,
+4 or 8 blocks a step), runs of zero to five blocks (the prefetches
 past a run's end are masked), splits, chunks, the swapped orientation and row tiles
 inner, both table directions, every layout class."""
 
@@ -29,8 +30,9 @@ def _check(layout, m, trans, config, dtype=torch.float32):
 
 @pytest.mark.parametrize("extra", [{}, {"splits": 3}, {"chunks": 2}, {"swap": True}, {"m_inner": True}],
                          ids=["whole", "splits3", "chunks2", "swap", "m_inner"])
-@pytest.mark.parametrize("block_size, sub, block_k", [(64, 32, 32), (16, 16, 64), (8, 16, 64), (32, 32, 32)],
-                         ids=["b64-k32", "b16-k64", "b8-k64", "b32-k32"])
+@pytest.mark.parametrize("block_size, sub, block_k", [(64, 32, 32), (16, 16, 64), (8, 16, 64), (32, 32, 32),
+                                                     (128, 32, 32), (48, 16, 16), (24, 16, 64)],
+                         ids=["b64-k32", "b16-k64", "b8-k64", "b32-k32", "b128-k32", "b48-k16", "b24-k64"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("kind", LAYOUT_KINDS)
 def test_prefetch_matches_the_reference(kind, trans, block_size, sub, block_k, extra):
@@ -41,7 +43,8 @@ def test_prefetch_matches_the_reference(kind, trans, block_size, sub, block_k, e
 
 
 @pytest.mark.parametrize("run", [1, 2, 3, 5], ids=lambda n: f"run{n}")
-@pytest.mark.parametrize("block_size, block_k", [(16, 64), (32, 32), (64, 32)], ids=["b16-k64", "b32", "b64-k32"])
+@pytest.mark.parametrize("block_size, block_k", [(16, 64), (16, 128), (32, 32), (64, 32), (64, 16)],
+                         ids=["b16-k64", "b16-k128", "b32", "b64-k32", "b64-k16"])
 def test_prefetch_runs_of_few_steps(block_size, block_k, run):
     # block-row 0 holds `run` blocks, row 1 none, row 2 one: the loop runs 0 to a few steps
     mask = torch.zeros(3, 6, dtype=torch.bool)

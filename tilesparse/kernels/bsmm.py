@@ -179,7 +179,7 @@ SMALL_M_MAX = 64
 blocks of 16). The H200's shipped table holds the measured faster kernel for M 16-512 per
 op, block size and density (``scripts/measure_small_crossover.py``)."""
 
-# 16-bit, by tile side: the largest M where the small kernel's configs (``small_config``)
+# 16-bit, by block size (powers of two only: others were not timed): the largest M where the small kernel's configs (``small_config``)
 # beat the large-batch tiles at every density timed (H200, W 12288² and 4096², bf16,
 # fe39cf4, `...-small-mid-*.json`): b 32 at M 128 (130 vs 155 µs at density 0.5); b 64 to
 # M 512 (202 vs 226); b 128 to M 256 (at M 512 the tiles won at density >= 0.25: 140 vs 196).
@@ -191,7 +191,7 @@ def use_small_kernel(m: int, block_size: int, dtype: torch.dtype) -> bool:
     kernel rather than the large-batch tiles, where no measured config says."""
     if m <= SMALL_M_MAX:
         return True
-    return dtype != torch.float32 and m <= _MID_M_MAX.get(tile_for(block_size), 0)
+    return dtype != torch.float32 and m <= _MID_M_MAX.get(block_size, 0)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -332,7 +332,7 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
         # 50-77 % slower for bprop; at b = 16 slower.
         sub, block_k, stages, swap = 32, min(tile, 64), 12, True
     warps, m_inner = 4, False
-    if swap and m > 64 and tile >= 64:
+    if swap and m > 64 and block_size >= 64:  # (b 33-63 on 64-wide tiles: not timed)
         # M 65-512, b >= 64: 64-wide slices with a slice's row tiles run together (sharing it
         # through L2), 128-row programs above M 128. H200, W 12288², bf16, fe39cf4
         # (`...-small-mid-*.json`), b 128 at density 0.5: M 128 95.7 -> 61.2 µs (dense 76.8),
