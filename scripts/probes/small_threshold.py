@@ -120,8 +120,8 @@ SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
 def variant_block_m(m: int) -> int:
     """The activation rows per program of a variant that gives none: M's power of two, 16
-    to 64 (fixed here, not read from the heuristic, so a name always means one config)."""
-    return min(64, max(16, 1 << max(0, (m - 1).bit_length())))
+    to 64 (the fixed rule, not the heuristic's choice, so a name always means one config)."""
+    return S.rows_per_program(m)
 
 
 def variant_config(fields: tuple, block_m: int) -> S.SmallConfig:

@@ -23,7 +23,7 @@ from ..kernels import tuned
 from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
 from ..kernels.bsmm_sdd_group import SddGroupConfig
-from ..kernels.bsmm_small import SmallConfig
+from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
 from .matmul import DTYPES
 
@@ -38,7 +38,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     a slice's row tiles inner (16-bit), and at large M for b 16 in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
     if m <= 256:
-        block_m = min(64, max(16, 1 << (m - 1).bit_length()))
+        block_m = rows_per_program(m)
         # (block_k past the tile: several consecutive blocks per reduction step)
         # (chunks: block-rows longer than the mean cut in up to 2 runs, summed in-kernel;
         # longest_first: programs take the longest block-rows first)

@@ -10,6 +10,9 @@ import triton
 import triton.language as tl
 
 
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (and z)
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive b."""
     return -(-a // b)

@@ -18,7 +18,7 @@ from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .attention_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel, _fwd_kernel
 from .bsmm_tma import ensure_allocator
 from ._launch import launch
-from ._tiles import cdiv, next_power_of_2
+from ._tiles import MAX_GRID_Y, cdiv, next_power_of_2  # batch * heads go on the grid's y axis
 
 __all__ = ["attention_forward", "attention_backward", "attention_config", "AttentionConfig", "MAX_GRID_Y",
            "_fwd_kernel", "_bwd_preprocess_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_tma_ok"]
@@ -46,7 +46,6 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
     return key_padding_mask.contiguous().view(torch.uint8)
 
 
-MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y, where the launchers put batch * heads
 
 
 def _common(q, k, meta, layout_heads, block_size):

@@ -31,7 +31,7 @@ import triton.language as tl
 from ._alloc import new_output
 from ._device import cached_table
 from ._launch import launch
-from ._tiles import cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
+from ._tiles import MAX_GRID_Y, cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
 @triton.jit
@@ -248,7 +248,6 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
 
 
 MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
-MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
 
 
 @dataclass(frozen=True)
@@ -305,6 +304,11 @@ class SmallConfig:
 _SMALL_16BIT = {16: (64, 8), 32: (32, 12), 64: (64, 12), 128: (128, 8)}
 
 
+def rows_per_program(m: int) -> int:
+    """The small kernel's activation rows per program by default: M's power of two, 16 to 64."""
+    return min(64, max(16, next_power_of_2(max(m, 1))))
+
+
 @functools.lru_cache(maxsize=4096)
 def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 1 << 30) -> SmallConfig:
     """Heuristic config: slices of 32 features (16 for blocks of 16), activations padded
@@ -321,7 +325,7 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
         block_k, stages = min(tile, 32), 8
     else:
         block_k, stages = _SMALL_16BIT[min(tile, 128)]
-    block_m = min(64, max(16, next_power_of_2(max(m, 1))))
+    block_m = rows_per_program(m)
     swap = False
     if dtype != torch.float32 and block_size >= 32 and block_m == 64:
         # M > 32: the swapped orientation (activation rows as the MMA's M: wgmma instead of
