@@ -19,8 +19,9 @@ smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
 (:mod:`tilesparse.ops.small_speedups`, W 12288²) decide for weights of at least a quarter
 of that size (``SMALL_MIN_WEIGHT``), and such calls only warn: as
 dense, each call would scatter the whole weight, more traffic than the product itself
-(b 16 at density 0.5 measured 0.21-0.90x of dense; b 32-128 at density 0.5 0.60-0.84x at
-128-512 rows). 513-8191 rows were not timed: nothing is claimed there. The crossover density of
+(at density 0.5, b 16 measured 0.21-0.90x of dense and b 32 0.60-0.66x at 128-512 rows;
+b 64 / 128 are faster than dense there since the M 128-512 configs were adopted).
+513-8191 rows were not timed: nothing is claimed there. The crossover density of
 each block size is where the measured speedup (the geometric mean over the four shapes),
 interpolated linearly in log speedup against log density between the densities timed,
 crosses 1; above the largest density timed (0.5) the speedup is taken as the rate at 0.5
@@ -45,8 +46,8 @@ from ..kernels.tuned import gpu_slug
 from ..layout import table_views
 from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
-__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup", "run_dense",
-           "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
+__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate",
+           "measured_speedup", "run_dense", "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
 SMALL_ROWS = 512  # at most this many rows: the small suite's measurements (warned, never dispatched)
