@@ -5,10 +5,11 @@ source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
 SHARDS=${SHARDS:-8}
+# SHARD_TIMEOUT: seconds per test shard, so a hung kernel still leaves the other shards' logs
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
   for i in $(seq 0 $((SHARDS - 1))); do
-    TILESPARSE_SHARD=$i/$SHARDS python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > /tmp/gpu_tests_$i.log 2>&1 &
+    TILESPARSE_SHARD=$i/$SHARDS timeout "${SHARD_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > /tmp/gpu_tests_$i.log 2>&1 &
   done
   wait
   cat /tmp/gpu_tests_*.log > "$OUT/gpu_tests.log"
