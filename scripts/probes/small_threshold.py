@@ -23,6 +23,7 @@ import tilesparse as ts
 from tilesparse.bench.env import l2_cache_bytes
 from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
@@ -114,6 +115,18 @@ ALL_VARIANTS = {
     "s32k32st12SP": (32, 32, 12, 4, 1, 1, False, True, False, None, True),
     "s64k64st8SIP": (64, 64, 8, 4, 1, 1, False, True, True, None, True),
     "s64k64st6Sw8m128IP": (64, 64, 6, 8, 1, 1, False, True, True, 128, True),
+    # panels (kernels/bsmm_panel.py; fourteenth session): G output block-columns per program
+    # sharing each activation tile, for b 16 / 32 at M 128-512, where the one-block-row
+    # slices read the activations M / b times the weight's bytes from L2.
+    # ("panel", G, block_m, warps, stages); run where G * b <= 128
+    "pG2m128w4st3": ("panel", 2, 128, 4, 3),
+    "pG4m128w4st3": ("panel", 4, 128, 4, 3),
+    "pG4m128w8st3": ("panel", 4, 128, 8, 3),
+    "pG2m64w4st4": ("panel", 2, 64, 4, 4),
+    "pG4m64w4st4": ("panel", 4, 64, 4, 4),
+    "pG8m128w4st3": ("panel", 8, 128, 4, 3),
+    "pG8m128w8st3": ("panel", 8, 128, 8, 3),
+    "pG8m64w4st4": ("panel", 8, 64, 4, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -124,9 +137,11 @@ def variant_block_m(m: int) -> int:
     return S.rows_per_program(m)
 
 
-def variant_config(fields: tuple, block_m: int) -> S.SmallConfig:
-    """The SmallConfig of an ALL_VARIANTS entry, for ``block_m`` activation rows (unless
-    the entry gives its own)."""
+def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig:
+    """The SmallConfig (PanelConfig for a "panel" entry) of an ALL_VARIANTS entry, for
+    ``block_m`` activation rows (unless the entry gives its own)."""
+    if fields[0] == "panel":
+        return P.PanelConfig(*fields[1:])
     sub, block_k, stages, warps, *more = fields
     defaults = [1, 1, False, False, False, block_m, False]
     splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch = (list(more) + defaults[len(more):])[:7]
@@ -189,7 +204,9 @@ def main() -> None:
                     for name, fields in SMALL_VARIANTS.items():
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
-                        elif fields[0] > max(16, b):  # slices wider than the block's tile
+                        elif fields[0] == "panel" and (b > 32 or fields[1] * b > 128):
+                            continue  # panels for small blocks, at most 128 features wide
+                        elif fields[0] != "panel" and fields[0] > max(16, b):  # slices wider than the tile
                             continue
                         else:
                             cfg = variant_config(fields, variant_block_m(m))
