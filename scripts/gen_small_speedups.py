@@ -2,7 +2,7 @@
 --suite small``): the measured speedup over dense of fprop and bprop per block size,
 batch rows (M) and density, for the GPU and weight shape in the file.
 
-    python scripts/gen_small_speedups.py bench/results/2026-11-30-nvidia-h200-small-m1-512-4f17400.csv \
+    python scripts/gen_small_speedups.py bench/results/2026-11-30-nvidia-h200-small-m1-512-ca2277b.csv \
         --update-from bench/results/2026-11-30-nvidia-h200-small-mid-a-fe39cf4.json ...
 """
 

@@ -19,8 +19,11 @@ smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
 (:mod:`tilesparse.ops.small_speedups`, W 12288²) decide for weights of at least a quarter
 of that size (``SMALL_MIN_WEIGHT``), and such calls only warn: as
 dense, each call would scatter the whole weight, more traffic than the product itself
-(at density 0.5, b 16 measured 0.21-0.90x of dense and b 32 0.60-0.66x at 128-512 rows;
-b 64 / 128 are faster than dense there since the M 128-512 configs were adopted).
+(at density 0.5, b 16 measured 0.25-1.17x of dense and b 32 0.61-0.69x at 128-512 rows;
+b 64 / 128 are faster than dense there). Timed directly at 128-512 rows
+(``scripts/probes/dense_dispatch_ab.py --ms``, ``...-dense-dispatch-small-ca2277b.json``),
+the dense path's forward took 0.28-0.75 ms against the kernels' 0.07-0.97 ms: faster only
+for b 16 at 512 rows and density >= 0.25 (0.74 against 0.97 ms at 0.5).
 513-8191 rows were not timed: nothing is claimed there. The crossover density of
 each block size is where the measured speedup (the geometric mean over the four shapes),
 interpolated linearly in log speedup against log density between the densities timed,
