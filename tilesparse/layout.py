@@ -281,6 +281,9 @@ class BlockLayout:
     def meta_on(self, device) -> torch.Tensor:
         """The packed tables on ``device``, built once per device and cached (with the
         longest runs, :func:`longest_runs`, where they are known)."""
+        meta = self._meta_by_device.get(device)  # a tensor's own (indexed) device: no normalizing
+        if meta is not None:
+            return meta
         device = cache_device(device)
         meta = self._meta_by_device.get(device)
         if meta is None:

@@ -139,6 +139,7 @@ def _gpu(index: int) -> str:
     return gpu_slug(torch.cuda.get_device_name(index))
 
 
+@functools.lru_cache(maxsize=4096)  # every call of a layer asks: 7 µs of interpolation per call on a fast host
 def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float,
                      training: bool, weight_elements: int | None = None) -> float | None:
     """The block-sparse layer's speedup over dense for this call as measured on ``gpu`` (a
