@@ -52,6 +52,8 @@
 #            inside TF32 updat (bsmm.TILED_TF32_COPIES off / on)
 #   dense-dispatch - block_sparse_linear with TILESPARSE_DENSE_DISPATCH on / off against dense,
 #            b 16 / 32 / 64, density 0.05-0.5 (scripts/probes/dense_dispatch_ab.py)
+#   block-scatter - the dense path's block copies, Triton against PyTorch indexing
+#            (scripts/probes/block_scatter_ab.py), then the dense path at 128-512 rows against the kernels
 #   host   - host time per call: profile_host.py, the direct-launch A/B (launch_ab.py) and
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
@@ -150,6 +152,11 @@ for step in ${STEPS:-large dtypes graph}; do
               --out "$OUT/sdd-group.json" > "$OUT/sdd-group.log" 2>&1 ;;
     transpose) timeout 120 python3 scripts/probes/transpose_copy.py --out "$OUT/transpose-copy.json" \
               > "$OUT/transpose-copy.log" 2>&1 ;;
+    block-scatter) timeout 120 python3 scripts/probes/block_scatter_ab.py --out "$OUT/block-scatter-ab.json" \
+              > "$OUT/block-scatter-ab.log" 2>&1
+              timeout 150 python3 scripts/probes/dense_dispatch_ab.py --shape 128x12288x12288 --ms 128 256 512 \
+              --blocks 16 32 --densities 0.5 0.25 0.1 --out "$OUT/dense-dispatch-small.json" \
+              > "$OUT/dense-dispatch-small.log" 2>&1 ;;
     dense-dispatch) timeout 200 python3 scripts/probes/dense_dispatch_ab.py --out "$OUT/dense-dispatch-ab.json" \
               > "$OUT/dense-dispatch-ab.log" 2>&1 ;;
     host)   { timeout 120 python3 scripts/profile_host.py; timeout 120 python3 scripts/probes/launch_ab.py \

@@ -28,6 +28,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (pr
 
 from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import attention_stored_ds  # noqa: E402
+from tilesparse.kernels import block_scatter  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
@@ -127,6 +128,15 @@ def semi24_cases(quick: bool):
         yield (f"transpose copy {dt}", transpose._transpose_kernel,
                {"src": f"*{dt}", "dst": f"*{dt}", "rows": "i32", "cols": "i32", "src_stride": "i32",
                 "dst_stride": "i32", "TILE": "constexpr"}, {"TILE": 64}, 4, 2)
+        for b in ((16,) if quick else (16, 48, 128)):  # the dense path's block copies
+            bp, g = triton.next_power_of_2(b), block_scatter._group(b)
+            yield (f"block scatter {dt} b{b}", block_scatter._scatter_kernel,
+                   {"values": f"*{dt}", "slots": "*i32", "dense": f"*{dt}", "C": "i32", "n_groups": "i32", "ld": "i32",
+                    "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g}, 4, 2)
+            yield (f"block gather {dt} b{b}", block_scatter._gather_kernel,
+                   {"dense": f"*{dt}", "row_of": "*i32", "col_of": "*i32", "values": f"*{dt}", "nnz": "i32",
+                    "ld": "i32", "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g},
+                   4, 2)
         yield (f"2:4 apply+transpose {dt}", semi24._apply_transpose_kernel,
                {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}", "N": "i32",
                 "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)

@@ -7,7 +7,9 @@ b 32, density 0.5 at 0.44-0.57x (``bench/results/2026-11-30-nvidia-h200-large-al
 :func:`tilesparse.ops.block_sparse_linear` warns once per configuration and runs such calls
 as dense (:class:`_DenseLinear`: the blocks scattered into a dense weight for the matmul,
 saved as blocks and scattered again in the backward, the blocks' gradient gathered from the
-dense one; the dense weight lives only for the matmul). ``TILESPARSE_DENSE_DISPATCH=0``
+dense one; the dense weight lives only for the matmul; the copies are Triton kernels that
+pass over the dense bytes once, :mod:`tilesparse.kernels.block_scatter`, written after the
+timings below, which used PyTorch indexing). ``TILESPARSE_DENSE_DISPATCH=0``
 keeps the kernels there (still warning). Timed on the H200 (twelfth session,
 ``scripts/probes/dense_dispatch_ab.py``, 8192x4096², bf16, eager): b 16 at density 0.25
 forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43 and
@@ -45,8 +47,8 @@ import warnings
 
 import torch
 
+from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
-from ..layout import table_views
 from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
 __all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate",
@@ -210,26 +212,46 @@ def _warn_once(block_size: int, density: float, what: str, speedup: float, dispa
         f"(data and crossovers: tilesparse/ops/dense_dispatch.py, small_speedups.py)", stacklevel=5)
 
 
-def _block_view(dense: torch.Tensor, rows: int, cols: int, b: int) -> torch.Tensor:
-    """[rows, cols, b, b] view of a row-major [rows * b, cols * b] matrix's blocks."""
-    return dense.view(rows, b, cols, b).permute(0, 2, 1, 3)
+class _ScatterDense(torch.autograd.Function):
+    """Blocks -> dense W (kernels/block_scatter.py); its adjoint, the gather, is the backward."""
+
+    @staticmethod
+    def forward(ctx, values, meta, rows: int, cols: int):
+        ctx.save_for_backward(meta)
+        ctx.grid = (rows, cols, values.shape[-1])
+        return block_scatter.scatter_blocks(values, meta, rows, cols)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (meta,) = ctx.saved_tensors
+        return _GatherBlocks.apply(grad, meta, *ctx.grid), None, None, None
+
+
+class _GatherBlocks(torch.autograd.Function):
+    """Dense -> its stored blocks; the scatter is the backward (so both nest for double backward)."""
+
+    @staticmethod
+    def forward(ctx, dense, meta, rows: int, cols: int, b: int):
+        ctx.save_for_backward(meta)
+        ctx.grid = (rows, cols)
+        return block_scatter.gather_blocks(dense, meta, rows, cols, b)
+
+    @staticmethod
+    def backward(ctx, grad_values):
+        (meta,) = ctx.saved_tensors
+        return _ScatterDense.apply(grad_values, meta, *ctx.grid), None, None, None, None
 
 
 def scatter_dense(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """The dense [rows * b, cols * b] matrix of blocks ``values`` [nnz, b, b] on the packed
-    tables ``meta`` (storage order), written in place through a block view (one zeroed
-    buffer, no further copy; the tables are on the values' device: no host sync)."""
-    b = values.shape[-1]
-    row_of, row_cols = table_views(meta, rows, cols, "row_of", "row_cols")
-    dense = values.new_zeros(rows * b, cols * b)
-    _block_view(dense, rows, cols, b)[row_of.long(), row_cols.long()] = values
-    return dense
+    tables ``meta`` (storage order): every dense element written once, a block or zeros
+    (a Triton kernel on CUDA, PyTorch indexing elsewhere); differentiable."""
+    return _ScatterDense.apply(values, meta, rows, cols)
 
 
 def gather_blocks(dense: torch.Tensor, meta: torch.Tensor, rows: int, cols: int, b: int) -> torch.Tensor:
-    """The stored blocks [nnz, b, b] of a dense [rows * b, cols * b] matrix."""
-    row_of, row_cols = table_views(meta, rows, cols, "row_of", "row_cols")
-    return _block_view(dense, rows, cols, b)[row_of.long(), row_cols.long()]
+    """The stored blocks [nnz, b, b] of a dense [rows * b, cols * b] matrix; differentiable."""
+    return _GatherBlocks.apply(dense, meta, rows, cols, b)
 
 
 class _DenseLinear(torch.autograd.Function):
