@@ -132,11 +132,11 @@ def semi24_cases(quick: bool):
             bp, g = triton.next_power_of_2(b), block_scatter._group(b)
             yield (f"block scatter {dt} b{b}", block_scatter._scatter_kernel,
                    {"values": f"*{dt}", "slots": "*i32", "dense": f"*{dt}", "C": "i32", "n_groups": "i32", "ld": "i32",
-                    "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g}, 4, 2)
+                    "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g}, block_scatter._warps(b), 2)
             yield (f"block gather {dt} b{b}", block_scatter._gather_kernel,
                    {"dense": f"*{dt}", "row_of": "*i32", "col_of": "*i32", "values": f"*{dt}", "nnz": "i32",
                     "ld": "i32", "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g},
-                   4, 2)
+                   block_scatter._warps(b), 2)
         yield (f"2:4 apply+transpose {dt}", semi24._apply_transpose_kernel,
                {"w_ptr": f"*{dt}", "mask_ptr": "*u8", "out_ptr": f"*{dt}", "out_t_ptr": f"*{dt}", "N": "i32",
                 "K": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr"}, {"BLOCK_N": 64, "BLOCK_K": 64}, 4, 2)

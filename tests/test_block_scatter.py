@@ -55,6 +55,15 @@ def test_slot_map_names_every_stored_block_once():
                                                                                    layout.block_cols)
 
 
+def test_wrong_shapes_are_refused_by_name():
+    layout, meta, values = _case(16, 4, 4, 0.5, torch.float32)
+    rows, cols = layout.block_rows, layout.block_cols
+    with pytest.raises(ValueError, match="values must have shape"):
+        bs.scatter_blocks(values[:-1], meta, rows, cols, interpret=True)
+    with pytest.raises(ValueError, match="dense must have shape"):
+        bs.gather_blocks(torch.zeros(32, 64), meta, rows, cols, 16, interpret=True)
+
+
 def test_references_serve_cpu_and_float64():
     layout, meta, values = _case(16, 3, 5, 0.5, torch.float64)
     dense = bs.scatter_blocks(values, meta, layout.block_rows, layout.block_cols)

@@ -20,6 +20,8 @@ Both are copies (no arithmetic): bitwise equal to the references below. Offsets 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -106,11 +108,25 @@ def _kernel_applies(t: torch.Tensor, interpret: bool) -> bool:
     return (t.device.type == "cuda" or interpret) and t.dtype in _DTYPES
 
 
+def _warps(b: int) -> int:
+    """8 warps for a 128x128 tile (128 elements a thread on 4 would spill), else 4."""
+    return 8 if next_power_of_2(b) * next_power_of_2(b) * _group(b) >= 128 * 128 else 4
+
+
+def _on_device(t: torch.Tensor):
+    """The tensor's CUDA device as the current one (the launcher uses the current device's
+    stream); nothing elsewhere."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def scatter_blocks(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: int, *,
                    interpret: bool = False) -> torch.Tensor:
     """The dense [rows * b, cols * b] matrix of ``values`` [nnz, b, b] on the packed tables
     ``meta``: the Triton kernel on CUDA for fp32 / fp16 / bf16 (``interpret``: also on the
     CPU, for the interpreter tests), the reference otherwise."""
+    nnz = table_views(meta, rows, cols, "row_of")[0].numel()
+    if values.dim() != 3 or values.shape[0] != nnz or values.shape[1] != values.shape[2]:
+        raise ValueError(f"values must have shape (nnz={nnz}, b, b) for this layout, got {tuple(values.shape)}")
     if not _kernel_applies(values, interpret) or values.numel() == 0:
         return scatter_reference(values, meta, rows, cols)
     b = values.shape[-1]
@@ -118,8 +134,9 @@ def scatter_blocks(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: in
     dense = new_output(rows * b, cols * b, dtype=values.dtype, device=values.device)
     group = _group(b)
     n_groups = cdiv(cols, group)
-    launch(_scatter_kernel, (rows * n_groups,), values, slot_map(meta, rows, cols), dense, cols, n_groups,
-           dense.stride(0), B=b, BP=next_power_of_2(b), G=group, num_warps=4)
+    with _on_device(values):
+        launch(_scatter_kernel, (rows * n_groups,), values, slot_map(meta, rows, cols), dense, cols, n_groups,
+               dense.stride(0), B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
     return dense
 
 
@@ -128,12 +145,16 @@ def gather_blocks(dense: torch.Tensor, meta: torch.Tensor, rows: int, cols: int,
     """The stored blocks [nnz, b, b] of a dense [rows * b, cols * b] matrix (any row stride,
     unit column stride for the kernel): the Triton kernel on CUDA for fp32 / fp16 / bf16
     (``interpret``: also on the CPU), the reference otherwise."""
+    if tuple(dense.shape) != (rows * b, cols * b):
+        raise ValueError(f"dense must have shape {(rows * b, cols * b)} ({rows}x{cols} blocks of {b}), "
+                         f"got {tuple(dense.shape)}")
     row_of, row_cols = table_views(meta, rows, cols, "row_of", "row_cols")
     nnz = row_of.numel()
     if not _kernel_applies(dense, interpret) or nnz == 0 or dense.stride(1) != 1:
         return gather_reference(dense, meta, rows, cols, b)
     values = new_output(nnz, b, b, dtype=dense.dtype, device=dense.device)
     group = _group(b)
-    launch(_gather_kernel, (cdiv(nnz, group),), dense, row_of, row_cols, values, nnz, dense.stride(0),
-           B=b, BP=next_power_of_2(b), G=group, num_warps=4)
+    with _on_device(dense):
+        launch(_gather_kernel, (cdiv(nnz, group),), dense, row_of, row_cols, values, nnz, dense.stride(0),
+               B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
     return values
