@@ -29,6 +29,8 @@
 #            ahead (SmallConfig.prefetch) against the heuristic's configs (each block's) and the shipped
 #            choice (--auto): M 1 / 32 / 64 / 128, b 128-16,
 #            density 0.5 / 0.1 / 0.03; adopt with measure_small_crossover.py --adopt small-prefetch.json
+#   small-prefetch-b16 - b 16's prefetch at M 8 / 16 / 64 (the fourteenth session swept M 1 / 32);
+#            adopt with measure_small_crossover.py --adopt small-prefetch-b16.json
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -104,6 +106,9 @@ for step in ${STEPS:-large dtypes graph}; do
               s16k64st8 s64k64st8SI s32k128st8P s32k64st12P s32k32st12P s16k64st8P s16k128st8P s32k64st12SP \
               s32k32st12SP s64k64st8SIP \
               ${SMALL_PREFETCH_ARGS:-} --out "$OUT/small-prefetch.json" > "$OUT/small-prefetch.log" 2>&1 ;;
+    small-prefetch-b16) timeout "${SMALL_TIMEOUT:-150}" python3 scripts/probes/small_threshold.py --blocks 16 \
+              --densities 0.5 0.25 0.1 0.03 --ms 8 16 64 --auto --variants s16k64st8 s16k64st8P s16k128st8P \
+              --out "$OUT/small-prefetch-b16.json" > "$OUT/small-prefetch-b16.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \
