@@ -132,7 +132,8 @@ def semi24_cases(quick: bool):
             bp, g = triton.next_power_of_2(b), block_scatter._group(b)
             yield (f"block scatter {dt} b{b}", block_scatter._scatter_kernel,
                    {"values": f"*{dt}", "slots": "*i32", "dense": f"*{dt}", "C": "i32", "n_groups": "i32", "ld": "i32",
-                    "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g}, block_scatter._warps(b), 2)
+                    "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g},
+                   block_scatter._warps(b), 2)
             yield (f"block gather {dt} b{b}", block_scatter._gather_kernel,
                    {"dense": f"*{dt}", "row_of": "*i32", "col_of": "*i32", "values": f"*{dt}", "nnz": "i32",
                     "ld": "i32", "B": "constexpr", "BP": "constexpr", "G": "constexpr"}, {"B": b, "BP": bp, "G": g},

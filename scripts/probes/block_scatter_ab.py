@@ -36,11 +36,12 @@ def main() -> None:
                 dense = bs.scatter_blocks(values, meta, r, c)
                 exact = torch.equal(dense, bs.scatter_reference(values, meta, r, c)) and torch.equal(
                     bs.gather_blocks(dense, meta, r, c, b), bs.gather_reference(dense, meta, r, c, b))
+                calls = {"scatter_torch": lambda: bs.scatter_reference(values, meta, r, c),
+                         "scatter_triton": lambda: bs.scatter_blocks(values, meta, r, c),
+                         "gather_torch": lambda: bs.gather_reference(dense, meta, r, c, b),
+                         "gather_triton": lambda: bs.gather_blocks(dense, meta, r, c, b)}
                 row = {"weight": weight, "block": b, "density": d, "exact": exact,
-                       "scatter_torch_ms": bench_ms(lambda: bs.scatter_reference(values, meta, r, c), cuda=True, graph=True),
-                       "scatter_triton_ms": bench_ms(lambda: bs.scatter_blocks(values, meta, r, c), cuda=True, graph=True),
-                       "gather_torch_ms": bench_ms(lambda: bs.gather_reference(dense, meta, r, c, b), cuda=True, graph=True),
-                       "gather_triton_ms": bench_ms(lambda: bs.gather_blocks(dense, meta, r, c, b), cuda=True, graph=True)}
+                       **{f"{name}_ms": bench_ms(fn, cuda=True, graph=True) for name, fn in calls.items()}}
                 # scatter moves the dense bytes out and the stored ones in; gather the stored ones both ways
                 moved = {"scatter": (n * k + values.numel()) * 2, "gather": 2 * values.numel() * 2}
                 for what in ("scatter", "gather"):
