@@ -88,6 +88,28 @@ def test_cpu_tensors_take_tritons_own_launch(monkeypatch):
     assert not any(key[0].fn is _kernel for key in _launch._COMPILED)
 
 
+def test_launch_enters_the_first_arguments_device_only_when_it_is_not_current(monkeypatch):
+    entered, launched = [], []
+
+    class Device:  # stands in for torch.cuda.device: records which device was entered
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            entered.append(self.index)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(_launch, "_cuda_index", lambda arg: arg)  # "tensors" that are device indices
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(_launch, "_launch_current", lambda k, g, device, args, kw: launched.append((device, args)))
+    _launch.launch(_kernel, (1,), 0, 5)
+    _launch.launch(_kernel, (1,), 1, 5)
+    assert entered == [1] and launched == [(0, (0, 5)), (1, (1, 5))]
+
+
 # --------------------------------------------------------------------------- GPU
 
 DEVICE = "cuda"
@@ -166,3 +188,29 @@ def test_gpu_direct_launch_small_kernel_ints_equal_to_one_and_other_configs(monk
             monkeypatch.setattr(_launch, "_ENABLED", True)
             for _ in range(2):
                 assert torch.equal(K.dds(x, w, meta, None, r, c, True, cfg), expected), (m, cfg)
+
+
+@pytest.mark.gpu
+def test_gpu_layer_on_a_device_that_is_not_current():
+    """Kernels run on their tensors' device: a layer on the last GPU while the first is current."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from tilesparse import BlockSparseLinear
+    from tilesparse.kernels.block_scatter import gather_blocks, scatter_blocks
+
+    device = torch.device("cuda", torch.cuda.device_count() - 1)
+    torch.cuda.set_device(0)
+    layer = BlockSparseLinear(384, 512, block_size=64, density=0.4, dtype=torch.bfloat16).to(device)
+    x = torch.randn(200, 384, device=device, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.float().square().sum().backward()
+    with torch.cuda.device(device):  # the same products with their device current
+        x2 = x.detach().clone().requires_grad_()
+        layer.zero_grad()
+        y2 = layer(x2)
+        y2.float().square().sum().backward()
+    assert torch.cuda.current_device() == 0
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
+    meta, rows, cols = layer.layout.meta_on(device), layer.layout.block_rows, layer.layout.block_cols
+    dense = scatter_blocks(layer.weight.detach(), meta, rows, cols)
+    assert dense.device == device and torch.equal(gather_blocks(dense, meta, rows, cols, 64), layer.weight.detach())

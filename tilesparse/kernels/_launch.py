@@ -18,6 +18,11 @@ second call with that key on: 6-9 µs less host time per product call on the H20
 must see (launch or pre-run hooks, e.g. a profiler's; the interpreter; CPU tensors;
 constexprs passed by position; argument kinds not handled here) take Triton's path.
 ``TILESPARSE_FAST_LAUNCH=0`` turns it off.
+
+Triton launches on the current CUDA device's stream. Every launch here runs on the device
+of its first argument (a tensor or a host TMA descriptor) instead, entering that device
+only when it is not already the current one, so a layer on ``cuda:1`` works while
+``cuda:0`` is current, as PyTorch's own operations do.
 """
 
 from __future__ import annotations
@@ -94,9 +99,12 @@ def _compile_knobs() -> tuple:
             knobs.runtime.override_arch)
 
 
-def _on_cuda(arg) -> bool:
+def _cuda_index(arg) -> int | None:
+    """The CUDA device index of a tensor or host TMA descriptor; None for anything else."""
     tensor = arg.base if type(arg) is TensorDescriptor else arg
-    return isinstance(tensor, torch.Tensor) and tensor.is_cuda
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+        return tensor.device.index
+    return None
 
 
 def _hooks_set() -> bool:
@@ -106,10 +114,25 @@ def _hooks_set() -> bool:
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, launched through the remembered compiled kernel
-    where one fits (see the module docstring). ``grid``: a tuple of 1-3 ints."""
+    """``kernel[grid](*args, **kwargs)`` on the device of ``args[0]``, launched through the
+    remembered compiled kernel where one fits (see the module docstring). ``grid``: a tuple
+    of 1-3 ints."""
+    index = _cuda_index(args[0]) if args else None
+    if index is None:
+        kernel[grid](*args, **kwargs)
+        return
+    current = torch.cuda.current_device()
+    if index == current:
+        _launch_current(kernel, grid, current, args, kwargs)
+        return
+    with torch.cuda.device(index):
+        _launch_current(kernel, grid, index, args, kwargs)
+
+
+def _launch_current(kernel, grid: tuple, device: int, args: tuple, kwargs: dict) -> None:
+    """The launch on ``device``, already the current CUDA device."""
     if not (_ENABLED and isinstance(kernel, JITFunction) and type(grid) is tuple
-            and args and _on_cuda(args[0]) and not kernel.pre_run_hooks and not _hooks_set()):
+            and not kernel.pre_run_hooks and not _hooks_set()):
         kernel[grid](*args, **kwargs)
         return
     tail_names = _constexpr_tail(kernel, len(args), tuple(kwargs))
@@ -120,7 +143,6 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     if tail_names is None:
         kernel[grid](*args, **kwargs)
         return
-    device = torch.cuda.current_device()
     key = (kernel, device, spec, tuple(kwargs.items()), _compile_knobs())
     compiled = _COMPILED.get(key)
     if compiled is None:

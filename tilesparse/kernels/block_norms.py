@@ -28,6 +28,7 @@ import triton.language as tl
 
 from ..layouts.magnitude import blockwise_norms
 from ._alloc import new_output
+from ._launch import launch
 from ._tiles import cdiv, tile_for
 from .bsmm import _input_precision
 
@@ -111,8 +112,8 @@ def block_grad_norms_triton(dy: torch.Tensor, x: torch.Tensor, block_size: int) 
     side = g * tile
     block_m = 32 if (side >= 128 or dy.dtype == torch.float32) else 64
     grid = (cdiv(rows, g) * cdiv(cols, g),)
-    _block_norms_kernel[grid](
-        dy, x, out,
+    launch(
+        _block_norms_kernel, grid, dy, x, out,
         m, rows, cols,
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1),
         B=block_size, TILE_B=tile, G=g, BLOCK_M=block_m,

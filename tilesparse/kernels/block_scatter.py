@@ -20,7 +20,6 @@ Both are copies (no arithmetic): bitwise equal to the references below. Offsets 
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 import triton
@@ -113,12 +112,6 @@ def _warps(b: int) -> int:
     return 8 if next_power_of_2(b) * next_power_of_2(b) * _group(b) >= 128 * 128 else 4
 
 
-def _on_device(t: torch.Tensor):
-    """The tensor's CUDA device as the current one (the launcher uses the current device's
-    stream); nothing elsewhere."""
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 def scatter_blocks(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: int, *,
                    interpret: bool = False) -> torch.Tensor:
     """The dense [rows * b, cols * b] matrix of ``values`` [nnz, b, b] on the packed tables
@@ -134,9 +127,8 @@ def scatter_blocks(values: torch.Tensor, meta: torch.Tensor, rows: int, cols: in
     dense = new_output(rows * b, cols * b, dtype=values.dtype, device=values.device)
     group = _group(b)
     n_groups = cdiv(cols, group)
-    with _on_device(values):
-        launch(_scatter_kernel, (rows * n_groups,), values, slot_map(meta, rows, cols), dense, cols, n_groups,
-               dense.stride(0), B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
+    launch(_scatter_kernel, (rows * n_groups,), values, slot_map(meta, rows, cols), dense, cols, n_groups,
+           dense.stride(0), B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
     return dense
 
 
@@ -154,7 +146,6 @@ def gather_blocks(dense: torch.Tensor, meta: torch.Tensor, rows: int, cols: int,
         return gather_reference(dense, meta, rows, cols, b)
     values = new_output(nnz, b, b, dtype=dense.dtype, device=dense.device)
     group = _group(b)
-    with _on_device(dense):
-        launch(_gather_kernel, (cdiv(nnz, group),), dense, row_of, row_cols, values, nnz, dense.stride(0),
-               B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
+    launch(_gather_kernel, (cdiv(nnz, group),), dense, row_of, row_cols, values, nnz, dense.stride(0),
+           B=b, BP=next_power_of_2(b), G=group, num_warps=_warps(b))
     return values

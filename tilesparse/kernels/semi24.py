@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ._alloc import new_output, poison_enabled
+from ._launch import launch
 from ._tiles import cdiv
 
 
@@ -198,7 +199,7 @@ def prune_24_rows(w: torch.Tensor, block_g: int = 256) -> tuple[torch.Tensor, to
     mask = _new_mask(n, k, w.device)
     n_groups = n * k // 4
     if n_groups:
-        _prune_rows_kernel[(cdiv(n_groups, block_g),)](w, out, mask, n_groups, BLOCK_G=block_g)
+        launch(_prune_rows_kernel, (cdiv(n_groups, block_g),), w, out, mask, n_groups, BLOCK_G=block_g)
     return out, mask.view(torch.bool)
 
 
@@ -215,8 +216,8 @@ def _launch_transposable(w, greedy, write_values, block_t):
     n_tiles = (n // 4) * (k // 4)
     if n_tiles:
         rows_table, bits_table = _tables(w.device)
-        _transposable_kernel[(cdiv(n_tiles, block_t),)](
-            w, mask, out, out_t, rows_table, bits_table,
+        launch(
+            _transposable_kernel, (cdiv(n_tiles, block_t),), w, mask, out, out_t, rows_table, bits_table,
             n, k, n_tiles, k // 4,
             BLOCK_T=block_t, GREEDY=greedy, WRITE_VALUES=write_values,
         )
@@ -246,7 +247,6 @@ def apply_mask_and_transpose(
     out = new_output(n, k, dtype=w.dtype, device=w.device)
     out_t = new_output(k, n, dtype=w.dtype, device=w.device)
     if out.numel():
-        _apply_transpose_kernel[(cdiv(n, block_n), cdiv(k, block_k))](
-            w, mask, out, out_t, n, k, BLOCK_N=block_n, BLOCK_K=block_k
-        )
+        launch(_apply_transpose_kernel, (cdiv(n, block_n), cdiv(k, block_k)),
+               w, mask, out, out_t, n, k, BLOCK_N=block_n, BLOCK_K=block_k)
     return out, out_t

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._tiles import cdiv
+from ._launch import launch
 
 
 @triton.jit
@@ -66,9 +67,8 @@ def pack_kept_rows(weight: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, 
     m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     sw, sm = weight.stride(), m.stride()
     strides = (sw[1], sw[0], sm[1], sm[0]) if transposed else (sw[0], sw[1], sm[0], sm[1])
-    _pack_kept_rows_kernel[(cdiv(rows, block_r), cdiv(cols, block_c))](
-        weight, m, out, rows, cols, *strides, BLOCK_R=block_r, BLOCK_C=block_c,
-    )
+    launch(_pack_kept_rows_kernel, (cdiv(rows, block_r), cdiv(cols, block_c)),
+           weight, m, out, rows, cols, *strides, BLOCK_R=block_r, BLOCK_C=block_c)
     return out
 
 
