@@ -30,6 +30,7 @@ from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import attention_stored_ds  # noqa: E402
 from tilesparse.kernels import block_scatter  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
+from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
@@ -210,6 +211,24 @@ def sdd_group_cases(quick: bool):
         yield f"sdd group b{block} G{group} swap={swap}", fn, sig, const, warps, stages, aligned
 
 
+def sdd_tile_cases(quick: bool):
+    """The dense-tile sdd (``bsmm_sdd_tile``): a tile of blocks per program, bf16; expected:
+    wgmma and cp.async pipelining (M and the strides along M divisible by 16)."""
+    fn = bsmm_sdd_tile._sdd_tile_kernel
+    # (block, tile rows, tile cols, block_m, warps, stages)
+    cases = ((16, 128, 128, 64, 8, 3),) if quick else \
+        ((16, 128, 128, 64, 8, 3), (16, 128, 128, 32, 4, 4), (32, 64, 128, 64, 4, 3), (32, 64, 64, 64, 4, 3),
+         (64, 128, 128, 64, 8, 3))
+    for block, rows, cols, block_m, warps, stages in cases:
+        const = dict(B=block, TILE_R=rows, TILE_C=cols, BLOCK_M=block_m, INPUT_PRECISION="ieee",
+                     stride_ar=1, stride_bc=1)
+        sig = {name: "constexpr" if name in const else "*i32" if name == "slots_ptr"
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                   if name.endswith("_ptr") or name in ("M", "stride_am", "stride_bm")}
+        yield f"sdd tile b{block} {rows}x{cols} m{block_m}", fn, sig, const, warps, stages, aligned
+
+
 def ws_cases(quick: bool):
     """The warp-specialized persistent kernels (Gluon, ``bsmm_ws``): dds fprop and bprop at
     b 128 and 64 (bf16; fp32 as TF32), sdd at b 128 and 64; expected: wgmma, and the
@@ -297,6 +316,7 @@ def main() -> int:
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
+            *sdd_tile_cases(args.quick),
             *ws_cases(args.quick),
             *attention_ws_cases(args.quick)):
         try:

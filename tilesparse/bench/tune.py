@@ -23,6 +23,7 @@ from ..kernels import tuned
 from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
 from ..kernels.bsmm_sdd_group import SddGroupConfig
+from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
 from .matmul import DTYPES
@@ -119,13 +120,19 @@ _SDD_GROUPS = {
 
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
-    or device TMA descriptors; several blocks of a block-row per program (16-bit); on
-    Hopper the warp-specialized kernel at b 64 and 128."""
+    or device TMA descriptors; several blocks of a block-row per program and dense tiles of
+    blocks (16-bit, small blocks); on Hopper the warp-specialized kernel at b 64 and 128."""
     tile = tile_for(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
             yield K.KernelConfig(bm, tile, warps, stages)
         return
+    # dense tiles of blocks, only the stored ones written (wasted products on the empty
+    # blocks of non-empty tiles, full-width MMAs): power-of-two blocks up to 64
+    if block == tile and block <= 64:
+        for rows, cols, bm, warps, stages in ((128, 128, 64, 8, 3), (128, 128, 32, 4, 4), (64, 128, 64, 4, 3),
+                                              (64, 64, 64, 4, 3)):
+            yield SddTileConfig(rows, cols, bm, warps, stages)
     # grouped: several blocks of a block-row per program, sharing each dY^T tile (the panel
     # as the MMA's M side below b 64, where the block alone is too narrow for wgmma)
     for group, warps, stages, swap in _SDD_GROUPS.get(tile, ()):

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import bsmm_panel, bsmm_sdd_group, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_sdd, tuned, ws_schedule
+from . import bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_sdd, tuned, ws_schedule
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -372,13 +372,16 @@ def sdd(
     block_size: int,
     block_rows: int,
     block_cols: int,
-    config: KernelConfig | bsmm_ws.WsConfig | bsmm_sdd_group.SddGroupConfig | None = None,
+    config: KernelConfig | bsmm_ws.WsConfig | bsmm_sdd_group.SddGroupConfig | bsmm_sdd_tile.SddTileConfig
+    | None = None,
 ) -> torch.Tensor:
     """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
     ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
     ``block_m`` is the M step (opt-in: on the H200 it matched the Triton sdd at b 128 and
     lost at b 64). ``bsmm_sdd_group.SddGroupConfig``: several blocks of a block-row per
-    program, sharing each A tile (small blocks; opt-in or tuned).
+    program, sharing each A tile (small blocks; opt-in or tuned). ``bsmm_sdd_tile.SddTileConfig``:
+    a dense tile of blocks per program, only the stored ones written (small blocks; opt-in
+    or tuned).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -419,6 +422,12 @@ def sdd(
             cfg = None  # a tuned entry too wide (or too big) for this block size: the heuristic below
         else:
             bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)
+            return values
+    if isinstance(cfg, bsmm_sdd_tile.SddTileConfig):
+        if config is None and not cfg.fits(block_size):
+            cfg = None  # a tuned entry for block sizes its tiles do not fit: the heuristic below
+        else:
+            bsmm_sdd_tile.launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, cfg)
             return values
     if not isinstance(cfg, KernelConfig):  # nothing measured (or an entry of another kernel's kind)
         cfg = sdd_config(m, block_size, nnz, a.dtype, a.device)

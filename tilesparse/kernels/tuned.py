@@ -15,7 +15,8 @@ the block-sparse W [N, K]): an entry for that weight only (``tilesparse tune
 splits depend on how many output tiles the weight makes. A config is one of the launchers' kinds:
 ``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
 (small blocks, several output block-columns per program), ``WsConfig`` (Hopper
-warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per program).
+warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per program),
+``SddTileConfig`` (updat, a dense tile of several blocks per program, only stored blocks written).
 
 Sources, later ones overriding earlier: the tables shipped with the package
 (``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
@@ -104,10 +105,11 @@ def _gpu_slug(index: int) -> str:
 
 
 def _kinds() -> dict:
-    from . import bsmm, bsmm_panel, bsmm_sdd_group, bsmm_small, bsmm_ws  # late: bsmm imports this module
+    from . import bsmm, bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_ws  # late: bsmm imports this
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
-            "ws": bsmm_ws.WsConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig}
+            "ws": bsmm_ws.WsConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig,
+            "sdd_tile": bsmm_sdd_tile.SddTileConfig}
 
 
 def to_json(config) -> dict:

@@ -1,0 +1,123 @@
+"""Dense-tile variant of sdd (updat, dW = dY^T X on the layout) for small blocks: each
+program computes a whole [TR, TC] tile of the dense product, a grid of blocks, with
+full-width MMAs, and stores only the tile's stored blocks.
+
+The one-block kernel (:mod:`tilesparse.kernels.bsmm`) computes each stored block alone.
+At b 16 that is a 16 x 16 x BM product per step: the MMA is too narrow to run at speed
+and every block re-reads its own dY^T and X slices. On the H200 updat at b 16, W 12288²,
+took 0.58 ms at 128 rows and density 0.5 (dense's whole dW: ~0.09 ms) and 1.73 ms at 512
+rows; the grouped kernel (:mod:`tilesparse.kernels.bsmm_sdd_group`) did not beat it
+there (``bench/results/...-tune-updat-small-m-ae2565b.log``). Here a program owns the
+tile of block-rows ``[tr * GR, (tr + 1) * GR)`` and block-columns ``[tc * GC, ...)``
+(GR = TR / b, GC = TC / b): it skips the tile when no block of it is stored, else runs
+the dense product over the reduction and writes each stored block to its slot in
+``values`` (the layout's slot map, :func:`tilesparse.kernels.block_scatter.slot_map`),
+the rest of the tile is discarded. The products of the layout's empty blocks inside
+non-empty tiles are wasted work: at density d and GR x GC blocks a tile, about 1/d times
+the useful work when tiles are mostly non-empty. That pays where the one-block kernel
+runs at a small fraction of the MMA's rate (small blocks), and costs where blocks are
+large or density low; measured choices live in the tuned table.
+
+Each stored block is written by one program with its reduction in a fixed order:
+bitwise deterministic. Needs a power-of-two block size no larger than the tile sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from ._launch import launch
+from ._tiles import cdiv, check_power_of_two
+from .block_scatter import slot_map
+
+__all__ = ["SddTileConfig", "launch_sdd_tile"]
+
+
+@triton.jit
+def _sdd_tile_kernel(
+    a_ptr, b_ptr, out_ptr, slots_ptr,
+    M, block_rows, block_cols, tile_cols,
+    stride_ar, stride_am, stride_bm, stride_bc,
+    B: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_M: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """Program (tr, tc) (one axis, row-major over tiles): out[slot] = (A @ B)[block] for
+    each stored block of the tile. a [R*B, M] strided (dY^T), b [M, C*B] strided (X)."""
+    GR: tl.constexpr = TILE_R // B
+    GC: tl.constexpr = TILE_C // B
+    pid = tl.program_id(0)
+    tr = pid // tile_cols
+    tc = pid % tile_cols
+    block_r = tr * GR + tl.arange(0, GR)
+    block_c = tc * GC + tl.arange(0, GC)
+    slots = tl.load(slots_ptr + block_r[:, None].to(tl.int64) * block_cols + block_c[None, :],
+                    mask=(block_r < block_rows)[:, None] & (block_c < block_cols)[None, :], other=-1)
+    if tl.max(tl.max(slots, axis=1), axis=0) >= 0:  # else: no stored block in this tile
+        rows = tr.to(tl.int64) * TILE_R + tl.arange(0, TILE_R)
+        cols = tc.to(tl.int64) * TILE_C + tl.arange(0, TILE_C)
+        offs_m = tl.arange(0, BLOCK_M)
+        rows_ok = rows < block_rows * B
+        cols_ok = cols < block_cols * B
+        a_ptrs = a_ptr + rows[:, None] * stride_ar + offs_m[None, :] * stride_am
+        b_ptrs = b_ptr + offs_m[:, None] * stride_bm + cols[None, :] * stride_bc
+        acc = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
+        for m0 in range(0, M, BLOCK_M):
+            m_ok = (m0 + offs_m) < M
+            a = tl.load(a_ptrs, mask=rows_ok[:, None] & m_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=m_ok[:, None] & cols_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_M * stride_am
+            b_ptrs += BLOCK_M * stride_bm
+        # the tile as [GR, B, GC, B]: element (i, j) of block (gr, gc) goes to
+        # out[slots[gr, gc], i, j]; no permute, the pointers carry the block order
+        out = tl.reshape(acc.to(out_ptr.dtype.element_ty), (GR, B, GC, B))
+        slot4 = tl.reshape(slots, (GR, 1, GC, 1))
+        offs_i = tl.arange(0, B)
+        out_ptrs = out_ptr + slot4.to(tl.int64) * (B * B) + offs_i[None, :, None, None] * B \
+            + offs_i[None, None, None, :]
+        tl.store(out_ptrs, out, mask=slot4 >= 0)
+
+
+@dataclass(frozen=True)
+class SddTileConfig:
+    """Launch parameters of the dense-tile sdd: a [tile_rows, tile_cols] tile of dW per
+    program (a grid of blocks), ``block_m`` the reduction step."""
+
+    tile_rows: int = 128
+    tile_cols: int = 128
+    block_m: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("tile_rows", "tile_cols", "block_m"):
+            check_power_of_two(self, name, minimum=16)
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"SddTileConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
+                             f"got {self.num_warps!r}, {self.num_stages!r}")
+
+    def fits(self, block_size: int) -> bool:
+        """Whether blocks of ``block_size`` tile the program's tile: a power of two no
+        larger than either side."""
+        return (block_size >= 1 and block_size & (block_size - 1) == 0
+                and block_size <= min(self.tile_rows, self.tile_cols))
+
+
+def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, config: SddTileConfig) -> None:
+    """values[z] = (A @ B)[block z] for every stored block; a [R*b, M], b [M, C*b], values
+    [nnz, b, b] (nnz > 0, M > 0), as prepared by ``bsmm.sdd``."""
+    block_size = values.shape[-1]
+    if not config.fits(block_size):
+        raise ValueError(f"{config} needs a power-of-two block size no larger than its tile sides, got "
+                         f"block size {block_size}")
+    tile_rows = cdiv(block_rows * block_size, config.tile_rows)
+    tile_cols = cdiv(block_cols * block_size, config.tile_cols)
+    launch(_sdd_tile_kernel, (tile_rows * tile_cols,),
+           a, b, values, slot_map(meta, block_rows, block_cols),
+           a.shape[1], block_rows, block_cols, tile_cols,
+           a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+           B=block_size, TILE_R=config.tile_rows, TILE_C=config.tile_cols, BLOCK_M=config.block_m,
+           INPUT_PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages)
