@@ -15,6 +15,7 @@ from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_panel import PanelConfig
 from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig
+from tilesparse.kernels.bsmm_sdd_tile import SddTileConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
 from tilesparse.kernels.bsmm_ws import WsConfig
 from tolerances import assert_close
@@ -183,11 +184,14 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
     assert all(isinstance(c, kinds) for c in dds)
-    assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig)) for c in sdd)
+    assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig, SddTileConfig)) for c in sdd)
     assert any(isinstance(c, SddGroupConfig) for c in sdd) == (not fp32)
+    assert any(isinstance(c, SddTileConfig) for c in sdd) == (not fp32 and block <= 64)
     for c in sdd:
         if isinstance(c, SddGroupConfig):
             c.check_block(block)  # the panel fits
+        if isinstance(c, SddTileConfig):
+            assert c.fits(block)
     assert any(isinstance(c, WsConfig) for c in sdd) == (not fp32 and block >= 64)
     # the streaming kernel: at small M, at M 128-512 with the row tiles inner (16-bit), and
     # at large M as feature-major tiles (16-bit, b 16)
