@@ -99,6 +99,26 @@ def test_sdd_falls_back_from_a_tuned_tile_config_that_does_not_fit(monkeypatch):
     assert calls and all(c == "heuristic" for c in calls)
 
 
+def test_default_config_where_measured_faster():
+    from tilesparse.kernels.bsmm_sdd_tile import default_config
+
+    assert default_config(128, 16, 0.5) == SddTileConfig(128, 128, 32, 4, 4)
+    assert default_config(8192, 16, 0.25) == SddTileConfig(128, 128, 64, 8, 3)
+    assert default_config(128, 16, 0.1) is None and default_config(256, 16, 0.1) is not None
+    assert default_config(512, 32, 0.5) is not None and default_config(512, 32, 0.25) is None
+    assert default_config(8192, 64, 0.5) is None and default_config(8192, 128, 0.5) is None
+    assert default_config(64, 16, 0.5) is None  # fewer rows than measured
+
+
+def test_sdd_on_cpu_keeps_the_one_block_kernel_without_a_config(monkeypatch):
+    """The measured default is for CUDA 16-bit inputs; the interpreter path is unchanged."""
+    monkeypatch.setattr(kernels.bsmm_sdd_tile, "launch_sdd_tile", lambda *args: pytest.fail("tile kernel chosen"))
+    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: None)
+    layout = make_layout("full", 3, 3, 16)
+    dy, x = torch.randn(256, 48).half(), torch.randn(256, 48).half()
+    kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 16, 3, 3)
+
+
 def test_sdd_tile_config_round_trips_through_the_tuned_table_format():
     cfg = SddTileConfig(64, 128, 32, 4, 4)
     assert tuned.from_json(tuned.to_json(cfg)) == cfg
@@ -124,3 +144,15 @@ def test_tile_sdd_is_bitwise_deterministic_gpu():
     meta = layout.meta_on("cuda")
     runs = [kernels.sdd(dy.t(), x, meta, 16, 40, 40, config=SddTileConfig()) for _ in range(3)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_sdd_default_on_cuda_takes_the_tile_kernel_where_measured_faster(monkeypatch, dtype):
+    calls = []
+    original = kernels.bsmm_sdd_tile.launch_sdd_tile
+    monkeypatch.setattr(kernels.bsmm_sdd_tile, "launch_sdd_tile", lambda *args: calls.append(1) or original(*args))
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")  # the heuristic's choice, not a tuned entry
+    got, expected = _run("full", 16, None, 300, dtype, "cuda", grid=(12, 10))
+    assert calls == [1]
+    assert_close(got, expected, dtype, "default sdd b16 full layout, 300 rows")

@@ -423,6 +423,8 @@ def sdd(
         else:
             bsmm_sdd_group.launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, cfg)
             return values
+    if cfg is None and a.is_cuda and precision != "tf32" and a.dtype != torch.float32:
+        cfg = bsmm_sdd_tile.default_config(m, block_size, nnz / max(1, block_rows * block_cols))
     if isinstance(cfg, bsmm_sdd_tile.SddTileConfig):
         if config is None and not cfg.fits(block_size):
             cfg = None  # a tuned entry for block sizes its tiles do not fit: the heuristic below

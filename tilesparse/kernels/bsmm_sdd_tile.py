@@ -33,7 +33,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .block_scatter import slot_map
 
-__all__ = ["SddTileConfig", "launch_sdd_tile"]
+__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile"]
 
 
 @triton.jit
@@ -104,6 +104,20 @@ class SddTileConfig:
         larger than either side."""
         return (block_size >= 1 and block_size & (block_size - 1) == 0
                 and block_size <= min(self.tile_rows, self.tile_cols))
+
+
+def default_config(m: int, block_size: int, density: float) -> SddTileConfig | None:
+    """The dense-tile config where it was measured faster than the one-block kernel's
+    heuristic on the H200 (bf16, ``tilesparse tune`` at 80802f3, W 12288² at 128-512 rows
+    and 8192x4096²: b 16 at density >= 0.25 by 1.9-7.7x, at 0.1 from 256 rows by 1.1-1.6x;
+    b 32 at 0.5 by 1.1-1.9x; it lost at b 32 below 0.5 and b 64), else None (also below
+    128 rows: not measured). For 16-bit
+    inputs on CUDA where no tuned entry applies (``bsmm.sdd`` asks)."""
+    if m < 128:  # not measured
+        return None
+    if block_size == 16 and (density >= 0.2 or (density >= 0.08 and m >= 256)) or block_size == 32 and density >= 0.4:
+        return SddTileConfig(128, 128, 32, 4, 4) if m <= 256 else SddTileConfig(128, 128, 64, 8, 3)
+    return None
 
 
 def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, config: SddTileConfig) -> None:
