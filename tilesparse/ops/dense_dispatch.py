@@ -1,31 +1,30 @@
 """Block-sparse linear layers measured slower than dense: say so, and run them as dense.
 
 Small blocks at high density lose to cuBLAS: on the H200 the eager training step
-(fprop + bprop + updat) at b 16, density 0.1 ran at 0.65-0.79x of dense's speed and at
-b 32, density 0.5 at 0.44-0.57x (``bench/results/2026-11-30-nvidia-h200-large-all-blocks-
-6d479c1.csv``, bf16, M 8192 and 16384, four weight shapes). There
+(fprop + bprop + updat) at b 16, density 0.25 ran at 0.49-0.56x of dense's speed and at
+b 32, density 0.5 at 0.59-0.76x (``bench/results/2026-12-01-nvidia-h200-large-b16-32-
+5af8cc4.csv``, bf16, M 8192 and 16384, four weight shapes). There
 :func:`tilesparse.ops.block_sparse_linear` warns once per configuration and runs such calls
 as dense (:class:`_DenseLinear`: the blocks scattered into a dense weight for the matmul,
 saved as blocks and scattered again in the backward, the blocks' gradient gathered from the
 dense one; the dense weight lives only for the matmul; the copies are Triton kernels that
-pass over the dense bytes once, :mod:`tilesparse.kernels.block_scatter`, written after the
-timings below, which used PyTorch indexing). ``TILESPARSE_DENSE_DISPATCH=0``
-keeps the kernels there (still warning). Timed on the H200 (twelfth session,
-``scripts/probes/dense_dispatch_ab.py``, 8192x4096², bf16, eager): b 16 at density 0.25
-forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43 and
-6.44 -> 1.32 ms; b 32 at 0.5 0.56 -> 0.42 and 2.07 -> 1.31 ms.
+pass over the dense bytes once, :mod:`tilesparse.kernels.block_scatter`: a 12288² scatter
+at density 0.5 0.55 -> 0.11 ms against PyTorch indexing). ``TILESPARSE_DENSE_DISPATCH=0``
+keeps the kernels there (still warning). Timed on the H200 (twelfth session, PyTorch
+indexing copies, ``scripts/probes/dense_dispatch_ab.py``, 8192x4096², bf16, eager): b 16 at
+density 0.25 forward 0.96 -> 0.39 ms and training step 3.81 -> 1.21 ms; at 0.5 1.34 -> 0.43
+and 6.44 -> 1.32 ms; b 32 at 0.5 0.56 -> 0.42 and 2.07 -> 1.31 ms.
 
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
 smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
 (:mod:`tilesparse.ops.small_speedups`, W 12288²) decide for weights of at least a quarter
-of that size (``SMALL_MIN_WEIGHT``), and such calls only warn: as
-dense, each call would scatter the whole weight, more traffic than the product itself
-(at density 0.5, b 16 measured 0.25-1.17x of dense and b 32 0.61-0.69x at 128-512 rows;
-b 64 / 128 are faster than dense there). Timed directly at 128-512 rows
-(``scripts/probes/dense_dispatch_ab.py --ms``, ``...-dense-dispatch-small-ca2277b.json``),
-the dense path's forward took 0.28-0.75 ms against the kernels' 0.07-0.97 ms: faster only
-for b 16 at 512 rows and density >= 0.25 (0.74 against 0.97 ms at 0.5).
+of that size (``SMALL_MIN_WEIGHT``). There the dense path scatters the whole weight every
+call, traffic comparable to the product itself, so a call slower than dense runs as dense
+only where the model :func:`small_dense_path_faster` says the dense path, copies included,
+is faster (timed at 128-512 rows, ``...-dense-dispatch-small-5af8cc4.json``: forward b 16 at
+density 0.5 from 128 rows, 0.25 from 256 and b 32 at 0.5 at 512; training b 16 at 0.5 from
+256 rows and at 0.25 at 512), and only warns elsewhere.
 513-8191 rows were not timed: nothing is claimed there. The crossover density of
 each block size is where the measured speedup (the geometric mean over the four shapes),
 interpolated linearly in log speedup against log density between the densities timed,
@@ -51,38 +50,58 @@ from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
 from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
-__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate",
-           "measured_speedup", "run_dense", "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
+__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_ROWS", "SPEEDUPS", "crossover_density",
+           "speedup_estimate", "measured_speedup", "small_dense_path_faster", "small_path_ratio", "run_dense", "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
-SMALL_ROWS = 512  # at most this many rows: the small suite's measurements (warned, never dispatched)
+SMALL_ROWS = 512  # at most this many rows: the small suite's measurements and the dense path's model
 # ... for weights of at least a quarter of the measured one's elements (smaller ones, down to
 # L2-resident and launch-bound sizes, were not measured the same way)
 SMALL_MIN_WEIGHT = math.prod(map(int, WEIGHT.split("x"))) // 4
 
 # GPU -> op -> block size -> ((density, speedup over dense), ...): the geometric mean over the
 # suite's four shapes (8192x4096², 16384x8192², W [11008, 4096] and its transpose) of the eager
-# speedup, bf16; at each point the larger of two runs of the suite on the H200:
+# speedup, bf16; at each point the larger of the runs of the suite on the H200:
 # bench/results/2026-11-30-nvidia-h200-large-all-blocks-6d479c1.csv (b 128 from ...-large.csv
-# at d7adee3) and ...-large.csv at 0be56bf (the balanced warp-specialized kernel at b 128).
+# at d7adee3), ...-large.csv at 0be56bf (the balanced warp-specialized kernel at b 128) and,
+# for b 16 / 32, 2026-12-01-nvidia-h200-large-b16-32-5af8cc4.csv (updat through the
+# dense-tile sdd: b 16's step 0.17-1.40x -> 0.37-1.47x).
 # The lent machines' hosts differ (eager rows of the 4096² shape are host-bound on slow
-# ones); the larger of the two is the kernels' speed with the least host in the way.
+# ones); the larger of the runs is the kernels' speed with the least host in the way.
 SPEEDUPS = {
     "nvidia-h200": {
         "step": {
-            16: ((0.05, 1.401), (0.1, 0.727), (0.25, 0.290), (0.5, 0.168)),
-            32: ((0.05, 3.644), (0.1, 2.218), (0.25, 1.023), (0.5, 0.512)),
+            16: ((0.05, 1.469), (0.1, 0.975), (0.25, 0.532), (0.5, 0.372)),
+            32: ((0.05, 3.745), (0.1, 2.513), (0.25, 1.120), (0.5, 0.696)),
             64: ((0.05, 4.163), (0.1, 3.691), (0.25, 1.958), (0.5, 1.127)),
             128: ((0.05, 4.002), (0.1, 3.708), (0.25, 2.963), (0.5, 1.725)),
         },
         "fprop": {
-            16: ((0.05, 1.903), (0.1, 1.021), (0.25, 0.423), (0.5, 0.280)),
-            32: ((0.05, 5.404), (0.1, 3.129), (0.25, 1.352), (0.5, 0.706)),
+            16: ((0.05, 1.932), (0.1, 1.036), (0.25, 0.430), (0.5, 0.285)),
+            32: ((0.05, 5.431), (0.1, 3.137), (0.25, 1.360), (0.5, 0.706)),
             64: ((0.05, 7.725), (0.1, 4.958), (0.25, 2.449), (0.5, 1.305)),
             128: ((0.05, 8.549), (0.1, 6.873), (0.25, 3.376), (0.5, 1.847)),
         },
     },
 }
+
+# GPU -> (the dense path's block copy over cuBLAS's product at few rows, per weight byte;
+# the row count from which cuBLAS's product is compute-bound): the dense path at <= SMALL_ROWS
+# rows costs about dense x (1 + small_path_ratio). H200 (ae2565b): the Triton scatter of a
+# 12288² weight ran at 3.9 TB/s (0.114 ms at density 0.5, 0.087 at 0.1), cuBLAS's forward
+# at 128 rows at 3.55 TB/s on the weight bytes (0.085 ms) and at 512 rows at ~670 TF/s
+# (0.23 ms): copy 3.55 / 3.9 = 0.91 of the product per byte; compute-bound from
+# 670e12 * 2 B / (2 * 3.55e12) = 189 rows.
+SMALL_PATH = {"nvidia-h200": (0.91, 189)}
+
+
+def small_path_ratio(gpu: str, rows: int, density: float) -> float | None:
+    """The dense path's extra time (the scatter of (1 + density) weight-sized passes) over
+    cuBLAS's product at ``rows`` rows, or None where not measured."""
+    if gpu not in SMALL_PATH:
+        return None
+    copy, knee = SMALL_PATH[gpu]
+    return (1.0 + density) * copy / max(1.0, rows / knee)
 
 
 def speedup_estimate(points: tuple, density: float) -> float:
@@ -184,13 +203,16 @@ def run_dense(x: torch.Tensor, block_size: int, density: float, training: bool,
 def _decide(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: float, training: bool,
             weight_elements: int | None = None) -> bool:
     """:func:`run_dense`'s decision for a call on ``gpu`` (a name slug) with ``rows`` rows
-    of activations: warn once where measured slower than dense; True (run as dense) only
-    at MIN_ROWS rows or more, with dense dispatch on and outside deterministic mode."""
+    of activations: warn once where measured slower than dense; True (run as dense) with
+    dense dispatch on and outside deterministic mode, at MIN_ROWS rows or more where slower
+    than dense, and at most SMALL_ROWS rows where the dense path, its block copies
+    included, is faster (:func:`small_dense_path_faster`)."""
     speedup = measured_speedup(gpu, dtype, rows, block_size, density, training, weight_elements)
     if speedup is None or speedup >= 1.0:
         return False
     small = rows <= SMALL_ROWS
-    dispatch = enabled() and not torch.are_deterministic_algorithms_enabled() and not small
+    dispatch = enabled() and not torch.are_deterministic_algorithms_enabled() and (
+        not small or small_dense_path_faster(gpu, rows, density, training, speedup))
     what = ("forward and backward products" if small else "training step") if training else "forward"
     if small:
         what += f" near {rows} rows"
@@ -198,10 +220,23 @@ def _decide(gpu: str, dtype: torch.dtype, rows: int, block_size: int, density: f
     return dispatch
 
 
+def small_dense_path_faster(gpu: str, rows: int, density: float, training: bool, speedup: float) -> bool:
+    """At most SMALL_ROWS rows: whether the dense path beats kernels measured at ``speedup``
+    of dense, by the model ``speedup < 1 / (1 + k * small_path_ratio)``: k = 1 for the
+    forward (one scatter; it matched all 18 forward points timed on the H200 at 128-512 rows,
+    b 16 / 32, density 0.1-0.5, ``bench/results/2026-12-01-nvidia-h200-dense-dispatch-small-
+    5af8cc4.json``), k = 2 for training (two scatters and a gather per step, and more host
+    time; fitted to the 18 eager steps of the same run: 17 decided as timed, one left on the
+    kernels where the dense path was 1.12x faster)."""
+    ratio = small_path_ratio(gpu, rows, density)
+    return ratio is not None and speedup < 1.0 / (1.0 + (2.0 if training else 1.0) * ratio)
+
+
 @functools.lru_cache(maxsize=None)
 def _warn_once(block_size: int, density: float, what: str, speedup: float, dispatch: bool, small: bool) -> None:
-    if small:
-        action = "is slower than dense here and runs its kernels (as dense, every call would scatter the weight)"
+    if small and not dispatch:
+        action = ("is slower than dense here and runs its kernels (the dense path, which scatters the weight "
+                  "every call, was not measured faster)")
     elif dispatch:
         action = "runs as dense here"
     else:
