@@ -104,10 +104,18 @@ def test_launch_enters_the_first_arguments_device_only_when_it_is_not_current(mo
     monkeypatch.setattr(_launch, "_cuda_index", lambda arg: arg)  # "tensors" that are device indices
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(_launch, "_launch_current", lambda k, g, device, args, kw: launched.append((device, args)))
     _launch.launch(_kernel, (1,), 0, 5)
     _launch.launch(_kernel, (1,), 1, 5)
     assert entered == [1] and launched == [(0, (0, 5)), (1, (1, 5))]
+    # while a CUDA graph is captured on the current device, another device's launch would
+    # run once outside the graph: refused, naming both devices
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="cuda:1 while a CUDA graph is being captured on cuda:0"):
+        _launch.launch(_kernel, (1,), 1, 5)
+    _launch.launch(_kernel, (1,), 0, 5)  # the current device's launch is captured as usual
+    assert entered == [1] and len(launched) == 3
 
 
 # --------------------------------------------------------------------------- GPU
@@ -199,6 +207,7 @@ def test_gpu_layer_on_a_device_that_is_not_current():
     from tilesparse.kernels.block_scatter import gather_blocks, scatter_blocks
 
     device = torch.device("cuda", torch.cuda.device_count() - 1)
+    previous = torch.cuda.current_device()
     torch.cuda.set_device(0)
     layer = BlockSparseLinear(384, 512, block_size=64, density=0.4, dtype=torch.bfloat16).to(device)
     x = torch.randn(200, 384, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -214,3 +223,4 @@ def test_gpu_layer_on_a_device_that_is_not_current():
     meta, rows, cols = layer.layout.meta_on(device), layer.layout.block_rows, layer.layout.block_cols
     dense = scatter_blocks(layer.weight.detach(), meta, rows, cols)
     assert dense.device == device and torch.equal(gather_blocks(dense, meta, rows, cols, 64), layer.weight.detach())
+    torch.cuda.set_device(previous)

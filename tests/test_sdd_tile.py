@@ -61,13 +61,31 @@ def test_tile_sdd_block_as_large_as_the_tile_and_one_row_interpreter():
 
 @_interpreter
 def test_tile_sdd_is_bitwise_deterministic_and_writes_only_stored_blocks_interpreter():
+    from tilesparse.kernels.bsmm_sdd_tile import launch_sdd_tile
+
     layout = make_layout("random", 6, 6, 16)
     dy, x = torch.randn(70, 96), torch.randn(70, 96)
     meta = layout.meta_on("cpu")
     cfg = SddTileConfig(32, 64, block_m=32)
     runs = [kernels.sdd(dy.t(), x, meta, 16, 6, 6, config=cfg) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
-    assert runs[0].shape == (layout.nnz, 16, 16) and torch.isfinite(runs[0]).all()  # poisoned, all written
+    # the stored blocks inside a NaN-filled buffer with a guard block on each side: every
+    # stored block written, the guards untouched
+    buffer = torch.full((layout.nnz + 2, 16, 16), float("nan"))
+    launch_sdd_tile(dy.t(), x, buffer[1:-1], meta, 6, 6, "ieee", cfg)
+    assert torch.equal(buffer[1:-1], runs[0])
+    assert buffer[0].isnan().all() and buffer[-1].isnan().all()
+
+
+@_interpreter
+def test_tile_sdd_other_operand_strides_interpreter():
+    """A contiguous along M (dY^T materialized) and X with a column stride of 2."""
+    layout = make_layout("random", 5, 3, 16)
+    rows, cols = layout.shape
+    dy_t = torch.randn(rows, 40)  # [R*b, M], unit stride along M
+    x = torch.randn(40, 2 * cols)[:, ::2]  # [M, C*b], column stride 2
+    got = kernels.sdd(dy_t, x, layout.meta_on("cpu"), 16, 5, 3, config=SddTileConfig(32, 32, block_m=16))
+    assert_close(got, layout.gather(dy_t.double() @ x.double()), torch.float32, "tile sdd, other strides")
 
 
 def test_tile_sdd_config_checks_its_fields_and_block_size():
@@ -102,12 +120,47 @@ def test_sdd_falls_back_from_a_tuned_tile_config_that_does_not_fit(monkeypatch):
 def test_default_config_where_measured_faster():
     from tilesparse.kernels.bsmm_sdd_tile import default_config
 
-    assert default_config(128, 16, 0.5) == SddTileConfig(128, 128, 32, 4, 4)
-    assert default_config(8192, 16, 0.25) == SddTileConfig(128, 128, 64, 8, 3)
-    assert default_config(128, 16, 0.1) is None and default_config(256, 16, 0.1) is not None
-    assert default_config(512, 32, 0.5) is not None and default_config(512, 32, 0.25) is None
-    assert default_config(8192, 64, 0.5) is None and default_config(8192, 128, 0.5) is None
-    assert default_config(64, 16, 0.5) is None  # fewer rows than measured
+    hopper = dict(tiles=1024, sms=132, capability=9)
+    assert default_config(128, 16, 0.5, **hopper) == SddTileConfig(128, 128, 32, 4, 4)
+    assert default_config(8192, 16, 0.25, **hopper) == SddTileConfig(128, 128, 64, 8, 3)
+    assert default_config(128, 16, 0.1, **hopper) is None and default_config(256, 16, 0.1, **hopper) is not None
+    assert default_config(512, 32, 0.5, **hopper) is not None and default_config(512, 32, 0.25, **hopper) is None
+    assert default_config(8192, 64, 0.5, **hopper) is None and default_config(8192, 128, 0.5, **hopper) is None
+    assert default_config(64, 16, 0.5, **hopper) is None  # fewer rows than measured
+    assert default_config(8192, 16, 0.5, **{**hopper, "tiles": 4}) is None  # a small weight: SMs left idle
+    assert default_config(8192, 16, 0.5, **{**hopper, "capability": 8}) is None  # measured on Hopper only
+
+
+def test_tile_count_covers_partial_tiles():
+    from tilesparse.kernels.bsmm_sdd_tile import tile_count
+
+    assert tile_count(96, 96, 128, SddTileConfig()) == 96 * 96
+    assert tile_count(9, 1, 16, SddTileConfig()) == 2  # 144 rows: two 128-row tiles, one 16-wide column tile
+
+
+def test_sdd_wiring_takes_the_default_only_without_a_tuned_entry(monkeypatch):
+    """On CUDA (faked here: the launches are recorded, not run) a 16-bit sdd with no tuned
+    entry takes default_config; a tuned entry wins; fp32 keeps the one-block kernel."""
+    from tilesparse.kernels import bsmm_sdd_tile
+
+    chosen = []
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(kernels, "sm_count", lambda device: 4)
+    monkeypatch.setattr(kernels, "capability_major", lambda device: 9)
+    monkeypatch.setattr(bsmm_sdd_tile, "launch_sdd_tile", lambda *args: chosen.append(args[-1]))
+    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: chosen.append("one-block"))
+    layout = make_layout("full", 16, 16, 16)  # 256² weight: 4 tiles of 128²
+    meta = layout.meta_on("cpu")
+    dy, x = torch.randn(200, 256).half(), torch.randn(200, 256).half()
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: None)
+    kernels.sdd(dy.t(), x, meta, 16, 16, 16)
+    assert chosen == [SddTileConfig(128, 128, 32, 4, 4)]
+    kernels.sdd(dy.t().float(), x.float(), meta, 16, 16, 16)
+    assert chosen[-1] == "one-block"
+    tuned_cfg = SddTileConfig(64, 64, 32, 4, 3)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: tuned_cfg)
+    kernels.sdd(dy.t(), x, meta, 16, 16, 16)
+    assert chosen[-1] == tuned_cfg
 
 
 def test_sdd_on_cpu_keeps_the_one_block_kernel_without_a_config(monkeypatch):

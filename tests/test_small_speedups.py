@@ -103,6 +103,10 @@ def test_small_rows_run_as_dense_where_the_dense_path_model_says_faster(monkeypa
         assert dd._decide("nvidia-h200", torch.bfloat16, 256, 16, 0.5, True, BIG)
         assert dd._decide("nvidia-h200", torch.bfloat16, 512, 16, 0.25, True, BIG)
         assert not dd._decide("nvidia-h200", torch.bfloat16, 256, 16, 0.25, True, BIG)
+        # outside the range the dense path was timed in (128-512 rows, density <= 0.5): warn only
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 64, 16, 0.5, False, BIG)
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 512, 16, 0.75, False, BIG)
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 512, 64, 1.0, False, BIG)
         monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "0")
         assert not dd._decide("nvidia-h200", torch.bfloat16, 512, 16, 0.5, False, BIG)
     assert not dd.small_dense_path_faster("nvidia-a100-sxm4-80gb", 256, 0.5, False, 0.1)  # not measured there

@@ -103,7 +103,7 @@ def _cuda_index(arg) -> int | None:
     """The CUDA device index of a tensor or host TMA descriptor; None for anything else."""
     tensor = arg.base if type(arg) is TensorDescriptor else arg
     if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-        return tensor.device.index
+        return tensor.get_device()  # no torch.device object: this runs on every launch
     return None
 
 
@@ -125,6 +125,11 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     if index == current:
         _launch_current(kernel, grid, current, args, kwargs)
         return
+    if torch.cuda.is_current_stream_capturing():
+        # the other device's stream is not being captured: the kernel would run once now
+        # and be missing from the graph's replays
+        raise RuntimeError(f"a tilesparse kernel's tensors are on cuda:{index} while a CUDA graph is being "
+                           f"captured on cuda:{current}; capture on the device that holds them")
     with torch.cuda.device(index):
         _launch_current(kernel, grid, index, args, kwargs)
 

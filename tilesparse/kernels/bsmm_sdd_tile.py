@@ -33,7 +33,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .block_scatter import slot_map
 
-__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile"]
+__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile", "tile_count"]
 
 
 @triton.jit
@@ -58,19 +58,21 @@ def _sdd_tile_kernel(
     if tl.max(tl.max(slots, axis=1), axis=0) >= 0:  # else: no stored block in this tile
         rows = tr.to(tl.int64) * TILE_R + tl.arange(0, TILE_R)
         cols = tc.to(tl.int64) * TILE_C + tl.arange(0, TILE_C)
-        offs_m = tl.arange(0, BLOCK_M)
+        offs_m = tl.arange(0, BLOCK_M).to(tl.int64)  # M-strides can be large (int64 offsets)
         rows_ok = rows < block_rows * B
         cols_ok = cols < block_cols * B
         a_ptrs = a_ptr + rows[:, None] * stride_ar + offs_m[None, :] * stride_am
         b_ptrs = b_ptr + offs_m[:, None] * stride_bm + cols[None, :] * stride_bc
+        step_a = tl.full((), BLOCK_M, tl.int64) * stride_am  # int64 whether or not the stride is a constant
+        step_b = tl.full((), BLOCK_M, tl.int64) * stride_bm
         acc = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
         for m0 in range(0, M, BLOCK_M):
             m_ok = (m0 + offs_m) < M
             a = tl.load(a_ptrs, mask=rows_ok[:, None] & m_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=m_ok[:, None] & cols_ok[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-            a_ptrs += BLOCK_M * stride_am
-            b_ptrs += BLOCK_M * stride_bm
+            a_ptrs += step_a
+            b_ptrs += step_b
         # the tile as [GR, B, GC, B]: element (i, j) of block (gr, gc) goes to
         # out[slots[gr, gc], i, j]; no permute, the pointers carry the block order
         out = tl.reshape(acc.to(out_ptr.dtype.element_ty), (GR, B, GC, B))
@@ -106,18 +108,28 @@ class SddTileConfig:
                 and block_size <= min(self.tile_rows, self.tile_cols))
 
 
-def default_config(m: int, block_size: int, density: float) -> SddTileConfig | None:
+def default_config(m: int, block_size: int, density: float, tiles: int, sms: int,
+                   capability: int) -> SddTileConfig | None:
     """The dense-tile config where it was measured faster than the one-block kernel's
-    heuristic on the H200 (bf16, ``tilesparse tune`` at 80802f3, W 12288² at 128-512 rows
-    and 8192x4096²: b 16 at density >= 0.25 by 1.9-7.7x, at 0.1 from 256 rows by 1.1-1.6x;
-    b 32 at 0.5 by 1.1-1.9x; it lost at b 32 below 0.5 and b 64), else None (also below
-    128 rows: not measured). For 16-bit
-    inputs on CUDA where no tuned entry applies (``bsmm.sdd`` asks)."""
-    if m < 128:  # not measured
+    heuristic on the H200 (bf16, ``tilesparse tune`` at 80802f3 and 5af8cc4, W 12288² at
+    128-512 rows, 8192x4096² and 16384x8192²: b 16 at density 0.5 / 0.25 by 1.9-7.7x, at 0.1
+    from 256 rows by 1.1-1.6x; b 32 at 0.5 by 1.1-1.9x; it lost at b 32 below 0.5 and at b 64),
+    else None. The density cuts sit between the buckets timed (0.2 for b 16, 0.08 from 256
+    rows; 0.4 for b 32; densities between were not timed). Only where the measurements
+    apply: 128 rows or more, at least one ``tiles`` per SM (``sms``; the kernel does not
+    split the reduction, so small weights would leave SMs idle), and Hopper (``capability``
+    9: the 3-stage 128x128 tiles take ~96 KB of shared memory). For 16-bit inputs on CUDA
+    where no tuned entry applies (``bsmm.sdd`` asks)."""
+    if m < 128 or tiles < sms or capability != 9:
         return None
     if block_size == 16 and (density >= 0.2 or (density >= 0.08 and m >= 256)) or block_size == 32 and density >= 0.4:
         return SddTileConfig(128, 128, 32, 4, 4) if m <= 256 else SddTileConfig(128, 128, 64, 8, 3)
     return None
+
+
+def tile_count(block_rows: int, block_cols: int, block_size: int, config: SddTileConfig) -> int:
+    """Programs of the dense-tile kernel for a block grid (tiles, empty or not)."""
+    return cdiv(block_rows * block_size, config.tile_rows) * cdiv(block_cols * block_size, config.tile_cols)
 
 
 def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, config: SddTileConfig) -> None:

@@ -50,7 +50,8 @@ from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
 from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
-__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_ROWS", "SPEEDUPS", "crossover_density",
+__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_PATH_MAX_DENSITY",
+           "SMALL_PATH_MIN_ROWS", "SMALL_ROWS", "SPEEDUPS", "crossover_density",
            "speedup_estimate", "measured_speedup", "small_dense_path_faster", "small_path_ratio", "run_dense", "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
@@ -93,6 +94,8 @@ SPEEDUPS = {
 # (0.23 ms): copy 3.55 / 3.9 = 0.91 of the product per byte; compute-bound from
 # 670e12 * 2 B / (2 * 3.55e12) = 189 rows.
 SMALL_PATH = {"nvidia-h200": (0.91, 189)}
+SMALL_PATH_MIN_ROWS = 128  # the dense path was timed at 128-512 rows, density 0.1-0.5
+SMALL_PATH_MAX_DENSITY = 0.5
 
 
 def small_path_ratio(gpu: str, rows: int, density: float) -> float | None:
@@ -228,7 +231,10 @@ def small_dense_path_faster(gpu: str, rows: int, density: float, training: bool,
     5af8cc4.json``), k = 2.5 for training (two scatters and a gather per step, and more host
     time; the middle of the range 2.1-3.0 that decides the 18 eager steps of the same run
     as timed, with the small suite at deb27c8, but one, left on the kernels where the dense
-    path was 1.12x faster)."""
+    path was 1.12x faster). Only inside the range timed (SMALL_PATH_MIN_ROWS to SMALL_ROWS
+    rows, density up to SMALL_PATH_MAX_DENSITY); False elsewhere."""
+    if not (SMALL_PATH_MIN_ROWS <= rows <= SMALL_ROWS and density <= SMALL_PATH_MAX_DENSITY):
+        return False  # outside the range timed: warn only
     ratio = small_path_ratio(gpu, rows, density)
     return ratio is not None and speedup < 1.0 / (1.0 + (2.5 if training else 1.0) * ratio)
 
