@@ -218,7 +218,7 @@ def sdd_tile_cases(quick: bool):
     # (block, tile rows, tile cols, block_m, warps, stages)
     cases = ((16, 128, 128, 64, 8, 3),) if quick else \
         ((16, 128, 128, 64, 8, 3), (16, 128, 128, 32, 4, 4), (32, 64, 128, 64, 4, 3), (32, 64, 64, 64, 4, 3),
-         (64, 128, 128, 64, 8, 3))
+         (64, 128, 128, 64, 8, 3), (16, 256, 128, 32, 8, 4), (32, 128, 256, 32, 8, 4))
     for block, rows, cols, block_m, warps, stages in cases:
         const = dict(B=block, TILE_R=rows, TILE_C=cols, BLOCK_M=block_m, INPUT_PRECISION="ieee",
                      stride_ar=1, stride_bc=1)

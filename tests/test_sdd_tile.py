@@ -179,7 +179,8 @@ def test_sdd_tile_config_round_trips_through_the_tuned_table_format():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles, block_m, warps, stages", [((128, 128), 64, 8, 3), ((128, 128), 32, 4, 4),
-                                                            ((64, 128), 64, 4, 3), ((64, 64), 64, 4, 3)])
+                                                            ((64, 128), 64, 4, 3), ((64, 64), 64, 4, 3),
+                                                            ((256, 128), 32, 8, 4), ((128, 256), 32, 8, 4)])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 def test_tile_sdd_matches_reference_gpu(dtype, block_size, tiles, block_m, warps, stages):
