@@ -426,7 +426,7 @@ def sdd(
             return values
     if cfg is None and a.is_cuda and a.dtype != torch.float32 and torch.version.hip is None:
         # the dense tile where measured faster (16-bit on Hopper, enough tiles for the SMs)
-        tiles = bsmm_sdd_tile.tile_count(block_rows, block_cols, block_size, bsmm_sdd_tile.SddTileConfig())
+        tiles = bsmm_sdd_tile.tile_count(block_rows, block_cols, block_size, bsmm_sdd_tile.DEFAULT_TILE)
         cfg = bsmm_sdd_tile.default_config(m, block_size, nnz / max(1, block_rows * block_cols), tiles,
                                            sm_count(a.device), capability_major(a.device))
     if isinstance(cfg, bsmm_sdd_tile.SddTileConfig):

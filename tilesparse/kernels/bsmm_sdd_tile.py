@@ -108,6 +108,9 @@ class SddTileConfig:
                 and block_size <= min(self.tile_rows, self.tile_cols))
 
 
+DEFAULT_TILE = SddTileConfig()  # the tile side the defaults use (for counting programs; built once)
+
+
 def default_config(m: int, block_size: int, density: float, tiles: int, sms: int,
                    capability: int) -> SddTileConfig | None:
     """The dense-tile config where it was measured faster than the one-block kernel's
