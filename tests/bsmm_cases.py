@@ -114,3 +114,19 @@ def linear_reference(x, weight, layout: BlockLayout, bias, grad_y):
 def dense_of(values, layout: BlockLayout) -> torch.Tensor:
     """The dense float64 CPU matrix of a block-sparse operand."""
     return layout.to_dense(values.detach().double().cpu())
+
+
+def assert_sdd_falls_back_to_the_heuristic(monkeypatch, tuned_config, launcher_module, launcher_name: str) -> None:
+    """A tuned updat entry that cannot run this call (``tuned_config``, launched by
+    ``launcher_module.launcher_name``) makes ``bsmm.sdd`` (fp32, b 128) use its one-block
+    heuristic instead, never the entry's launcher."""
+    from tilesparse.kernels import bsmm as kernels
+
+    layout = make_layout("random", 3, 3, 128)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: tuned_config)
+    calls = []
+    monkeypatch.setattr(launcher_module, launcher_name, lambda *args: calls.append(args))
+    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: calls.append("heuristic"))
+    dy, x = torch.randn(8, 3 * 128), torch.randn(8, 3 * 128)
+    kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 128, 3, 3)
+    assert calls and all(c == "heuristic" for c in calls)

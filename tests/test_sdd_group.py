@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, make_layout
+from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, assert_sdd_falls_back_to_the_heuristic, make_layout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig, group_starts
@@ -121,14 +121,8 @@ def test_sdd_group_config_checks_shared_memory_by_input_size():
 
 def test_sdd_falls_back_from_a_tuned_group_too_big_for_fp32(monkeypatch):
     """A tuned 16-bit entry must not make fp32 updat fail: sdd uses its heuristic instead."""
-    layout = make_layout("random", 3, 3, 128)
-    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: SddGroupConfig(2, 64, 8, 3))
-    calls = []
-    monkeypatch.setattr(kernels.bsmm_sdd_group, "launch_sdd_group", lambda *args: calls.append(args))
-    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: calls.append("heuristic"))
-    dy, x = torch.randn(8, 3 * 128), torch.randn(8, 3 * 128)
-    kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 128, 3, 3)
-    assert calls and all(c == "heuristic" for c in calls)
+    assert_sdd_falls_back_to_the_heuristic(monkeypatch, SddGroupConfig(2, 64, 8, 3), kernels.bsmm_sdd_group,
+                                           "launch_sdd_group")
 
 
 def test_sdd_group_config_round_trips_through_the_tuned_table_format():

@@ -15,7 +15,7 @@ import functools
 import pytest
 import torch
 
-from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, make_layout
+from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, assert_sdd_falls_back_to_the_heuristic, make_layout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_sdd_tile import SddTileConfig
@@ -107,14 +107,8 @@ def test_tile_sdd_config_checks_its_fields_and_block_size():
 
 def test_sdd_falls_back_from_a_tuned_tile_config_that_does_not_fit(monkeypatch):
     """A tuned entry whose tiles do not fit the block size runs the heuristic instead."""
-    layout = make_layout("random", 3, 3, 128)
-    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: SddTileConfig(64, 64))
-    calls = []
-    monkeypatch.setattr(kernels.bsmm_sdd_tile, "launch_sdd_tile", lambda *args: calls.append(args))
-    monkeypatch.setattr(kernels, "launch", lambda *args, **kwargs: calls.append("heuristic"))
-    dy, x = torch.randn(8, 3 * 128), torch.randn(8, 3 * 128)
-    kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 128, 3, 3)
-    assert calls and all(c == "heuristic" for c in calls)
+    assert_sdd_falls_back_to_the_heuristic(monkeypatch, SddTileConfig(64, 64), kernels.bsmm_sdd_tile,
+                                           "launch_sdd_tile")
 
 
 def test_default_config_where_measured_faster():

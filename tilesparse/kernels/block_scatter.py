@@ -23,7 +23,6 @@ ab-ae2565b.json``), 12288² bf16: scatter 0.55 -> 0.11 ms at density 0.5 and 0.1
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

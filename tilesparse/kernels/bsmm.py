@@ -408,7 +408,8 @@ def sdd(
         return values
     if m == 0:  # an empty reduction: zero blocks (no kernel needs to build descriptors over empty operands)
         return values.zero_()
-    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, nnz / max(1, block_rows * block_cols), a.device,
+    density = nnz / max(1, block_rows * block_cols)
+    cfg = config or tuned.lookup("updat", a.dtype, block_size, m, density, a.device,
                                  tuned.weight_shape(block_rows, block_cols, block_size))
     if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
         why = bsmm_ws_sdd.sdd_ws_supported(a.t(), b, values, cfg)
@@ -427,8 +428,8 @@ def sdd(
     if cfg is None and a.is_cuda and a.dtype != torch.float32 and torch.version.hip is None:
         # the dense tile where measured faster (16-bit on Hopper, enough tiles for the SMs)
         tiles = bsmm_sdd_tile.tile_count(block_rows, block_cols, block_size, bsmm_sdd_tile.DEFAULT_TILE)
-        cfg = bsmm_sdd_tile.default_config(m, block_size, nnz / max(1, block_rows * block_cols), tiles,
-                                           sm_count(a.device), capability_major(a.device))
+        cfg = bsmm_sdd_tile.default_config(m, block_size, density, tiles, sm_count(a.device),
+                                           capability_major(a.device))
     if isinstance(cfg, bsmm_sdd_tile.SddTileConfig):
         if config is None and not cfg.fits(block_size):
             cfg = None  # a tuned entry for block sizes its tiles do not fit: the heuristic below

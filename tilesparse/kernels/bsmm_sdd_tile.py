@@ -33,7 +33,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .block_scatter import slot_map
 
-__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile", "tile_count"]
+__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile", "tile_count", "tile_grid"]
 
 
 @triton.jit
@@ -130,9 +130,16 @@ def default_config(m: int, block_size: int, density: float, tiles: int, sms: int
     return None
 
 
+def tile_grid(block_rows: int, block_cols: int, block_size: int, config: SddTileConfig) -> tuple[int, int]:
+    """(tile rows, tile columns) of the dense-tile kernel over a block grid; one program a
+    tile, empty or not."""
+    return cdiv(block_rows * block_size, config.tile_rows), cdiv(block_cols * block_size, config.tile_cols)
+
+
 def tile_count(block_rows: int, block_cols: int, block_size: int, config: SddTileConfig) -> int:
     """Programs of the dense-tile kernel for a block grid (tiles, empty or not)."""
-    return cdiv(block_rows * block_size, config.tile_rows) * cdiv(block_cols * block_size, config.tile_cols)
+    tile_rows, tile_cols = tile_grid(block_rows, block_cols, block_size, config)
+    return tile_rows * tile_cols
 
 
 def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, config: SddTileConfig) -> None:
@@ -142,8 +149,7 @@ def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, confi
     if not config.fits(block_size):
         raise ValueError(f"{config} needs a power-of-two block size no larger than its tile sides, got "
                          f"block size {block_size}")
-    tile_rows = cdiv(block_rows * block_size, config.tile_rows)
-    tile_cols = cdiv(block_cols * block_size, config.tile_cols)
+    tile_rows, tile_cols = tile_grid(block_rows, block_cols, block_size, config)
     launch(_sdd_tile_kernel, (tile_rows * tile_cols,),
            a, b, values, slot_map(meta, block_rows, block_cols),
            a.shape[1], block_rows, block_cols, tile_cols,

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._tiles import cdiv
 from ._launch import launch
+from ._tiles import cdiv
 
 
 @triton.jit

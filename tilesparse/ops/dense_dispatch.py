@@ -50,9 +50,10 @@ from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
 from .small_speedups import SMALL_SPEEDUPS, WEIGHT
 
-__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_PATH_MAX_DENSITY",
-           "SMALL_PATH_MIN_ROWS", "SMALL_ROWS", "SPEEDUPS", "crossover_density",
-           "speedup_estimate", "measured_speedup", "small_dense_path_faster", "small_path_ratio", "run_dense", "kernels_only", "scatter_dense", "gather_blocks", "dense_linear"]
+__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_PATH_MAX_DENSITY", "SMALL_PATH_MIN_ROWS",
+           "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup",
+           "small_dense_path_faster", "small_path_ratio", "run_dense", "kernels_only", "scatter_dense",
+           "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
 SMALL_ROWS = 512  # at most this many rows: the small suite's measurements and the dense path's model
