@@ -219,14 +219,17 @@ def sdd_tile_cases(quick: bool):
     cases = ((16, 128, 128, 64, 8, 3),) if quick else \
         ((16, 128, 128, 64, 8, 3), (16, 128, 128, 32, 4, 4), (32, 64, 128, 64, 4, 3), (32, 64, 64, 64, 4, 3),
          (64, 128, 128, 64, 8, 3), (16, 256, 128, 32, 8, 4), (32, 128, 256, 32, 8, 4))
-    for block, rows, cols, block_m, warps, stages in cases:
+    persistent = bsmm_sdd_tile._sdd_tile_persistent_kernel  # the same tiles over a fixed grid
+    cases = [(fn, *case) for case in cases] + [(persistent, 16, 128, 128, 32, 4, 4), (persistent, 16, 128, 128, 64, 8, 3)]
+    for kernel, block, rows, cols, block_m, warps, stages in cases:
         const = dict(B=block, TILE_R=rows, TILE_C=cols, BLOCK_M=block_m, INPUT_PRECISION="ieee",
                      stride_ar=1, stride_bc=1)
-        sig = {name: "constexpr" if name in const else "*i32" if name == "slots_ptr"
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("slots_ptr", "order_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                    if name.endswith("_ptr") or name in ("M", "stride_am", "stride_bm")}
-        yield f"sdd tile b{block} {rows}x{cols} m{block_m}", fn, sig, const, warps, stages, aligned
+        name = "persistent " if kernel is persistent else ""
+        yield f"sdd tile {name}b{block} {rows}x{cols} m{block_m}", kernel, sig, const, warps, stages, aligned
 
 
 def ws_cases(quick: bool):

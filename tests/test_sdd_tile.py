@@ -77,6 +77,45 @@ def test_tile_sdd_is_bitwise_deterministic_and_writes_only_stored_blocks_interpr
     assert buffer[0].isnan().all() and buffer[-1].isnan().all()
 
 
+@pytest.mark.parametrize("programs_per_sm", [1, 3])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+@_interpreter
+def test_persistent_tile_sdd_matches_reference_and_the_one_tile_grid_interpreter(kind, programs_per_sm):
+    """The persistent grid (programs walking the non-empty tiles; CPU counts one SM, so 1
+    or 3 programs) gives the per-tile kernel's blocks bitwise, the guards untouched."""
+    from tilesparse.kernels.bsmm_sdd_tile import launch_sdd_tile
+
+    layout = make_layout(kind, 7, 9, 16)
+    rows, cols = layout.shape
+    dy, x = torch.randn(37, rows), torch.randn(37, cols)
+    meta = layout.meta_on("cpu")
+    tiles = dict(tile_rows=32, tile_cols=64, block_m=16)
+    per_tile = kernels.sdd(dy.t(), x, meta, 16, 7, 9, config=SddTileConfig(**tiles))
+    if layout.nnz == 0:
+        assert per_tile.shape[0] == 0
+        return
+    buffer = torch.full((layout.nnz + 2, 16, 16), float("nan"))
+    launch_sdd_tile(dy.t(), x, buffer[1:-1], meta, 7, 9, "ieee",
+                    SddTileConfig(**tiles, programs_per_sm=programs_per_sm))
+    assert torch.equal(buffer[1:-1], per_tile)
+    assert buffer[0].isnan().all() and buffer[-1].isnan().all()
+    assert_close(buffer[1:-1], layout.gather(dy.double().t() @ x.double()), torch.float32, f"persistent {kind}")
+
+
+def test_nonempty_tiles_counts_and_lists_the_busy_tiles_first():
+    from tilesparse.kernels.bsmm_sdd_tile import nonempty_tiles
+    from tilesparse.layout import BlockLayout
+
+    # 3 x 5 blocks of 16 in 32 x 32 tiles: a 2 x 3 tile grid (the last row and column partial)
+    dense = torch.zeros(3, 5, dtype=torch.bool)
+    dense[0, 0] = dense[2, 4] = dense[1, 3] = True  # tiles (0, 0), (1, 2), (0, 1)
+    layout = BlockLayout(dense, 16)
+    order = nonempty_tiles(layout.meta_on("cpu"), 3, 5, 16, SddTileConfig(32, 32, 16))
+    assert order.dtype == torch.int32 and order.shape == (1 + 6,)
+    assert order[0].item() == 3
+    assert order[1:4].tolist() == [0, 1, 5] and sorted(order[4:].tolist()) == [2, 3, 4]
+
+
 @_interpreter
 def test_tile_sdd_other_operand_strides_interpreter():
     """A contiguous along M (dY^T materialized) and X with a column stride of 2."""
@@ -97,6 +136,8 @@ def test_tile_sdd_config_checks_its_fields_and_block_size():
         SddTileConfig(block_m=48)
     with pytest.raises(ValueError, match="num_warps"):
         SddTileConfig(num_warps=3)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        SddTileConfig(programs_per_sm=-1)
     assert SddTileConfig().fits(16) and SddTileConfig().fits(128) and not SddTileConfig(64, 128).fits(128)
     assert not SddTileConfig().fits(48)  # blocks must tile the tile
     layout = make_layout("random", 2, 2, 48)
@@ -172,13 +213,13 @@ def test_sdd_tile_config_round_trips_through_the_tuned_table_format():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles, block_m, warps, stages", [((128, 128), 64, 8, 3), ((128, 128), 32, 4, 4),
-                                                            ((64, 128), 64, 4, 3), ((64, 64), 64, 4, 3),
-                                                            ((256, 128), 32, 8, 4), ((128, 256), 32, 8, 4)])
+@pytest.mark.parametrize("tiles, block_m, warps, stages, persistent", [
+    ((128, 128), 64, 8, 3, 0), ((128, 128), 32, 4, 4, 0), ((64, 128), 64, 4, 3, 0), ((64, 64), 64, 4, 3, 0),
+    ((256, 128), 32, 8, 4, 0), ((128, 256), 32, 8, 4, 0), ((128, 128), 32, 4, 4, 2), ((128, 128), 64, 8, 3, 1)])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
-def test_tile_sdd_matches_reference_gpu(dtype, block_size, tiles, block_m, warps, stages):
-    cfg = SddTileConfig(*tiles, block_m, warps, stages)
+def test_tile_sdd_matches_reference_gpu(dtype, block_size, tiles, block_m, warps, stages, persistent):
+    cfg = SddTileConfig(*tiles, block_m, warps, stages, persistent)
     for kind, m in (("random", 1000), ("empty_rows_cols", 129), ("full", 64), ("random", 1)):
         got, expected = _run(kind, block_size, cfg, m, dtype, "cuda", grid=(11, 9))
         assert_close(got, expected, dtype, f"tile sdd {kind} b{block_size} {cfg}")
@@ -191,7 +232,8 @@ def test_tile_sdd_is_bitwise_deterministic_gpu():
     x = torch.randn(300, 640, device="cuda", dtype=torch.bfloat16)
     meta = layout.meta_on("cuda")
     runs = [kernels.sdd(dy.t(), x, meta, 16, 40, 40, config=SddTileConfig()) for _ in range(3)]
-    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    runs.append(kernels.sdd(dy.t(), x, meta, 16, 40, 40, config=SddTileConfig(programs_per_sm=2)))
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
 
 
 @pytest.mark.gpu

@@ -130,11 +130,13 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     # dense tiles of blocks, only the stored ones written (wasted products on the empty
     # blocks of non-empty tiles, full-width MMAs): power-of-two blocks up to 64
     if block == tile and block <= 64:
-        # (256-wide tiles: half the operand reads per output element; compiled for sm_90 without
-        # spills at 98 KB of shared memory, not yet timed)
-        for rows, cols, bm, warps, stages in ((128, 128, 64, 8, 3), (128, 128, 32, 4, 4), (64, 128, 64, 4, 3),
-                                              (64, 64, 64, 4, 3), (256, 128, 32, 8, 4), (128, 256, 32, 8, 4)):
-            yield SddTileConfig(rows, cols, bm, warps, stages)
+        # (256-wide tiles: half the operand reads per output element; the last four: persistent
+        # grids of 2-3 programs per SM, the next tile's loads under this one's stores)
+        for rows, cols, bm, warps, stages, per_sm in (
+                (128, 128, 64, 8, 3, 0), (128, 128, 32, 4, 4, 0), (64, 128, 64, 4, 3, 0), (64, 64, 64, 4, 3, 0),
+                (256, 128, 32, 8, 4, 0), (128, 256, 32, 8, 4, 0), (128, 128, 32, 4, 4, 2), (128, 128, 32, 4, 4, 3),
+                (128, 128, 64, 8, 3, 2), (256, 128, 32, 8, 4, 2)):
+            yield SddTileConfig(rows, cols, bm, warps, stages, per_sm)
     # grouped: several blocks of a block-row per program, sharing each dY^T tile (the panel
     # as the MMA's M side below b 64, where the block alone is too narrow for wgmma)
     for group, warps, stages, swap in _SDD_GROUPS.get(tile, ()):

@@ -26,14 +26,63 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import triton
 import triton.language as tl
 
+from ._device import cached_table, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .block_scatter import slot_map
 
-__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile", "tile_count", "tile_grid"]
+__all__ = ["SddTileConfig", "default_config", "launch_sdd_tile", "nonempty_tiles", "tile_count", "tile_grid"]
+
+
+@triton.jit
+def _tile_product(a_ptr, b_ptr, M, tr, tc, block_rows, block_cols, stride_ar, stride_am, stride_bm, stride_bc,
+                  B: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_M: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr):
+    """The dense [TILE_R, TILE_C] tile (tr, tc) of A @ B in fp32 (zeros past the block grid)."""
+    rows = tr.to(tl.int64) * TILE_R + tl.arange(0, TILE_R)
+    cols = tc.to(tl.int64) * TILE_C + tl.arange(0, TILE_C)
+    offs_m = tl.arange(0, BLOCK_M).to(tl.int64)  # M-strides can be large (int64 offsets)
+    rows_ok = rows < block_rows * B
+    cols_ok = cols < block_cols * B
+    a_ptrs = a_ptr + rows[:, None] * stride_ar + offs_m[None, :] * stride_am
+    b_ptrs = b_ptr + offs_m[:, None] * stride_bm + cols[None, :] * stride_bc
+    step_a = tl.full((), BLOCK_M, tl.int64) * stride_am  # int64 whether or not the stride is a constant
+    step_b = tl.full((), BLOCK_M, tl.int64) * stride_bm
+    acc = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
+    for m0 in range(0, M, BLOCK_M):
+        m_ok = (m0 + offs_m) < M
+        a = tl.load(a_ptrs, mask=rows_ok[:, None] & m_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=m_ok[:, None] & cols_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        a_ptrs += step_a
+        b_ptrs += step_b
+    return acc
+
+
+@triton.jit
+def _tile_slots(slots_ptr, tr, tc, block_rows, block_cols, GR: tl.constexpr, GC: tl.constexpr):
+    """[GR, GC] storage slots of tile (tr, tc)'s blocks, -1 where none is stored."""
+    block_r = tr * GR + tl.arange(0, GR)
+    block_c = tc * GC + tl.arange(0, GC)
+    return tl.load(slots_ptr + block_r[:, None].to(tl.int64) * block_cols + block_c[None, :],
+                   mask=(block_r < block_rows)[:, None] & (block_c < block_cols)[None, :], other=-1)
+
+
+@triton.jit
+def _store_stored_blocks(out_ptr, acc, slots, B: tl.constexpr, GR: tl.constexpr, GC: tl.constexpr):
+    """out[slots[gr, gc]] = block (gr, gc) of the tile, for the stored blocks only. The tile
+    as [GR, B, GC, B]: element (i, j) of block (gr, gc) goes to out[slots[gr, gc], i, j];
+    no permute, the pointers carry the block order."""
+    out = tl.reshape(acc.to(out_ptr.dtype.element_ty), (GR, B, GC, B))
+    slot4 = tl.reshape(slots, (GR, 1, GC, 1))
+    offs_i = tl.arange(0, B)
+    out_ptrs = out_ptr + slot4.to(tl.int64) * (B * B) + offs_i[None, :, None, None] * B \
+        + offs_i[None, None, None, :]
+    tl.store(out_ptrs, out, mask=slot4 >= 0)
 
 
 @triton.jit
@@ -51,48 +100,51 @@ def _sdd_tile_kernel(
     pid = tl.program_id(0)
     tr = pid // tile_cols
     tc = pid % tile_cols
-    block_r = tr * GR + tl.arange(0, GR)
-    block_c = tc * GC + tl.arange(0, GC)
-    slots = tl.load(slots_ptr + block_r[:, None].to(tl.int64) * block_cols + block_c[None, :],
-                    mask=(block_r < block_rows)[:, None] & (block_c < block_cols)[None, :], other=-1)
+    slots = _tile_slots(slots_ptr, tr, tc, block_rows, block_cols, GR, GC)
     if tl.max(tl.max(slots, axis=1), axis=0) >= 0:  # else: no stored block in this tile
-        rows = tr.to(tl.int64) * TILE_R + tl.arange(0, TILE_R)
-        cols = tc.to(tl.int64) * TILE_C + tl.arange(0, TILE_C)
-        offs_m = tl.arange(0, BLOCK_M).to(tl.int64)  # M-strides can be large (int64 offsets)
-        rows_ok = rows < block_rows * B
-        cols_ok = cols < block_cols * B
-        a_ptrs = a_ptr + rows[:, None] * stride_ar + offs_m[None, :] * stride_am
-        b_ptrs = b_ptr + offs_m[:, None] * stride_bm + cols[None, :] * stride_bc
-        step_a = tl.full((), BLOCK_M, tl.int64) * stride_am  # int64 whether or not the stride is a constant
-        step_b = tl.full((), BLOCK_M, tl.int64) * stride_bm
-        acc = tl.zeros((TILE_R, TILE_C), dtype=tl.float32)
-        for m0 in range(0, M, BLOCK_M):
-            m_ok = (m0 + offs_m) < M
-            a = tl.load(a_ptrs, mask=rows_ok[:, None] & m_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=m_ok[:, None] & cols_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-            a_ptrs += step_a
-            b_ptrs += step_b
-        # the tile as [GR, B, GC, B]: element (i, j) of block (gr, gc) goes to
-        # out[slots[gr, gc], i, j]; no permute, the pointers carry the block order
-        out = tl.reshape(acc.to(out_ptr.dtype.element_ty), (GR, B, GC, B))
-        slot4 = tl.reshape(slots, (GR, 1, GC, 1))
-        offs_i = tl.arange(0, B)
-        out_ptrs = out_ptr + slot4.to(tl.int64) * (B * B) + offs_i[None, :, None, None] * B \
-            + offs_i[None, None, None, :]
-        tl.store(out_ptrs, out, mask=slot4 >= 0)
+        acc = _tile_product(a_ptr, b_ptr, M, tr, tc, block_rows, block_cols, stride_ar, stride_am, stride_bm,
+                            stride_bc, B, TILE_R, TILE_C, BLOCK_M, INPUT_PRECISION)
+        _store_stored_blocks(out_ptr, acc, slots, B, GR, GC)
+
+
+@triton.jit
+def _sdd_tile_persistent_kernel(
+    a_ptr, b_ptr, out_ptr, slots_ptr, order_ptr,
+    M, block_rows, block_cols, tile_cols,
+    stride_ar, stride_am, stride_bm, stride_bc,
+    B: tl.constexpr, TILE_R: tl.constexpr, TILE_C: tl.constexpr, BLOCK_M: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """As :func:`_sdd_tile_kernel`, over a fixed grid: program p takes the non-empty tiles
+    p, p + P, ... of ``order`` ([count, tile ids...], see :func:`nonempty_tiles`). The loop
+    over tiles and the reduction are one flattened loop, so the next tile's loads are in
+    flight while this tile's blocks are stored."""
+    GR: tl.constexpr = TILE_R // B
+    GC: tl.constexpr = TILE_C // B
+    count = tl.load(order_ptr)
+    for i in tl.range(tl.program_id(0), count, tl.num_programs(0), flatten=True):
+        tile = tl.load(order_ptr + 1 + i)
+        tr = tile // tile_cols
+        tc = tile % tile_cols
+        acc = _tile_product(a_ptr, b_ptr, M, tr, tc, block_rows, block_cols, stride_ar, stride_am, stride_bm,
+                            stride_bc, B, TILE_R, TILE_C, BLOCK_M, INPUT_PRECISION)
+        _store_stored_blocks(out_ptr, acc, _tile_slots(slots_ptr, tr, tc, block_rows, block_cols, GR, GC), B, GR, GC)
 
 
 @dataclass(frozen=True)
 class SddTileConfig:
     """Launch parameters of the dense-tile sdd: a [tile_rows, tile_cols] tile of dW per
-    program (a grid of blocks), ``block_m`` the reduction step."""
+    program (a grid of blocks), ``block_m`` the reduction step. ``programs_per_sm`` 0: one
+    program per tile; k > 0: a persistent grid of k programs per SM walking the non-empty
+    tiles, the next tile's loads overlapping this one's stores (few rows: a short
+    reduction per tile)."""
 
     tile_rows: int = 128
     tile_cols: int = 128
     block_m: int = 64
     num_warps: int = 8
     num_stages: int = 3
+    programs_per_sm: int = 0
 
     def __post_init__(self):
         for name in ("tile_rows", "tile_cols", "block_m"):
@@ -100,6 +152,8 @@ class SddTileConfig:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"SddTileConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
                              f"got {self.num_warps!r}, {self.num_stages!r}")
+        if not isinstance(self.programs_per_sm, int) or not 0 <= self.programs_per_sm <= 8:
+            raise ValueError(f"SddTileConfig.programs_per_sm must be an int in 0..8, got {self.programs_per_sm!r}")
 
     def fits(self, block_size: int) -> bool:
         """Whether blocks of ``block_size`` tile the program's tile: a power of two no
@@ -142,6 +196,23 @@ def tile_count(block_rows: int, block_cols: int, block_size: int, config: SddTil
     return tile_rows * tile_cols
 
 
+def nonempty_tiles(meta, block_rows: int, block_cols: int, block_size: int, config: SddTileConfig):
+    """int32 [1 + tiles]: the number of tiles holding a stored block, then those tiles'
+    row-major ids (the empty ones after them). Built on meta's device without a host sync
+    (a stable sort, no ``nonzero``) and remembered on ``meta`` per tile shape."""
+    def build():
+        tile_rows, tile_cols = tile_grid(block_rows, block_cols, block_size, config)
+        gr, gc = config.tile_rows // block_size, config.tile_cols // block_size
+        stored = slot_map(meta, block_rows, block_cols).view(block_rows, block_cols) >= 0
+        padded = stored.new_zeros(tile_rows * gr, tile_cols * gc)
+        padded[:block_rows, :block_cols] = stored
+        busy = padded.view(tile_rows, gr, tile_cols, gc).any(dim=3).any(dim=1).flatten()
+        order = torch.sort((~busy).to(torch.uint8), stable=True).indices.to(torch.int32)
+        return torch.cat([busy.sum().to(torch.int32).reshape(1), order])
+    key = (block_rows, block_cols, block_size, config.tile_rows, config.tile_cols)
+    return cached_table(meta, "_tilesparse_sdd_tiles", key, build)
+
+
 def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, config: SddTileConfig) -> None:
     """values[z] = (A @ B)[block z] for every stored block; a [R*b, M], b [M, C*b], values
     [nnz, b, b] (nnz > 0, M > 0), as prepared by ``bsmm.sdd``."""
@@ -150,9 +221,14 @@ def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, confi
         raise ValueError(f"{config} needs a power-of-two block size no larger than its tile sides, got "
                          f"block size {block_size}")
     tile_rows, tile_cols = tile_grid(block_rows, block_cols, block_size, config)
-    launch(_sdd_tile_kernel, (tile_rows * tile_cols,),
-           a, b, values, slot_map(meta, block_rows, block_cols),
-           a.shape[1], block_rows, block_cols, tile_cols,
-           a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-           B=block_size, TILE_R=config.tile_rows, TILE_C=config.tile_cols, BLOCK_M=config.block_m,
-           INPUT_PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages)
+    slots = slot_map(meta, block_rows, block_cols)
+    shape_args = (a.shape[1], block_rows, block_cols, tile_cols, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+    meta_args = dict(B=block_size, TILE_R=config.tile_rows, TILE_C=config.tile_cols, BLOCK_M=config.block_m,
+                     INPUT_PRECISION=precision, num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.programs_per_sm:
+        order = nonempty_tiles(meta, block_rows, block_cols, block_size, config)
+        programs = min(tile_rows * tile_cols, config.programs_per_sm * sm_count(a.device))
+        launch(_sdd_tile_persistent_kernel, (programs,), a, b, values, slots, order, *shape_args, **meta_args)
+    else:
+        launch(_sdd_tile_kernel, (tile_rows * tile_cols,), a, b, values, slots, *shape_args, **meta_args)
+
