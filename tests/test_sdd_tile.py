@@ -243,6 +243,7 @@ def test_sdd_default_on_cuda_takes_the_tile_kernel_where_measured_faster(monkeyp
     original = kernels.bsmm_sdd_tile.launch_sdd_tile
     monkeypatch.setattr(kernels.bsmm_sdd_tile, "launch_sdd_tile", lambda *args: calls.append(1) or original(*args))
     monkeypatch.setenv("TILESPARSE_TUNED", "off")  # the heuristic's choice, not a tuned entry
-    got, expected = _run("full", 16, None, 300, dtype, "cuda", grid=(12, 10))
+    # 96 x 96 blocks of 16: 144 tiles of 128², at least one per SM (the default's condition)
+    got, expected = _run("full", 16, None, 300, dtype, "cuda", grid=(96, 96))
     assert calls == [1]
     assert_close(got, expected, dtype, "default sdd b16 full layout, 300 rows")

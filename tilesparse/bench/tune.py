@@ -222,7 +222,7 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
                    "tried": tried, "key": case_key}
             rows.append(row)
             log(f"{op:5} {m}x{n}x{k} b={block:<3} d={density:<5} current {current:.4f} ms, best {best_ms:.4f} ms "
-                f"({tried} tried){' -> kept' if kept else ''}")
+                f"({tried} tried){' -> kept: ' + str(best_cfg) if kept else ''}")
     finally:
         torch.set_float32_matmul_precision(previous)
         if previous_poison is None:
