@@ -156,7 +156,7 @@ def test_default_config_where_measured_faster():
     from tilesparse.kernels.bsmm_sdd_tile import default_config
 
     hopper = dict(tiles=1024, sms=132, capability=9)
-    assert default_config(128, 16, 0.5, **hopper) == SddTileConfig(128, 128, 32, 4, 4)
+    assert default_config(128, 16, 0.5, **hopper) == SddTileConfig(128, 128, 32, 4, 4, programs_per_sm=2)
     assert default_config(8192, 16, 0.25, **hopper) == SddTileConfig(128, 128, 64, 8, 3)
     assert default_config(128, 16, 0.1, **hopper) is None and default_config(256, 16, 0.1, **hopper) is not None
     assert default_config(512, 32, 0.5, **hopper) is not None and default_config(512, 32, 0.25, **hopper) is None
@@ -189,7 +189,7 @@ def test_sdd_wiring_takes_the_default_only_without_a_tuned_entry(monkeypatch):
     dy, x = torch.randn(200, 256).half(), torch.randn(200, 256).half()
     monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: None)
     kernels.sdd(dy.t(), x, meta, 16, 16, 16)
-    assert chosen == [SddTileConfig(128, 128, 32, 4, 4)]
+    assert chosen == [SddTileConfig(128, 128, 32, 4, 4, programs_per_sm=2)]
     kernels.sdd(dy.t().float(), x.float(), meta, 16, 16, 16)
     assert chosen[-1] == "one-block"
     tuned_cfg = SddTileConfig(64, 64, 32, 4, 3)
