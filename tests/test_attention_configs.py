@@ -127,3 +127,6 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
     assert persistent.shared_bytes(128, 128) - one.shared_bytes(128, 128) == 128 * 128 * 2
     with pytest.raises(ValueError, match="persistent must be a bool"):
         FwdWsConfig(128, 128, 2, persistent=1)
+    with pytest.raises(ValueError, match="overlap needs persistent"):
+        FwdWsConfig(128, 128, 2, overlap=True)
+    assert FwdWsConfig(128, 128, 2, persistent=True, overlap=True).overlap

@@ -138,3 +138,41 @@ def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), finite)
     assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("b,D,S,block_n,stages", [(128, 128, 2000, 128, 2), (128, 128, 1500, 64, 4), (64, 64, 1000, 64, 2)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, stages, causal, monkeypatch):
+    # the softmax under the previous tile's P V (K and V in separate rings): the reference's
+    # output and lse, close to the synchronous kernel's (the rescale is applied after the add,
+    # so not bitwise), bitwise reproducible. 5 programs walk many tiles each (rings and Q
+    # buffers reused); an empty block-row, single-block rows and padded batch elements
+    from tilesparse.attention.reference import attention_reference
+    from tilesparse.kernels import attention_ws_persistent
+
+    monkeypatch.setattr(attention_ws_persistent, "programs", lambda *args: 5)
+    dtype = torch.bfloat16
+    nb = -(-S // b)
+    mask = torch.rand(4, nb, nb, generator=torch.Generator().manual_seed(_seed())) < 0.3
+    mask |= torch.eye(nb, dtype=torch.bool)
+    mask[0, 1] = False  # head 0, block-row 1: empty
+    mask[1, 2] = False
+    mask[1, 2, 0] = True  # head 1, block-row 2: one block
+    layout = AttentionLayout(mask, b, S)
+    q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
+    kpm = padding(3, S, "all").cuda()
+    meta = layout.meta_on(q.device, causal)
+    cfgs = (attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True),
+            attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True, overlap=True))
+    outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
+            for cfg in (*cfgs, cfgs[1])]
+    assert torch.equal(outs[1][0], outs[2][0]) and torch.equal(outs[1][1], outs[2][1])
+    assert rel_error(outs[1][0], outs[0][0]) < 1e-2
+    ref, ref_lse = attention_reference(q, k, v, layout, causal=causal, scale=D ** -0.5, key_padding_mask=kpm.cpu(),
+                                       return_lse=True)
+    assert_close(outs[1][0], ref, dtype, "overlapped out")
+    lse = outs[1][1].cpu()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    assert bool((outs[1][0].cpu()[~finite] == 0).all())

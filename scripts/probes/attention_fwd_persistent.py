@@ -23,6 +23,9 @@ VARIANTS = {
     "persistent-n128st2": FwdWsConfig(128, 128, 2, persistent=True),
     "persistent-n64st3": FwdWsConfig(128, 64, 3, persistent=True),
     "persistent-n64st4": FwdWsConfig(128, 64, 4, persistent=True),
+    # each key tile's softmax under the previous tile's P V wgmma (K and V in separate rings)
+    "overlap-n128st2": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
+    "overlap-n64st4": FwdWsConfig(128, 64, 4, persistent=True, overlap=True),
 }
 
 

@@ -132,15 +132,20 @@ class FwdWsConfig(_RowWalkConfig):
     """The warp-specialized forward's launch parameters (see ``_RowWalkConfig``);
     ``persistent``: one program per SM walks many query tiles, its producer loading the
     next tile's Q (double-buffered) and K / V under the current one's tail
-    (:mod:`tilesparse.kernels.attention_ws_persistent`)."""
+    (:mod:`tilesparse.kernels.attention_ws_persistent`); ``overlap`` (persistent only):
+    each key tile's softmax runs under the previous tile's P V wgmma."""
 
     block_n: int = 128
     persistent: bool = False
+    overlap: bool = False
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.persistent, bool):
-            raise ValueError(f"FwdWsConfig.persistent must be a bool, got {self.persistent!r}")
+        for name in ("persistent", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"FwdWsConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.overlap and not self.persistent:
+            raise ValueError("FwdWsConfig.overlap needs persistent=True (only the persistent kernel has it)")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """As ``_RowWalkConfig``'s, plus the second Q buffer of the persistent kernel."""

@@ -10,18 +10,26 @@ the K / V ring flows on from one tile's row into the next, so the next tile's lo
 while the consumers finish the current one. Each tile is computed by
 :func:`tilesparse.kernels.attention_ws._fwd_row`, as in the one-tile-per-program kernel:
 same results, bitwise. Opt-in (``FwdWsConfig(persistent=True)``) until timed.
+
+``FwdWsConfig(persistent=True, overlap=True)``: the consumers overlap each key tile's
+softmax with the previous tile's P V product (FlashAttention-3's intra-warpgroup
+pipelining): S_t = Q K_tᵀ and O += P_{t-1} V_{t-1} are issued as asynchronous wgmma, the
+softmax of S_t runs while the second is in flight, then O is rescaled. V_t is then read
+one step after K_t, so K and V come through separate rings (``_row_kv_fill_split``):
+each K slot is released as soon as its S is computed. Same math as ``_fwd_row`` with
+the rescale applied after the add (not bitwise equal to it).
 """
 
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._device import sm_count
 from ._launch import launch
 from .attention_ws import _fwd_row, _row_kv_fill
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _needs_mask, _qkv_descs, _row_keep
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
 
@@ -40,13 +48,42 @@ def _tile_coords(tile, q_tiles, H, BS: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _row_kv_fill_split(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, kv_bars, row_ptr_ptr, row_cols_ptr,
+                       GROUP, NB, L_HEADS, BS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """As :func:`tilesparse.kernels.attention_ws._row_kv_fill`, K and V each through its own
+    ring (``kv_bars``: K ready / empty, V ready / empty), so a K slot is refilled while the
+    V loaded with it is still being read."""
+    k_ready, k_empty, v_ready, v_empty = kv_bars
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    step = gl.to_tensor(step)
+    lh = h % L_HEADS
+    start = gl.load(row_ptr_ptr + lh * NB + qblk)
+    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = gl.load(row_cols_ptr + t // N_STEPS)
+        where = [bz, h // GROUP, kblk * BS + (t % N_STEPS) * BLOCK_N, 0]
+        st = step % STAGES
+        free = ((step // STAGES) & 1) ^ 1  # a slot's first use finds it free
+        mbarrier.wait(k_empty.index(st), free)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, where, k_ready.index(st), k_bufs.index(st))
+        mbarrier.wait(v_empty.index(st), free)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, where, v_ready.index(st), v_bufs.index(st))
+        step += 1
+    return step
+
+
+@gluon.jit
 def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
-                     BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+                     BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, OVERLAP: gl.constexpr):
     """Producer (one warp): for each of the program's tiles, Q into its buffer once the
-    consumers have released it, then the K and V tiles of the query block's row."""
+    consumers have released it, then the K and V tiles of the query block's row (one
+    ring for both, or one each with OVERLAP)."""
     q_desc, k_desc, v_desc = descs
     q_bufs, k_bufs, v_bufs = bufs
-    q_ready, q_empty, ready_bars, empty_bars = bars
+    q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
     row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
     H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
     n_tiles, q_tiles = tiles
@@ -59,19 +96,120 @@ def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
         mbarrier.wait(q_empty.index(qi), ((i // 2) & 1) ^ 1)
         mbarrier.expect(q_ready.index(qi), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_ready.index(qi), q_bufs.index(qi))
-        step = _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars,
-                            row_ptr_ptr, row_cols_ptr, GROUP, NB, L_HEADS, BS, BLOCK_N)
+        if OVERLAP:
+            step = _row_kv_fill_split(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, kv_bars, row_ptr_ptr,
+                                      row_cols_ptr, GROUP, NB, L_HEADS, BS, BLOCK_N)
+        else:
+            step = _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars,
+                                row_ptr_ptr, row_cols_ptr, GROUP, NB, L_HEADS, BS, BLOCK_N)
         i += 1
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S, qk_scale,
+                  BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """The online softmax of one score tile S (unscaled): (P, new running max, its
+    rescale factor alpha for the old O and l, new l), as ``_fwd_row`` computes them."""
+    s = s * qk_scale
+    if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+        s = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, m_new, alpha, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, kv_bars, tables, sizes,
+                     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+    """``_fwd_row`` with the softmax of key tile t under the wgmma of O += P_{t-1} V_{t-1}:
+    the first tile's S is computed alone, then each step issues S_t and the previous tile's
+    P V asynchronously, waits for S_t, runs its softmax, waits for P V and rescales O; the
+    last tile's P V closes the row. K and V come from their own rings (``kv_bars``)."""
+    k_ready, k_empty, v_ready, v_empty = kv_bars
+    row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr = tables
+    S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos = sizes
+    STAGES: gl.constexpr = k_bufs.type.shape[0]
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    dtype: gl.constexpr = k_bufs.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, D, 16])
+    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    step = gl.to_tensor(step)
+    offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    m_ok = offs_m < S
+    m_i = gl.full((BLOCK_M,), float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros((BLOCK_M,), dtype=gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros((BLOCK_M, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=s_layout)
+    lh = h % L_HEADS
+    first = gl.load(row_ptr_ptr + lh * NB + qblk) * N_STEPS
+    last = gl.load(row_ptr_ptr + lh * NB + qblk + 1) * N_STEPS
+    mbarrier.wait(q_bar, q_phase)
+    if first < last:
+        # the first key tile: S alone, its softmax (O is still zero: nothing to rescale)
+        kblk = gl.load(row_cols_ptr + first // N_STEPS)
+        offs_n = kblk * BS + (first % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        st = step % STAGES
+        mbarrier.wait(k_ready.index(st), (step // STAGES) & 1)
+        s = warpgroup_mma(q, k_bufs.index(st).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False)
+        mbarrier.arrive(k_empty.index(st), count=1)
+        p, m_i, alpha, l_i = _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S, qk_scale,
+                                           BS, HAS_KPM, CAUSAL)
+        p_prev = gl.convert_layout(p.to(dtype), p_operand)
+        for t in range(first + 1, last):
+            prev = step % STAGES
+            prev_phase = (step // STAGES) & 1
+            step += 1
+            st = step % STAGES
+            kblk = gl.load(row_cols_ptr + t // N_STEPS)
+            offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            mbarrier.wait(k_ready.index(st), (step // STAGES) & 1)
+            s_tok = warpgroup_mma(q, k_bufs.index(st).reshape([BLOCK_N, D]).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
+            mbarrier.wait(v_ready.index(prev), prev_phase)
+            acc = warpgroup_mma(p_prev, v_bufs.index(prev).reshape([BLOCK_N, D]), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_t done; P V may still run
+            mbarrier.arrive(k_empty.index(st), count=1)
+            p, m_i, alpha, l_i = _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S,
+                                               qk_scale, BS, HAS_KPM, CAUSAL)
+            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_prev))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_prev = gl.convert_layout(p.to(dtype), p_operand)
+        # the last tile's P V
+        st = step % STAGES
+        mbarrier.wait(v_ready.index(st), (step // STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_bufs.index(st).reshape([BLOCK_N, D]), acc)
+        mbarrier.arrive(v_empty.index(st), count=1)
+        step += 1
+
+    empty = l_i == 0.0
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
+    acc = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows)[:, None]
+    offs_om = row0 + gl.arange(0, BLOCK_M, layout=o_rows)
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
+    gl.store(o_ptr + out_off, acc.to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+    return step
 
 
 @gluon.jit
 def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
                     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+                    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """Consumers (the default partition): each of the program's tiles in turn
-    (:func:`_fwd_row`), releasing its Q buffer after the tile's last wgmma."""
+    (:func:`_fwd_row`, or :func:`_fwd_row_overlap` with OVERLAP), releasing its Q buffer
+    after the tile's last wgmma."""
     q_bufs, k_bufs, v_bufs = bufs
-    q_ready, q_empty, ready_bars, empty_bars = bars
+    q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
     H = sizes[1]
     n_tiles, q_tiles = tiles
     step = 0
@@ -79,10 +217,15 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         qblk, row0, bz, h, bh = _tile_coords(tile, q_tiles, H, BS, BLOCK_M)
         qi = i % 2
-        step = _fwd_row(q_bufs.index(qi).reshape([BLOCK_M, D]), q_ready.index(qi), (i // 2) & 1, step, qblk, row0,
-                        bz, h, bh, k_bufs, v_bufs, ready_bars, empty_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N,
-                        CAUSAL, HAS_KPM, num_warps)
-        mbarrier.arrive(q_empty.index(qi), count=1)  # _fwd_row's wgmma were synchronous: Q is read
+        q = q_bufs.index(qi).reshape([BLOCK_M, D])
+        if OVERLAP:
+            step = _fwd_row_overlap(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
+                                    kv_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)
+        else:
+            step = _fwd_row(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
+                            ready_bars, empty_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+                            num_warps)
+        mbarrier.arrive(q_empty.index(qi), count=1)  # the row's S wgmma have all been waited for: Q is read
         i += 1
 
 
@@ -93,10 +236,11 @@ def _fwd_ws_persistent_kernel(
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
-    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... of the n_tiles = B * H * q_tiles query
-    tiles; descriptors as ``_fwd_ws_kernel``'s."""
+    tiles; descriptors as ``_fwd_ws_kernel``'s. OVERLAP: softmax under the P V wgmma, K and
+    V through separate rings."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
@@ -104,17 +248,19 @@ def _fwd_ws_persistent_kernel(
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_ready, q_empty = _alloc_ring(2)
-    ready_bars, empty_bars = _alloc_ring(STAGES)
+    ready_bars, empty_bars = _alloc_ring(STAGES)  # K and V together (OVERLAP: unused)
+    k_ready, k_empty = _alloc_ring(STAGES)  # OVERLAP: K and V apart (else unused)
+    v_ready, v_empty = _alloc_ring(STAGES)
     descs = (q_desc, k_desc, v_desc)
     bufs = (q_bufs, k_bufs, v_bufs)
-    bars = (q_ready, q_empty, ready_bars, empty_bars)
+    bars = (q_ready, q_empty, ready_bars, empty_bars, (k_ready, k_empty, v_ready, v_empty))
     tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos)
     tiles = (n_tiles, q_tiles)
     gl.warp_specialize([
         (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
-                           num_warps)),
-        (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N)),
+                           OVERLAP, num_warps)),
+        (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
     ], [1], [LOAD_REGS])
 
 
@@ -140,5 +286,5 @@ def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=cfg.block_m // 16,
+        num_warps=cfg.block_m // 16, OVERLAP=cfg.overlap,
     )
