@@ -307,16 +307,24 @@ def attention_ws_cases(quick: bool):
                                            ((128, 128, 128, 128, 2, True, False),) if quick else
                                            ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 128, 2, False, False),
                                             (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True)))
+    row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
+                                                         ((128, 128, 128, 128, 2, True, False),) if quick else
+                                                         ((128, 128, 128, 128, 2, True, False),
+                                                          (128, 64, 128, 64, 3, False, True)))
     for kind, (fn, cases) in row_cases.items():
         for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
             qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)
             const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                          HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
+            if kind.startswith("persistent"):  # its defaulted constexprs, named (else typed as runtime ints)
+                const.update(OVERLAP=False, CONSUMERS=1, MMA_REGS=232)
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
+            if kind.endswith("two consumers"):  # a warpgroup each, half the rows
+                const.update(OVERLAP=True, CONSUMERS=2, num_warps=block_m // 32)
             sig = _attention_signature(fn, "bf16", const)
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
-                   sig, const, block_m // 16, stages, None, GluonASTSource)
+                   sig, const, const["num_warps"], stages, None, GluonASTSource)
 
 
 def main() -> int:

@@ -130,3 +130,9 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
     with pytest.raises(ValueError, match="overlap needs persistent"):
         FwdWsConfig(128, 128, 2, overlap=True)
     assert FwdWsConfig(128, 128, 2, persistent=True, overlap=True).overlap
+    with pytest.raises(ValueError, match="consumers must be 1 or 2"):
+        FwdWsConfig(128, 128, 2, persistent=True, consumers=3)
+    with pytest.raises(ValueError, match="consumers=2 needs persistent"):
+        FwdWsConfig(128, 128, 2, consumers=2)
+    with pytest.raises(ValueError, match="consumers=2 needs persistent"):
+        FwdWsConfig(64, 64, 2, persistent=True, consumers=2)

@@ -140,12 +140,17 @@ def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n
     assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("b,D,S,block_n,stages", [(128, 128, 2000, 128, 2), (128, 128, 1500, 64, 4), (64, 64, 1000, 64, 2)])
+@pytest.mark.parametrize("b,D,S,block_n,stages,consumers", [(128, 128, 2000, 128, 2, 1), (128, 128, 1500, 64, 4, 1),
+                                                              (64, 64, 1000, 64, 2, 1), (128, 128, 2000, 128, 2, 2),
+                                                              (128, 64, 1300, 64, 3, 2)])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, stages, causal, monkeypatch):
-    # the softmax under the previous tile's P V (K and V in separate rings): the same
-    # operations on O in the same order as the synchronous kernel (add P_0 V_0, rescale,
-    # add P_1 V_1, ...), so bitwise equal to it, and the reference's output and lse. 5
+def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, stages, consumers, overlap, causal,
+                                                             monkeypatch):
+    # the softmax under the previous tile's P V (K and V in separate rings) and / or two
+    # consumer warpgroups with half the rows each: the same operations on O in the same
+    # order as the synchronous kernel (add P_0 V_0, rescale, add P_1 V_1, ...), so bitwise
+    # equal to it, and the reference's output and lse. 5
     # programs walk many tiles each (rings and Q buffers reused); an empty block-row,
     # single-block rows and padded batch elements
     from tilesparse.attention.reference import attention_reference
@@ -163,8 +168,11 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
     q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
     kpm = padding(3, S, "all").cuda()
     meta = layout.meta_on(q.device, causal)
+    if not overlap and consumers == 1:
+        pytest.skip("the synchronous one-consumer kernel is the baseline itself")
     cfgs = (attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True),
-            attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True, overlap=True))
+            attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True, overlap=overlap,
+                                     consumers=consumers))
     outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
             for cfg in (*cfgs, cfgs[1])]
     for other in (outs[0], outs[2]):

@@ -26,6 +26,9 @@ VARIANTS = {
     # each key tile's softmax under the previous tile's P V wgmma (K and V in separate rings)
     "overlap-n128st2": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
     "overlap-n64st4": FwdWsConfig(128, 64, 4, persistent=True, overlap=True),
+    # two consumer warpgroups, half the rows each, synchronized only through the rings
+    "two-n128st2": FwdWsConfig(128, 128, 2, persistent=True, consumers=2),
+    "two-overlap-n128st2": FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
 }
 
 

@@ -25,6 +25,7 @@ VARIANTS = {
     "triton": None,
     "persistent": FwdWsConfig(128, 128, 2, persistent=True),
     "overlap": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
+    "two-overlap": FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
 }
 
 

@@ -133,11 +133,14 @@ class FwdWsConfig(_RowWalkConfig):
     ``persistent``: one program per SM walks many query tiles, its producer loading the
     next tile's Q (double-buffered) and K / V under the current one's tail
     (:mod:`tilesparse.kernels.attention_ws_persistent`); ``overlap`` (persistent only):
-    each key tile's softmax runs under the previous tile's P V wgmma."""
+    each key tile's softmax runs under the previous tile's P V wgmma; ``consumers`` 2
+    (persistent, block_m 128): two consumer warpgroups, each with half the rows, not held
+    in step with each other."""
 
     block_n: int = 128
     persistent: bool = False
     overlap: bool = False
+    consumers: int = 1
 
     def __post_init__(self):
         super().__post_init__()
@@ -146,6 +149,10 @@ class FwdWsConfig(_RowWalkConfig):
                 raise ValueError(f"FwdWsConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.overlap and not self.persistent:
             raise ValueError("FwdWsConfig.overlap needs persistent=True (only the persistent kernel has it)")
+        if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
+            raise ValueError(f"FwdWsConfig.consumers must be 1 or 2, got {self.consumers!r}")
+        if self.consumers == 2 and not (self.persistent and self.block_m == 128):
+            raise ValueError("FwdWsConfig.consumers=2 needs persistent=True and block_m=128 (a warpgroup each)")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """As ``_RowWalkConfig``'s, plus the second Q buffer of the persistent kernel."""

@@ -32,7 +32,6 @@ from ._launch import launch
 from .attention_ws import _fwd_row, _row_kv_fill
 from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _needs_mask, _qkv_descs, _row_keep
 from .bsmm_tma import ensure_allocator
-from .bsmm_ws import _alloc_ring
 
 __all__ = ["launch_fwd_ws_persistent", "programs"]
 
@@ -205,10 +204,14 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
 @gluon.jit
 def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
                     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (the default partition): each of the program's tiles in turn
-    (:func:`_fwd_row`, or :func:`_fwd_row_overlap` with OVERLAP), releasing its Q buffer
-    after the tile's last wgmma."""
+                    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, OVERLAP: gl.constexpr,
+                    CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+    """A consumer partition: each of the program's tiles in turn (:func:`_fwd_row`, or
+    :func:`_fwd_row_overlap` with OVERLAP), releasing its Q buffer after the tile's last
+    wgmma. With CONSUMERS = 2, consumer ROLE computes rows ROLE * BLOCK_M / 2 .. of each
+    tile on its own (its own warpgroup, its own barrier arrivals), so that the two are not
+    held in step by the partition-wide sync that precedes each arrival."""
+    PART: gl.constexpr = BLOCK_M // CONSUMERS
     q_bufs, k_bufs, v_bufs = bufs
     q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
     H = sizes[1]
@@ -218,16 +221,29 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         qblk, row0, bz, h, bh = _tile_coords(tile, q_tiles, H, BS, BLOCK_M)
         qi = i % 2
-        q = q_bufs.index(qi).reshape([BLOCK_M, D])
+        q = q_bufs.index(qi).reshape([BLOCK_M, D]).slice(ROLE * PART, PART)
+        row0 = row0 + ROLE * PART
         if OVERLAP:
             step = _fwd_row_overlap(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
-                                    kv_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)
+                                    kv_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM, num_warps)
         else:
             step = _fwd_row(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
-                            ready_bars, empty_bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+                            ready_bars, empty_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM,
                             num_warps)
         mbarrier.arrive(q_empty.index(qi), count=1)  # the row's S wgmma have all been waited for: Q is read
         i += 1
+
+
+@gluon.jit
+def _ring(STAGES: gl.constexpr, READERS: gl.constexpr):
+    """A ring's barriers: per stage `ready` (completed by its loads) and `empty`
+    (completed once each of READERS consumer partitions has arrived)."""
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=READERS)
+    return ready_bars, empty_bars
 
 
 @gluon.jit
@@ -238,31 +254,42 @@ def _fwd_ws_persistent_kernel(
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = False,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... of the n_tiles = B * H * q_tiles query
     tiles; descriptors as ``_fwd_ws_kernel``'s. OVERLAP: softmax under the P V wgmma, K and
-    V through separate rings."""
+    V through separate rings. CONSUMERS = 2: two consumer partitions of ``num_warps`` warps
+    each take half of every tile's rows (the second with MMA_REGS registers)."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    q_ready, q_empty = _alloc_ring(2)
-    ready_bars, empty_bars = _alloc_ring(STAGES)  # K and V together (OVERLAP: unused)
-    k_ready, k_empty = _alloc_ring(STAGES)  # OVERLAP: K and V apart (else unused)
-    v_ready, v_empty = _alloc_ring(STAGES)
+    q_ready, q_empty = _ring(2, CONSUMERS)
+    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)  # K and V together (OVERLAP: unused)
+    k_ready, k_empty = _ring(STAGES, CONSUMERS)  # OVERLAP: K and V apart (else unused)
+    v_ready, v_empty = _ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc)
     bufs = (q_bufs, k_bufs, v_bufs)
     bars = (q_ready, q_empty, ready_bars, empty_bars, (k_ready, k_empty, v_ready, v_empty))
     tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos)
     tiles = (n_tiles, q_tiles)
-    gl.warp_specialize([
-        (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
-                           OVERLAP, num_warps)),
-        (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
-    ], [1], [LOAD_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+                               OVERLAP, CONSUMERS, 0, num_warps)),
+            (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+                               OVERLAP, CONSUMERS, 1, num_warps)),
+            (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
+        ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
+                               OVERLAP, CONSUMERS, 0, num_warps)),
+            (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
+        ], [1], [LOAD_REGS])
 
 
 def programs(n_tiles: int, cfg: FwdWsConfig, block_size: int, head_dim: int, device) -> int:
@@ -287,5 +314,5 @@ def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=cfg.block_m // 16, OVERLAP=cfg.overlap,
+        num_warps=cfg.block_m // 16 // cfg.consumers, OVERLAP=cfg.overlap, CONSUMERS=cfg.consumers,
     )
