@@ -282,13 +282,19 @@ def attention_ws_cases(quick: bool):
     cases = ((128, 128, 64, 2, True, False, False),) if quick else \
         ((128, 128, 64, 2, True, False, False), (128, 128, 64, 3, False, True, False), (64, 64, 64, 2, True, True, False),
          (128, 64, 64, 2, False, False, False), (128, 128, 64, 2, True, False, True), (64, 64, 64, 2, False, True, True))
-    for block, head_dim, block_m, stages, causal, kpm, store_ds in cases:
+    # two consumer warpgroups (half the keys each) at blocks of 128
+    cases = tuple((*case, 1) for case in cases) + (((128, 128, 64, 2, True, False, False, 2),) if quick else
+                                                   ((128, 128, 64, 2, True, False, False, 2),
+                                                    (128, 128, 64, 2, False, True, True, 2)))
+    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
-                     STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16)
+                     STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
+                     CONSUMERS=consumers, MMA_REGS=232)
         sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else ""),
-               fn, sig, const, block // 16, stages, None, GluonASTSource)
+        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
+               + (" two consumers" if consumers == 2 else ""), fn, sig, const, const["num_warps"], stages, None,
+               GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
         "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else
@@ -307,6 +313,8 @@ def attention_ws_cases(quick: bool):
                                            ((128, 128, 128, 128, 2, True, False),) if quick else
                                            ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 128, 2, False, False),
                                             (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True)))
+    row_cases["dQ two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick
+                                     else ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 64, 3, False, True)))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -316,12 +324,16 @@ def attention_ws_cases(quick: bool):
             qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)
             const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
                          HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
-            if kind.startswith("persistent"):  # its defaulted constexprs, named (else typed as runtime ints)
-                const.update(OVERLAP=False, CONSUMERS=1, MMA_REGS=232)
+            if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
+                const.update(CONSUMERS=1, MMA_REGS=232)
+            if kind.startswith("persistent"):
+                const["OVERLAP"] = False
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
             if kind.endswith("two consumers"):  # a warpgroup each, half the rows
-                const.update(OVERLAP=True, CONSUMERS=2, num_warps=block_m // 32)
+                const.update(CONSUMERS=2, num_warps=block_m // 32)
+                if kind.startswith("persistent"):
+                    const["OVERLAP"] = True
             sig = _attention_signature(fn, "bf16", const)
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
                    sig, const, const["num_warps"], stages, None, GluonASTSource)

@@ -134,5 +134,12 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
         FwdWsConfig(128, 128, 2, persistent=True, consumers=3)
     with pytest.raises(ValueError, match="consumers=2 needs persistent"):
         FwdWsConfig(128, 128, 2, consumers=2)
-    with pytest.raises(ValueError, match="consumers=2 needs persistent"):
+    with pytest.raises(ValueError, match="consumers=2 needs block_m=128"):
         FwdWsConfig(64, 64, 2, persistent=True, consumers=2)
+    from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig
+
+    with pytest.raises(ValueError, match="consumers must be 1 or 2"):
+        DkdvWsConfig(consumers=True)
+    with pytest.raises(ValueError, match="consumers=2 needs block_m=128"):
+        DqWsConfig(64, 64, 2, consumers=2)
+    assert DqWsConfig(128, 128, 2, consumers=2).consumers == 2 and DkdvWsConfig(consumers=2).consumers == 2

@@ -185,3 +185,31 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
     assert torch.equal(torch.isfinite(lse), finite)
     assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
     assert bool((outs[1][0].cpu()[~finite] == 0).all())
+
+
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D,S,dq_block_n,stages", [(128, 2000, 128, 2), (64, 1000, 64, 3)])
+def test_two_consumer_backward_kernels_equal_the_one_consumer_ones(D, S, dq_block_n, stages, causal, kpm_kind):
+    # dK/dV with two warpgroups of 64 keys, dQ with two of 64 queries (each synchronizing
+    # only itself before its ring arrivals): the same products per row and key in the same
+    # order, so the gradients are bitwise those of the one-consumer kernels (and the
+    # reference's); BigBird with GQA, odd S, key padding
+    dtype, b = torch.bfloat16, 128
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    fwd = kernels.attention_config("fwd", b, D, dtype)
+    one = (fwd, attention_ws.DkdvWsConfig(64, stages), attention_ws.DqWsConfig(128, dq_block_n, stages))
+    two = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=2),
+           attention_ws.DqWsConfig(128, dq_block_n, stages, consumers=2))
+    got_one = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=one)[2]
+    got_two = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=two)[2]
+    for name, a, b_ in zip(("dq", "dk", "dv"), got_two, got_one):
+        assert torch.equal(a, b_), name
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, want in zip(("dq", "dk", "dv"), got_two, ref_grads):
+        assert_close(g, want, dtype, name)

@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ._device import shared_memory_bytes
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _row_keep)
+                                _one_shot_barrier, _qkv_descs, _ring, _row_keep)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
@@ -91,10 +91,12 @@ def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, 
 @gluon.jit
 def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (the default partition, 16 query rows per warp): per key tile S = Q Kᵀ,
-    P, dP = dO Vᵀ, dS, dQ += dS K (dS from registers), synchronous wgmma; then dQ * scale
-    stored with masks (rows past S are not written)."""
+               CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
+               num_warps: gl.constexpr):
+    """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
+    dS, dQ += dS K (dS from registers), synchronous wgmma; then dQ * scale stored with
+    masks (rows past S are not written). With CONSUMERS = 2, consumer ROLE takes rows
+    ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs = bufs
     q_bar, ready_bars, empty_bars = bars
@@ -103,6 +105,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
     N_STEPS: gl.constexpr = BS // BLOCK_N
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS  # this consumer's query rows
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -113,19 +116,20 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     bh = gl.program_id(1)
     qblk = pid // M_SPLIT
     bz = bh // H
-    offs_m = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M + ROLE * ROWS
+    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     m_ok = offs_m < S
     lse = gl.load(lse_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
     lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
     delta = gl.load(delta_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
-    dq = gl.zeros((BLOCK_M, D), dtype=gl.float32, layout=o_layout)
-    s_zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=s_layout)
+    dq = gl.zeros((ROWS, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=s_layout)
     lh = (bh % H) % L_HEADS
     start = gl.load(row_ptr_ptr + lh * NB + qblk)
     end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
     mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, D])
-    do = do_smem.reshape([BLOCK_M, D])
+    q = q_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
+    do = do_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
     step = 0
     for t in range(start * N_STEPS, end * N_STEPS):
         kblk = gl.load(row_cols_ptr + t // N_STEPS)
@@ -143,7 +147,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
         mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
         step += 1
 
-    offs_om = qblk * BS + (pid % M_SPLIT) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+    offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     out_off = bh.to(gl.int64) * S * D + offs_om.to(gl.int64)[:, None] * D + offs_d[None, :]
     gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
@@ -157,9 +161,11 @@ def _bwd_dq_ws_kernel(
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
 ):
     """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
-    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device."""
+    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device.
+    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
@@ -169,16 +175,26 @@ def _bwd_dq_ws_kernel(
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_bar = _one_shot_barrier()
-    ready_bars, empty_bars = _alloc_ring(STAGES)
+    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (q_smem, do_smem, k_bufs, v_bufs)
     bars = (q_bar, ready_bars, empty_bars)
     tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
-    gl.warp_specialize([
-        (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, num_warps)),
-        (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
-    ], [1], [LOAD_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
+                          num_warps)),
+            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
+                          num_warps)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
+        ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
+                          num_warps)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
+        ], [1], [LOAD_REGS])
 
 
 @gluon.jit
@@ -298,11 +314,17 @@ def _fwd_ws_kernel(
 # session), backward time with the other kernel at its default:
 #   dQ   causal 8.44 -> 7.78 ms, local1024 2.57 -> 2.57 ms
 #   dK/dV causal 8.25 -> 8.06 ms, local1024 2.55 -> 2.55 ms
-# The warp-specialized forward lost to the Triton one there (causal 2.50 vs 2.35 ms,
-# local1024 0.88 vs 0.80 ms), so it stays opt-in.
+# The one-tile warp-specialized forward lost to the Triton one there (causal 2.50 vs 2.35
+# ms, local1024 0.88 vs 0.80 ms). Sixteenth session: the persistent forward with the
+# softmax under P V and two consumer warpgroups (each synchronizing only itself before its
+# barrier arrivals) beat the Triton forward on every pattern of the suite
+# (...-attention-fwd-two-consumers-dd27a07.json: local1024 0.753 -> 0.624 ms, strided 0.909
+# -> 0.823, BigBird 0.784 -> 0.680, random 10 % 0.598 -> 0.577, causal 2.464 -> 2.265); the
+# backward kernels take two consumers too (scripts/probes/attention_two_consumers.py).
 _WS_DEFAULTS: dict = {
-    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2),
-    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2),
+    ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
+    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
+    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2),
 }
 
 
@@ -330,6 +352,8 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
     tile = max(cfg.block_m, getattr(cfg, "block_n", cfg.block_m))
     if block_size not in (64, 128) or block_size % tile:
         return f"needs a block size of 64 or 128 divisible by the tiles of {cfg}, got {block_size}"
+    if isinstance(cfg, DkdvWsConfig) and cfg.consumers == 2 and block_size != 128:
+        return f"needs blocks of 128 with two consumers (a warpgroup of 64 keys each), got {block_size}"
     if isinstance(cfg, DkdvWsConfig) and cfg.block_m > 64 and D > 64:
         return f"spills its registers at block_m={cfg.block_m} with D {D} (sT, dPᵀ, dK and dV live at once)"
     for name, t in (("q", q), ("k", k), ("v", v), (third_name, third)):
@@ -364,7 +388,7 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=cfg.block_m // 16,
+        num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
     )
 
 

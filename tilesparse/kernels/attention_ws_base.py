@@ -48,6 +48,18 @@ def _one_shot_barrier():
 
 
 @gluon.jit
+def _ring(STAGES: gl.constexpr, READERS: gl.constexpr):
+    """A ring's barriers: per stage `ready` (completed by its loads) and `empty`
+    (completed once each of READERS consumer partitions has arrived)."""
+    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=READERS)
+    return ready_bars, empty_bars
+
+
+@gluon.jit
 def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
     """Whether block pair (qblk, kblk) needs the element mask, as the Triton kernels'
     ``_needs_mask``: always with key padding, else the last key block when S is not a
@@ -74,21 +86,30 @@ def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSA
     return keep
 
 
+def _check_consumers(cfg, consumers) -> None:
+    if isinstance(consumers, bool) or consumers not in (1, 2):
+        raise ValueError(f"{type(cfg).__name__}.consumers must be 1 or 2, got {consumers!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DkdvWsConfig:
     """Launch parameters of the warp-specialized dK/dV kernel: ``block_m`` query rows per
     step (the key tile is the whole layout block, 16 rows per consumer warp), ``stages``
-    of query / output-gradient tiles in flight, the producer warp's ``load_regs``."""
+    of query / output-gradient tiles in flight, the producer warp's ``load_regs``;
+    ``consumers`` 2 (blocks of 128): two consumer warpgroups with half the keys each,
+    each synchronizing only itself before its barrier arrivals."""
 
     block_m: int = 64
     stages: int = 2
     load_regs: int = 40
+    consumers: int = 1
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
+        _check_consumers(self, self.consumers)
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """K and V tiles, plus the ring of query and output-gradient tiles."""
@@ -99,12 +120,15 @@ class DkdvWsConfig:
 class _RowWalkConfig:
     """Launch parameters of a row-walking kernel (forward, dQ): ``block_m`` query rows per
     program (16 per consumer warp), ``block_n`` key rows per step, ``stages`` of K / V
-    tiles in flight, the producer warp's ``load_regs``."""
+    tiles in flight, the producer warp's ``load_regs``; ``consumers`` 2 (block_m 128): two
+    consumer warpgroups with half the rows each, each synchronizing only itself before
+    its barrier arrivals (the forward: only the persistent kernel)."""
 
     block_m: int = 128
     block_n: int = 64
     stages: int = 2
     load_regs: int = 40
+    consumers: int = 1
     _QUERY_TILES = 1  # query-side tiles held in shared memory (Q; dQ also dO)
 
     def __post_init__(self):
@@ -114,6 +138,9 @@ class _RowWalkConfig:
                              f"got {self.block_m!r}, {self.block_n!r}")
         if self.stages < 2:
             raise ValueError(f"{name}.stages must be >= 2, got {self.stages!r}")
+        _check_consumers(self, self.consumers)
+        if self.consumers == 2 and self.block_m != 128:
+            raise ValueError(f"{name}.consumers=2 needs block_m=128 (a warpgroup each), got {self.block_m!r}")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """The query-side tiles, plus the ring of K and V tiles."""
@@ -140,7 +167,6 @@ class FwdWsConfig(_RowWalkConfig):
     block_n: int = 128
     persistent: bool = False
     overlap: bool = False
-    consumers: int = 1
 
     def __post_init__(self):
         super().__post_init__()
@@ -149,10 +175,8 @@ class FwdWsConfig(_RowWalkConfig):
                 raise ValueError(f"FwdWsConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.overlap and not self.persistent:
             raise ValueError("FwdWsConfig.overlap needs persistent=True (only the persistent kernel has it)")
-        if self.consumers not in (1, 2) or isinstance(self.consumers, bool):
-            raise ValueError(f"FwdWsConfig.consumers must be 1 or 2, got {self.consumers!r}")
-        if self.consumers == 2 and not (self.persistent and self.block_m == 128):
-            raise ValueError("FwdWsConfig.consumers=2 needs persistent=True and block_m=128 (a warpgroup each)")
+        if self.consumers == 2 and not self.persistent:
+            raise ValueError("FwdWsConfig.consumers=2 needs persistent=True (the one-tile forward has one consumer)")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """As ``_RowWalkConfig``'s, plus the second Q buffer of the persistent kernel."""

@@ -19,9 +19,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 
 from ._launch import launch
-from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs,
+                                _ring)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _fill_stage
+from .bsmm_ws import _fill_stage
 
 __all__ = ["launch_dkdv_ws"]
 
@@ -61,11 +62,14 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
-                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr, num_warps: gl.constexpr):
-    """Consumers (the default partition, 16 key rows per warp): the four products per
-    query tile, synchronous wgmma, the stage released after the last one that read it;
-    then dK * scale and dV stored with masks (keys past S are not written). STORE_DS:
-    each dSᵀ tile also goes to the workspace as ``_bwd_dkdv_kernel`` stores it."""
+                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
+                 CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+    """A consumer partition (16 key rows per warp): the four products per query tile,
+    synchronous wgmma, the stage released after the last one that read it; then dK *
+    scale and dV stored with masks (keys past S are not written). STORE_DS: each dSᵀ tile
+    also goes to the workspace as ``_bwd_dkdv_kernel`` stores it. With CONSUMERS = 2,
+    consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and
+    barrier arrivals."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
@@ -73,6 +77,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
+    KEYS: gl.constexpr = BS // CONSUMERS  # this consumer's key rows
     dtype: gl.constexpr = q_desc.dtype
     # sT, pT, dpT: [BS keys, BLOCK_M queries]; dK, dV: [BS keys, D]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -89,18 +94,19 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     bz = bhk // HKV
     hkv = bhk % HKV
 
-    offs_n = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, s_layout))
+    key0 = kblk * BS + ROLE * KEYS
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
     n_keep = offs_n < S
     if HAS_KPM:
         pad = gl.load(kpm_ptr + bz.to(gl.int64) * S + offs_n, mask=n_keep, other=1)
         n_keep = n_keep & (pad == 0)
-    dk = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
-    dv = gl.zeros((BS, D), dtype=gl.float32, layout=o_layout)
-    s_zero = gl.zeros((BS, BLOCK_M), dtype=gl.float32, layout=s_layout)
+    dk = gl.zeros((KEYS, D), dtype=gl.float32, layout=o_layout)
+    dv = gl.zeros((KEYS, D), dtype=gl.float32, layout=o_layout)
+    s_zero = gl.zeros((KEYS, BLOCK_M), dtype=gl.float32, layout=s_layout)
 
     mbarrier.wait(kv_bar, 0)
-    k = k_smem.reshape([BS, D])
-    v = v_smem.reshape([BS, D])
+    k = k_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
+    v = v_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     step = 0
     for g in range(0, GROUP):
         h = hkv * GROUP + g
@@ -139,12 +145,12 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 # accumulator layout would store 4-byte pieces)
                 HPL = H // L_HEADS
                 ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS - DS_ROW_OFFSET).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
-                n_in = gl.arange(0, BS, layout=gl.SliceLayout(1, ds_layout))
+                n_in = ROLE * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, ds_layout))
                 m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
                 gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
             step += 1
 
-    offs_on = kblk * BS + gl.arange(0, BS, layout=gl.SliceLayout(1, o_layout))
+    offs_on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     out_off = bhk.to(gl.int64) * S * D + offs_on.to(gl.int64)[:, None] * D + offs_d[None, :]
     out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
@@ -160,9 +166,11 @@ def _bwd_dkdv_ws_kernel(
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
-    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device."""
+    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
+    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
@@ -172,16 +180,26 @@ def _bwd_dkdv_ws_kernel(
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     kv_bar = _one_shot_barrier()
-    ready_bars, empty_bars = _alloc_ring(STAGES)
+    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
-    gl.warp_specialize([
-        (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, num_warps)),
-        (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
-    ], [1], [LOAD_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
+                            num_warps)),
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
+                            num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+        ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
+                            num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+        ], [1], [LOAD_REGS])
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
@@ -202,5 +220,5 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=block_size // 16,
+        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
     )

@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ._device import sm_count
 from ._launch import launch
 from .attention_ws import _fwd_row, _row_kv_fill
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _needs_mask, _qkv_descs, _row_keep
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _needs_mask, _qkv_descs, _ring, _row_keep
 from .bsmm_tma import ensure_allocator
 
 __all__ = ["launch_fwd_ws_persistent", "programs"]
@@ -232,18 +232,6 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
                             num_warps)
         mbarrier.arrive(q_empty.index(qi), count=1)  # the row's S wgmma have all been waited for: Q is read
         i += 1
-
-
-@gluon.jit
-def _ring(STAGES: gl.constexpr, READERS: gl.constexpr):
-    """A ring's barriers: per stage `ready` (completed by its loads) and `empty`
-    (completed once each of READERS consumer partitions has arrived)."""
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=READERS)
-    return ready_bars, empty_bars
 
 
 @gluon.jit

@@ -1,0 +1,78 @@
+"""The warp-specialized attention kernels with one consumer partition of two warpgroups
+against two consumer partitions of one warpgroup each (half the rows or keys each;
+``consumers=2``): forward (the persistent kernel, softmax under P V), dK/dV and dQ, on the
+attention suite's patterns (B 4, H 16, S 8192, D 128, blocks of 128, bf16), one
+process. Each kernel is timed alone (the backward with the other kernel at its
+one-consumer config); outputs and gradients of the two versions must be bitwise equal.
+
+Why: ncu on the persistent forward (707fe2b) found 39 % of the warps' stall cycles at
+the 256-thread sync that precedes each mbarrier arrival of an 8-warp consumer.
+
+    python scripts/probes/attention_two_consumers.py --out attention-two-consumers.json
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.testing
+
+from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.kernels import attention as K
+from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig, FwdWsConfig
+
+FWD = {"triton": None, "one": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
+       "two": FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2)}
+DKDV = {"one": DkdvWsConfig(64, 2), "two": DkdvWsConfig(64, 2, consumers=2)}
+DQ = {"one": DqWsConfig(128, 128, 2), "two": DqWsConfig(128, 128, 2, consumers=2)}
+
+
+def _time(fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
+    layout = build_layout(spec, S, block, H)
+    causal = bool(spec.get("causal", False))
+    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    meta = layout.meta_on(q.device, causal)
+    scale = D ** -0.5
+    row = {"pattern": spec["name"], "density": layout.density}
+
+    def fwd(cfg):
+        return K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale, config=cfg)
+
+    outs = {}
+    for name, cfg in FWD.items():
+        outs[name] = fwd(cfg)
+        row[f"fwd_{name}_ms"] = _time(lambda cfg=cfg: fwd(cfg))
+    row["fwd_bitwise"] = all(torch.equal(outs["one"][i], outs["two"][i]) for i in range(2))
+    out, lse = outs["one"]
+
+    def bwd(dkdv, dq):
+        return K.attention_backward(dout, q, k, v, out, lse, meta, None, layout.layout_heads, block, causal, scale,
+                                    configs=(dkdv, dq))
+
+    grads = {}
+    for kind, table in (("dkdv", DKDV), ("dq", DQ)):
+        for name, cfg in table.items():
+            pair = (cfg, DQ["one"]) if kind == "dkdv" else (DKDV["one"], cfg)
+            grads[(kind, name)] = bwd(*pair)
+            row[f"bwd_{kind}_{name}_ms"] = _time(lambda pair=pair: bwd(*pair))
+    row["bwd_both_two_ms"] = _time(lambda: bwd(DKDV["two"], DQ["two"]))
+    both = bwd(DKDV["two"], DQ["two"])
+    row["bwd_bitwise"] = all(torch.equal(a, b) for a, b in zip(both, grads[("dkdv", "one")]))
+    if flex:
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fns, _ = _make_fns("flex", *leaves, layout, causal, spec["name"], dout)
+        if fns:
+            row["flex_fwd_ms"], row["flex_fwd_bwd_ms"] = _time(fns[0]), _time(fns[1])
+    return row
+
+
+def describe(name: str, row: dict) -> str:
+    times = "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
+    return f"{name:10} d {row['density']:.3f}  {times}  bitwise fwd {row['fwd_bitwise']} bwd {row['bwd_bitwise']}"
+
+
+if __name__ == "__main__":
+    probe_main(__doc__.splitlines()[0], run_pattern, describe, "also time FlexAttention (compiles: minutes)")
