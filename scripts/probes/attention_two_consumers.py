@@ -1,8 +1,9 @@
 """The warp-specialized attention kernels with one consumer partition of two warpgroups
 against two consumer partitions of one warpgroup each (half the rows or keys each;
 ``consumers=2``): forward (the persistent kernel, softmax under P V), dK/dV and dQ, on the
-attention suite's patterns (B 4, H 16, S 8192, D 128, blocks of 128, bf16), one
-process. Each kernel is timed alone (the backward with the other kernel at its
+attention suite's patterns (B 4, H 16, S 8192, D 128 or ``--head-dim``, blocks of 128,
+bf16), one process, beside the Triton kernels at their heuristic configs and the
+library's default. Each kernel is timed alone (the backward with the other kernel at its
 one-consumer config); outputs and gradients of the two versions must be bitwise equal.
 
 Why: ncu on the persistent forward (707fe2b) found 39 % of the warps' stall cycles at
@@ -20,7 +21,7 @@ from tilesparse.bench.attention import _make_fns, build_layout, probe_main
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig, FwdWsConfig
 
-FWD = {"triton": None, "one": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
+FWD = {"default": None, "one": FwdWsConfig(128, 128, 2, persistent=True, overlap=True),
        "two": FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2)}
 DKDV = {"one": DkdvWsConfig(64, 2), "two": DkdvWsConfig(64, 2, consumers=2)}
 DQ = {"one": DqWsConfig(128, 128, 2), "two": DqWsConfig(128, 128, 2, consumers=2)}
@@ -42,6 +43,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
         return K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale, config=cfg)
 
     outs = {}
+    row["fwd_triton_ms"] = _time(lambda: fwd(K.attention_config("fwd", block, D, q.dtype)))
     for name, cfg in FWD.items():
         outs[name] = fwd(cfg)
         row[f"fwd_{name}_ms"] = _time(lambda cfg=cfg: fwd(cfg))
@@ -59,6 +61,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             grads[(kind, name)] = bwd(*pair)
             row[f"bwd_{kind}_{name}_ms"] = _time(lambda pair=pair: bwd(*pair))
     row["bwd_both_two_ms"] = _time(lambda: bwd(DKDV["two"], DQ["two"]))
+    triton_pair = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
+    row["bwd_triton_ms"] = _time(lambda: bwd(*triton_pair))  # both Triton kernels at their heuristic configs
     both = bwd(DKDV["two"], DQ["two"])
     row["bwd_bitwise"] = all(torch.equal(a, b) for a, b in zip(both, grads[("dkdv", "one")]))
     if flex:

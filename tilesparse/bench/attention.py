@@ -111,7 +111,8 @@ def suite_patterns(name: str = "attention") -> tuple[int, int, int, int, int, di
 
 def probe_main(description: str, run_pattern, describe, flex_help: str) -> None:
     """The attention probes' command line (scripts/probes/attention_*.py): ``--patterns``
-    (of the suite's first shape, :func:`suite_patterns`), ``--flex`` (``flex_help``),
+    (of the suite's first shape, :func:`suite_patterns`; ``--head-dim`` to change D),
+    ``--flex`` (``flex_help``),
     ``--out`` JSON rewritten after each pattern; ``run_pattern(spec, B, H, S, D, block,
     flex)`` gives a pattern's row, ``describe(name, row)`` its printed line."""
     import argparse
@@ -122,9 +123,11 @@ def probe_main(description: str, run_pattern, describe, flex_help: str) -> None:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--patterns", nargs="+", default=["local1024", "strided", "bigbird", "random10", "causal"])
     p.add_argument("--flex", action="store_true", help=flex_help)
+    p.add_argument("--head-dim", type=int, default=None, help="head dim instead of the suite's")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     B, H, S, D, block, specs = suite_patterns()
+    D = args.head_dim or D
     rows = []
     for name in args.patterns:
         row = run_pattern(specs[name], B, H, S, D, block, args.flex)
