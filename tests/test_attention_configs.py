@@ -111,13 +111,20 @@ def test_ws_defaults_apply_only_where_measured_and_supported(monkeypatch):
     # given; an entry the inputs cannot take (here: CPU tensors, not sm90) is skipped
     from tilesparse.kernels import attention_ws
 
-    q = torch.randn(1, 2, 256, 64)
-    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # no entry (D 64)
-    monkeypatch.setitem(attention_ws._WS_DEFAULTS, ("fwd", 128, 64), attention_ws.FwdWsConfig())
+    q = torch.randn(1, 2, 256, 32)
+    assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # no entry (D 32)
+    monkeypatch.setitem(attention_ws._WS_DEFAULTS, ("fwd", 128, 32), attention_ws.FwdWsConfig())
     assert attention_ws.default_config("fwd", q, q, q, q, 128) is None  # not on an sm90 GPU
     monkeypatch.setattr(attention_ws, "ws_supported", lambda *args: None)
     assert attention_ws.default_config("fwd", q, q, q, q, 128) == attention_ws.FwdWsConfig()
     assert attention_ws.default_config("dq", q, q, q, q, 128) is None  # no entry for dQ
+    # D 64: measured faster on layouts shared by all heads only
+    q64 = torch.randn(1, 2, 256, 64)
+    for kind in ("fwd", "dq", "dkdv"):
+        assert attention_ws.default_config(kind, q64, q64, q64, q64, 128, layout_heads=1) is not None
+        assert attention_ws.default_config(kind, q64, q64, q64, q64, 128, layout_heads=2) is None
+    q128 = torch.randn(1, 2, 256, 128)
+    assert attention_ws.default_config("fwd", q128, q128, q128, q128, 128, layout_heads=2) is not None
 
 
 def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():

@@ -70,7 +70,7 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     lse = new_output(B, H, S, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    cfg = config or attention_ws.default_config("fwd", q, k, v, out, block_size) or attention_config(
+    cfg = config or attention_ws.default_config("fwd", q, k, v, out, block_size, layout_heads) or attention_config(
         "fwd", block_size, D, q.dtype)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
@@ -170,7 +170,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's;
         # with stored dS, dQ runs the Triton dq-from-dS kernel at the dQ config's tiles
         configs = tuple((deterministic and not (stored_ds and kind == "dq")
-                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size))
+                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size, layout_heads))
                         or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
     cfg_kv, cfg_q = configs
     ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,

@@ -321,19 +321,32 @@ def _fwd_ws_kernel(
 # (...-attention-fwd-two-consumers-dd27a07.json: local1024 0.753 -> 0.624 ms, strided 0.909
 # -> 0.823, BigBird 0.784 -> 0.680, random 10 % 0.598 -> 0.577, causal 2.464 -> 2.265); the
 # backward kernels take two consumers too (scripts/probes/attention_two_consumers.py).
+# At D 64 (...-attention-two-consumers-d64-ffd6099.json) the same kernels beat the Triton
+# ones on the layouts shared by all heads (forward local1024 0.633 -> 0.439 ms, strided
+# 0.788 -> 0.541, causal 2.155 -> 1.442; backward 1.72 -> 1.62, 2.17 -> 1.95, 6.07 -> 4.65)
+# and not on the per-head ones (BigBird forward 0.518 vs 0.526, random 10 % 0.364 vs 0.401;
+# random 10 % backward 1.31 vs 1.39): there they apply to shared layouts only.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2),
+    ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
+    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
+    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2),
 }
+_SHARED_LAYOUTS_ONLY = {("fwd", 128, 64), ("dq", 128, 64), ("dkdv", 128, 64)}
 
 
-def default_config(kind: str, q, k, v, third, block_size: int):
+def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1):
     """The warp-specialized config of ``kind`` ("fwd", "dkdv" or "dq") for these inputs
     where one is the measured default and the inputs qualify, else None (the Triton
-    kernel's config applies)."""
-    cfg = _WS_DEFAULTS.get((kind, block_size, q.shape[-1]))
-    if cfg is None or ws_supported(q, k, v, third, block_size, cfg) is not None:
+    kernel's config applies). ``layout_heads``: the layout's heads (1: one layout shared
+    by every head); some defaults were measured faster on shared layouts only."""
+    key = (kind, block_size, q.shape[-1])
+    cfg = _WS_DEFAULTS.get(key)
+    if cfg is None or (layout_heads > 1 and key in _SHARED_LAYOUTS_ONLY):
+        return None
+    if ws_supported(q, k, v, third, block_size, cfg) is not None:
         return None
     return cfg
 
