@@ -285,7 +285,8 @@ def attention_ws_cases(quick: bool):
     # two consumer warpgroups (half the keys each) at blocks of 128
     cases = tuple((*case, 1) for case in cases) + (((128, 128, 64, 2, True, False, False, 2),) if quick else
                                                    ((128, 128, 64, 2, True, False, False, 2),
-                                                    (128, 128, 64, 2, False, True, True, 2)))
+                                                    (128, 128, 64, 2, False, True, True, 2),
+                                                    (128, 64, 64, 2, True, False, True, 2)))
     for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
@@ -318,7 +319,8 @@ def attention_ws_cases(quick: bool):
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
-                                                          (128, 64, 128, 64, 3, False, True)))
+                                                          (128, 64, 128, 64, 3, False, True),
+                                                          (128, 64, 128, 128, 2, True, False)))
     for kind, (fn, cases) in row_cases.items():
         for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
             qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)

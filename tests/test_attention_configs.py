@@ -150,3 +150,16 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
     with pytest.raises(ValueError, match="consumers=2 needs block_m=128"):
         DqWsConfig(64, 64, 2, consumers=2)
     assert DqWsConfig(128, 128, 2, consumers=2).consumers == 2 and DkdvWsConfig(consumers=2).consumers == 2
+    with pytest.raises(ValueError, match="load_regs must be <= 40"):
+        DkdvWsConfig(load_regs=64, consumers=2)
+
+
+def test_two_consumer_dkdv_is_refused_at_blocks_of_64(monkeypatch):
+    # two consumers split the key block into halves of one warpgroup (64 keys) each
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    q = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    why = attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig(consumers=2))
+    assert why is not None and "blocks of 128 with two consumers" in why
+    assert attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig()) is None

@@ -138,6 +138,8 @@ def test_tile_sdd_config_checks_its_fields_and_block_size():
         SddTileConfig(num_warps=3)
     with pytest.raises(ValueError, match="programs_per_sm"):
         SddTileConfig(programs_per_sm=-1)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        SddTileConfig(programs_per_sm=True)
     assert SddTileConfig().fits(16) and SddTileConfig().fits(128) and not SddTileConfig(64, 128).fits(128)
     assert not SddTileConfig().fits(48)  # blocks must tile the tile
     layout = make_layout("random", 2, 2, 48)

@@ -89,6 +89,10 @@ def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSA
 def _check_consumers(cfg, consumers) -> None:
     if isinstance(consumers, bool) or consumers not in (1, 2):
         raise ValueError(f"{type(cfg).__name__}.consumers must be 1 or 2, got {consumers!r}")
+    # with two consumers the first (the default partition) gets 512 - 232 - load_regs
+    # registers per thread of its warpgroup: more for the producer starves it
+    if consumers == 2 and cfg.load_regs > 40:
+        raise ValueError(f"{type(cfg).__name__}.load_regs must be <= 40 with two consumers, got {cfg.load_regs!r}")
 
 
 @dataclasses.dataclass(frozen=True)

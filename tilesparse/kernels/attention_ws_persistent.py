@@ -9,7 +9,8 @@ V stay in L2) and the producer warp runs ahead across tiles: Q is double-buffere
 the K / V ring flows on from one tile's row into the next, so the next tile's loads land
 while the consumers finish the current one. Each tile is computed by
 :func:`tilesparse.kernels.attention_ws._fwd_row`, as in the one-tile-per-program kernel:
-same results, bitwise. Opt-in (``FwdWsConfig(persistent=True)``) until timed.
+same results, bitwise. With ``overlap`` and two consumers (below) it is the Hopper default
+at blocks of 128 (:data:`tilesparse.kernels.attention_ws._WS_DEFAULTS`).
 
 ``FwdWsConfig(persistent=True, overlap=True)``: the consumers overlap each key tile's
 softmax with the previous tile's P V product (FlashAttention-3's intra-warpgroup

@@ -152,7 +152,8 @@ class SddTileConfig:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"SddTileConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
                              f"got {self.num_warps!r}, {self.num_stages!r}")
-        if not isinstance(self.programs_per_sm, int) or not 0 <= self.programs_per_sm <= 8:
+        if isinstance(self.programs_per_sm, bool) or not isinstance(self.programs_per_sm, int) \
+                or not 0 <= self.programs_per_sm <= 8:
             raise ValueError(f"SddTileConfig.programs_per_sm must be an int in 0..8, got {self.programs_per_sm!r}")
 
     def fits(self, block_size: int) -> bool:
@@ -199,8 +200,10 @@ def tile_count(block_rows: int, block_cols: int, block_size: int, config: SddTil
 
 def nonempty_tiles(meta, block_rows: int, block_cols: int, block_size: int, config: SddTileConfig):
     """int32 [1 + tiles]: the number of tiles holding a stored block, then those tiles'
-    row-major ids (the empty ones after them). Built on meta's device without a host sync
-    (a stable sort, no ``nonzero``) and remembered on ``meta`` per tile shape."""
+    row-major ids (the empty ones after them). Built on meta's device from the layout's
+    slot map (a stable sort, no ``nonzero``: nothing read back to the host) once per layout
+    and tile shape and remembered on ``meta`` (the first build synchronizes, as every
+    cached table does)."""
     def build():
         tile_rows, tile_cols = tile_grid(block_rows, block_cols, block_size, config)
         gr, gc = config.tile_rows // block_size, config.tile_cols // block_size
