@@ -224,8 +224,8 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
     softmax over its key tiles, taken from the ring from position ``step`` on, S = Q Kᵀ and O += P V (P from registers) as synchronous wgmma; then
     O / l and lse stored (rows past S are not written; empty rows give O = 0 and lse =
     -inf), as ``_fwd_kernel`` does. Returns the ring position after its tiles."""
-    row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr = tables
-    S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos = sizes
+    row_ptr_ptr, row_cols_ptr, kpm_ptr = tables[0], tables[1], tables[3]
+    S, NB, L_HEADS, qk_scale = sizes[0], sizes[3], sizes[4], sizes[5]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     N_STEPS: gl.constexpr = BS // BLOCK_N
     dtype: gl.constexpr = k_bufs.dtype
@@ -252,21 +252,40 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
         mbarrier.wait(ready_bars.index(st), (step // STAGES) & 1)
         k = k_bufs.index(st).reshape([BLOCK_N, D])
         v = v_bufs.index(st).reshape([BLOCK_N, D])
-        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale
-        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-            s = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False)
+        p, m_i, alpha, l_i = _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S, qk_scale,
+                                           BS, HAS_KPM, CAUSAL)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_operand), v, acc)
         mbarrier.arrive(empty_bars.index(st), count=1)  # the wgmma above were synchronous
-        m_i = m_new
         step += 1
+    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M)
+    return step
 
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S, qk_scale,
+                  BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """The online softmax of one score tile S = Q Kᵀ (unscaled), in base 2: (P, the new
+    running max, alpha = the rescale factor of the old O and l, the new l)."""
+    s = s * qk_scale
+    if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+        s = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, m_new, alpha, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D: gl.constexpr, BLOCK_M: gl.constexpr):
+    """A query tile's end: lse, and O / l stored (rows past S are not written; rows with
+    nothing kept give O = 0 and lse = -inf)."""
+    lse_ptr, o_ptr = tables[2], tables[4]
+    S, sob, soh, sos = sizes[0], sizes[6], sizes[7], sizes[8]
+    o_layout: gl.constexpr = acc.type.layout
     empty = l_i == 0.0
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
     gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
@@ -274,8 +293,7 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
     offs_om = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
     out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
-    gl.store(o_ptr + out_off, acc.to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
-    return step
+    gl.store(o_ptr + out_off, acc.to(o_ptr.dtype.element_ty), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.jit

@@ -30,8 +30,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ._device import sm_count
 from ._launch import launch
-from .attention_ws import _fwd_row, _row_kv_fill
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _needs_mask, _qkv_descs, _ring, _row_keep
+from .attention_ws import _fwd_row, _row_kv_fill, _softmax_step, _store_row
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs, _ring
 from .bsmm_tma import ensure_allocator
 
 __all__ = ["launch_fwd_ws_persistent", "programs"]
@@ -107,22 +107,6 @@ def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S, qk_scale,
-                  BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
-    """The online softmax of one score tile S (unscaled): (P, new running max, its
-    rescale factor alpha for the old O and l, new l), as ``_fwd_row`` computes them."""
-    s = s * qk_scale
-    if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-        s = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    # a row with nothing kept so far has m_new = -inf: subtract 0 instead (no NaN)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    return p, m_new, alpha, l_i * alpha + gl.sum(p, 1)
-
-
-@gluon.jit
 def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, kv_bars, tables, sizes,
                      BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
@@ -131,8 +115,8 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
     P V asynchronously, waits for S_t, runs its softmax, waits for P V and rescales O; the
     last tile's P V closes the row. K and V come from their own rings (``kv_bars``)."""
     k_ready, k_empty, v_ready, v_empty = kv_bars
-    row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr = tables
-    S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos = sizes
+    row_ptr_ptr, row_cols_ptr, kpm_ptr = tables[0], tables[1], tables[3]
+    S, NB, L_HEADS, qk_scale = sizes[0], sizes[3], sizes[4], sizes[5]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     N_STEPS: gl.constexpr = BS // BLOCK_N
     dtype: gl.constexpr = k_bufs.dtype
@@ -191,14 +175,7 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
         mbarrier.arrive(v_empty.index(st), count=1)
         step += 1
 
-    empty = l_i == 0.0
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
-    gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
-    acc = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), o_rows)[:, None]
-    offs_om = row0 + gl.arange(0, BLOCK_M, layout=o_rows)
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
-    gl.store(o_ptr + out_off, acc.to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M)
     return step
 
 
