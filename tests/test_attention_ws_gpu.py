@@ -102,6 +102,35 @@ def test_ws_forward_and_backward_match_the_reference(b, D, S, block_m, block_n, 
     assert rel_error(out, triton_out) < 1e-2
 
 
+def _rows_with_gaps(S, b, single_block_row=False):
+    """A per-head layout (4 heads) of ~30 % of blocks plus the diagonal, with head 0's
+    block-row 1 empty (a tile that walks no key block, between tiles that do) and, if
+    asked, head 1's block-row 2 a single block."""
+    nb = -(-S // b)
+    mask = torch.rand(4, nb, nb, generator=torch.Generator().manual_seed(_seed())) < 0.3
+    mask |= torch.eye(nb, dtype=torch.bool)
+    mask[0, 1] = False
+    if single_block_row:
+        mask[1, 2] = False
+        mask[1, 2, 0] = True
+    return AttentionLayout(mask, b, S)
+
+
+def _assert_forward_matches_reference(out, lse, q, k, v, layout, causal, kpm, what):
+    """out within the dtype's tolerance of the float64 reference; lse finite exactly where
+    the reference's is, and close there."""
+    from tilesparse.attention.reference import attention_reference
+
+    ref, ref_lse = attention_reference(q, k, v, layout, causal=causal, scale=q.shape[-1] ** -0.5,
+                                       key_padding_mask=kpm.cpu(), return_lse=True)
+    assert_close(out, ref, q.dtype, what)
+    lse = lse.cpu()
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    return finite
+
+
 @pytest.mark.parametrize("programs", [5, None], ids=["5-programs", "one-per-sm"])
 @pytest.mark.parametrize("b,D,S,block_m,block_n,stages", [(128, 128, 2000, 128, 128, 2), (128, 128, 1500, 128, 64, 3),
                                                           (64, 64, 1000, 64, 64, 2)])
@@ -112,17 +141,12 @@ def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n
     # reference's. 5 programs: each walks 38-39 tiles, so both Q buffers are reused many
     # times (their release and refill waits run); head 0 has an empty block-row (a tile
     # whose row walks no key block, between tiles that do); batch element 0 all padding
-    from tilesparse.attention.reference import attention_reference
     from tilesparse.kernels import attention_ws_persistent
 
     if programs is not None:
         monkeypatch.setattr(attention_ws_persistent, "programs", lambda *args: programs)
     dtype = torch.bfloat16
-    nb = -(-S // b)
-    mask = torch.rand(4, nb, nb, generator=torch.Generator().manual_seed(_seed())) < 0.3
-    mask |= torch.eye(nb, dtype=torch.bool)
-    mask[0, 1] = False  # head 0, block-row 1: empty
-    layout = AttentionLayout(mask, b, S)
+    layout = _rows_with_gaps(S, b)
     q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
     kpm = padding(3, S, "all").cuda()
     one = attention_ws.FwdWsConfig(block_m, block_n, stages)
@@ -131,13 +155,7 @@ def test_persistent_forward_equals_the_one_tile_kernel(b, D, S, block_m, block_n
     outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
             for cfg in (one, persistent)]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    ref, ref_lse = attention_reference(q, k, v, layout, causal=causal, scale=D ** -0.5, key_padding_mask=kpm.cpu(),
-                                       return_lse=True)
-    assert_close(outs[1][0], ref, dtype, "persistent out")
-    lse = outs[1][1].cpu()
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite)
-    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    _assert_forward_matches_reference(*outs[1], q, k, v, layout, causal, kpm, "persistent out")
 
 
 @pytest.mark.parametrize("b,D,S,block_n,stages,consumers", [(128, 128, 2000, 128, 2, 1), (128, 128, 1500, 64, 4, 1),
@@ -153,23 +171,16 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
     # equal to it, and the reference's output and lse. 5
     # programs walk many tiles each (rings and Q buffers reused); an empty block-row,
     # single-block rows and padded batch elements
-    from tilesparse.attention.reference import attention_reference
     from tilesparse.kernels import attention_ws_persistent
 
+    if not overlap and consumers == 1:
+        pytest.skip("the synchronous one-consumer kernel is the baseline itself")
     monkeypatch.setattr(attention_ws_persistent, "programs", lambda *args: 5)
     dtype = torch.bfloat16
-    nb = -(-S // b)
-    mask = torch.rand(4, nb, nb, generator=torch.Generator().manual_seed(_seed())) < 0.3
-    mask |= torch.eye(nb, dtype=torch.bool)
-    mask[0, 1] = False  # head 0, block-row 1: empty
-    mask[1, 2] = False
-    mask[1, 2, 0] = True  # head 1, block-row 2: one block
-    layout = AttentionLayout(mask, b, S)
+    layout = _rows_with_gaps(S, b, single_block_row=True)
     q, k, v = make_inputs(3, 4, 2, S, D, dtype, device="cuda")
     kpm = padding(3, S, "all").cuda()
     meta = layout.meta_on(q.device, causal)
-    if not overlap and consumers == 1:
-        pytest.skip("the synchronous one-consumer kernel is the baseline itself")
     cfgs = (attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True),
             attention_ws.FwdWsConfig(128 if b == 128 else 64, block_n, stages, persistent=True, overlap=overlap,
                                      consumers=consumers))
@@ -177,13 +188,7 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
             for cfg in (*cfgs, cfgs[1])]
     for other in (outs[0], outs[2]):
         assert torch.equal(outs[1][0], other[0]) and torch.equal(outs[1][1], other[1])
-    ref, ref_lse = attention_reference(q, k, v, layout, causal=causal, scale=D ** -0.5, key_padding_mask=kpm.cpu(),
-                                       return_lse=True)
-    assert_close(outs[1][0], ref, dtype, "overlapped out")
-    lse = outs[1][1].cpu()
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), finite)
-    assert torch.allclose(lse[finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-3)
+    finite = _assert_forward_matches_reference(*outs[1], q, k, v, layout, causal, kpm, "overlapped out")
     assert bool((outs[1][0].cpu()[~finite] == 0).all())
 
 

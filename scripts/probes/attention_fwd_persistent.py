@@ -11,9 +11,9 @@ compiles. The two warp-specialized outputs must agree bitwise.
 from __future__ import annotations
 
 import torch
-import triton.testing
 
 from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import FwdWsConfig
 
@@ -33,7 +33,7 @@ VARIANTS = {
 
 
 def _time(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return bench_ms(fn, cuda=True)
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:

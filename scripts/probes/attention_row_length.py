@@ -15,9 +15,9 @@ import argparse
 import json
 
 import torch
-import triton.testing
 
 from tilesparse.attention import layouts
+from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import FwdWsConfig
 
@@ -30,7 +30,7 @@ VARIANTS = {
 
 
 def _time(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return bench_ms(fn, cuda=True)
 
 
 def main() -> None:

@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 
 import torch
-import triton.testing
 
 from tilesparse.attention import block_sparse_attention
 from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention_stored_ds as stored
 
 
 def _time(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return bench_ms(fn, cuda=True)
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:

@@ -15,9 +15,9 @@ the 256-thread sync that precedes each mbarrier arrival of an 8-warp consumer.
 from __future__ import annotations
 
 import torch
-import triton.testing
 
 from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig, FwdWsConfig
 
@@ -28,7 +28,7 @@ DQ = {"one": DqWsConfig(128, 128, 2), "two": DqWsConfig(128, 128, 2, consumers=2
 
 
 def _time(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    return bench_ms(fn, cuda=True)
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
