@@ -287,20 +287,14 @@ def attention_ws_cases(quick: bool):
                                                    ((128, 128, 64, 2, True, False, False, 2),
                                                     (128, 128, 64, 2, False, True, True, 2),
                                                     (128, 64, 64, 2, True, False, True, 2)))
-    # ATOMIC_DQ: dQ shares added by atomics (deterministic=False), one or two consumers
-    cases = tuple((*case, False) for case in cases) + (((128, 128, 64, 2, True, False, False, 2, True),) if quick else
-                                                       ((128, 128, 64, 2, True, False, False, 2, True),
-                                                        (128, 128, 64, 2, False, True, False, 1, True),
-                                                        (128, 64, 64, 2, False, False, False, 2, True),
-                                                        (64, 64, 64, 2, True, True, False, 1, True)))
-    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers, atomic_dq in cases:
+    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, ATOMIC_DQ=atomic_dq)
+                     CONSUMERS=consumers, MMA_REGS=232)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
-               + (" two consumers" if consumers == 2 else "") + (" atomic_dq" if atomic_dq else ""), fn, sig, const, const["num_warps"], stages, None,
+               + (" two consumers" if consumers == 2 else ""), fn, sig, const, const["num_warps"], stages, None,
                GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {

@@ -163,32 +163,3 @@ def test_two_consumer_dkdv_is_refused_at_blocks_of_64(monkeypatch):
     why = attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig(consumers=2))
     assert why is not None and "blocks of 128 with two consumers" in why
     assert attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig()) is None
-
-
-def test_atomic_dq_dkdv_config_checks_and_defaults(monkeypatch):
-    # the warp-specialized dK/dV kernel's atomic-dQ mode: a bool, at least a wgmma's 64
-    # query rows, refused with deterministic=True (and its absence with False), and the
-    # default dK/dV config with deterministic=False where measured
-    from tilesparse.kernels import attention_ws
-
-    with pytest.raises(ValueError, match="atomic_dq must be a bool"):
-        attention_ws.DkdvWsConfig(atomic_dq=1)
-    with pytest.raises(ValueError, match="atomic_dq needs block_m >= 64"):
-        attention_ws.DkdvWsConfig(32, atomic_dq=True)
-    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
-    q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
-    assert attention_ws.ws_supported(q, q, q, q, 128, attention_ws.DkdvWsConfig(atomic_dq=True)) is None
-    for deterministic, atomic, match in ((True, True, "needs deterministic=False"),
-                                         (False, False, "needs atomic_dq=True")):
-        with pytest.raises(ValueError, match=match):
-            kernels._check_config(attention_ws.DkdvWsConfig(atomic_dq=atomic), attention_ws.DkdvWsConfig,
-                                  "configs[0]", "dK/dV", q, q, q, q, 128, deterministic)
-    assert kernels._check_config(attention_ws.DkdvWsConfig(atomic_dq=True), attention_ws.DkdvWsConfig, "configs[0]",
-                                 "dK/dV", q, q, q, q, 128, False)
-    atomic = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
-    assert atomic is not None and atomic.atomic_dq and atomic.consumers == 2
-    assert not attention_ws.default_config("dkdv", q, q, q, q, 128).atomic_dq
-    assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None  # no dQ kernel then
-    assert attention_ws.default_config("fwd", q, q, q, q, 128, deterministic=False) is not None
-    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", set())
-    assert attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False) is None

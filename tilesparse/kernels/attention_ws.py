@@ -25,8 +25,6 @@ fp16 / bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 
 from __future__ import annotations
 
-import dataclasses
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
@@ -355,21 +353,15 @@ _WS_DEFAULTS: dict = {
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2),
 }
 _SHARED_LAYOUTS_ONLY = {("fwd", 128, 64), ("dq", 128, 64), ("dkdv", 128, 64)}
-# With deterministic=False, these dK/dV defaults also add dQ by atomics (atomic_dq=True)
-_ATOMIC_DQ_DEFAULTS = {("dkdv", 128, 128), ("dkdv", 128, 64)}
 
 
-def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
+def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1):
     """The warp-specialized config of ``kind`` ("fwd", "dkdv" or "dq") for these inputs
     where one is the measured default and the inputs qualify, else None (the Triton
     kernel's config applies). ``layout_heads``: the layout's heads (1: one layout shared
-    by every head); some defaults were measured faster on shared layouts only.
-    ``deterministic=False`` (backward): dK/dV's config adds dQ by atomics where that was
-    measured faster (``_ATOMIC_DQ_DEFAULTS``), and there is no dQ kernel."""
+    by every head); some defaults were measured faster on shared layouts only."""
     key = (kind, block_size, q.shape[-1])
     cfg = _WS_DEFAULTS.get(key)
-    if not deterministic and kind != "fwd":
-        cfg = dataclasses.replace(cfg, atomic_dq=True) if kind == "dkdv" and key in _ATOMIC_DQ_DEFAULTS else None
     if cfg is None or (layout_heads > 1 and key in _SHARED_LAYOUTS_ONLY):
         return None
     if ws_supported(q, k, v, third, block_size, cfg) is not None:
@@ -393,8 +385,6 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
         return f"needs a block size of 64 or 128 divisible by the tiles of {cfg}, got {block_size}"
     if isinstance(cfg, DkdvWsConfig) and cfg.consumers == 2 and block_size != 128:
         return f"needs blocks of 128 with two consumers (a warpgroup of 64 keys each), got {block_size}"
-    if isinstance(cfg, DkdvWsConfig) and cfg.atomic_dq and cfg.block_m * (D // 64) > 128:
-        return f"spills its registers with atomic_dq at block_m={cfg.block_m}, D {D} (dK, dV and a dQ share live)"
     if isinstance(cfg, DkdvWsConfig) and cfg.block_m > 64 and D > 64:
         return f"spills its registers at block_m={cfg.block_m} with D {D} (sT, dPᵀ, dK and dV live at once)"
     for name, t in (("q", q), ("k", k), ("v", v), (third_name, third)):

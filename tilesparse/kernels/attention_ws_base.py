@@ -101,23 +101,16 @@ class DkdvWsConfig:
     step (the key tile is the whole layout block, 16 rows per consumer warp), ``stages``
     of query / output-gradient tiles in flight, the producer warp's ``load_regs``;
     ``consumers`` 2 (blocks of 128): two consumer warpgroups with half the keys each,
-    each synchronizing only itself before its barrier arrivals; ``atomic_dq``: the kernel
-    also adds each pair's dQ share into an fp32 buffer by atomics (5 products per pair, no
-    dQ kernel; not bitwise reproducible: ``deterministic=False`` only)."""
+    each synchronizing only itself before its barrier arrivals."""
 
     block_m: int = 64
     stages: int = 2
     load_regs: int = 40
     consumers: int = 1
-    atomic_dq: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        if not isinstance(self.atomic_dq, bool):
-            raise ValueError(f"DkdvWsConfig.atomic_dq must be a bool, got {self.atomic_dq!r}")
-        if self.atomic_dq and self.block_m < 64:
-            raise ValueError(f"DkdvWsConfig.atomic_dq needs block_m >= 64 (a wgmma's rows), got {self.block_m!r}")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)

@@ -28,69 +28,14 @@ __all__ = ["launch_dkdv_ws"]
 
 
 @gluon.jit
-def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.constexpr):
-    """The column walk's i-th query tile (i from start * M_STEPS): in order, or with
-    ATOMIC_DQ rotated to start at a place that depends on the key block, so that the
-    programs running at once add their dQ shares into different query tiles (adds to
-    one address serialize), as ``_bwd_dkdv_kernel`` does."""
-    if ATOMIC_DQ:
-        n = (end - start) * M_STEPS
-        return start * M_STEPS + (i - start * M_STEPS + kblk * M_STEPS) % n
-    else:
-        return i
-
-
-@gluon.jit
-def _red_add(base, offs, values, mask):
-    """fp32 ``base[offs] += values`` where ``mask``, by relaxed reductions (no value
-    returned): four elements at a time as one 16-byte ``red.v4`` (sm_90) where they are
-    consecutive in memory (a layout of 4 columns per thread), else one at a time. The
-    address is formed inside the assembly from the 64-bit base and the 32-bit offsets:
-    ``gl.atomic_add`` wants a 64-bit pointer per element in registers, and those spilled
-    the dK/dV kernel's accumulators."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .pred p0, p1, p2, p3, v, w0, w1, w2, w3;
-        .reg .b64 a0, a1, a2, a3;
-        .reg .s32 d;
-        mov.u32 $0, 0;
-        mov.u32 $1, 0;
-        mov.u32 $2, 0;
-        mov.u32 $3, 0;
-        setp.ne.b32 p0, $16, 0;
-        setp.ne.b32 p1, $17, 0;
-        setp.ne.b32 p2, $18, 0;
-        setp.ne.b32 p3, $19, 0;
-        sub.s32 d, $11, $8;
-        setp.eq.and.s32 v, d, 3, p0;
-        setp.ne.and.s32 w0, d, 3, p0;
-        setp.ne.and.s32 w1, d, 3, p1;
-        setp.ne.and.s32 w2, d, 3, p2;
-        setp.ne.and.s32 w3, d, 3, p3;
-        mad.wide.s32 a0, $8, 4, $4;
-        @v red.relaxed.gpu.global.add.v4.f32 [a0], {$12, $13, $14, $15};
-        @w0 red.relaxed.gpu.global.add.f32 [a0], $12;
-        mad.wide.s32 a1, $9, 4, $5;
-        @w1 red.relaxed.gpu.global.add.f32 [a1], $13;
-        mad.wide.s32 a2, $10, 4, $6;
-        @w2 red.relaxed.gpu.global.add.f32 [a2], $14;
-        mad.wide.s32 a3, $11, 4, $7;
-        @w3 red.relaxed.gpu.global.add.f32 [a3], $15;
-        }""",
-        constraints="=r,=r,=r,=r,l,l,l,l,r,r,r,r,f,f,f,f,r,r,r,r",
-        args=[base.to(gl.int64, bitcast=True), offs, values, mask.to(gl.int32)],
-        dtype=gl.int32, is_pure=False, pack=4)
-
-
-@gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
-                  BS: gl.constexpr, BLOCK_M: gl.constexpr, ATOMIC_DQ: gl.constexpr):
+                  BS: gl.constexpr, BLOCK_M: gl.constexpr):
     """Producer (one warp): the key tile's K and V once, then for each query head of the
     group and each query tile of the key block's CSC column, the Q and dO tiles."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     kblk = gl.program_id(0)
@@ -106,8 +51,7 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
         lh = h % L_HEADS
         start = gl.load(col_ptr_ptr + lh * NB + kblk)
         end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for i in range(start * M_STEPS, end * M_STEPS):
-            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
+        for t in range(start * M_STEPS, end * M_STEPS):
             qblk = gl.load(col_rows_ptr + t // M_STEPS)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             _fill_stage(step, q_desc, [bz, h, row, 0], do_desc, [bz, h, row, 0], q_bufs, do_bufs, ready_bars,
@@ -118,21 +62,18 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
-                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                 CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 key rows per warp): the four products per query tile,
     synchronous wgmma, the stage released after the last one that read it; then dK *
     scale and dV stored with masks (keys past S are not written). STORE_DS: each dSᵀ tile
     also goes to the workspace as ``_bwd_dkdv_kernel`` stores it. With CONSUMERS = 2,
     consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and
-    barrier arrivals. ATOMIC_DQ: also dQ += scale * dS K (dS = dSᵀ transposed through
-    shared memory by the layout conversion; this consumer's keys only) added into the
-    fp32 ``dq_acc`` by relaxed atomics: no dQ kernel, 5 products per pair instead of 7,
-    dQ's bits depend on the order the adds land in."""
+    barrier arrivals."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
@@ -145,14 +86,6 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                                                        instr_shape=[16, D, 16])
     # pT and dsT as wgmma's A operand from registers
     p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    # ATOMIC_DQ's dS [BLOCK_M queries, keys] as the A operand of dQ = dS K; its dQ share [BLOCK_M, D]
-    DQ_N: gl.constexpr = 64 if D > 64 else D
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                        instr_shape=[16, DQ_N, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-    dq_add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4],
-                                                   threads_per_warp=[32 // (DQ_N // 4), DQ_N // 4],
-                                                   warps_per_cta=[num_warps, 1], order=[1, 0])
     # STORE_DS's stores: 8 consecutive queries (16 bytes) per thread, BLOCK_M // 8 threads per row
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
@@ -181,8 +114,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         bh = (bz * H + h).to(gl.int64)
         start = gl.load(col_ptr_ptr + lh * NB + kblk)
         end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for i in range(start * M_STEPS, end * M_STEPS):
-            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
+        for t in range(start * M_STEPS, end * M_STEPS):
             qblk = gl.load(col_rows_ptr + t // M_STEPS)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -208,18 +140,6 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             dsT = pT * (dpT - delta[None, :])
             dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
-            if ATOMIC_DQ:  # K stays in shared memory for the whole walk; dQ's share in column
-                # slices of DQ_N (one fp32 accumulator of D columns beside dK and dV spills)
-                ds = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
-                in_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_add_layout))
-                in_d = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_add_layout))
-                for c in gl.static_range(D // DQ_N):
-                    dq_part = warpgroup_mma(ds, k.slice(c * DQ_N, DQ_N, dim=1),
-                                            gl.zeros((BLOCK_M, DQ_N), dtype=gl.float32, layout=dq_layout),
-                                            use_acc=False)
-                    # 4 consecutive columns per thread for 16-byte reductions (through shared memory)
-                    _red_add(dq_acc_ptr + (bh * S + row) * D + c * DQ_N, in_m[:, None] * D + in_d[None, :],
-                             gl.convert_layout(dq_part * scale, dq_add_layout), (in_m < S - row)[:, None])
             if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
                 # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
                 # accumulator layout would store 4-byte pieces)
@@ -241,12 +161,12 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
+    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, ATOMIC_DQ: gl.constexpr = False,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -264,35 +184,31 @@ def _bwd_dkdv_ws_kernel(
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
-            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, ATOMIC_DQ,
-                            CONSUMERS, 0, num_warps)),
-            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, ATOMIC_DQ,
-                            CONSUMERS, 1, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ATOMIC_DQ)),
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
+                            num_warps)),
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
+                            num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
-            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, ATOMIC_DQ,
-                            CONSUMERS, 0, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ATOMIC_DQ)),
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
+                            num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
         ], [1], [LOAD_REGS])
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
-                   ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0,
-                   dq_acc=None) -> None:
+                   ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
-    STORE_DS workspace, whose row 0 is row ``ds_row_offset``), or scale * dS K added into
-    ``dq_acc`` (zeroed fp32 [B, H, S, D]) where given (``cfg.atomic_dq``). ``kv_heads``:
-    only the flat (batch, kv head) range [first, end) (default all)."""
-    if (dq_acc is not None) != cfg.atomic_dq or (dq_acc is not None and ds is not None):
-        raise ValueError(f"{cfg}: dq_acc is given exactly when atomic_dq is set, and not with ds")
+    STORE_DS workspace, whose row 0 is row ``ds_row_offset``). ``kv_heads``: only the
+    flat (batch, kv head) range [first, end) (default all)."""
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
@@ -300,9 +216,9 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     first, end = kv_heads or (0, B * hkv)
     launch(_bwd_dkdv_ws_kernel, (nb, end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
-        lse if dq_acc is None else dq_acc, B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
+        B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, ATOMIC_DQ=cfg.atomic_dq,
+        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
     )
