@@ -50,7 +50,7 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
-        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr")):
+        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr")):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{dtype}"
@@ -328,8 +328,8 @@ def attention_ws_cases(quick: bool):
                          HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
             if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
                 const.update(CONSUMERS=1, MMA_REGS=232)
-            if kind.startswith("persistent"):
-                const["OVERLAP"] = False
+            if kind.startswith("persistent"):  # the two-consumer ones with the balanced schedule
+                const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers"))
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
             if kind.endswith("two consumers"):  # a warpgroup each, half the rows

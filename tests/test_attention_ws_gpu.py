@@ -218,3 +218,28 @@ def test_two_consumer_backward_kernels_equal_the_one_consumer_ones(D, S, dq_bloc
                                            scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
     for name, g, want in zip(("dq", "dk", "dv"), got_two, ref_grads):
         assert_close(g, want, dtype, name)
+
+
+@pytest.mark.parametrize("programs", [5, None], ids=["5-programs", "one-per-sm"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_balanced_persistent_forward_equals_the_round_robin(causal, programs, monkeypatch):
+    # the schedule only moves tiles between programs: each tile is computed as before, so
+    # the output is bitwise the round-robin's (per-head BigBird: global rows, rows of
+    # different lengths; GQA; key padding)
+    from tilesparse.kernels import attention_schedule, attention_ws_persistent
+
+    monkeypatch.setattr(attention_schedule, "ROUND_ROBIN_SLACK", 0.0)  # a schedule however balanced the rows
+    if programs is not None:
+        monkeypatch.setattr(attention_ws_persistent, "programs", lambda *args: programs)
+    dtype, b, D, S = torch.bfloat16, 128, 128, 3000
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=3, seed=_seed(), num_heads=4)
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    kpm = padding(2, S, "tail").cuda()
+    meta = layout.meta_on(q.device, causal)
+    cfgs = [attention_ws.FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, balanced=balanced)
+            for balanced in (True, False)]
+    outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
+            for cfg in cfgs]
+    assert "_persistent_schedules" in meta.__dict__  # the balanced launch built (and kept) its schedule
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    _assert_forward_matches_reference(*outs[0], q, k, v, layout, causal, kpm, "balanced out")

@@ -76,7 +76,7 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     if _check_config(cfg, attention_ws.FwdWsConfig, "config", "forward", q, k, v, out, block_size):
         attention_ws.launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
-                                   key_padding_mask is not None, scale, cfg)
+                                   key_padding_mask is not None, scale, cfg, meta)
         return out, lse
     tma = _tma_ok(cfg, D, d_tile, k, v)
     if tma:

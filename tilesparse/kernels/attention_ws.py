@@ -424,14 +424,15 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
 
 
 def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int, block_size: int,
-                  causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig) -> None:
+                  causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig, meta=None) -> None:
     """out [B, H, S, D] and lse [B, H, S] of the block-sparse attention, as ``_fwd_kernel``
-    computes them (``cfg.persistent``: by the persistent kernel)."""
+    computes them (``cfg.persistent``: by the persistent kernel, balanced by ``meta``'s
+    row lengths where given)."""
     if cfg.persistent:
         from .attention_ws_persistent import launch_fwd_ws_persistent  # late: that module imports this one
 
         launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
-                                 has_kpm, scale, cfg)
+                                 has_kpm, scale, cfg, meta)
         return
     B, H, S, D = q.shape
     hkv = k.shape[1]

@@ -166,15 +166,18 @@ class FwdWsConfig(_RowWalkConfig):
     (:mod:`tilesparse.kernels.attention_ws_persistent`); ``overlap`` (persistent only):
     each key tile's softmax runs under the previous tile's P V wgmma; ``consumers`` 2
     (persistent, block_m 128): two consumer warpgroups, each with half the rows, not held
-    in step with each other."""
+    in step with each other; ``balanced`` (persistent): the programs take the tiles of a
+    schedule balanced by row length (:mod:`tilesparse.kernels.attention_schedule`), not a
+    round-robin."""
 
     block_n: int = 128
     persistent: bool = False
     overlap: bool = False
+    balanced: bool = True
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("persistent", "overlap"):
+        for name in ("persistent", "overlap", "balanced"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"FwdWsConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.overlap and not self.persistent:

@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from ._device import sm_count
 from ._launch import launch
+from .attention_schedule import persistent_schedule
 from .attention_ws import _fwd_row, _row_kv_fill, _softmax_step, _store_row
 from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs, _ring
 from .bsmm_tma import ensure_allocator
@@ -46,6 +47,29 @@ def _tile_coords(tile, q_tiles, H, BS: gl.constexpr, BLOCK_M: gl.constexpr):
     qt = tile % q_tiles
     qblk = qt // M_SPLIT
     return qblk, qblk * BS + (qt % M_SPLIT) * BLOCK_M, bh // H, bh % H, bh
+
+
+@gluon.jit
+def _my_tiles(sched_ptr, n_tiles, SCHEDULED: gl.constexpr):
+    """(first, end, stride) of this program's walk: over its segment of the host's
+    schedule (``attention_schedule``: entries seg[pid] .. seg[pid + 1] of the tile list,
+    which starts after the P + 1 segment offsets), or the tiles pid, pid + P, ..."""
+    pid = gl.program_id(0)
+    if SCHEDULED:
+        first = gl.load(sched_ptr + pid) + gl.num_programs(0) + 1
+        end = gl.load(sched_ptr + pid + 1) + gl.num_programs(0) + 1
+        return first, end, 1
+    else:
+        return pid, n_tiles, gl.num_programs(0)
+
+
+@gluon.jit
+def _tile_at(j, sched_ptr, SCHEDULED: gl.constexpr):
+    """The tile number at walk position ``j`` (see :func:`_my_tiles`)."""
+    if SCHEDULED:
+        return gl.load(sched_ptr + j)
+    else:
+        return j
 
 
 @gluon.jit
@@ -87,11 +111,12 @@ def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
     q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
     row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
     H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
-    n_tiles, q_tiles = tiles
+    n_tiles, q_tiles, sched_ptr, SCHEDULED = tiles
     step = 0
     i = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        qblk, row0, bz, h, bh = _tile_coords(tile, q_tiles, H, BS, BLOCK_M)
+    first, end, stride = _my_tiles(sched_ptr, n_tiles, SCHEDULED)
+    for j in range(first, end, stride):
+        qblk, row0, bz, h, bh = _tile_coords(_tile_at(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
         qi = i % 2
         # a Q buffer is released once per reuse; its first use finds it free
         mbarrier.wait(q_empty.index(qi), ((i // 2) & 1) ^ 1)
@@ -193,11 +218,12 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
     q_bufs, k_bufs, v_bufs = bufs
     q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
     H = sizes[1]
-    n_tiles, q_tiles = tiles
+    n_tiles, q_tiles, sched_ptr, SCHEDULED = tiles
     step = 0
     i = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        qblk, row0, bz, h, bh = _tile_coords(tile, q_tiles, H, BS, BLOCK_M)
+    first, end, stride = _my_tiles(sched_ptr, n_tiles, SCHEDULED)
+    for j in range(first, end, stride):
+        qblk, row0, bz, h, bh = _tile_coords(_tile_at(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
         qi = i % 2
         q = q_bufs.index(qi).reshape([BLOCK_M, D]).slice(ROLE * PART, PART)
         row0 = row0 + ROLE * PART
@@ -214,16 +240,17 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
 
 @gluon.jit
 def _fwd_ws_persistent_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr, sched_ptr,
     B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, n_tiles, q_tiles,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = False,
-    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, SCHEDULED: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... of the n_tiles = B * H * q_tiles query
-    tiles; descriptors as ``_fwd_ws_kernel``'s. OVERLAP: softmax under the P V wgmma, K and
+    tiles, or with SCHEDULED its segment of ``sched_ptr``'s lists (``attention_schedule``);
+    descriptors as ``_fwd_ws_kernel``'s. OVERLAP: softmax under the P V wgmma, K and
     V through separate rings. CONSUMERS = 2: two consumer partitions of ``num_warps`` warps
     each take half of every tile's rows (the second with MMA_REGS registers)."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -241,7 +268,7 @@ def _fwd_ws_persistent_kernel(
     bars = (q_ready, q_empty, ready_bars, empty_bars, (k_ready, k_empty, v_ready, v_empty))
     tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, kpm_ptr, o_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, sob, soh, sos)
-    tiles = (n_tiles, q_tiles)
+    tiles = (n_tiles, q_tiles, sched_ptr, SCHEDULED)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
@@ -266,19 +293,26 @@ def programs(n_tiles: int, cfg: FwdWsConfig, block_size: int, head_dim: int, dev
 
 
 def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
-                             block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig) -> None:
-    """out [B, H, S, D] and lse [B, H, S], as ``launch_fwd_ws`` computes them."""
+                             block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: FwdWsConfig,
+                             meta=None) -> None:
+    """out [B, H, S, D] and lse [B, H, S], as ``launch_fwd_ws`` computes them; with
+    ``cfg.balanced`` and the packed tables ``meta`` (whose views row_ptr and row_cols are),
+    the programs take the tiles of the host's balanced schedule, remembered on ``meta``."""
     B, H, S, D = q.shape
     hkv = k.shape[1]
     q_tiles = nb * (block_size // cfg.block_m)
     n_tiles = B * H * q_tiles
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
-    launch(_fwd_ws_persistent_kernel, (programs(n_tiles, cfg, block_size, D, q.device),),
-        q, k, v, out, lse, kpm, row_ptr, row_cols,
+    grid = programs(n_tiles, cfg, block_size, D, q.device)
+    sched = None if meta is None or not cfg.balanced else persistent_schedule(
+        meta, layout_heads, nb, B, H, block_size // cfg.block_m, grid)
+    launch(_fwd_ws_persistent_kernel, (grid,),
+        q, k, v, out, lse, kpm, row_ptr, row_cols, row_ptr if sched is None else sched,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, n_tiles, q_tiles,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, OVERLAP=cfg.overlap, CONSUMERS=cfg.consumers,
+        SCHEDULED=sched is not None,
     )
