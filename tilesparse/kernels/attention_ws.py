@@ -343,7 +343,11 @@ def _fwd_ws_kernel(
 # ones on the layouts shared by all heads (forward local1024 0.633 -> 0.439 ms, strided
 # 0.788 -> 0.541, causal 2.155 -> 1.442; backward 1.72 -> 1.62, 2.17 -> 1.95, 6.07 -> 4.65)
 # and not on the per-head ones (BigBird forward 0.518 vs 0.526, random 10 % 0.364 vs 0.401;
-# random 10 % backward 1.31 vs 1.39): there they apply to shared layouts only.
+# random 10 % backward 1.31 vs 1.39): there they applied to shared layouts only. Seventeenth
+# session: with the persistent forward's tiles balanced by row length (attention_schedule)
+# its D 64 forward beats the Triton one on the per-head layouts too
+# (...-attention-balanced-d64.json: BigBird 0.518 -> 0.405 ms, random 10 % 0.366 -> 0.338,
+# fixed 0.602 -> 0.433); the backward kernels stay on shared layouts only at D 64.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
@@ -352,7 +356,7 @@ _WS_DEFAULTS: dict = {
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2),
 }
-_SHARED_LAYOUTS_ONLY = {("fwd", 128, 64), ("dq", 128, 64), ("dkdv", 128, 64)}
+_SHARED_LAYOUTS_ONLY = {("dq", 128, 64), ("dkdv", 128, 64)}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1):
