@@ -287,14 +287,20 @@ def attention_ws_cases(quick: bool):
                                                    ((128, 128, 64, 2, True, False, False, 2),
                                                     (128, 128, 64, 2, False, True, True, 2),
                                                     (128, 64, 64, 2, True, False, True, 2)))
-    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers in cases:
+    # OVERLAP: the elementwise work under asynchronous wgmma (two consumers, with and without dS stores)
+    cases = tuple((*case, False) for case in cases) + (((128, 128, 64, 2, True, False, False, 2, True),) if quick else
+                                                       ((128, 128, 64, 2, True, False, False, 2, True),
+                                                        (128, 128, 64, 2, False, True, True, 2, True),
+                                                        (128, 64, 64, 2, True, True, False, 2, True),
+                                                        (64, 64, 64, 2, True, True, False, 1, True)))
+    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers, overlap in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232)
+                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
-               + (" two consumers" if consumers == 2 else ""), fn, sig, const, const["num_warps"], stages, None,
+               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else ""), fn, sig, const, const["num_warps"], stages, None,
                GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
@@ -316,6 +322,11 @@ def attention_ws_cases(quick: bool):
                                             (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True)))
     row_cases["dQ two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick
                                      else ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 64, 3, False, True)))
+    # S and dP as asynchronous wgmma, P under dP's
+    row_cases["dQ overlap two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),)
+                                             if quick else ((128, 128, 128, 128, 2, True, False),
+                                                            (128, 64, 128, 64, 3, False, True)))
+    row_cases["dQ overlap"] = (attention_ws._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -328,6 +339,8 @@ def attention_ws_cases(quick: bool):
                          HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
             if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
                 const.update(CONSUMERS=1, MMA_REGS=232)
+            if kind.startswith("dQ"):
+                const["OVERLAP"] = "overlap" in kind
             if kind.startswith("persistent"):  # the two-consumer ones with the balanced schedule
                 const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers"))
             if kind.endswith("overlap"):

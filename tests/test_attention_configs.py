@@ -154,6 +154,10 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
     assert DqWsConfig(128, 128, 2, consumers=2).consumers == 2 and DkdvWsConfig(consumers=2).consumers == 2
     with pytest.raises(ValueError, match="load_regs must be <= 40"):
         DkdvWsConfig(load_regs=64, consumers=2)
+    for cls in (DkdvWsConfig, DqWsConfig):
+        with pytest.raises(ValueError, match="overlap must be a bool"):
+            cls(overlap=1)
+        assert cls(overlap=True).overlap
 
 
 def test_two_consumer_dkdv_is_refused_at_blocks_of_64(monkeypatch):

@@ -195,7 +195,8 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
 @pytest.mark.parametrize("kpm_kind", [None, "tail"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D,S,dq_block_n,stages", [(128, 2000, 128, 2), (64, 1000, 64, 3)])
-def test_two_consumer_backward_kernels_equal_the_one_consumer_ones(D, S, dq_block_n, stages, causal, kpm_kind):
+def test_two_consumer_and_overlapped_backward_kernels_equal_the_one_consumer_ones(D, S, dq_block_n, stages, causal,
+                                                                                  kpm_kind):
     # dK/dV with two warpgroups of 64 keys, dQ with two of 64 queries (each synchronizing
     # only itself before its ring arrivals): the same products per row and key in the same
     # order, so the gradients are bitwise those of the one-consumer kernels (and the
@@ -210,10 +211,14 @@ def test_two_consumer_backward_kernels_equal_the_one_consumer_ones(D, S, dq_bloc
     one = (fwd, attention_ws.DkdvWsConfig(64, stages), attention_ws.DqWsConfig(128, dq_block_n, stages))
     two = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=2),
            attention_ws.DqWsConfig(128, dq_block_n, stages, consumers=2))
+    # and with the elementwise work under asynchronous wgmma (overlap): the same again
+    overlapped = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=2, overlap=True),
+                  attention_ws.DqWsConfig(128, dq_block_n, stages, consumers=2, overlap=True))
     got_one = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=one)[2]
     got_two = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=two)[2]
-    for name, a, b_ in zip(("dq", "dk", "dv"), got_two, got_one):
-        assert torch.equal(a, b_), name
+    got_overlapped = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=overlapped)[2]
+    for name, a, b_, c in zip(("dq", "dk", "dv"), got_two, got_one, got_overlapped):
+        assert torch.equal(a, b_) and torch.equal(c, b_), name
     _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
                                            scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
     for name, g, want in zip(("dq", "dk", "dv"), got_two, ref_grads):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._device import shared_memory_bytes
 from ._launch import launch
@@ -92,11 +92,13 @@ def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, 
 def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
-               num_warps: gl.constexpr):
+               OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
     dS, dQ += dS K (dS from registers), synchronous wgmma; then dQ * scale stored with
     masks (rows past S are not written). With CONSUMERS = 2, consumer ROLE takes rows
-    ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals."""
+    ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals.
+    OVERLAP: S and dP are issued together as asynchronous wgmma and P is computed under
+    dP's (the same products in the same order: bitwise the synchronous consumer's)."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs = bufs
     q_bar, ready_bars, empty_bars = bars
@@ -138,10 +140,19 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
         mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
         k = k_bufs.index(s).reshape([BLOCK_N, D])
         v = v_bufs.index(s).reshape([BLOCK_N, D])
-        p = gl.exp2(warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False) * qk_scale - lse[:, None])
+        if OVERLAP:
+            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s_qk = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+        else:
+            s_qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False)
+        p = gl.exp2(s_qk * qk_scale - lse[:, None])
         if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
             p = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), p, 0.0)
-        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
+        if OVERLAP:
+            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+        else:
+            dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
         ds = p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_operand), k, dq)
         mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
@@ -161,7 +172,7 @@ def _bwd_dq_ws_kernel(
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
 ):
     """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device.
@@ -184,15 +195,15 @@ def _bwd_dq_ws_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          num_warps)),
+                          OVERLAP, num_warps)),
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
-                          num_warps)),
+                          OVERLAP, num_warps)),
             (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          num_warps)),
+                          OVERLAP, num_warps)),
             (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
         ], [1], [LOAD_REGS])
 
@@ -348,13 +359,18 @@ def _fwd_ws_kernel(
 # its D 64 forward beats the Triton one on the per-head layouts too
 # (...-attention-balanced-d64.json: BigBird 0.518 -> 0.405 ms, random 10 % 0.366 -> 0.338,
 # fixed 0.602 -> 0.433); the backward kernels stay on shared layouts only at D 64.
+# Seventeenth session (...-attention-bwd-overlap-9f8be5d.json): the elementwise work under
+# asynchronous wgmma (overlap) makes dQ 1.5-2.3 % faster at D 128 (local1024 2.249 -> 2.215 ms
+# of backward, causal 6.999 -> 6.841) and both kernels faster at D 64 (local1024 backward
+# 1.637 -> 1.510 ms, random 10 % 1.399 -> 1.280); dK/dV's at D 128 spills and loses
+# (2.235 -> 2.851 ms): synchronous there.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
+    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2),
-    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2),
+    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
+    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True),
 }
 _SHARED_LAYOUTS_ONLY = {("dq", 128, 64), ("dkdv", 128, 64)}
 
@@ -423,7 +439,7 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
+        num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
     )
 
 

@@ -101,16 +101,20 @@ class DkdvWsConfig:
     step (the key tile is the whole layout block, 16 rows per consumer warp), ``stages``
     of query / output-gradient tiles in flight, the producer warp's ``load_regs``;
     ``consumers`` 2 (blocks of 128): two consumer warpgroups with half the keys each,
-    each synchronizing only itself before its barrier arrivals."""
+    each synchronizing only itself before its barrier arrivals; ``overlap``: the elementwise
+    work of a query tile under its wgmma (asynchronous sT / dPᵀ, then dV / dK)."""
 
     block_m: int = 64
     stages: int = 2
     load_regs: int = 40
     consumers: int = 1
+    overlap: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"DkdvWsConfig.overlap must be a bool, got {self.overlap!r}")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
@@ -153,9 +157,16 @@ class _RowWalkConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DqWsConfig(_RowWalkConfig):
-    """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``)."""
+    """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``);
+    ``overlap``: S and dP as asynchronous wgmma, P computed under dP's."""
 
+    overlap: bool = False
     _QUERY_TILES = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"DqWsConfig.overlap must be a bool, got {self.overlap!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs,
@@ -63,13 +63,15 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
-                 CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+                 CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 key rows per warp): the four products per query tile,
     synchronous wgmma, the stage released after the last one that read it; then dK *
     scale and dV stored with masks (keys past S are not written). STORE_DS: each dSᵀ tile
     also goes to the workspace as ``_bwd_dkdv_kernel`` stores it. With CONSUMERS = 2,
     consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and
-    barrier arrivals."""
+    barrier arrivals. OVERLAP: sT and dPᵀ are issued together as asynchronous wgmma, Pᵀ is
+    computed under dPᵀ's and dSᵀ under dV's (the same products in the same order: bitwise
+    the synchronous consumer's)."""
     q_desc, k_desc, v_desc, do_desc = descs
     k_smem, v_smem, q_bufs, do_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
@@ -126,7 +128,12 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
             q = q_bufs.index(s).reshape([BLOCK_M, D])
             do = do_bufs.index(s).reshape([BLOCK_M, D])
-            sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
+            if OVERLAP:
+                s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                sT = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+            else:
+                sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
             pT = gl.exp2(sT * qk_scale - lse[None, :])
             # the element mask where the Triton kernel needs one (_needs_mask): key padding,
             # the last key block when S is not a multiple of the block, the causal diagonal
@@ -135,11 +142,20 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 if CAUSAL:
                     keep = keep & (offs_n[:, None] <= offs_m[None, :])
                 pT = gl.where(keep, pT, 0.0)
-            dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
-            dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
-            dsT = pT * (dpT - delta[None, :])
-            dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
-            mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
+            if OVERLAP:  # dV under way while dSᵀ is formed; all waited for before the stage is released
+                pT_op = gl.convert_layout(pT.to(dtype), p_operand)
+                dv = warpgroup_mma(pT_op, do, dv, is_async=True)
+                dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
+                dsT = pT * (dpT - delta[None, :])
+                dsT_op = gl.convert_layout(dsT.to(dtype), p_operand)
+                dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
+                dv, dk, pT_op, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_op, dsT_op))
+            else:
+                dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
+                dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
+                dsT = pT * (dpT - delta[None, :])
+                dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
+            mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
             if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
                 # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
                 # accumulator layout would store 4-byte pieces)
@@ -166,7 +182,7 @@ def _bwd_dkdv_ws_kernel(
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232,
+    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -189,15 +205,15 @@ def _bwd_dkdv_ws_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            num_warps)),
+                            OVERLAP, num_warps)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            num_warps)),
+                            OVERLAP, num_warps)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            num_warps)),
+                            OVERLAP, num_warps)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
         ], [1], [LOAD_REGS])
 
@@ -220,5 +236,5 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
+        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
     )
