@@ -341,8 +341,10 @@ def attention_ws_cases(quick: bool):
                 const.update(CONSUMERS=1, MMA_REGS=232)
             if kind.startswith("dQ"):
                 const["OVERLAP"] = "overlap" in kind
-            if kind.startswith("persistent"):  # the two-consumer ones with the balanced schedule
-                const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers"))
+            if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
+                # synchronous b 128 one
+                const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
+                             (kind == "persistent fwd" and block == 128 and block_n == 64))
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
             if kind.endswith("two consumers"):  # a warpgroup each, half the rows

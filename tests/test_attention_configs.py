@@ -138,6 +138,8 @@ def test_persistent_forward_config_checks_and_counts_its_second_q_buffer():
         FwdWsConfig(128, 128, 2, persistent=1)
     with pytest.raises(ValueError, match="overlap needs persistent"):
         FwdWsConfig(128, 128, 2, overlap=True)
+    with pytest.raises(ValueError, match="balanced must be a bool"):
+        FwdWsConfig(128, 128, 2, persistent=True, balanced=1)
     assert FwdWsConfig(128, 128, 2, persistent=True, overlap=True).overlap
     with pytest.raises(ValueError, match="consumers must be 1 or 2"):
         FwdWsConfig(128, 128, 2, persistent=True, consumers=3)
@@ -169,3 +171,14 @@ def test_two_consumer_dkdv_is_refused_at_blocks_of_64(monkeypatch):
     why = attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig(consumers=2))
     assert why is not None and "blocks of 128 with two consumers" in why
     assert attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig()) is None
+
+
+def test_measured_backward_overlap_defaults():
+    # dQ runs P under its dP wgmma at D 128 and 64; dK/dV only at D 64 (at D 128 the
+    # overlapped consumer spills and measured 28 % slower)
+    from tilesparse.kernels import attention_ws
+
+    defaults = attention_ws._WS_DEFAULTS
+    assert defaults[("dq", 128, 128)].overlap and defaults[("dq", 128, 64)].overlap
+    assert defaults[("dkdv", 128, 64)].overlap and not defaults[("dkdv", 128, 128)].overlap
+    assert all(defaults[("fwd", 128, d)].balanced for d in (64, 128))

@@ -225,9 +225,12 @@ def test_two_consumer_and_overlapped_backward_kernels_equal_the_one_consumer_one
         assert_close(g, want, dtype, name)
 
 
+@pytest.mark.parametrize("block_m,overlap,consumers", [(128, True, 2), (128, False, 1), (64, False, 1)],
+                         ids=["overlap-two-consumers", "sync", "two-row-tiles-per-block"])
 @pytest.mark.parametrize("programs", [5, None], ids=["5-programs", "one-per-sm"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_balanced_persistent_forward_equals_the_round_robin(causal, programs, monkeypatch):
+def test_balanced_persistent_forward_equals_the_round_robin(causal, programs, block_m, overlap, consumers,
+                                                            monkeypatch):
     # the schedule only moves tiles between programs: each tile is computed as before, so
     # the output is bitwise the round-robin's (per-head BigBird: global rows, rows of
     # different lengths; GQA; key padding)
@@ -241,10 +244,11 @@ def test_balanced_persistent_forward_equals_the_round_robin(causal, programs, mo
     q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
     kpm = padding(2, S, "tail").cuda()
     meta = layout.meta_on(q.device, causal)
-    cfgs = [attention_ws.FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, balanced=balanced)
-            for balanced in (True, False)]
+    cfgs = [attention_ws.FwdWsConfig(block_m, block_m, 2, persistent=True, overlap=overlap, consumers=consumers,
+                                     balanced=balanced) for balanced in (True, False)]
     outs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, b, causal, D ** -0.5, config=cfg)
             for cfg in cfgs]
-    assert "_persistent_schedules" in meta.__dict__  # the balanced launch built (and kept) its schedule
+    kept = meta.__dict__["_persistent_schedules"]  # the balanced launch built (and kept) a schedule, not empty
+    assert len(kept) == 1 and next(iter(kept.values())).numel() > 0
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     _assert_forward_matches_reference(*outs[0], q, k, v, layout, causal, kpm, "balanced out")

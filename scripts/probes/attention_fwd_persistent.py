@@ -6,6 +6,10 @@ kernels/attention_ws_persistent.py), in one process, on the attention suite's pa
 compiles. The two warp-specialized outputs must agree bitwise.
 
     python scripts/probes/attention_fwd_persistent.py --out attention-fwd-persistent.json
+
+Since the seventeenth session the persistent configs here take the balanced tile schedule
+(``FwdWsConfig.balanced``, default on) where the layout's rows differ; the results
+recorded before then used the round-robin.
 """
 
 from __future__ import annotations

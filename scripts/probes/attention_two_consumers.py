@@ -10,6 +10,10 @@ Why: ncu on the persistent forward (707fe2b) found 39 % of the warps' stall cycl
 the 256-thread sync that precedes each mbarrier arrival of an 8-warp consumer.
 
     python scripts/probes/attention_two_consumers.py --out attention-two-consumers.json
+
+Since the seventeenth session the persistent configs here take the balanced tile schedule
+(``FwdWsConfig.balanced``, default on) where the layout's rows differ; the results
+recorded before then used the round-robin.
 """
 
 from __future__ import annotations

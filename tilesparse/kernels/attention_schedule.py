@@ -26,7 +26,7 @@ from ._device import cached_table
 __all__ = ["persistent_schedule", "tile_order", "round_robin_imbalance", "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
 
 _SCHEDULES = "_persistent_schedules"
-# above this many tiles the host's one-time simulation (~2 µs a tile) is skipped: round-robin
+# above this many tiles the host's one-time simulation (~0.5 µs a tile) is skipped: round-robin
 MAX_SCHEDULED_TILES = 1 << 17
 _LONG = 4.0  # a tile longer than this many times the mean goes first
 _TAIL_ROUNDS = 2  # the last rounds of tiles go longest first
@@ -68,7 +68,9 @@ def persistent_schedule(meta: torch.Tensor, layout_heads: int, num_blocks: int, 
     ``list[seg[p]:seg[p + 1]]`` with ``seg`` the first programs + 1 entries and ``list``
     the rest; tile numbers as the persistent kernel orders them (batch * head major, then
     query block, then its ``m_split`` row tiles). A tile costs its row's key blocks plus
-    one (the per-tile work: Q's load, O's store). Remembered on ``meta``. None (the
+    one (the per-tile work: Q's load, O's store). Remembered on ``meta`` per key (one per
+    batch size and grid met: each up to 4 * (programs + 1 + n_tiles) bytes on the device,
+    built once with one device-to-host copy of the row pointers). None (the
     kernel's round-robin) where the round-robin is within ROUND_ROBIN_SLACK of the mean,
     above MAX_SCHEDULED_TILES tiles, or while a CUDA graph is being captured before the
     schedule was built."""

@@ -15,9 +15,10 @@ registers), the forward ``_fwd_kernel``; the sums run in the same order as the T
 kernels: bitwise deterministic. Rows past S read zeros (TMA zero-fill) and keys past S
 or padding are masked.
 
-Measured on the H200 (docs/performance.md, eleventh session): dQ and dK/dV are the
-default at blocks of 128 and D 128 (causal backward 8.4 -> 7.8 ms, sparse patterns
-unchanged); the forward lost to the Triton one and is opt-in. Tests:
+Measured on the H200 (docs/performance.md): at blocks of 128 and D 128 all three are the
+defaults, at D 64 the forward on every layout and the backward kernels on layouts shared by
+all heads (:data:`_WS_DEFAULTS`, with the history of each choice); the forward there is the
+persistent kernel (:mod:`tilesparse.kernels.attention_ws_persistent`). Tests:
 ``tests/test_attention_ws_gpu.py``; compiled for sm_90 on the CPU by
 ``scripts/sm90_compile_check.py``. :func:`ws_supported` says where they apply: sm90,
 fp16 / bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
@@ -94,7 +95,8 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
                OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
-    dS, dQ += dS K (dS from registers), synchronous wgmma; then dQ * scale stored with
+    dS, dQ += dS K (dS from registers), synchronous wgmma (OVERLAP: S and dP asynchronous,
+    below); then dQ * scale stored with
     masks (rows past S are not written). With CONSUMERS = 2, consumer ROLE takes rows
     ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals.
     OVERLAP: S and dP are issued together as asynchronous wgmma and P is computed under
@@ -155,7 +157,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
             dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
         ds = p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_operand), k, dq)
-        mbarrier.arrive(empty_bars.index(s), count=1)  # the wgmma above were synchronous
+        mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
         step += 1
 
     offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))

@@ -177,9 +177,10 @@ class FwdWsConfig(_RowWalkConfig):
     (:mod:`tilesparse.kernels.attention_ws_persistent`); ``overlap`` (persistent only):
     each key tile's softmax runs under the previous tile's P V wgmma; ``consumers`` 2
     (persistent, block_m 128): two consumer warpgroups, each with half the rows, not held
-    in step with each other; ``balanced`` (persistent): the programs take the tiles of a
-    schedule balanced by row length (:mod:`tilesparse.kernels.attention_schedule`), not a
-    round-robin."""
+    in step with each other; ``balanced`` (persistent; ignored by the one-tile kernel): the
+    programs take the tiles of a schedule balanced by row length
+    (:mod:`tilesparse.kernels.attention_schedule`) where the round-robin's rows differ
+    enough, not a round-robin."""
 
     block_n: int = 128
     persistent: bool = False

@@ -65,7 +65,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 key rows per warp): the four products per query tile,
-    synchronous wgmma, the stage released after the last one that read it; then dK *
+    synchronous wgmma (OVERLAP: asynchronous, below), the stage released after the last one
+    that read it has been waited for; then dK *
     scale and dV stored with masks (keys past S are not written). STORE_DS: each dSᵀ tile
     also goes to the workspace as ``_bwd_dkdv_kernel`` stores it. With CONSUMERS = 2,
     consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and

@@ -5,7 +5,9 @@ walks ~9 key blocks, and the forward's programs take ~160 KB of shared memory ea
 per SM, so nothing overlaps a program's start (Q's load, the first K / V tiles) and end
 (O / l, the stores) with another's main loop. Here one program per SM takes query tiles
 in a static round-robin (consecutive tiles: the same head, neighbouring blocks, so K and
-V stay in L2) and the producer warp runs ahead across tiles: Q is double-buffered and
+V stay in L2), or where row lengths differ from the host's schedule balanced by them
+(``FwdWsConfig.balanced``, :mod:`tilesparse.kernels.attention_schedule`), and the producer
+warp runs ahead across tiles: Q is double-buffered and
 the K / V ring flows on from one tile's row into the next, so the next tile's loads land
 while the consumers finish the current one. Each tile is computed by
 :func:`tilesparse.kernels.attention_ws._fwd_row`, as in the one-tile-per-program kernel:
