@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 import torch.nn.functional as F

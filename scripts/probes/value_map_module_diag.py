@@ -1,4 +1,4 @@
-import torch, os, warnings
+import torch, os
 from tilesparse.semi24 import SemiSparseLinear
 for packer in ("map", "cslt"):
     for search in ("1", "0"):
