@@ -55,6 +55,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             else:
                 row["bitwise"] &= row[f"{name}_bitwise"]
             row[f"{name}_ms"] = bench_ms(lambda pair=pair: bwd(*pair), cuda=True)
+    triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
+    row["triton_ms"] = bench_ms(lambda: bwd(*triton), cuda=True)  # both Triton kernels, heuristic configs
     both = (DKDV["dkdv_overlap"], DQ["dq_overlap"])
     row["bitwise"] &= all(torch.equal(a, b) for a, b in zip(bwd(*both), want))
     row["both_overlap_ms"] = bench_ms(lambda: bwd(*both), cuda=True)
