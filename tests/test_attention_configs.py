@@ -118,13 +118,15 @@ def test_ws_defaults_apply_only_where_measured_and_supported(monkeypatch):
     monkeypatch.setattr(attention_ws, "ws_supported", lambda *args: None)
     assert attention_ws.default_config("fwd", q, q, q, q, 128) == attention_ws.FwdWsConfig()
     assert attention_ws.default_config("dq", q, q, q, q, 128) is None  # no entry for dQ
-    # D 64: the backward kernels measured faster on layouts shared by all heads only, the
-    # (balanced persistent) forward on every layout
+    # D 64: every kernel measured faster on every layout (the balanced forward, the
+    # backward with overlap); an entry limited to shared layouts skips per-head ones
     q64 = torch.randn(1, 2, 256, 64)
     for kind in ("fwd", "dq", "dkdv"):
-        assert attention_ws.default_config(kind, q64, q64, q64, q64, 128, layout_heads=1) is not None
-        per_head = attention_ws.default_config(kind, q64, q64, q64, q64, 128, layout_heads=2)
-        assert (per_head is not None) == (kind == "fwd")
+        for heads in (1, 2):
+            assert attention_ws.default_config(kind, q64, q64, q64, q64, 128, layout_heads=heads) is not None
+    monkeypatch.setattr(attention_ws, "_SHARED_LAYOUTS_ONLY", {("dq", 128, 64)})
+    assert attention_ws.default_config("dq", q64, q64, q64, q64, 128, layout_heads=1) is not None
+    assert attention_ws.default_config("dq", q64, q64, q64, q64, 128, layout_heads=2) is None
     q128 = torch.randn(1, 2, 256, 128)
     assert attention_ws.default_config("fwd", q128, q128, q128, q128, 128, layout_heads=2) is not None
 

@@ -15,10 +15,9 @@ registers), the forward ``_fwd_kernel``; the sums run in the same order as the T
 kernels: bitwise deterministic. Rows past S read zeros (TMA zero-fill) and keys past S
 or padding are masked.
 
-Measured on the H200 (docs/performance.md): at blocks of 128 and D 128 all three are the
-defaults, at D 64 the forward on every layout and the backward kernels on layouts shared by
-all heads (:data:`_WS_DEFAULTS`, with the history of each choice); the forward there is the
-persistent kernel (:mod:`tilesparse.kernels.attention_ws_persistent`). Tests:
+Measured on the H200 (docs/performance.md): at blocks of 128 and D 64 or 128 all three
+are the defaults (:data:`_WS_DEFAULTS`, with the history of each choice); the forward there
+is the persistent kernel (:mod:`tilesparse.kernels.attention_ws_persistent`). Tests:
 ``tests/test_attention_ws_gpu.py``; compiled for sm_90 on the CPU by
 ``scripts/sm90_compile_check.py``. :func:`ws_supported` says where they apply: sm90,
 fp16 / bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
@@ -360,7 +359,9 @@ def _fwd_ws_kernel(
 # session: with the persistent forward's tiles balanced by row length (attention_schedule)
 # its D 64 forward beats the Triton one on the per-head layouts too
 # (...-attention-balanced-d64.json: BigBird 0.518 -> 0.405 ms, random 10 % 0.366 -> 0.338,
-# fixed 0.602 -> 0.433); the backward kernels stay on shared layouts only at D 64.
+# fixed 0.602 -> 0.433), and with overlap the D 64 backward kernels do too
+# (...-attention-bwd-overlap-d64-perhead-db6667e.json, backward ms against the Triton
+# kernels': BigBird 1.808 -> 1.604, random 10 % 1.307 -> 1.288): no layout-kind limits left.
 # Seventeenth session (...-attention-bwd-overlap-9f8be5d.json): the elementwise work under
 # asynchronous wgmma (overlap) makes dQ 1.5-2.3 % faster at D 128 (local1024 2.249 -> 2.215 ms
 # of backward, causal 6.999 -> 6.841) and both kernels faster at D 64 (local1024 backward
@@ -374,7 +375,7 @@ _WS_DEFAULTS: dict = {
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True),
 }
-_SHARED_LAYOUTS_ONLY = {("dq", 128, 64), ("dkdv", 128, 64)}
+_SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1):
