@@ -19,7 +19,7 @@ import dataclasses
 import torch
 
 from tilesparse.attention.layout import attention_table_views
-from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.attention import _make_fns, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels import attention_schedule, attention_ws
@@ -39,12 +39,7 @@ def _modelled(meta, layout, B, H, programs) -> tuple[float, float]:
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
-    layout = build_layout(spec, S, block, H)
-    causal = bool(spec.get("causal", False))
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    meta = layout.meta_on(q.device, causal)
-    scale = D ** -0.5
-    row = {"pattern": spec["name"], "density": layout.density}
+    layout, causal, (q, k, v), meta, scale, row = probe_inputs(spec, B, H, S, D, block)
     row["model_balanced"], row["model_round_robin"] = _modelled(meta, layout, B, H, sm_count(q.device))
     base = attention_ws.FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2)
     cfgs = {"triton": K.attention_config("fwd", block, D, q.dtype), "balanced": base,
@@ -73,7 +68,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
 
 def describe(name: str, row: dict) -> str:
-    times = "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
+    times = probe_times(row)
     return (f"{name:10} d {row['density']:.3f}  model {row['model_balanced']:.3f} / {row['model_round_robin']:.3f}  "
             f"{times}  bitwise {row['bitwise']}")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from tilesparse.bench.attention import build_layout, probe_main
+from tilesparse.bench.attention import probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig
@@ -28,43 +28,46 @@ DKDV = {"dkdv_sync": DkdvWsConfig(64, 2, consumers=2), "dkdv_overlap": DkdvWsCon
 DQ = {"dq_sync": DqWsConfig(128, 128, 2, consumers=2), "dq_overlap": DqWsConfig(128, 128, 2, consumers=2, overlap=True)}
 
 
-def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
-    layout = build_layout(spec, S, block, H)
-    causal = bool(spec.get("causal", False))
-    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    meta = layout.meta_on(q.device, causal)
-    scale = D ** -0.5
+def backward_variants(spec: dict, B: int, H: int, S: int, D: int, block: int, dkdv: dict, dq: dict,
+                      base: tuple, pairs: dict, exact: set) -> dict:
+    """A pattern's row: the backward timed with each dK/dV config of ``dkdv`` (dQ at
+    ``base[1]``), each dQ config of ``dq`` (dK/dV at ``base[0]``), each (dK/dV, dQ) of
+    ``pairs`` and both Triton kernels; gradients compared with ``base``'s, bitwise for the
+    names in ``exact`` (the same products in the same order), by size for the others."""
+    layout, causal, (q, k, v, dout), meta, scale, row = probe_inputs(spec, B, H, S, D, block, tensors=4)
     out, lse = K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale)
-    row = {"pattern": spec["name"], "density": layout.density}
-
-    def bwd(dkdv, dq):
-        return K.attention_backward(dout, q, k, v, out, lse, meta, None, layout.layout_heads, block, causal, scale,
-                                    configs=(dkdv, dq))
-
-    base = (DKDV["dkdv_sync"], DQ["dq_sync"])
-    want = bwd(*base)
     row["bitwise"] = True
-    for table, index in ((DKDV, 0), (DQ, 1)):
-        for name, cfg in table.items():
-            pair = tuple(cfg if i == index else base[i] for i in range(2))
-            got = bwd(*pair)
-            row[f"{name}_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
-            if name.startswith("dkdv_m32"):  # other query tiles: other sums, compared to the default by size
-                row[f"{name}_max_rel"] = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
-                                             for a, b in zip(got, want))
-            else:
-                row["bitwise"] &= row[f"{name}_bitwise"]
-            row[f"{name}_ms"] = bench_ms(lambda pair=pair: bwd(*pair), cuda=True)
+
+    def bwd(dkdv_cfg, dq_cfg):
+        return K.attention_backward(dout, q, k, v, out, lse, meta, None, layout.layout_heads, block, causal, scale,
+                                    configs=(dkdv_cfg, dq_cfg))
+
+    want = bwd(*base)
+    variants = {**{name: (cfg, base[1]) for name, cfg in dkdv.items()},
+                **{name: (base[0], cfg) for name, cfg in dq.items()}, **pairs}
+    for name, pair in variants.items():
+        got = bwd(*pair)
+        row[f"{name}_bitwise"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        if name in exact:
+            row["bitwise"] &= row[f"{name}_bitwise"]
+        else:
+            row[f"{name}_max_rel"] = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                                         for a, b in zip(got, want))
+        row[f"{name}_ms"] = bench_ms(lambda pair=pair: bwd(*pair), cuda=True)
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     row["triton_ms"] = bench_ms(lambda: bwd(*triton), cuda=True)  # both Triton kernels, heuristic configs
-    both = (DKDV["dkdv_overlap"], DQ["dq_overlap"])
-    row["bitwise"] &= all(torch.equal(a, b) for a, b in zip(bwd(*both), want))
-    row["both_overlap_ms"] = bench_ms(lambda: bwd(*both), cuda=True)
     return row
 
 
+def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
+    both = (DKDV["dkdv_overlap"], DQ["dq_overlap"])
+    exact = {name for name in (*DKDV, *DQ, "both_overlap") if not name.startswith("dkdv_m32")}
+    return backward_variants(spec, B, H, S, D, block, DKDV, DQ, (DKDV["dkdv_sync"], DQ["dq_sync"]),
+                             {"both_overlap": both}, exact)
+
+
 def describe(name: str, row: dict) -> str:
-    times = "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
+    times = probe_times(row)
     return f"{name:10} d {row['density']:.3f}  {times}  bitwise {row['bitwise']}"
 
 

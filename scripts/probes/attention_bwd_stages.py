@@ -14,11 +14,8 @@ Why: ncu on local 1024 (1beb88d) found the consumers of both kernels waiting at 
 
 from __future__ import annotations
 
-import torch
-
-from tilesparse.bench.attention import build_layout, probe_main
-from tilesparse.bench.timing import bench_ms
-from tilesparse.kernels import attention as K
+from attention_bwd_overlap import backward_variants, describe  # (this folder: the probes run as scripts)
+from tilesparse.bench.attention import probe_main
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig
 
 DKDV = {f"dkdv_s{s}": DkdvWsConfig(64, s, consumers=2) for s in (2, 3, 4)}
@@ -27,33 +24,8 @@ DQ = {"dq_n128_s2": DqWsConfig(128, 128, 2, consumers=2),
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
-    layout = build_layout(spec, S, block, H)
-    causal = bool(spec.get("causal", False))
-    q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    meta = layout.meta_on(q.device, causal)
-    scale = D ** -0.5
-    out, lse = K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale)
-    row = {"pattern": spec["name"], "density": layout.density}
-
-    def bwd(dkdv, dq):
-        return K.attention_backward(dout, q, k, v, out, lse, meta, None, layout.layout_heads, block, causal, scale,
-                                    configs=(dkdv, dq))
-
-    base = (DKDV["dkdv_s2"], DQ["dq_n128_s2"])
-    want = bwd(*base)
-    row["bitwise"] = True
-    for table, index in ((DKDV, 0), (DQ, 1)):
-        for name, cfg in table.items():
-            pair = tuple(cfg if i == index else base[i] for i in range(2))
-            got = bwd(*pair)
-            row["bitwise"] &= all(torch.equal(a, b) for a, b in zip(got, want))
-            row[f"{name}_ms"] = bench_ms(lambda pair=pair: bwd(*pair), cuda=True)
-    return row
-
-
-def describe(name: str, row: dict) -> str:
-    times = "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
-    return f"{name:10} d {row['density']:.3f}  {times}  bitwise {row['bitwise']}"
+    return backward_variants(spec, B, H, S, D, block, DKDV, DQ, (DKDV["dkdv_s2"], DQ["dq_n128_s2"]), {},
+                             set(DKDV) | set(DQ))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.attention import _make_fns, probe_inputs, probe_main
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import FwdWsConfig
@@ -41,12 +41,8 @@ def _time(fn) -> float:
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
-    layout = build_layout(spec, S, block, H)
-    causal = bool(spec.get("causal", False))
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    meta = layout.meta_on(q.device, causal)
-    scale = D ** -0.5
-    row = {"pattern": spec["name"], "density": layout.density, "B": B, "H": H, "S": S, "D": D, "block": block}
+    layout, causal, (q, k, v), meta, scale, row = probe_inputs(spec, B, H, S, D, block)
+    row.update(B=B, H=H, S=S, D=D, block=block)
     outs = {}
     for name, cfg in VARIANTS.items():
         def fwd(cfg=cfg):

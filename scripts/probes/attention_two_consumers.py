@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from tilesparse.bench.attention import _make_fns, build_layout, probe_main
+from tilesparse.bench.attention import _make_fns, build_layout, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig, FwdWsConfig
@@ -78,7 +78,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
 
 def describe(name: str, row: dict) -> str:
-    times = "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
+    times = probe_times(row)
     return f"{name:10} d {row['density']:.3f}  {times}  bitwise fwd {row['fwd_bitwise']} bwd {row['bwd_bitwise']}"
 
 

@@ -109,6 +109,24 @@ def suite_patterns(name: str = "attention") -> tuple[int, int, int, int, int, di
     return B, H, S, D, table["blocks"][0], {spec["name"]: spec for spec in table["layouts"]}
 
 
+def probe_inputs(spec: dict, B: int, H: int, S: int, D: int, block: int, tensors: int = 3):
+    """A probe pattern's setup: (layout, causal, ``tensors`` random bf16 [B, H, S, D] CUDA
+    tensors (q, k, v, then dO), the layout's tables on the GPU, scale, the row started with
+    the pattern's name and density)."""
+    import torch
+
+    layout = build_layout(spec, S, block, H)
+    causal = bool(spec.get("causal", False))
+    inputs = [torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(tensors)]
+    row = {"pattern": spec["name"], "density": layout.density}
+    return layout, causal, inputs, layout.meta_on(inputs[0].device, causal), D ** -0.5, row
+
+
+def probe_times(row: dict) -> str:
+    """A probe row's timings (its ``*_ms`` entries) as one printable line."""
+    return "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
+
+
 def probe_main(description: str, run_pattern, describe, flex_help: str) -> None:
     """The attention probes' command line (scripts/probes/attention_*.py): ``--patterns``
     (of the suite's first shape, :func:`suite_patterns`; ``--head-dim`` to change D),
