@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ._device import shared_memory_bytes
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _ring, _row_keep)
+                                _one_shot_barrier, _qkv_descs, _row_keep)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
@@ -187,7 +187,7 @@ def _bwd_dq_ws_kernel(
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_bar = _one_shot_barrier()
-    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)
+    ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (q_smem, do_smem, k_bufs, v_bufs)
     bars = (q_bar, ready_bars, empty_bars)

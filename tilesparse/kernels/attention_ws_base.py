@@ -48,18 +48,6 @@ def _one_shot_barrier():
 
 
 @gluon.jit
-def _ring(STAGES: gl.constexpr, READERS: gl.constexpr):
-    """A ring's barriers: per stage `ready` (completed by its loads) and `empty`
-    (completed once each of READERS consumer partitions has arrived)."""
-    ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
-        mbarrier.init(empty_bars.index(i), count=READERS)
-    return ready_bars, empty_bars
-
-
-@gluon.jit
 def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
     """Whether block pair (qblk, kblk) needs the element mask, as the Triton kernels'
     ``_needs_mask``: always with key padding, else the last key block when S is not a

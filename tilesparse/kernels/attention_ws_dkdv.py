@@ -19,10 +19,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from ._launch import launch
-from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs,
-                                _ring)
+from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _fill_stage
+from .bsmm_ws import _alloc_ring, _fill_stage
 
 __all__ = ["launch_dkdv_ws"]
 
@@ -197,7 +196,7 @@ def _bwd_dkdv_ws_kernel(
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     kv_bar = _one_shot_barrier()
-    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)
+    ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (k_smem, v_smem, q_bufs, do_bufs)
     bars = (kv_bar, ready_bars, empty_bars)

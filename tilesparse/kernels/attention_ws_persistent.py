@@ -34,8 +34,9 @@ from ._device import sm_count
 from ._launch import launch
 from .attention_schedule import persistent_schedule
 from .attention_ws import _fwd_row, _row_kv_fill, _softmax_step, _store_row
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs, _ring
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs
 from .bsmm_tma import ensure_allocator
+from .bsmm_ws import _alloc_ring
 
 __all__ = ["launch_fwd_ws_persistent", "programs"]
 
@@ -261,10 +262,10 @@ def _fwd_ws_persistent_kernel(
     q_bufs = gl.allocate_shared_memory(dtype, [2, 1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    q_ready, q_empty = _ring(2, CONSUMERS)
-    ready_bars, empty_bars = _ring(STAGES, CONSUMERS)  # K and V together (OVERLAP: unused)
-    k_ready, k_empty = _ring(STAGES, CONSUMERS)  # OVERLAP: K and V apart (else unused)
-    v_ready, v_empty = _ring(STAGES, CONSUMERS)
+    q_ready, q_empty = _alloc_ring(2, CONSUMERS)
+    ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)  # K and V together (OVERLAP: unused)
+    k_ready, k_empty = _alloc_ring(STAGES, CONSUMERS)  # OVERLAP: K and V apart (else unused)
+    v_ready, v_empty = _alloc_ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc)
     bufs = (q_bufs, k_bufs, v_bufs)
     bars = (q_ready, q_empty, ready_bars, empty_bars, (k_ready, k_empty, v_ready, v_empty))
