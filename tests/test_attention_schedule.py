@@ -7,16 +7,12 @@ import pytest
 import torch
 
 from tilesparse.attention import layouts
-from tilesparse.attention.layout import attention_table_views
 from tilesparse.kernels import attention_schedule
 
 
 def _costs(layout, batch, heads, m_split, causal=False):
-    meta = layout.meta_on("cpu", causal)
-    row_ptr = attention_table_views(meta, layout.layout_heads, layout.num_blocks)[0].long()
-    lengths = (row_ptr[1:] - row_ptr[:-1]).view(layout.layout_heads, layout.num_blocks)
-    per_head = lengths[torch.arange(batch * heads) % heads % layout.layout_heads]
-    return (per_head.repeat_interleave(m_split, dim=1).flatten().double() + 1.0).tolist()
+    return attention_schedule.tile_costs(layout.meta_on("cpu", causal), layout.layout_heads, layout.num_blocks, batch,
+                                         heads, m_split)
 
 
 def _unpack(sched, programs):
@@ -30,7 +26,8 @@ def _unpack(sched, programs):
 def test_schedule_covers_every_tile_once_and_its_segments_add_up(programs, m_split, monkeypatch):
     monkeypatch.setattr(attention_schedule, "ROUND_ROBIN_SLACK", 0.0)  # always a schedule
     S, b, B, H = 2048, 128, 2, 4
-    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=int(torch.randint(0, 1 << 30, ())),
+    seed = int(torch.randint(0, 1 << 30, ()))
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=seed,
                              num_heads=H)
     meta = layout.meta_on("cpu")
     sched = attention_schedule.persistent_schedule(meta, layout.layout_heads, layout.num_blocks, B, H, m_split,

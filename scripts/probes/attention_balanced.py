@@ -15,10 +15,10 @@ to or barely beat the Triton one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
-from tilesparse.attention.layout import attention_table_views
 from tilesparse.bench.attention import _make_fns, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
@@ -29,13 +29,10 @@ ROUNDS = 3
 
 
 def _modelled(meta, layout, B, H, programs) -> tuple[float, float]:
-    row_ptr = attention_table_views(meta, layout.layout_heads, layout.num_blocks)[0].cpu().long()
-    lengths = (row_ptr[1:] - row_ptr[:-1]).view(layout.layout_heads, layout.num_blocks)
-    costs = (lengths[torch.arange(B * H) % H % layout.layout_heads].flatten().double() + 1.0).tolist()
+    costs = attention_schedule.tile_costs(meta, layout.layout_heads, layout.num_blocks, B, H, 1)
     mean = sum(costs) / programs
     balanced = max(sum(costs[t] for t in tiles) for tiles in attention_schedule.tile_order(costs, programs))
-    robin = max(sum(costs[p::programs]) for p in range(programs))
-    return balanced / mean, robin / mean
+    return balanced / mean, attention_schedule.round_robin_imbalance(costs, programs)
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
@@ -46,8 +43,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             "round_robin": dataclasses.replace(base, balanced=False)}
     outs, fns = {}, {}
     for name, cfg in cfgs.items():
-        fns[name] = lambda cfg=cfg: K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal,  # noqa: E731
-                                                        scale, config=cfg)
+        fns[name] = functools.partial(K.attention_forward, q, k, v, meta, None, layout.layout_heads, block, causal,
+                                      scale, config=cfg)
         outs[name] = fns[name]()
     # timed in turn, ROUNDS times (the GPU's clocks drift by several % within a process):
     # the median of each

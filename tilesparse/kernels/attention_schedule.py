@@ -23,7 +23,8 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["persistent_schedule", "tile_order", "round_robin_imbalance", "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
+__all__ = ["persistent_schedule", "tile_costs", "tile_order", "round_robin_imbalance", "MAX_SCHEDULED_TILES",
+           "ROUND_ROBIN_SLACK"]
 
 _SCHEDULES = "_persistent_schedules"
 # above this many tiles the host's one-time simulation (~0.5 µs a tile) is skipped: round-robin
@@ -35,6 +36,17 @@ _TAIL_ROUNDS = 2  # the last rounds of tiles go longest first
 # (its tiles in lockstep keep K and V in L2), on causal (1.08) 4 % slower, on fixed,
 # BigBird and random 10 % (1.2-1.35) 9-12 % slower
 ROUND_ROBIN_SLACK = 1.06
+
+
+def tile_costs(meta: torch.Tensor, layout_heads: int, num_blocks: int, batch: int, heads: int,
+               m_split: int) -> list[float]:
+    """Each tile's modelled cost, in the persistent kernel's tile order (batch * head major,
+    then query block, then its ``m_split`` row tiles): its row's key blocks plus one (the
+    per-tile work: Q's load, O's store). Reads the row pointers to the host."""
+    row_ptr = attention_table_views(meta, layout_heads, num_blocks)[0].cpu().long()
+    lengths = (row_ptr[1:] - row_ptr[:-1]).view(layout_heads, num_blocks)
+    per_head = lengths[torch.arange(batch * heads) % heads % layout_heads]  # [B * H, nb]
+    return (per_head.repeat_interleave(m_split, dim=1).flatten().double() + 1.0).tolist()
 
 
 def round_robin_imbalance(costs: list[float], programs: int) -> float:
@@ -67,8 +79,8 @@ def persistent_schedule(meta: torch.Tensor, layout_heads: int, num_blocks: int, 
     """int32 [programs + 1 + n_tiles] on meta's device: program p runs the tiles
     ``list[seg[p]:seg[p + 1]]`` with ``seg`` the first programs + 1 entries and ``list``
     the rest; tile numbers as the persistent kernel orders them (batch * head major, then
-    query block, then its ``m_split`` row tiles). A tile costs its row's key blocks plus
-    one (the per-tile work: Q's load, O's store). Remembered on ``meta`` per key (one per
+    query block, then its ``m_split`` row tiles), balanced by :func:`tile_costs`.
+    Remembered on ``meta`` per key (one per
     batch size and grid met: each up to 4 * (programs + 1 + n_tiles) bytes on the device,
     built once with one device-to-host copy of the row pointers). None (the
     kernel's round-robin) where the round-robin is within ROUND_ROBIN_SLACK of the mean,
@@ -87,10 +99,7 @@ def persistent_schedule(meta: torch.Tensor, layout_heads: int, num_blocks: int, 
 
 def _build(meta, layout_heads, num_blocks, batch, heads, m_split, programs) -> torch.Tensor:
     """The schedule's int32 tensor on meta's device; empty where the round-robin is kept."""
-    row_ptr = attention_table_views(meta, layout_heads, num_blocks)[0].cpu().long()
-    lengths = (row_ptr[1:] - row_ptr[:-1]).view(layout_heads, num_blocks)
-    per_head = lengths[torch.arange(batch * heads) % heads % layout_heads]  # [B * H, nb]
-    costs = (per_head.repeat_interleave(m_split, dim=1).flatten().double() + 1.0).tolist()
+    costs = tile_costs(meta, layout_heads, num_blocks, batch, heads, m_split)
     if round_robin_imbalance(costs, programs) <= ROUND_ROBIN_SLACK:
         return torch.empty(0, dtype=torch.int32, device=meta.device)
     lists = tile_order(costs, programs)

@@ -233,8 +233,8 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
              CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
     """One query tile (rows row0 .. row0 + BLOCK_M of block ``qblk``, head ``h`` of batch
     ``bz``), once ``q_bar`` completes phase ``q_phase`` (Q has landed in ``q``): the online
-    softmax over its key tiles, taken from the ring from position ``step`` on, S = Q Kᵀ and O += P V (P from registers) as synchronous wgmma; then
-    O / l and lse stored (rows past S are not written; empty rows give O = 0 and lse =
+    softmax over its key tiles, taken from the ring from position ``step`` on, S = Q Kᵀ and
+    O += P V (P from registers) as synchronous wgmma; then O / l and lse stored (rows past S are not written; empty rows give O = 0 and lse =
     -inf), as ``_fwd_kernel`` does. Returns the ring position after its tiles."""
     row_ptr_ptr, row_cols_ptr, kpm_ptr = tables[0], tables[1], tables[3]
     S, NB, L_HEADS, qk_scale = sizes[0], sizes[3], sizes[4], sizes[5]
