@@ -235,4 +235,3 @@ def launch_sdd_tile(a, b, values, meta, block_rows, block_cols, precision, confi
         launch(_sdd_tile_persistent_kernel, (programs,), a, b, values, slots, order, *shape_args, **meta_args)
     else:
         launch(_sdd_tile_kernel, (tile_rows * tile_cols,), a, b, values, slots, *shape_args, **meta_args)
-
