@@ -26,6 +26,7 @@ from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_sdd_group as G
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws as W
+from tilesparse.kernels import bsmm_ws_group as WG
 from tilesparse.layout import block_counts
 
 # updat (sdd): block_m is the M step
@@ -90,6 +91,16 @@ VARIANTS = {
     "fm-b32-m128w4st4": S.SmallConfig(32, 32, 128, 4, 4),
     "fm-b16-m256w4st4": S.SmallConfig(16, 64, 256, 4, 4),
     "fm-b16-m128w4st4": S.SmallConfig(16, 64, 128, 4, 4),
+    # column-grouped (kernels/bsmm_ws_group.py): G output block-columns per 128-row tile,
+    # each activation tile loaded once into registers for all their stored blocks
+    "cg-g8st8": WG.WsGroupConfig(8, 8),
+    "cg-g8st12": WG.WsGroupConfig(8, 12),
+    "cg-g4st6": WG.WsGroupConfig(4, 6),
+    "cg-g4st8": WG.WsGroupConfig(4, 8),
+    "cg-g8st4": WG.WsGroupConfig(8, 4),
+    "cg-g2st8": WG.WsGroupConfig(2, 8),
+    "cg-g2st4": WG.WsGroupConfig(2, 4),
+    "cg-g4st3": WG.WsGroupConfig(4, 3),
 }
 
 

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_sdd, tuned, ws_schedule
+from . import (bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd,
+               tuned, ws_schedule)
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -275,15 +276,17 @@ def dds(
     block_rows: int,
     block_cols: int,
     trans: bool,
-    config: KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig | None = None,
+    config: (KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig
+             | bsmm_ws_group.WsGroupConfig | None) = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
     :mod:`tilesparse.kernels.bsmm_small`; a config of any kind forces its kernel
     (``bsmm_panel.PanelConfig``: several output block-columns per program, small blocks;
     ``bsmm_ws.WsConfig``: the Hopper warp-specialized persistent kernel, b 16-128, 16-bit
-    or fp32 as TF32; the default where measured faster: ``bsmm_ws.default_config``).
-    Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
+    or fp32 as TF32; the default where measured faster: ``bsmm_ws.default_config``;
+    ``bsmm_ws_group.WsGroupConfig``: its small-block variant, G output block-columns per
+    tile sharing each activation tile, Hopper, 16-bit, b 16-64). Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
 
@@ -318,7 +321,15 @@ def dds(
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
-                         "PanelConfig or WsConfig")
+                         "PanelConfig, WsConfig or WsGroupConfig")
+    if isinstance(config, bsmm_ws_group.WsGroupConfig):
+        why = bsmm_ws_group.ws_group_supported(a, values, c, config)
+        if why is None:
+            bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, config)
+            return c
+        if not chosen_here:
+            raise ValueError(f"config={config}: the grouped warp-specialized kernel {why}")
+        config = None  # a tuned entry these operands cannot take: the other kernels
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:

@@ -135,14 +135,15 @@ def _nth_tile(sched_ptr, i, nprog, SCHEDULED: gl.constexpr):
 
 
 @gluon.jit
-def _alloc_ring(STAGES: gl.constexpr, READERS: gl.constexpr = 1):
+def _alloc_ring(STAGES: gl.constexpr, READERS: gl.constexpr = 1, WRITES: gl.constexpr = 1):
     """The ring's barriers, initialised: per stage one `ready` (its loads have landed,
-    completed by one arrival) and one `empty` (its readers are done: completed once each
-    of READERS consumer partitions has arrived)."""
+    completed by WRITES arrivals, each with or without expected bytes) and one `empty`
+    (its readers are done: completed once each of READERS consumer partitions has
+    arrived)."""
     ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready_bars.index(i), count=1)
+        mbarrier.init(ready_bars.index(i), count=WRITES)
         mbarrier.init(empty_bars.index(i), count=READERS)
     return ready_bars, empty_bars
 

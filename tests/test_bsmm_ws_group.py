@@ -1,0 +1,145 @@
+"""The column-grouped warp-specialized dds (``bsmm_ws_group``, Gluon): its config and
+tables on the CPU, and on an sm90 GPU (marked ``gpu``) forced by its config against
+float64 CPU references: block sizes 16-64, groups 1-8 (the last group cut short), both
+directions, odd M, empty and full layouts, bias, fp16 and bf16."""
+
+import pytest
+import torch
+
+import tilesparse
+from bsmm_cases import dense_of, make_layout, random_values
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_panel, bsmm_ws_group
+from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
+from tolerances import assert_close
+
+# 704 = 11 x 64 = 22 x 32 = 44 x 16 output features: groups of 4 (and 8) leave a short last group
+IN_FEATURES, OUT_FEATURES = 1024, 704
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(group=3), "group"), (dict(group=16), "at most 8"), (dict(stages=1), "stages"),
+    (dict(stages=True), "stages"), (dict(group_m=0), "group_m"),
+])
+def test_config_refuses_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WsGroupConfig(**kwargs)
+
+
+def test_config_sizes():
+    cfg = WsGroupConfig(4, 6)
+    assert cfg.block_m == 128
+    # 6 stages of a 128 x 32 activation tile and 4 blocks of 32 x 32, two consumers' 4 output tiles
+    assert cfg.shared_bytes(32) == 6 * (128 * 32 + 4 * 32 * 32) * 2 + 4 * 128 * 32 * 2 + 1024
+    assert cfg.accumulator_registers(32) == 64
+    assert WsGroupConfig(8).accumulator_registers(64) == 256
+
+
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_group_masks_name_the_stored_blocks(trans, group):
+    layout = tilesparse.layouts.random(11 * 16, 7 * 16, 16, 0.3, seed=group)
+    meta = layout.meta_on("cpu")
+    pptr, pk, pslots, pmask = bsmm_ws_group.group_tables(meta, layout.block_rows, layout.block_cols, trans, group)
+    assert (pptr, pk, pslots) == bsmm_panel.panel_tables(meta, layout.block_rows, layout.block_cols, trans, group)
+    assert pmask.numel() == pslots.shape[0] + 1 and pmask[-1] == 0  # one entry past the end
+    for u in range(pslots.shape[0]):
+        assert int(pmask[u]) == sum(1 << g for g in range(group) if pslots[u, g] >= 0)
+        assert pmask[u] != 0  # a union entry has at least one stored block
+    again = bsmm_ws_group.group_tables(meta, layout.block_rows, layout.block_cols, trans, group)
+    assert again[3] is pmask  # remembered on the layout
+
+
+def test_dds_refuses_the_grouped_config_off_hopper():
+    if _hopper():
+        pytest.skip("runs on sm90")
+    layout = make_layout("random", 4, 4, 32)
+    values = random_values(layout, torch.bfloat16, "cpu")
+    a = torch.randn(64, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="grouped warp-specialized kernel needs an sm90"):
+        kernels.dds(a, values, layout.meta_on("cpu"), None, 4, 4, True, config=WsGroupConfig(2))
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
+    layout = make_layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device="cuda").to(dtype)
+    values = random_values(layout, dtype, "cuda")
+    b = torch.randn(rows if trans else cols, device="cuda").to(dtype) if bias else None
+    meta = layout.meta_on("cuda")
+    out = kernels.dds(a, values, meta, b, layout.block_rows, layout.block_cols, trans, config=cfg)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s)
+    if b is not None:
+        expected = expected + b.double().cpu()
+    return out, expected
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 200, 1000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_size,group", [(16, 8), (16, 2), (32, 4), (32, 1), (64, 2), (64, 4)],
+                         ids=lambda v: str(v))
+def test_grouped_kernel_matches_reference(block_size, group, dtype, trans, m):
+    # empty block-rows and -columns (union entries missing some blocks, groups with none),
+    # a short last group, odd M (the last row tile partial)
+    out, expected = _run("empty_rows_cols", block_size, dtype, trans, m, WsGroupConfig(group, 4))
+    assert_close(out, expected, dtype, f"dds ws group b{block_size} G{group}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("layout_kind", ["empty", "full", "random"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_grouped_kernel_layouts(layout_kind, trans):
+    out, expected = _run(layout_kind, 32, torch.bfloat16, trans, 1000, WsGroupConfig(4, 6),
+                         bias=layout_kind != "full")
+    assert_close(out, expected, torch.bfloat16, f"dds ws group {layout_kind}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_grouped_kernel_is_bitwise_deterministic():
+    # each output tile is written by one program, its union entries summed in table order
+    layout = tilesparse.layouts.random(2048, 2048, 16, 0.25, seed=3, device="cuda")
+    values = random_values(layout, torch.bfloat16, "cuda")
+    x = torch.randn(3000, 2048, device="cuda", dtype=torch.bfloat16)
+    meta = layout.meta_on("cuda")
+    cfg = WsGroupConfig(8, 8)
+    first = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    for _ in range(3):
+        assert torch.equal(first, kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,
+                                              config=cfg))
+    s = dense_of(values, layout)
+    assert_close(first, x.double().cpu() @ s.t(), torch.bfloat16, "dds ws group large")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("block_size,dtype,cfg,match", [
+    (128, torch.bfloat16, WsGroupConfig(1), "block size of 16, 32 or 64"),
+    (32, torch.float32, WsGroupConfig(4), "bf16 or fp16"),
+    (64, torch.bfloat16, WsGroupConfig(8), "accumulator registers"),
+    (64, torch.bfloat16, WsGroupConfig(4, 8), "shared memory"),
+])
+def test_grouped_kernel_refuses_what_it_cannot_run(block_size, dtype, cfg, match):
+    layout = make_layout("random", 4, 4, block_size)
+    values = random_values(layout, dtype, "cuda")
+    a = torch.randn(256, 4 * block_size, device="cuda").to(dtype)
+    with pytest.raises(ValueError, match=match):
+        kernels.dds(a, values, layout.meta_on("cuda"), None, 4, 4, True, config=cfg)

@@ -1,0 +1,308 @@
+"""Hopper (sm90) warp-specialized dds for small blocks (b 16-64): G output block-columns
+per tile, each activation tile loaded once for all of them and held in registers.
+
+Why: in the one-block-column kernels (:mod:`tilesparse.kernels.bsmm_ws`) every stored
+block brings an activation tile [BM, b] that serves b output columns only, so each byte
+written to and read from shared memory carries b / 2 FLOP; at b 16-64 shared memory, not
+the tensor cores, sets the rate (b 64 / 32 / 16 at ~66 / 35 / 11-15 % of dense's rate:
+docs/performance.md, twelfth session). Here a tile owns G consecutive output
+block-columns and walks the *union* of their reduction blocks (the panel tables of
+:mod:`tilesparse.kernels.bsmm_panel`). For each union entry the producer warp TMA-loads
+the activation tile and only the stored ones of the G weight blocks; each consumer loads
+its rows of the activation tile into registers once and issues one wgmma (activation
+from registers, weight block from shared memory) per stored block into that block
+column's own accumulator. Absent blocks cost nothing: no zeros are multiplied, unlike the
+panel kernel. The activation's shared-memory and L2 traffic drop by the number of
+stored blocks per union entry (about G * density / (1 - (1 - density)^G)).
+
+Two consumer partitions (one warpgroup each) take the top and bottom 64 rows of each
+128-row tile and run unsynchronised, so one's wgmma fills the other's waits. The grid is
+persistent (one program per SM, tiles round-robin in grouped order). The same
+reduction order as the panel kernel; no atomics: bitwise deterministic. Opt-in through a
+:class:`WsGroupConfig` passed to :func:`tilesparse.kernels.bsmm.dds`; no interpreter
+path (tests run on the GPU and compile for sm_90 on the CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from ._device import build_outside_graph_pools, shared_memory_bytes, sm_count
+from ._launch import launch
+from ._tiles import cdiv, check_power_of_two
+from .bsmm_panel import panel_tables
+from .bsmm_tma import ensure_allocator, row_major_tma_ok
+from .bsmm_ws import _alloc_ring, _nvmma, _tile_coords, hopper_reason
+
+__all__ = ["WsGroupConfig", "ws_group_supported", "group_tables", "launch_dds_ws_group"]
+
+_ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
+
+
+@dataclasses.dataclass(frozen=True)
+class WsGroupConfig:
+    """Launch parameters of the grouped kernel: ``group`` output block-columns per tile
+    (G), ``stages`` the shared-memory ring (one activation tile and up to G weight blocks
+    per stage), ``group_m`` the tile order's group (L2 reuse), ``load_regs`` the
+    producer warp's registers, ``mma_regs`` each consumer warpgroup's. Tiles are 128
+    rows (two consumers of 64)."""
+
+    group: int = 4
+    stages: int = 4
+    group_m: int = 8
+    load_regs: int = 40
+    mma_regs: int = 232
+
+    def __post_init__(self):
+        check_power_of_two(self, "group", minimum=1)
+        if self.group > 8:
+            raise ValueError(f"WsGroupConfig.group must be at most 8, got {self.group!r}")
+        if isinstance(self.stages, bool) or self.stages < 2:
+            raise ValueError(f"WsGroupConfig.stages must be >= 2, got {self.stages!r}")
+        if self.group_m < 1:
+            raise ValueError(f"WsGroupConfig.group_m must be >= 1, got {self.group_m!r}")
+
+    @property
+    def block_m(self) -> int:
+        return 2 * _ROWS_PER_CONSUMER
+
+    def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
+        """The ring (activation tile + G weight blocks per stage), the two consumers'
+        output tiles and the barriers."""
+        ring = self.stages * (self.block_m * block_size + self.group * block_size ** 2) * element_bytes
+        return ring + self.group * self.block_m * block_size * element_bytes + 1024
+
+    def accumulator_registers(self, block_size: int) -> int:
+        """fp32 accumulator registers per consumer thread: G tiles of [64, b] over 128 threads."""
+        return self.group * _ROWS_PER_CONSUMER * block_size // 128
+
+
+@gluon.jit
+def _group_load(descs, bufs, bars, tables, sizes,
+                B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
+    """Producer (one warp): for each union entry of each of this program's tiles, wait for
+    a free stage, then TMA-load the activation tile and the stored ones of the entry's G
+    weight blocks into it. The stage's ready barrier takes 1 + G arrivals: the activation
+    load's, then per block its load's (with its bytes) or a plain one where it is absent."""
+    a_desc, v_desc = descs[0], descs[1]
+    a_bufs, v_bufs = bufs[0], bufs[1]
+    ready_bars, empty_bars = bars
+    pptr_ptr, pk_ptr, pslots_ptr = tables[0], tables[1], tables[2]
+    num_pid_m, n_groups, num_tiles = sizes
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, q = _tile_coords(tile, num_pid_m, n_groups, GROUP_M)
+        row0 = pid_m * BLOCK_M
+        start = gl.load(pptr_ptr + q)
+        end = gl.load(pptr_ptr + q + 1)
+        for u in range(start, end):
+            k = gl.load(pk_ptr + u)
+            s = step % STAGES
+            ready = ready_bars.index(s)
+            # a stage's empty barrier completes once per reuse; the first pass finds it free
+            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready, a_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [row0, k * B], ready, a_bufs.index(s))
+            for g in gl.static_range(G):
+                slot = gl.load(pslots_ptr + u * G + g)
+                present = slot >= 0
+                mbarrier.expect(ready, v_desc.block_type.nbytes, pred=present)
+                tma.async_copy_global_to_shared(v_desc, [slot * B, 0], ready, v_bufs.index(s * G + g), pred=present)
+                mbarrier.arrive(ready, count=1, pred=slot < 0)
+            step += 1
+
+
+@gluon.jit
+def _maybe_mma(acc, a, b, present):
+    """acc += a @ b issued asynchronously where ``present``, else acc unchanged (as the
+    same asynchronous-accumulator type, so both branches agree)."""
+    acc = warpgroup_mma_init(acc)
+    if present:
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _group_mma(descs, bufs, bars, tables, sizes,
+               B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, TRANS_V: gl.constexpr,
+               HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+    """A consumer (one warpgroup): rows ROLE * 64 .. + 64 of each tile. Per union entry:
+    the activation rows into registers, one asynchronous wgmma per stored weight block
+    into its block column's accumulator, wait, free the stage. Then each of the G output
+    blocks (bias, cast) through shared memory and a TMA store."""
+    c_desc = descs[2]
+    a_bufs, v_bufs, c_bufs = bufs
+    ready_bars, empty_bars = bars
+    pptr_ptr, pmask_ptr, bias_ptr, n_out_cols = tables[0], tables[3], tables[4], tables[5]
+    num_pid_m, n_groups, num_tiles = sizes
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    ROWS: gl.constexpr = BLOCK_M // 2
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, B, 16])
+    a_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+    zero = gl.zeros((ROWS, B), dtype=gl.float32, layout=mma_layout)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    step = 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, q = _tile_coords(tile, num_pid_m, n_groups, GROUP_M)
+        start = gl.load(pptr_ptr + q)
+        end = gl.load(pptr_ptr + q + 1)
+        accs = (zero,) * G
+        for u in range(start, end):
+            mask = gl.load(pmask_ptr + u)
+            s = step % STAGES
+            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+            a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
+            for g in gl.static_range(G):
+                if TRANS_V:
+                    v = v_bufs.index(s * G + g).permute((1, 0))
+                else:
+                    v = v_bufs.index(s * G + g)
+                accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((mask >> g) & 1) != 0),) + accs[g + 1:]
+            done = warpgroup_mma_wait(num_outstanding=0, deps=accs + (a,))
+            accs = done[:G]
+            mbarrier.arrive(empty_bars.index(s), count=1)
+            step += 1
+        tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
+        for g in gl.static_range(G):
+            acc = accs[g]
+            if HAS_BIAS:
+                cols = (q * G + g) * B + gl.arange(0, B, layout=gl.SliceLayout(0, mma_layout))
+                acc = acc + gl.load(bias_ptr + cols, mask=cols < n_out_cols, other=0.0).to(gl.float32)[None, :]
+            c_bufs.index(ROLE * G + g).store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        for g in gl.static_range(G):
+            # a block column past the output (the last group's tail) lies outside C: TMA writes nothing
+            tma.async_copy_shared_to_global(c_desc, [pid_m * BLOCK_M + ROLE * ROWS, (q * G + g) * B],
+                                            c_bufs.index(ROLE * G + g))
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _dds_ws_group_kernel(
+    a_ptr, v_ptr, c_ptr, bias_ptr, pptr_ptr, pk_ptr, pslots_ptr, pmask_ptr,
+    M, K_A, n_groups, n_out_cols, nnz, stride_am, stride_cm,
+    B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+    TRANS_V: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+    a_layout: gl.constexpr, v_layout: gl.constexpr, c_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Persistent: program p takes tiles p, p + P, ... of the grouped order (tile = 128
+    rows x G block columns). Descriptors built on the device; rows past M are zero-filled
+    on load and clipped on store, as are block columns past the output."""
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [BLOCK_M, B], a_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [B, B], v_layout)
+    c_desc = tma.make_tensor_descriptor(c_ptr, [M, n_out_cols], [stride_cm, 1], [BLOCK_M // 2, B], c_layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], a_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES * G, B, B], v_layout)
+    c_bufs = gl.allocate_shared_memory(dtype, [2 * G, BLOCK_M // 2, B], c_layout)
+    ready_bars, empty_bars = _alloc_ring(STAGES, 2, 1 + G)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    descs = (a_desc, v_desc, c_desc)
+    bufs = (a_bufs, v_bufs, c_bufs)
+    bars = (ready_bars, empty_bars)
+    tables = (pptr_ptr, pk_ptr, pslots_ptr, pmask_ptr, bias_ptr, n_out_cols)
+    sizes = (num_pid_m, n_groups, num_pid_m * n_groups)
+    gl.warp_specialize([
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, 0, num_warps)),
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, 1, num_warps)),
+        (_group_load, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, GROUP_M)),
+    ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layouts:
+    a: object
+    v: object
+    c: object
+
+
+@functools.lru_cache(maxsize=None)
+def _layouts(b: int, dtype: torch.dtype) -> _Layouts:
+    return _Layouts(_nvmma([128, b], dtype), _nvmma([b, b], dtype), _nvmma([_ROWS_PER_CONSUMER, b], dtype))
+
+
+def group_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int):
+    """(pptr, pk, pslots, pmask): the panel tables (:func:`bsmm_panel.panel_tables`) and
+    per union entry a bitmask of its stored blocks (bit g: block column g of the group),
+    one zero entry past the end. Remembered on ``meta`` like the panel tables."""
+    pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, group)
+    cache = meta.__dict__.setdefault("_tilesparse_group_masks", {})
+    key = (block_rows, block_cols, trans, group)
+    if key not in cache:
+        def build():
+            bits = (pslots >= 0).to(torch.int32) << torch.arange(group, dtype=torch.int32, device=pslots.device)
+            return torch.cat([bits.sum(dim=1, dtype=torch.int32), bits.new_zeros(1)])
+        cache[key] = build_outside_graph_pools(meta.device, build)
+    return pptr, pk, pslots, cache[key]
+
+
+def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
+    """Why this kernel cannot run these operands, or None if it can."""
+    b = values.shape[-1]
+    why = hopper_reason(a)
+    if why is not None:
+        return why
+    if c.dtype != a.dtype or values.dtype != a.dtype:
+        return f"needs one dtype: A is {a.dtype}, C {c.dtype}, the blocks {values.dtype}"
+    if b not in (16, 32, 64):
+        return f"needs a block size of 16, 32 or 64, got {b}"
+    if cfg.accumulator_registers(b) > 128:
+        return (f"would hold {cfg.accumulator_registers(b)} accumulator registers per thread "
+                f"(group={cfg.group} at b = {b}); at most 128")
+    for name, t in (("A", a), ("C", c)):
+        if not row_major_tma_ok(t):
+            return f"needs a row-major {name} with 16-byte-aligned, non-overlapping rows"
+    if values.data_ptr() % 16 or not values.is_contiguous():
+        return "needs contiguous, 16-byte-aligned block values"
+    if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
+        return "addresses tensors through TMA, whose coordinates are 32-bit"
+    if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
+        return (f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, "
+                "more than the GPU has")
+    return None
+
+
+def launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, cfg: WsGroupConfig):
+    """C = A @ op(S) (+ bias) into the preallocated C; ``trans`` picks the grouping
+    (fprop groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds).
+    Raises ValueError where :func:`ws_group_supported` refuses."""
+    why = ws_group_supported(a, values, c, cfg)
+    if why is not None:
+        raise ValueError(f"WsGroupConfig {cfg}: {why}")
+    b = values.shape[-1]
+    pptr, pk, pslots, pmask = group_tables(meta, block_rows, block_cols, trans, cfg.group)
+    if pslots.numel() >= 1 << 31:
+        raise ValueError(f"the group tables hold {pslots.numel()} entries; the kernel indexes them with 32 bits")
+    n_groups = pptr.numel() - 1
+    m = a.shape[0]
+    grid = max(1, min(cdiv(m, cfg.block_m) * n_groups, sm_count(a.device)))
+    lay = _layouts(b, a.dtype)
+    ensure_allocator()
+    launch(_dds_ws_group_kernel, (grid,),
+        a, values, c, bias if bias is not None else c, pptr, pk, pslots, pmask,
+        m, a.shape[1], n_groups, c.shape[1], values.shape[0], a.stride(0), c.stride(0),
+        B=b, G=cfg.group, BLOCK_M=cfg.block_m, STAGES=cfg.stages,
+        TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m,
+        LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs,
+        a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
+        num_warps=4,
+    )
