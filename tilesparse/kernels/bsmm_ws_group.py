@@ -91,18 +91,31 @@ class WsGroupConfig:
 
 
 @gluon.jit
+def _entry_tables(pk_ptr, pslots_ptr, u, ok, G: gl.constexpr):
+    """Union entry u's reduction block and the G storage slots (-1: absent); nothing is
+    read where not ``ok`` (a tile without entries, in a layout that may have none)."""
+    slots = (gl.load(pslots_ptr + u * G, mask=ok, other=-1),)
+    for g in gl.static_range(1, G):
+        slots = slots + (gl.load(pslots_ptr + u * G + g, mask=ok, other=-1),)
+    return gl.load(pk_ptr + u, mask=ok, other=0), slots
+
+
+@gluon.jit
 def _group_load(descs, bufs, bars, tables, sizes,
                 B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
     """Producer (one warp): for each union entry of each of this program's tiles, wait for
     a free stage, then TMA-load the activation tile and the stored ones of the entry's G
-    weight blocks into it. The stage's ready barrier takes 1 + G arrivals: the activation
-    load's, then per block its load's (with its bytes) or a plain one where it is absent."""
+    weight blocks into it, the stage's ready barrier expecting exactly their bytes. The
+    next entry's table reads are issued before this entry's wait, so their latency is
+    off the issue path."""
     a_desc, v_desc = descs[0], descs[1]
     a_bufs, v_bufs = bufs[0], bufs[1]
     ready_bars, empty_bars = bars
     pptr_ptr, pk_ptr, pslots_ptr = tables[0], tables[1], tables[2]
     num_pid_m, n_groups, num_tiles = sizes
     STAGES: gl.constexpr = a_bufs.type.shape[0]
+    A_BYTES: gl.constexpr = a_desc.block_type.nbytes
+    V_BYTES: gl.constexpr = v_desc.block_type.nbytes
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     step = 0
@@ -111,20 +124,24 @@ def _group_load(descs, bufs, bars, tables, sizes,
         row0 = pid_m * BLOCK_M
         start = gl.load(pptr_ptr + q)
         end = gl.load(pptr_ptr + q + 1)
+        k, slots = _entry_tables(pk_ptr, pslots_ptr, start, start < end, G)
         for u in range(start, end):
-            k = gl.load(pk_ptr + u)
+            k_next, slots_next = _entry_tables(pk_ptr, pslots_ptr, u + 1, u + 1 < end, G)
+            stored = (slots[0] >= 0).to(gl.int32)
+            for g in gl.static_range(1, G):
+                stored += (slots[g] >= 0).to(gl.int32)
             s = step % STAGES
             ready = ready_bars.index(s)
             # a stage's empty barrier completes once per reuse; the first pass finds it free
             mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready, a_desc.block_type.nbytes)
+            for n in gl.static_range(1, G + 1):  # one arrival expecting this entry's bytes
+                mbarrier.expect(ready, A_BYTES + n * V_BYTES, pred=stored == n)
             tma.async_copy_global_to_shared(a_desc, [row0, k * B], ready, a_bufs.index(s))
             for g in gl.static_range(G):
-                slot = gl.load(pslots_ptr + u * G + g)
-                present = slot >= 0
-                mbarrier.expect(ready, v_desc.block_type.nbytes, pred=present)
-                tma.async_copy_global_to_shared(v_desc, [slot * B, 0], ready, v_bufs.index(s * G + g), pred=present)
-                mbarrier.arrive(ready, count=1, pred=slot < 0)
+                tma.async_copy_global_to_shared(v_desc, [slots[g] * B, 0], ready, v_bufs.index(s * G + g),
+                                                pred=slots[g] >= 0)
+            k = k_next
+            slots = slots_next
             step += 1
 
 
@@ -165,8 +182,10 @@ def _group_mma(descs, bufs, bars, tables, sizes,
         start = gl.load(pptr_ptr + q)
         end = gl.load(pptr_ptr + q + 1)
         accs = (zero,) * G
+        mask_next = gl.load(pmask_ptr + start)  # pmask has one entry past the last union entry
         for u in range(start, end):
-            mask = gl.load(pmask_ptr + u)
+            mask = mask_next
+            mask_next = gl.load(pmask_ptr + u + 1)
             s = step % STAGES
             mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
             a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
@@ -214,7 +233,7 @@ def _dds_ws_group_kernel(
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], a_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES * G, B, B], v_layout)
     c_bufs = gl.allocate_shared_memory(dtype, [2 * G, BLOCK_M // 2, B], c_layout)
-    ready_bars, empty_bars = _alloc_ring(STAGES, 2, 1 + G)
+    ready_bars, empty_bars = _alloc_ring(STAGES, 2)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     descs = (a_desc, v_desc, c_desc)
     bufs = (a_bufs, v_bufs, c_bufs)
