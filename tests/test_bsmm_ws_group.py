@@ -29,7 +29,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(group=3), "group"), (dict(group=16), "at most 8"), (dict(stages=1), "stages"),
-    (dict(stages=True), "stages"), (dict(group_m=0), "group_m"),
+    (dict(stages=True), "stages"), (dict(group_m=0), "group_m"), (dict(a_from_registers=1), "a_from_registers"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -95,10 +95,12 @@ def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("block_size,group,stages", [(16, 8, 8), (16, 2, 4), (32, 4, 6), (32, 1, 4), (64, 2, 4),
                                                     (64, 4, 3)], ids=lambda v: str(v))
-def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, trans, m):
+@pytest.mark.parametrize("a_regs", [True, False], ids=["a_regs", "a_smem"])
+def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, trans, m, a_regs):
     # empty block-rows and -columns (union entries missing some blocks, groups with none),
     # a short last group, odd M (the last row tile partial)
-    out, expected = _run("empty_rows_cols", block_size, dtype, trans, m, WsGroupConfig(group, stages))
+    out, expected = _run("empty_rows_cols", block_size, dtype, trans, m,
+                         WsGroupConfig(group, stages, a_from_registers=a_regs))
     assert_close(out, expected, dtype, f"dds ws group b{block_size} G{group}")
 
 
@@ -106,8 +108,9 @@ def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, tran
 @needs_hopper
 @pytest.mark.parametrize("layout_kind", ["empty", "full", "random"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-def test_grouped_kernel_layouts(layout_kind, trans):
-    out, expected = _run(layout_kind, 32, torch.bfloat16, trans, 1000, WsGroupConfig(4, 6),
+@pytest.mark.parametrize("a_regs", [True, False], ids=["a_regs", "a_smem"])
+def test_grouped_kernel_layouts(layout_kind, trans, a_regs):
+    out, expected = _run(layout_kind, 32, torch.bfloat16, trans, 1000, WsGroupConfig(4, 6, a_from_registers=a_regs),
                          bias=layout_kind != "full")
     assert_close(out, expected, torch.bfloat16, f"dds ws group {layout_kind}")
 
@@ -120,7 +123,7 @@ def test_grouped_kernel_is_bitwise_deterministic():
     values = random_values(layout, torch.bfloat16, "cuda")
     x = torch.randn(3000, 2048, device="cuda", dtype=torch.bfloat16)
     meta = layout.meta_on("cuda")
-    cfg = WsGroupConfig(8, 8)
+    cfg = WsGroupConfig(8, 8, a_from_registers=False)
     first = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
     for _ in range(3):
         assert torch.equal(first, kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,

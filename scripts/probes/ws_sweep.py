@@ -101,6 +101,15 @@ VARIANTS = {
     "cg-g2st8": WG.WsGroupConfig(2, 8),
     "cg-g2st4": WG.WsGroupConfig(2, 4),
     "cg-g4st3": WG.WsGroupConfig(4, 3),
+    # ... with the activation read by the wgmma from shared memory, one entry's wgmma in
+    # flight while the next entry's are issued
+    "cg-g8st8s": WG.WsGroupConfig(8, 8, a_from_registers=False),
+    "cg-g8st4s": WG.WsGroupConfig(8, 4, a_from_registers=False),
+    "cg-g4st6s": WG.WsGroupConfig(4, 6, a_from_registers=False),
+    "cg-g4st3s": WG.WsGroupConfig(4, 3, a_from_registers=False),
+    "cg-g2st8s": WG.WsGroupConfig(2, 8, a_from_registers=False),
+    "cg-g2st4s": WG.WsGroupConfig(2, 4, a_from_registers=False),
+    "cg-g1st8s": WG.WsGroupConfig(1, 8, a_from_registers=False),
 }
 
 

@@ -58,16 +58,23 @@ class WsGroupConfig:
     (G), ``stages`` the shared-memory ring (one activation tile and up to G weight blocks
     per stage), ``group_m`` the tile order's group (L2 reuse), ``load_regs`` the
     producer warp's registers, ``mma_regs`` each consumer warpgroup's. Tiles are 128
-    rows (two consumers of 64)."""
+    rows (two consumers of 64). ``a_from_registers``: each consumer loads its activation
+    rows into registers once per union entry and waits for the entry's wgmma before the
+    next (ptxas serializes every wgmma if register operands stay in flight across
+    iterations); else the wgmma read them from shared memory, and one entry's wgmma run
+    while the next entry's are issued."""
 
     group: int = 4
     stages: int = 4
     group_m: int = 8
     load_regs: int = 40
     mma_regs: int = 232
+    a_from_registers: bool = True
 
     def __post_init__(self):
         check_power_of_two(self, "group", minimum=1)
+        if not isinstance(self.a_from_registers, bool):
+            raise ValueError(f"WsGroupConfig.a_from_registers must be a bool, got {self.a_from_registers!r}")
         if self.group > 8:
             raise ValueError(f"WsGroupConfig.group must be at most 8, got {self.group!r}")
         if isinstance(self.stages, bool) or self.stages < 2:
@@ -156,9 +163,26 @@ def _maybe_mma(acc, a, b, present):
 
 
 @gluon.jit
+def _wait_for_previous(accs, issued, G: gl.constexpr):
+    """Wait until at most ``issued`` wgmma groups are in flight (this union entry's: each
+    asynchronous wgmma commits its own group, and their number varies, while the wait
+    takes a constant): the previous entry's are done."""
+    done = warpgroup_mma_wait(num_outstanding=G, deps=accs)
+    if G == 1:
+        done = (done,)
+    for n in gl.static_range(G):
+        if issued == n:  # the waits chain through one set of values: no copies of in-flight registers
+            done = warpgroup_mma_wait(num_outstanding=n, deps=done)
+            if G == 1:
+                done = (done,)
+    return done
+
+
+@gluon.jit
 def _group_mma(descs, bufs, bars, tables, sizes,
                B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, TRANS_V: gl.constexpr,
-               HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+               HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, A_REGS: gl.constexpr, ROLE: gl.constexpr,
+               num_warps: gl.constexpr):
     """A consumer (one warpgroup): rows ROLE * 64 .. + 64 of each tile. Per union entry:
     the activation rows into registers, one asynchronous wgmma per stored weight block
     into its block column's accumulator, wait, free the stage. Then each of the G output
@@ -188,17 +212,34 @@ def _group_mma(descs, bufs, bars, tables, sizes,
             mask_next = gl.load(pmask_ptr + u + 1)
             s = step % STAGES
             mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-            a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
+            if A_REGS:
+                a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
+            else:
+                a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+            issued = mask & 1
             for g in gl.static_range(G):
                 if TRANS_V:
                     v = v_bufs.index(s * G + g).permute((1, 0))
                 else:
                     v = v_bufs.index(s * G + g)
                 accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((mask >> g) & 1) != 0),) + accs[g + 1:]
-            done = warpgroup_mma_wait(num_outstanding=0, deps=accs + (a,))
-            accs = done[:G]
-            mbarrier.arrive(empty_bars.index(s), count=1)
+                if g > 0:
+                    issued += (mask >> g) & 1
+            if A_REGS:
+                # ptxas serializes every wgmma if register operands stay in flight across
+                # iterations: wait for this entry's, then free its stage
+                accs = warpgroup_mma_wait(num_outstanding=0, deps=accs + (a,))[:G]
+                mbarrier.arrive(empty_bars.index(s), count=1)
+            else:
+                # this entry's wgmma stay in flight; the previous entry's are done: free its stage
+                accs = _wait_for_previous(accs, issued, G)
+                mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=u > start)
             step += 1
+        if not A_REGS:
+            accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
+            if G == 1:
+                accs = (accs,)
+            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=end > start)
         tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
         for g in gl.static_range(G):
             acc = accs[g]
@@ -220,7 +261,7 @@ def _dds_ws_group_kernel(
     M, K_A, n_groups, n_out_cols, nnz, stride_am, stride_cm,
     B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     TRANS_V: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, A_REGS: gl.constexpr,
     a_layout: gl.constexpr, v_layout: gl.constexpr, c_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Persistent: program p takes tiles p, p + P, ... of the grouped order (tile = 128
@@ -241,8 +282,10 @@ def _dds_ws_group_kernel(
     tables = (pptr_ptr, pk_ptr, pslots_ptr, pmask_ptr, bias_ptr, n_out_cols)
     sizes = (num_pid_m, n_groups, num_pid_m * n_groups)
     gl.warp_specialize([
-        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, 0, num_warps)),
-        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, 1, num_warps)),
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 0,
+                       num_warps)),
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 1,
+                       num_warps)),
         (_group_load, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, GROUP_M)),
     ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
 
@@ -321,7 +364,7 @@ def launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans,
         m, a.shape[1], n_groups, c.shape[1], values.shape[0], a.stride(0), c.stride(0),
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, STAGES=cfg.stages,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m,
-        LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs,
+        LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=cfg.a_from_registers,
         a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
         num_warps=4,
     )
