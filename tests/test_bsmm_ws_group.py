@@ -146,3 +146,32 @@ def test_grouped_kernel_refuses_what_it_cannot_run(block_size, dtype, cfg, match
     a = torch.randn(256, 4 * block_size, device="cuda").to(dtype)
     with pytest.raises(ValueError, match=match):
         kernels.dds(a, values, layout.meta_on("cuda"), None, 4, 4, True, config=cfg)
+
+
+def test_default_config_is_none_off_hopper():
+    a = torch.randn(1024, 64).to(torch.bfloat16)
+    assert bsmm_ws_group.default_config(a, 32, 0.5) is None
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("block_size,density,dtype,m,taken", [
+    (32, 0.5, torch.bfloat16, 1024, True), (64, 0.5, torch.float16, 1024, True),
+    (32, 0.25, torch.bfloat16, 1024, False), (16, 0.5, torch.bfloat16, 1024, False),
+    (64, 0.5, torch.bfloat16, 512, False), (64, 0.5, torch.float32, 1024, False),
+])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_dds_takes_the_grouped_kernel_where_measured_faster(block_size, density, dtype, m, taken, trans,
+                                                            monkeypatch):
+    layout = tilesparse.layouts.random(1024, 512, block_size, density, seed=1)
+    values = random_values(layout, dtype, "cuda")
+    a = torch.randn(m, 512 if trans else 1024, device="cuda").to(dtype)
+    launched = []
+    real = bsmm_ws_group.launch_dds_ws_group
+    monkeypatch.setattr(bsmm_ws_group, "launch_dds_ws_group", lambda *args: launched.append(args[-1]) or real(*args))
+    out = kernels.dds(a, values, layout.meta_on("cuda"), None, layout.block_rows, layout.block_cols, trans)
+    assert bool(launched) == taken
+    if taken:
+        assert launched[0] == bsmm_ws_group.default_config(a, block_size, density)
+    s = dense_of(values, layout)
+    assert_close(out, a.double().cpu() @ (s.t() if trans else s), dtype, "dds default")

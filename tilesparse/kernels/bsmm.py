@@ -353,7 +353,12 @@ def dds(
                 small_cfg = _with_chunks(small_cfg, chunks)
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
-    if config is None:  # on Hopper, the warp-specialized kernel where it was measured faster
+    if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster
+        group_cfg = bsmm_ws_group.default_config(a, b, density)
+        if group_cfg is not None and bsmm_ws_group.ws_group_supported(a, values, c, group_cfg) is None:
+            bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
+                                              group_cfg)
+            return c
         ws_cfg = bsmm_ws.default_config(a, b, density)
         if ws_cfg is not None and bsmm_ws.ws_supported(a, values, c, ws_cfg) is None:
             _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v, meta, trans)

@@ -40,14 +40,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._device import build_outside_graph_pools, shared_memory_bytes, sm_count
+from ._device import build_outside_graph_pools, capability_major, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import _alloc_ring, _nvmma, _tile_coords, hopper_reason
+from .bsmm_ws import WS_MIN_M, _alloc_ring, _nvmma, _tile_coords, hopper_reason
 
-__all__ = ["WsGroupConfig", "ws_group_supported", "group_tables", "launch_dds_ws_group"]
+__all__ = ["WsGroupConfig", "default_config", "ws_group_supported", "group_tables", "launch_dds_ws_group"]
 
 _ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
 
@@ -315,6 +315,30 @@ def group_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
             return torch.cat([bits.sum(dim=1, dtype=torch.int32), bits.new_zeros(1)])
         cache[key] = build_outside_graph_pools(meta.device, build)
     return pptr, pk, pslots, cache[key]
+
+
+# The shipped choice, measured on the H200 (scripts/probes/ws_sweep.py, 8192x4096², fprop,
+# kernel time; docs/performance.md, eighteenth session): (block size, density at least)
+# -> config. At density 0.5: b 32 0.573 -> 0.443 ms (35 -> 45 % of dense's rate; the
+# activation from registers, groups of 8), b 64 0.307 -> 0.271 ms (66 -> 75 %; groups of
+# 4, 3 stages). At density 0.25 and below both lost (0.8-1.0x), and at b 16 everywhere
+# (0.8-0.85x of the Triton kernels): the other kernels run there.
+_DEFAULTS = (
+    (64, 0.45, WsGroupConfig(4, 3)),
+    (32, 0.45, WsGroupConfig(8, 4)),
+)
+
+
+def default_config(a: torch.Tensor, block_size: int, density: float) -> WsGroupConfig | None:
+    """The grouped kernel's config where it is the measured choice (sm90, 16-bit, at least
+    ``WS_MIN_M`` rows, the block sizes and densities of ``_DEFAULTS``), else None."""
+    if (a.dtype not in (torch.bfloat16, torch.float16) or a.shape[0] < WS_MIN_M or a.device.type != "cuda"
+            or capability_major(a.device) != 9):
+        return None
+    for block, least, cfg in _DEFAULTS:
+        if block == block_size and density >= least:
+            return cfg
+    return None
 
 
 def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
