@@ -18,6 +18,7 @@ from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig
 from tilesparse.kernels.bsmm_sdd_tile import SddTileConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
 from tilesparse.kernels.bsmm_ws import WsConfig
+from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
 from tolerances import assert_close
 
 pytestmark = INTERPRETER_MARKS  # some cases launch kernels under the interpreter
@@ -179,11 +180,14 @@ def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("fp32", [False, True])
 def test_search_spaces_are_valid_configs(m, block, fp32):
-    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig, WsConfig)
+    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig, WsConfig, WsGroupConfig)
     dds = list(tune_mod.dds_space(m, block, fp32))
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
     assert all(isinstance(c, kinds) for c in dds)
+    grouped = [c for c in dds if isinstance(c, WsGroupConfig)]
+    assert bool(grouped) == (not fp32 and block <= 64 and m > 256)  # the column-grouped kernel
+    assert all(c.accumulator_registers(block) <= 128 and c.shared_bytes(block) <= 227 * 1024 for c in grouped)
     assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig, SddTileConfig)) for c in sdd)
     assert any(isinstance(c, SddGroupConfig) for c in sdd) == (not fp32)
     assert any(isinstance(c, SddTileConfig) for c in sdd) == (not fp32 and block <= 64)

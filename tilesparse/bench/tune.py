@@ -26,7 +26,10 @@ from ..kernels.bsmm_sdd_group import SddGroupConfig
 from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
+from ..kernels.bsmm_ws_group import WsGroupConfig
 from .matmul import DTYPES
+
+_HOPPER_SHARED_BYTES = 227 * 1024  # an sm90 program's shared memory
 
 __all__ = ["dds_space", "sdd_space", "tune"]
 
@@ -84,6 +87,13 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         # on the H200 1.02-1.14x at b 16, 0.87-1.01x at b 64 / 32 (...-feature-major.log)
         for bm, warps, stages in ((256, 8 if tile == 64 else 4, 3 if tile == 64 else 4), (128, 4, 4)):
             yield SmallConfig(tile, 64, bm, warps, stages)
+    if block == tile and block <= 64 and m > 256:
+        # the column-grouped warp-specialized kernel: G output block-columns share each
+        # activation tile (on the H200 1.13-1.3x at density 0.5, b 32 / 64; 0.8-1.0x below)
+        for group, stages, a_regs in ((8, 4, True), (4, 6, True), (2, 8, True), (4, 3, True), (2, 4, False)):
+            cfg = WsGroupConfig(group, stages, a_from_registers=a_regs)
+            if cfg.accumulator_registers(block) <= 128 and cfg.shared_bytes(block) <= _HOPPER_SHARED_BYTES:
+                yield cfg
     if tile < 64:
         if block == tile and m > 256:  # the Hopper warp-specialized kernel, deep rings (one K step a block)
             yield WsConfig(128, tile, 8, 12 if tile == 32 else 16)
