@@ -33,6 +33,7 @@ from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
+from tilesparse.kernels import bsmm_ws_group  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
@@ -272,6 +273,28 @@ def ws_cases(quick: bool):
         yield f"ws sdd b{block} m{block_m} w{warps}", sdd, sig, const, warps, stages, None, GluonASTSource
 
 
+def ws_group_cases(quick: bool):
+    """The column-grouped warp-specialized dds (Gluon, ``bsmm_ws_group``): G output
+    block-columns per tile, the activation from registers or from shared memory, fprop and
+    bprop; expected: wgmma and setmaxnreg."""
+    # (block, group, stages, trans, activation from registers)
+    cases = ((32, 8, 4, True, True), (64, 2, 4, False, False)) if quick else \
+        ((32, 8, 4, True, True), (32, 4, 6, False, True), (16, 8, 8, True, True), (64, 4, 3, True, True),
+         (64, 2, 4, False, False), (32, 2, 8, True, False), (16, 1, 8, False, False))
+    fn = bsmm_ws_group._dds_ws_group_kernel
+    for block, group, stages, trans, a_regs in cases:
+        cfg = bsmm_ws_group.WsGroupConfig(group, stages, a_from_registers=a_regs)
+        lay = bsmm_ws_group._layouts(block, torch.bfloat16)
+        const = dict(B=block, G=group, BLOCK_M=cfg.block_m, STAGES=stages, TRANS_V=trans, HAS_BIAS=True, GROUP_M=8,
+                     LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=a_regs, a_layout=lay.a, v_layout=lay.v,
+                     c_layout=lay.c, num_warps=4)
+        sig = {name: "constexpr" if name in const else
+               "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr", "pmask_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"ws group dds b{block} G{group} st{stages} {'fprop' if trans else 'bprop'} "
+               f"a_from_registers={a_regs}", fn, sig, const, 4, stages, None, GluonASTSource)
+
+
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
@@ -356,6 +379,24 @@ def attention_ws_cases(quick: bool):
                    sig, const, const["num_warps"], stages, None, GluonASTSource)
 
 
+def _ptxas_log(ptx: str) -> str:
+    """The bundled ptxas's -v report on ``ptx`` (its performance notes, e.g. C7512: wgmma
+    serialized, appear only there)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from triton.backends.nvidia import compiler as nv_compiler
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        res = subprocess.run([nv_compiler.get_ptxas(TARGET.arch).path, "-v",
+                              f"--gpu-name={nv_compiler.sm_arch_from_capability(TARGET.arch)}", str(src),
+                              "-o", str(Path(tmp) / "k.o")], capture_output=True, text=True, check=True)
+    return res.stdout + res.stderr
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
@@ -364,7 +405,7 @@ def main() -> int:
     for label, fn, signature, constexprs, warps, stages, *extra in (
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
-            *ws_cases(args.quick),
+            *ws_cases(args.quick), *ws_group_cases(args.quick),
             *attention_ws_cases(args.quick)):
         try:
             attrs = extra[0] if extra else None
@@ -375,6 +416,8 @@ def main() -> int:
             mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async')}"
             if "setmaxnreg" in ptx:
                 mma += f", setmaxnreg {ptx.count('setmaxnreg')}"
+            if label.startswith("ws group") and "C7512" in _ptxas_log(ptx):
+                raise RuntimeError("ptxas serializes the wgmma (C7512): an operand held in flight it cannot keep")
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1

@@ -28,3 +28,7 @@ def test_attention_2_4_small_batch_and_ws_kernels_compile_for_sm90():
     # between the partitions (setmaxnreg)
     ws = [line for line in compiled if line.startswith("ok    ws ")]
     assert any("ws sdd" in line for line in ws) and all("wgmma 0," not in line and "setmaxnreg" in line for line in ws)
+    # the column-grouped dds: both activation paths compiled, and ptxas kept its wgmma
+    # asynchronous (the script fails a grouped case whose ptxas report says C7512)
+    grouped = [line for line in ws if line.startswith("ok    ws group")]
+    assert {("a_from_registers=True" in line) for line in grouped} == {True, False}
