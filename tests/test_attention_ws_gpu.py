@@ -252,3 +252,32 @@ def test_balanced_persistent_forward_equals_the_round_robin(causal, programs, bl
     assert len(kept) == 1 and next(iter(kept.values())).numel() > 0
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     _assert_forward_matches_reference(*outs[0], q, k, v, layout, causal, kpm, "balanced out")
+
+
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D,S,stages,consumers,overlap", [(128, 2000, 2, 2, False), (128, 1000, 3, 2, True),
+                                                          (64, 1000, 2, 1, False), (64, 2000, 2, 2, True)])
+def test_dkdv_with_lse_and_delta_in_shared_memory_is_bitwise_the_same(D, S, stages, consumers, overlap, causal,
+                                                                      kpm_kind):
+    # stats_in_smem only changes where each query tile's lse and delta are read from (a
+    # cp.async copy in the ring stage instead of global loads): the gradients are bitwise
+    # the same; BigBird with GQA, odd S (the copies zero-fill past S), key padding
+    dtype, b = torch.bfloat16, 128
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    fwd = kernels.attention_config("fwd", b, D, dtype)
+    dq = kernels.attention_config("dq", b, D, dtype)
+    plain = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=consumers, overlap=overlap), dq)
+    stats = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=consumers, overlap=overlap, stats_in_smem=True), dq)
+    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=plain)[2]
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=stats)[2]
+    for name, a, b_ in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b_), name
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, w in zip(("dq", "dk", "dv"), got, ref_grads):
+        assert_close(g, w, dtype, name)

@@ -97,25 +97,32 @@ class DkdvWsConfig:
     of query / output-gradient tiles in flight, the producer warp's ``load_regs``;
     ``consumers`` 2 (blocks of 128): two consumer warpgroups with half the keys each,
     each synchronizing only itself before its barrier arrivals; ``overlap``: the elementwise
-    work of a query tile under its wgmma (asynchronous sT / dPᵀ, then dV / dK)."""
+    work of a query tile under its wgmma (asynchronous sT / dPᵀ, then dV / dK);
+    ``stats_in_smem``: the producer copies each query tile's lse and delta into its ring
+    stage (cp.async, tracked by the stage's barrier) and the consumers read them from
+    shared memory where they are used, instead of holding global loads in registers
+    across the tile's first wgmma."""
 
     block_m: int = 64
     stages: int = 2
     load_regs: int = 40
     consumers: int = 1
     overlap: bool = False
+    stats_in_smem: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        _check_bools(self, "overlap")
+        _check_bools(self, "overlap", "stats_in_smem")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
-        """K and V tiles, plus the ring of query and output-gradient tiles."""
-        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + 1024
+        """K and V tiles, plus the ring of query and output-gradient tiles (and of the
+        tiles' lse and delta, fp32, where ``stats_in_smem``)."""
+        stats = self.stages * 2 * self.block_m * 4 if self.stats_in_smem else 0
+        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from ._launch import launch
 from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
@@ -28,11 +34,13 @@ __all__ = ["launch_dkdv_ws"]
 
 @gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
-                  BS: gl.constexpr, BLOCK_M: gl.constexpr):
+                  BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr):
     """Producer (one warp): the key tile's K and V once, then for each query head of the
-    group and each query tile of the key block's CSC column, the Q and dO tiles."""
+    group and each query tile of the key block's CSC column, the Q and dO tiles
+    (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
+    copies hold the stage's ready barrier open until they land)."""
     q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs = bufs
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
@@ -53,16 +61,39 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
         for t in range(start * M_STEPS, end * M_STEPS):
             qblk = gl.load(col_rows_ptr + t // M_STEPS)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            if STATS_SMEM:
+                _copy_stats(step, row, (bz * H + h).to(gl.int64) * S, S, lse_ptr, delta_ptr, stat_bufs, ready_bars,
+                            empty_bars, BLOCK_M)
             _fill_stage(step, q_desc, [bz, h, row, 0], do_desc, [bz, h, row, 0], q_bufs, do_bufs, ready_bars,
                         empty_bars)
             step += 1
 
 
 @gluon.jit
+def _copy_stats(step, row, head_offset, S, lse_ptr, delta_ptr, stat_bufs, ready_bars, empty_bars,
+                BLOCK_M: gl.constexpr):
+    """Once stage ``step % STAGES`` is free: cp.async of the query tile's lse and delta
+    (rows row .. row + BLOCK_M, zero past S) into it, each thread's copies tracked by the
+    stage's ready barrier (an arrival that raises its pending count now and lowers it when
+    they land: the phase cannot complete before them). :func:`_fill_stage`'s wait on the
+    same stage then passes at once."""
+    STAGES: gl.constexpr = stat_bufs.type.shape[0] // 2
+    layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    s = step % STAGES
+    mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+    offs = row + gl.arange(0, BLOCK_M, layout=layout)
+    ok = offs < S
+    async_copy.async_copy_global_to_shared(stat_bufs.index(2 * s), lse_ptr + head_offset + offs, mask=ok)
+    async_copy.async_copy_global_to_shared(stat_bufs.index(2 * s + 1), delta_ptr + head_offset + offs, mask=ok)
+    async_copy.mbarrier_arrive(ready_bars.index(s))
+
+
+@gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
-                 CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+                 CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
+                 num_warps: gl.constexpr):
     """A consumer partition (16 key rows per warp): the four products per query tile,
     synchronous wgmma (OVERLAP: asynchronous, below), the stage released after the last one
     that read it has been waited for; then dK *
@@ -73,7 +104,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     computed under dPᵀ's and dSᵀ under dV's (the same products in the same order: bitwise
     the synchronous consumer's)."""
     q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs = bufs
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
@@ -121,11 +152,14 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = offs_m < S
-            lse = gl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
-            lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
-            delta = gl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+            if not STATS_SMEM:
+                lse = gl.load(lse_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
+                delta = gl.load(delta_ptr + bh * S + offs_m, mask=m_ok, other=0.0)
             s = step % STAGES
             mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+            if STATS_SMEM:  # read where used: no registers held across the first wgmma
+                lse = stat_bufs.index(2 * s).load(gl.SliceLayout(0, s_layout))
+            lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
             q = q_bufs.index(s).reshape([BLOCK_M, D])
             do = do_bufs.index(s).reshape([BLOCK_M, D])
             if OVERLAP:
@@ -146,6 +180,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 pT_op = gl.convert_layout(pT.to(dtype), p_operand)
                 dv = warpgroup_mma(pT_op, do, dv, is_async=True)
                 dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
+                if STATS_SMEM:
+                    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
                 dsT = pT * (dpT - delta[None, :])
                 dsT_op = gl.convert_layout(dsT.to(dtype), p_operand)
                 dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
@@ -153,6 +189,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             else:
                 dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
                 dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
+                if STATS_SMEM:
+                    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
                 dsT = pT * (dpT - delta[None, :])
                 dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
@@ -183,6 +221,7 @@ def _bwd_dkdv_ws_kernel(
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
+    STATS_SMEM: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -198,23 +237,26 @@ def _bwd_dkdv_ws_kernel(
     kv_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
     descs = (q_desc, k_desc, v_desc, do_desc)
-    bufs = (k_smem, v_smem, q_bufs, do_bufs)
+    # STATS_SMEM: per stage s the query tile's lse (row 2 s) and delta (row 2 s + 1)
+    stat_bufs = gl.allocate_shared_memory(gl.float32, [2 * STAGES if STATS_SMEM else 2, BLOCK_M],
+                                          gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, num_warps)),
+                            OVERLAP, STATS_SMEM, num_warps)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            OVERLAP, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+                            OVERLAP, STATS_SMEM, num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+                            OVERLAP, STATS_SMEM, num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM)),
         ], [1], [LOAD_REGS])
 
 
@@ -237,4 +279,5 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
+        STATS_SMEM=cfg.stats_in_smem,
     )
