@@ -316,14 +316,20 @@ def attention_ws_cases(quick: bool):
                                                         (128, 128, 64, 2, False, True, True, 2, True),
                                                         (128, 64, 64, 2, True, True, False, 2, True),
                                                         (64, 64, 64, 2, True, True, False, 1, True)))
-    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers, overlap in cases:
+    # STATS_SMEM: lse and delta through the ring stage (cp.async), synchronous and overlapped
+    cases = tuple((*case, False) for case in cases) + (((128, 128, 64, 2, True, False, False, 2, False, True),) if quick
+                                                       else ((128, 128, 64, 2, True, False, False, 2, False, True),
+                                                             (128, 128, 64, 2, False, True, False, 2, True, True),
+                                                             (64, 64, 64, 3, True, True, False, 1, False, True)))
+    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers, overlap, stats in cases:
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap)
+                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
-               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else ""), fn, sig, const, const["num_warps"], stages, None,
+               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
+               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
                GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
