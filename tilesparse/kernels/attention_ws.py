@@ -367,10 +367,14 @@ def _fwd_ws_kernel(
 # of backward, causal 6.999 -> 6.841) and both kernels faster at D 64 (local1024 backward
 # 1.637 -> 1.510 ms, random 10 % 1.399 -> 1.280); dK/dV's at D 128 spills and loses
 # (2.235 -> 2.851 ms): synchronous there.
+# Eighteenth session (...-attention-bwd-stats-smem-cab1e06.json, local 1024, D 128): lse and
+# delta read from the ring stage (stats_in_smem) take the synchronous dK/dV consumer's spills
+# from 220 B to none and the backward from 2.222 to 2.059 ms (overlapped too: 2.683 -> 2.088;
+# bitwise the same gradients): the D 128 default. At D 64 (no spills either way) not measured.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
-    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2),
+    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True),
