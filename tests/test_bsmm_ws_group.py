@@ -13,8 +13,9 @@ from tilesparse.kernels import bsmm_panel, bsmm_ws_group
 from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
 from tolerances import assert_close
 
-# 704 = 11 x 64 = 22 x 32 = 44 x 16 output features: groups of 4 (and 8) leave a short last group
-IN_FEATURES, OUT_FEATURES = 1024, 704
+# 704 = 11 x 64 = 22 x 32 = 44 x 16 output features and 1088 = 17 x 64 = 34 x 32 = 68 x 16 input
+# features: groups of 2-8 leave a short last group in fprop and in bprop
+IN_FEATURES, OUT_FEATURES = 1088, 704
 
 
 def _hopper() -> bool:
@@ -30,6 +31,8 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
 @pytest.mark.parametrize("kwargs,match", [
     (dict(group=3), "group"), (dict(group=16), "at most 8"), (dict(stages=1), "stages"),
     (dict(stages=True), "stages"), (dict(group_m=0), "group_m"), (dict(a_from_registers=1), "a_from_registers"),
+    (dict(stages=2.5), "stages must be an int"), (dict(load_regs=13), "load_regs must be a multiple of 8"),
+    (dict(mma_regs=300), "mma_regs must be a multiple of 8"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -51,13 +54,35 @@ def test_group_masks_name_the_stored_blocks(trans, group):
     layout = tilesparse.layouts.random(11 * 16, 7 * 16, 16, 0.3, seed=group)
     meta = layout.meta_on("cpu")
     pptr, pk, pslots, pmask = bsmm_ws_group.group_tables(meta, layout.block_rows, layout.block_cols, trans, group)
-    assert (pptr, pk, pslots) == bsmm_panel.panel_tables(meta, layout.block_rows, layout.block_cols, trans, group)
+    panel = bsmm_panel.panel_tables(meta, layout.block_rows, layout.block_cols, trans, group)
+    assert all(mine is theirs for mine, theirs in zip((pptr, pk, pslots), panel))  # the panel kernel's, shared
     assert pmask.numel() == pslots.shape[0] + 1 and pmask[-1] == 0  # one entry past the end
     for u in range(pslots.shape[0]):
         assert int(pmask[u]) == sum(1 << g for g in range(group) if pslots[u, g] >= 0)
         assert pmask[u] != 0  # a union entry has at least one stored block
     again = bsmm_ws_group.group_tables(meta, layout.block_rows, layout.block_cols, trans, group)
     assert again[3] is pmask  # remembered on the layout
+    assert bsmm_ws_group.tables_ready(meta, layout.block_rows, layout.block_cols, trans, group)
+    assert not bsmm_ws_group.tables_ready(meta, layout.block_rows, layout.block_cols, not trans, 16)
+
+
+def test_group_masks_of_an_empty_layout():
+    meta = make_layout("empty", 5, 3, 16).meta_on("cpu")
+    pptr, pk, pslots, pmask = bsmm_ws_group.group_tables(meta, 5, 3, True, 4)
+    assert pptr.tolist() == [0, 0, 0] and pk.numel() == 0 and pmask.tolist() == [0]  # 2 groups of 4 block-rows
+
+
+def test_a_tuned_grouped_entry_the_operands_cannot_take_falls_back(monkeypatch):
+    # a measured (tuned) grouped config is a hint: off Hopper (or fp32) the other kernels run
+    from tilesparse.kernels import tuned
+
+    monkeypatch.setattr(tuned, "lookup", lambda *args, **kwargs: WsGroupConfig(4))
+    layout = make_layout("random", 6, 4, 16)
+    values = random_values(layout, torch.float32, "cpu")
+    a = torch.randn(600, 64)
+    out = kernels.dds(a, values, layout.meta_on("cpu"), None, 6, 4, True)
+    s = dense_of(values, layout)
+    assert_close(out, a.double() @ s.t(), torch.float32, "dds after a tuned grouped entry fell back")
 
 
 def test_dds_refuses_the_grouped_config_off_hopper():
@@ -73,8 +98,22 @@ def test_dds_refuses_the_grouped_config_off_hopper():
 # --------------------------------------------------------------------------- GPU
 
 
+def _layout(kind, block_rows, block_cols, block_size):
+    """``empty_group``: empty_rows_cols plus 8 aligned empty block-rows and -columns, so
+    that at every G a whole group has no union entries beside groups that have some."""
+    if kind != "empty_group":
+        return make_layout(kind, block_rows, block_cols, block_size)
+    from tilesparse.layout import BlockLayout
+
+    mask = torch.rand(block_rows, block_cols) < 0.6
+    mask[8:16, :] = False
+    mask[:, 8:16] = False
+    mask[0, block_cols - 1] = True
+    return BlockLayout(mask, block_size)
+
+
 def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
-    layout = make_layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    layout = _layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
     rows, cols = layout.shape
     a = torch.randn(m, cols if trans else rows, device="cuda").to(dtype)
     values = random_values(layout, dtype, "cuda")
@@ -99,14 +138,51 @@ def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
 def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, trans, m, a_regs):
     # empty block-rows and -columns (union entries missing some blocks, groups with none),
     # a short last group, odd M (the last row tile partial)
-    out, expected = _run("empty_rows_cols", block_size, dtype, trans, m,
+    out, expected = _run("empty_group" if m == 1000 else "empty_rows_cols", block_size, dtype, trans, m,
                          WsGroupConfig(group, stages, a_from_registers=a_regs))
     assert_close(out, expected, dtype, f"dds ws group b{block_size} G{group}")
 
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("layout_kind", ["empty", "full", "random"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("block_size", [32, 64])
+def test_the_defaults_over_several_tiles_per_program(block_size, trans):
+    # 5000 rows: 40 row tiles, so each persistent program carries its ring position,
+    # parities and output buffers across tiles; an aligned empty group; short last groups
+    cfg = bsmm_ws_group._DEFAULTS[0 if block_size == 64 else 1][2]
+    out, expected = _run("empty_group", block_size, torch.bfloat16, trans, 5000, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds ws group default b{block_size}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_cuda_graph_capture_uses_remembered_tables_or_the_other_kernels():
+    # the tables need a host sync: a first call inside a capture runs another kernel; once
+    # built (a call outside the graph), the capture runs the grouped kernel; both replay right
+    layout = tilesparse.layouts.random(1024, 1024, 32, 0.5, seed=4)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    x = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    s = dense_of(values, layout)
+    for warm in (False, True):
+        if warm:
+            kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True)
+        assert bsmm_ws_group.tables_ready(meta, layout.block_rows, layout.block_cols, True, 8) == warm
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert_close(out, x.double().cpu() @ s.t(), torch.bfloat16, f"captured dds (warm={warm})")
+    with pytest.raises(ValueError, match="CUDA graph is being captured"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, False, config=WsGroupConfig(2))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("layout_kind", ["empty", "full", "random", "empty_group"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("a_regs", [True, False], ids=["a_regs", "a_smem"])
 def test_grouped_kernel_layouts(layout_kind, trans, a_regs):

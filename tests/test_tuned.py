@@ -50,6 +50,7 @@ def test_buckets():
     SmallConfig(64, 64, 128, 8, 6, splits=2, swap=True, m_inner=True),
     PanelConfig(4, 64, 8, 3),
     WsConfig(128, 64, 4, 4, pingpong=True),
+    WsGroupConfig(8, 4, a_from_registers=False),
 ])
 def test_json_round_trip(config):
     obj = tuned.to_json(config)

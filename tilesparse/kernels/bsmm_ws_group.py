@@ -47,7 +47,8 @@ from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WS_MIN_M, _alloc_ring, _nvmma, _tile_coords, hopper_reason
 
-__all__ = ["WsGroupConfig", "default_config", "ws_group_supported", "group_tables", "launch_dds_ws_group"]
+__all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "group_tables", "tables_ready",
+           "launch_dds_ws_group"]
 
 _ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
 
@@ -75,6 +76,13 @@ class WsGroupConfig:
         check_power_of_two(self, "group", minimum=1)
         if not isinstance(self.a_from_registers, bool):
             raise ValueError(f"WsGroupConfig.a_from_registers must be a bool, got {self.a_from_registers!r}")
+        for name in ("stages", "group_m", "load_regs", "mma_regs"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise ValueError(f"WsGroupConfig.{name} must be an int, got {getattr(self, name)!r}")
+        for name in ("load_regs", "mma_regs"):  # setmaxnreg's range and step
+            value = getattr(self, name)
+            if not 24 <= value <= 256 or value % 8:
+                raise ValueError(f"WsGroupConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
         if self.group > 8:
             raise ValueError(f"WsGroupConfig.group must be at most 8, got {self.group!r}")
         if isinstance(self.stages, bool) or self.stages < 2:
@@ -323,9 +331,10 @@ def group_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
 # activation from registers, groups of 8), b 64 0.307 -> 0.271 ms (66 -> 75 %; groups of
 # 4, 3 stages). At density 0.25 and below both lost (0.8-1.0x), and at b 16 everywhere
 # (0.8-0.85x of the Triton kernels): the other kernels run there.
+MIN_DENSITY = 0.45  # below it no grouped config was measured faster: tuned entries too are ignored there
 _DEFAULTS = (
-    (64, 0.45, WsGroupConfig(4, 3)),
-    (32, 0.45, WsGroupConfig(8, 4)),
+    (64, MIN_DENSITY, WsGroupConfig(4, 3)),
+    (32, MIN_DENSITY, WsGroupConfig(8, 4)),
 )
 
 
@@ -339,6 +348,14 @@ def default_config(a: torch.Tensor, block_size: int, density: float) -> WsGroupC
         if block == block_size and density >= least:
             return cfg
     return None
+
+
+def tables_ready(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int) -> bool:
+    """Whether :func:`group_tables` for these arguments are already built. They cannot be
+    built while a CUDA graph is being captured (their size needs a host sync), so callers
+    that may capture check this first."""
+    key = (block_rows, block_cols, trans, group)
+    return key in meta.__dict__.get("_tilesparse_group_masks", {})
 
 
 def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
@@ -359,7 +376,7 @@ def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, c
             return f"needs a row-major {name} with 16-byte-aligned, non-overlapping rows"
     if values.data_ptr() % 16 or not values.is_contiguous():
         return "needs contiguous, 16-byte-aligned block values"
-    if max(a.shape[0], a.shape[1], values.shape[0] * b, c.shape[1]) >= 1 << 31:
+    if max(a.shape[0] + cfg.block_m, a.shape[1], values.shape[0] * b, c.shape[1] + cfg.group * b) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
         return (f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, "
