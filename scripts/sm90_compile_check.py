@@ -275,24 +275,29 @@ def ws_cases(quick: bool):
 
 def ws_group_cases(quick: bool):
     """The column-grouped warp-specialized dds (Gluon, ``bsmm_ws_group``): G output
-    block-columns per tile, the activation from registers or from shared memory, fprop and
-    bprop; expected: wgmma and setmaxnreg."""
-    # (block, group, stages, trans, activation from registers)
-    cases = ((32, 8, 4, True, True), (64, 4, 3, False, True), (64, 2, 4, False, False)) if quick else \
-        ((32, 8, 4, True, True), (32, 4, 6, False, True), (16, 8, 8, True, True), (64, 4, 3, True, True),
-         (64, 2, 4, False, False), (32, 2, 8, True, False), (16, 1, 8, False, False))
+    block-columns per tile, the activation from registers or from shared memory, one or
+    two union entries per ring stage, fprop and bprop; expected: wgmma and setmaxnreg."""
+    # (block, group, stages, trans, activation from registers, entries per stage)
+    cases = ((32, 8, 4, True, True, 1), (64, 4, 3, False, True, 1), (64, 2, 4, False, False, 1),
+             (32, 8, 3, True, True, 2)) if quick else \
+        ((32, 8, 4, True, True, 1), (32, 4, 6, False, True, 1), (16, 8, 8, True, True, 1), (64, 4, 3, True, True, 1),
+         (64, 2, 4, False, False, 1), (32, 2, 8, True, False, 1), (16, 1, 8, False, False, 1),
+         (32, 8, 3, True, True, 2), (16, 8, 4, False, True, 2), (64, 2, 2, True, True, 2), (32, 1, 4, False, True, 2))
     fn = bsmm_ws_group._dds_ws_group_kernel
-    for block, group, stages, trans, a_regs in cases:
-        cfg = bsmm_ws_group.WsGroupConfig(group, stages, a_from_registers=a_regs)
+    for block, group, stages, trans, a_regs, entries in cases:
+        # two entries' tables in flight: the producer needs 56 registers (40 spills ~40 B)
+        cfg = bsmm_ws_group.WsGroupConfig(group, stages, a_from_registers=a_regs, entries_per_stage=entries,
+                                          load_regs=40 if entries == 1 else 56)
         lay = bsmm_ws_group._layouts(block, torch.bfloat16)
         const = dict(B=block, G=group, BLOCK_M=cfg.block_m, STAGES=stages, TRANS_V=trans, HAS_BIAS=True, GROUP_M=8,
-                     LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=a_regs, a_layout=lay.a, v_layout=lay.v,
-                     c_layout=lay.c, num_warps=4)
+                     LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=a_regs, E=entries, a_layout=lay.a,
+                     v_layout=lay.v, c_layout=lay.c, num_warps=4)
         sig = {name: "constexpr" if name in const else
                "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr", "pmask_ptr")
                else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"ws group dds b{block} G{group} st{stages} {'fprop' if trans else 'bprop'} "
-               f"a_from_registers={a_regs}", fn, sig, const, 4, stages, None, GluonASTSource)
+               f"a_from_registers={a_regs} entries_per_stage={entries}", fn, sig, const, 4, stages, None,
+               GluonASTSource)
 
 
 def attention_ws_cases(quick: bool):

@@ -32,7 +32,8 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
     (dict(group=3), "group"), (dict(group=16), "at most 8"), (dict(stages=1), "stages"),
     (dict(stages=True), "stages"), (dict(group_m=0), "group_m"), (dict(a_from_registers=1), "a_from_registers"),
     (dict(stages=2.5), "stages must be an int"), (dict(load_regs=13), "load_regs must be a multiple of 8"),
-    (dict(mma_regs=300), "mma_regs must be a multiple of 8"),
+    (dict(mma_regs=300), "mma_regs must be a multiple of 8"), (dict(entries_per_stage=3), "entries_per_stage"),
+    (dict(entries_per_stage=2, a_from_registers=False), "needs a_from_registers=True"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -45,6 +46,8 @@ def test_config_sizes():
     # 6 stages of a 128 x 32 activation tile and 4 blocks of 32 x 32, two consumers' 4 output tiles
     assert cfg.shared_bytes(32) == 6 * (128 * 32 + 4 * 32 * 32) * 2 + 4 * 128 * 32 * 2 + 1024
     assert cfg.accumulator_registers(32) == 64
+    two = WsGroupConfig(4, 6, entries_per_stage=2)  # two entries' tiles per stage
+    assert two.shared_bytes(32) - cfg.shared_bytes(32) == 6 * (128 * 32 + 4 * 32 * 32) * 2
     assert WsGroupConfig(8).accumulator_registers(64) == 256
 
 
@@ -141,6 +144,29 @@ def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, tran
     out, expected = _run("empty_group" if m == 1000 else "empty_rows_cols", block_size, dtype, trans, m,
                          WsGroupConfig(group, stages, a_from_registers=a_regs))
     assert_close(out, expected, dtype, f"dds ws group b{block_size} G{group}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 1000, 5000], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("block_size,group,stages", [(32, 8, 3), (16, 8, 4), (64, 2, 2), (32, 1, 4)],
+                         ids=lambda v: str(v))
+def test_two_entries_per_stage_match_the_reference(block_size, group, stages, trans, m):
+    # odd entry counts leave a stage's second entry empty (a plain arrival, mask 0); each
+    # accumulator still sums its blocks in entry order: bitwise the one-entry kernel's
+    layout = _layout("empty_group", OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device="cuda").to(torch.bfloat16)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    two = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans,
+                      config=WsGroupConfig(group, stages, load_regs=56, entries_per_stage=2))
+    one = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans,
+                      config=WsGroupConfig(group, stages))
+    assert torch.equal(two, one)
+    s = dense_of(values, layout)
+    assert_close(two, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, "two entries per stage")
 
 
 @pytest.mark.gpu

@@ -110,6 +110,12 @@ VARIANTS = {
     "cg-g2st8s": WG.WsGroupConfig(2, 8, a_from_registers=False),
     "cg-g2st4s": WG.WsGroupConfig(2, 4, a_from_registers=False),
     "cg-g1st8s": WG.WsGroupConfig(1, 8, a_from_registers=False),
+    # ... two union entries per ring stage (one wait, sync and release per two entries)
+    "cg-g8st3e2": WG.WsGroupConfig(8, 3, load_regs=56, entries_per_stage=2),
+    "cg-g4st4e2": WG.WsGroupConfig(4, 4, load_regs=56, entries_per_stage=2),
+    "cg-g8st4e2": WG.WsGroupConfig(8, 4, load_regs=56, entries_per_stage=2),
+    "cg-g2st2e2": WG.WsGroupConfig(2, 2, load_regs=56, entries_per_stage=2),
+    "cg-g8st6": WG.WsGroupConfig(8, 6),
 }
 
 

@@ -63,7 +63,10 @@ class WsGroupConfig:
     rows into registers once per union entry and waits for the entry's wgmma before the
     next (ptxas serializes every wgmma if register operands stay in flight across
     iterations); else the wgmma read them from shared memory, and one entry's wgmma run
-    while the next entry's are issued."""
+    while the next entry's are issued. ``entries_per_stage`` 2 (activation from registers
+    only): a ring stage holds two union entries, so the consumers wait, synchronize and
+    free a stage once per two entries, and issue the second entry's wgmma right behind
+    the first's."""
 
     group: int = 4
     stages: int = 4
@@ -71,11 +74,16 @@ class WsGroupConfig:
     load_regs: int = 40
     mma_regs: int = 232
     a_from_registers: bool = True
+    entries_per_stage: int = 1
 
     def __post_init__(self):
         check_power_of_two(self, "group", minimum=1)
         if not isinstance(self.a_from_registers, bool):
             raise ValueError(f"WsGroupConfig.a_from_registers must be a bool, got {self.a_from_registers!r}")
+        if self.entries_per_stage not in (1, 2) or isinstance(self.entries_per_stage, bool):
+            raise ValueError(f"WsGroupConfig.entries_per_stage must be 1 or 2, got {self.entries_per_stage!r}")
+        if self.entries_per_stage == 2 and not self.a_from_registers:
+            raise ValueError("WsGroupConfig.entries_per_stage=2 needs a_from_registers=True")
         for name in ("stages", "group_m", "load_regs", "mma_regs"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"WsGroupConfig.{name} must be an int, got {getattr(self, name)!r}")
@@ -97,7 +105,8 @@ class WsGroupConfig:
     def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
         """The ring (activation tile + G weight blocks per stage), the two consumers'
         output tiles and the barriers."""
-        ring = self.stages * (self.block_m * block_size + self.group * block_size ** 2) * element_bytes
+        ring = (self.stages * self.entries_per_stage * (self.block_m * block_size + self.group * block_size ** 2)
+                * element_bytes)
         return ring + self.group * self.block_m * block_size * element_bytes + 1024
 
     def accumulator_registers(self, block_size: int) -> int:
@@ -116,19 +125,30 @@ def _entry_tables(pk_ptr, pslots_ptr, u, ok, G: gl.constexpr):
 
 
 @gluon.jit
+def _stage_tables(pk_ptr, pslots_ptr, u, end, G: gl.constexpr, E: gl.constexpr):
+    """The tables of entries u .. u + E - 1 (those before ``end``; the others read as
+    absent: no activation, every slot -1), one (k, slots) pair per entry."""
+    entries = (_entry_tables(pk_ptr, pslots_ptr, u, u < end, G),)
+    for e in gl.static_range(1, E):
+        entries = entries + (_entry_tables(pk_ptr, pslots_ptr, u + e, u + e < end, G),)
+    return entries
+
+
+@gluon.jit
 def _group_load(descs, bufs, bars, tables, sizes,
-                B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
-    """Producer (one warp): for each union entry of each of this program's tiles, wait for
-    a free stage, then TMA-load the activation tile and the stored ones of the entry's G
-    weight blocks into it, the stage's ready barrier expecting exactly their bytes. The
-    next entry's table reads are issued before this entry's wait, so their latency is
-    off the issue path."""
+                B: gl.constexpr, G: gl.constexpr, E: gl.constexpr, BLOCK_M: gl.constexpr, GROUP_M: gl.constexpr):
+    """Producer (one warp): for each stage's E union entries of each of this program's
+    tiles, wait for a free stage, then TMA-load each entry's activation tile and the
+    stored ones of its G weight blocks into it. The stage's ready barrier takes one
+    arrival per entry, expecting exactly its bytes (a plain one for an entry past the
+    tile's end). The next stage's table reads are issued before this stage's wait, so
+    their latency is off the issue path."""
     a_desc, v_desc = descs[0], descs[1]
     a_bufs, v_bufs = bufs[0], bufs[1]
     ready_bars, empty_bars = bars
     pptr_ptr, pk_ptr, pslots_ptr = tables[0], tables[1], tables[2]
     num_pid_m, n_groups, num_tiles = sizes
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    STAGES: gl.constexpr = a_bufs.type.shape[0] // E
     A_BYTES: gl.constexpr = a_desc.block_type.nbytes
     V_BYTES: gl.constexpr = v_desc.block_type.nbytes
     pid = gl.program_id(0)
@@ -139,32 +159,38 @@ def _group_load(descs, bufs, bars, tables, sizes,
         row0 = pid_m * BLOCK_M
         start = gl.load(pptr_ptr + q)
         end = gl.load(pptr_ptr + q + 1)
-        k, slots = _entry_tables(pk_ptr, pslots_ptr, start, start < end, G)
-        for u in range(start, end):
-            k_next, slots_next = _entry_tables(pk_ptr, pslots_ptr, u + 1, u + 1 < end, G)
-            stored = (slots[0] >= 0).to(gl.int32)
-            for g in gl.static_range(1, G):
-                stored += (slots[g] >= 0).to(gl.int32)
+        entries = _stage_tables(pk_ptr, pslots_ptr, start, end, G, E)
+        for u in range(start, end, E):
+            entries_next = _stage_tables(pk_ptr, pslots_ptr, u + E, end, G, E)
             s = step % STAGES
             ready = ready_bars.index(s)
             # a stage's empty barrier completes once per reuse; the first pass finds it free
             mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
-            for n in gl.static_range(1, G + 1):  # one arrival expecting this entry's bytes
-                mbarrier.expect(ready, A_BYTES + n * V_BYTES, pred=stored == n)
-            tma.async_copy_global_to_shared(a_desc, [row0, k * B], ready, a_bufs.index(s))
-            for g in gl.static_range(G):
-                tma.async_copy_global_to_shared(v_desc, [slots[g] * B, 0], ready, v_bufs.index(s * G + g),
-                                                pred=slots[g] >= 0)
-            k = k_next
-            slots = slots_next
+            for e in gl.static_range(E):
+                k, slots = entries[e]
+                present = u + e < end
+                stored = (slots[0] >= 0).to(gl.int32)
+                for g in gl.static_range(1, G):
+                    stored += (slots[g] >= 0).to(gl.int32)
+                for n in gl.static_range(1, G + 1):  # one arrival expecting this entry's bytes
+                    mbarrier.expect(ready, A_BYTES + n * V_BYTES, pred=present & (stored == n))
+                if E > 1:  # an entry past the tile's end: a plain arrival
+                    mbarrier.arrive(ready, count=1, pred=u + e >= end)
+                tma.async_copy_global_to_shared(a_desc, [row0, k * B], ready, a_bufs.index(s * E + e), pred=present)
+                for g in gl.static_range(G):
+                    tma.async_copy_global_to_shared(v_desc, [slots[g] * B, 0], ready,
+                                                    v_bufs.index((s * E + e) * G + g), pred=slots[g] >= 0)
+            entries = entries_next
             step += 1
 
 
 @gluon.jit
-def _maybe_mma(acc, a, b, present):
+def _maybe_mma(acc, a, b, present, INIT: gl.constexpr = True):
     """acc += a @ b issued asynchronously where ``present``, else acc unchanged (as the
-    same asynchronous-accumulator type, so both branches agree)."""
-    acc = warpgroup_mma_init(acc)
+    same asynchronous-accumulator type, so both branches agree; INIT: ``acc`` is still a
+    plain tensor, not yet an accumulator of this stage)."""
+    if INIT:
+        acc = warpgroup_mma_init(acc)
     if present:
         acc = warpgroup_mma(a, b, acc, is_async=True)
     return acc
@@ -187,8 +213,36 @@ def _wait_for_previous(accs, issued, G: gl.constexpr):
 
 
 @gluon.jit
+def _pair_step(accs, u, end, step, a_bufs, v_bufs, ready_bars, empty_bars, pmask_ptr, a_operand,
+               G: gl.constexpr, E: gl.constexpr, ROLE: gl.constexpr, ROWS: gl.constexpr, TRANS_V: gl.constexpr):
+    """One stage of E entries (activation from registers): wait for it, then per entry its
+    rows into registers and one asynchronous wgmma per stored block, the second entry's
+    right behind the first's; one wait for all of them, then free the stage. Entries past
+    ``end`` have no stored blocks (mask 0)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0] // E
+    masks = (gl.load(pmask_ptr + u),)  # u < end
+    for e in gl.static_range(1, E):
+        masks = masks + (gl.where(u + e < end, gl.load(pmask_ptr + gl.minimum(u + e, end)), 0),)
+    s = step % STAGES
+    mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+    held = ()
+    for e in gl.static_range(E):
+        a = a_bufs.index(s * E + e).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
+        held = held + (a,)
+        for g in gl.static_range(G):
+            if TRANS_V:
+                v = v_bufs.index((s * E + e) * G + g).permute((1, 0))
+            else:
+                v = v_bufs.index((s * E + e) * G + g)
+            accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((masks[e] >> g) & 1) != 0, e == 0),) + accs[g + 1:]
+    accs = warpgroup_mma_wait(num_outstanding=0, deps=accs + held)[:G]
+    mbarrier.arrive(empty_bars.index(s), count=1)
+    return accs
+
+
+@gluon.jit
 def _group_mma(descs, bufs, bars, tables, sizes,
-               B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, TRANS_V: gl.constexpr,
+               B: gl.constexpr, G: gl.constexpr, E: gl.constexpr, BLOCK_M: gl.constexpr, TRANS_V: gl.constexpr,
                HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, A_REGS: gl.constexpr, ROLE: gl.constexpr,
                num_warps: gl.constexpr):
     """A consumer (one warpgroup): rows ROLE * 64 .. + 64 of each tile. Per union entry:
@@ -200,7 +254,7 @@ def _group_mma(descs, bufs, bars, tables, sizes,
     ready_bars, empty_bars = bars
     pptr_ptr, pmask_ptr, bias_ptr, n_out_cols = tables[0], tables[3], tables[4], tables[5]
     num_pid_m, n_groups, num_tiles = sizes
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    STAGES: gl.constexpr = a_bufs.type.shape[0] // E
     ROWS: gl.constexpr = BLOCK_M // 2
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, B, 16])
@@ -214,8 +268,13 @@ def _group_mma(descs, bufs, bars, tables, sizes,
         start = gl.load(pptr_ptr + q)
         end = gl.load(pptr_ptr + q + 1)
         accs = (zero,) * G
+        if E > 1:
+            for u in range(start, end, E):
+                accs = _pair_step(accs, u, end, step, a_bufs, v_bufs, ready_bars, empty_bars, pmask_ptr, a_operand,
+                                  G, E, ROLE, ROWS, TRANS_V)
+                step += 1
         mask_next = gl.load(pmask_ptr + start)  # pmask has one entry past the last union entry
-        for u in range(start, end):
+        for u in range(start, end if E == 1 else start):
             mask = mask_next
             mask_next = gl.load(pmask_ptr + u + 1)
             s = step % STAGES
@@ -269,7 +328,7 @@ def _dds_ws_group_kernel(
     M, K_A, n_groups, n_out_cols, nnz, stride_am, stride_cm,
     B: gl.constexpr, G: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     TRANS_V: gl.constexpr, HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr,
-    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, A_REGS: gl.constexpr,
+    LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr, A_REGS: gl.constexpr, E: gl.constexpr,
     a_layout: gl.constexpr, v_layout: gl.constexpr, c_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Persistent: program p takes tiles p, p + P, ... of the grouped order (tile = 128
@@ -279,10 +338,10 @@ def _dds_ws_group_kernel(
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [BLOCK_M, B], a_layout)
     v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [B, B], v_layout)
     c_desc = tma.make_tensor_descriptor(c_ptr, [M, n_out_cols], [stride_cm, 1], [BLOCK_M // 2, B], c_layout)
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, B], a_layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES * G, B, B], v_layout)
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES * E, BLOCK_M, B], a_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [STAGES * E * G, B, B], v_layout)
     c_bufs = gl.allocate_shared_memory(dtype, [2 * G, BLOCK_M // 2, B], c_layout)
-    ready_bars, empty_bars = _alloc_ring(STAGES, 2)
+    ready_bars, empty_bars = _alloc_ring(STAGES, 2, E)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     descs = (a_desc, v_desc, c_desc)
     bufs = (a_bufs, v_bufs, c_bufs)
@@ -290,11 +349,11 @@ def _dds_ws_group_kernel(
     tables = (pptr_ptr, pk_ptr, pslots_ptr, pmask_ptr, bias_ptr, n_out_cols)
     sizes = (num_pid_m, n_groups, num_pid_m * n_groups)
     gl.warp_specialize([
-        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 0,
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, E, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 0,
                        num_warps)),
-        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 1,
+        (_group_mma, (descs, bufs, bars, tables, sizes, B, G, E, BLOCK_M, TRANS_V, HAS_BIAS, GROUP_M, A_REGS, 1,
                        num_warps)),
-        (_group_load, (descs, bufs, bars, tables, sizes, B, G, BLOCK_M, GROUP_M)),
+        (_group_load, (descs, bufs, bars, tables, sizes, B, G, E, BLOCK_M, GROUP_M)),
     ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
 
 
@@ -405,7 +464,7 @@ def launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans,
         m, a.shape[1], n_groups, c.shape[1], values.shape[0], a.stride(0), c.stride(0),
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, STAGES=cfg.stages,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m,
-        LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=cfg.a_from_registers,
+        LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=cfg.a_from_registers, E=cfg.entries_per_stage,
         a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
         num_warps=4,
     )
