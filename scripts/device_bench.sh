@@ -46,6 +46,8 @@
 #            round-robin, bf16 b 128 and 64, fprop and bprop, both shapes; then TF32 b 128
 #   ws-b128-more - around the b 128 default: a 5th stage, tile-order groups of 4 and 16
 #   ws-small-blocks - the ws dds at b 32 and 16 (deep rings) against the Triton kernels, fprop and bprop
+#   ws-group - the column-grouped dds (kernels/bsmm_ws_group.py): the shipped configs, two union
+#            entries per ring stage and deeper rings, b 32 / 16 / 64, density 0.5 / 0.25, both shapes
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -135,6 +137,9 @@ for step in ${STEPS:-large dtypes graph}; do
               --record "$OUT/tuned-crossover.json" > "$OUT/small-crossover.log" 2>&1 ;;
     ws)     timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py ${WS_ARGS:---shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 128 64 --ops fprop bprop updat} --out "$OUT/ws-sweep.json" > "$OUT/ws-sweep.log" 2>&1 ;;
+    ws-group) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 32 16 64 --densities 0.5 0.25 --ops fprop bprop --variants cg-g8st4 cg-g4st3 \
+              cg-g8st3e2 cg-g8st4e2 cg-g4st4e2 cg-g2st2e2 cg-g8st6 --out "$OUT/ws-group.json" > "$OUT/ws-group.log" 2>&1 ;;
     ws-balanced) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 128 64 --ops fprop bprop --variants m128k64w8st5 m128k64w8st5bal \
               m128k64w4st4pp m128k64w4st4ppbal --out "$OUT/ws-balanced.json" > "$OUT/ws-balanced.log" 2>&1
