@@ -111,6 +111,24 @@ def linear_reference(x, weight, layout: BlockLayout, bias, grad_y):
     return y, dx, dweight, dbias
 
 
+def dds_against_reference(layout: BlockLayout, dtype: torch.dtype, trans: bool, m: int, config, bias: bool = True,
+                          device="cuda"):
+    """(dds's output on ``device`` with ``config``, its float64 CPU reference) for fresh
+    random activations, blocks and bias: A [m, cols] @ S^T (trans, fprop) or A [m, rows] @ S."""
+    from tilesparse.kernels import bsmm
+
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device=device).to(dtype)
+    values = random_values(layout, dtype, device)
+    b = torch.randn(rows if trans else cols, device=device).to(dtype) if bias else None
+    out = bsmm.dds(a, values, layout.meta_on(device), b, layout.block_rows, layout.block_cols, trans, config=config)
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s)
+    if b is not None:
+        expected = expected + b.double().cpu()
+    return out, expected
+
+
 def dense_of(values, layout: BlockLayout) -> torch.Tensor:
     """The dense float64 CPU matrix of a block-sparse operand."""
     return layout.to_dense(values.detach().double().cpu())

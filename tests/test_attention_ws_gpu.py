@@ -192,6 +192,16 @@ def test_overlapped_persistent_forward_matches_the_reference(b, D, S, block_n, s
     assert bool((outs[1][0].cpu()[~finite] == 0).all())
 
 
+def _bigbird_gqa_case(S, D, kpm_kind):
+    """BigBird (blocks of 128) with GQA (4 query heads on 2 kv heads), batch 2, bf16 on the
+    GPU: layout, q, k, v, an output gradient and the key padding (or None)."""
+    layout = layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(torch.bfloat16)
+    kpm = padding(2, S, kpm_kind)
+    return layout, q, k, v, grad_out, kpm.cuda() if kpm is not None else None
+
+
 @pytest.mark.parametrize("kpm_kind", [None, "tail"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D,S,dq_block_n,stages", [(128, 2000, 128, 2), (64, 1000, 64, 3)])
@@ -202,11 +212,7 @@ def test_two_consumer_and_overlapped_backward_kernels_equal_the_one_consumer_one
     # order, so the gradients are bitwise those of the one-consumer kernels (and the
     # reference's); BigBird with GQA, odd S, key padding
     dtype, b = torch.bfloat16, 128
-    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = kpm.cuda() if kpm is not None else None
+    layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, kpm_kind)
     fwd = kernels.attention_config("fwd", b, D, dtype)
     one = (fwd, attention_ws.DkdvWsConfig(64, stages), attention_ws.DqWsConfig(128, dq_block_n, stages))
     two = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=2),
@@ -264,11 +270,7 @@ def test_dkdv_with_lse_and_delta_in_shared_memory_is_bitwise_the_same(D, S, stag
     # cp.async copy in the ring stage instead of global loads): the gradients are bitwise
     # the same; BigBird with GQA, odd S (the copies zero-fill past S), key padding
     dtype, b = torch.bfloat16, 128
-    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = kpm.cuda() if kpm is not None else None
+    layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, kpm_kind)
     fwd = kernels.attention_config("fwd", b, D, dtype)
     dq = kernels.attention_config("dq", b, D, dtype)
     plain = (fwd, attention_ws.DkdvWsConfig(64, stages, consumers=consumers, overlap=overlap), dq)

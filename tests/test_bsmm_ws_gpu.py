@@ -6,7 +6,7 @@ launcher's error for that is checked too)."""
 import pytest
 import torch
 
-from bsmm_cases import dense_of, make_layout, random_values
+from bsmm_cases import dds_against_reference, dense_of, make_layout, random_values
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws
 from tolerances import assert_close
@@ -39,17 +39,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
 
 def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
     layout = make_layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
-    rows, cols = layout.shape
-    a = torch.randn(m, cols if trans else rows, device=DEVICE).to(dtype)
-    values = random_values(layout, dtype, DEVICE)
-    b = torch.randn(rows if trans else cols, device=DEVICE).to(dtype) if bias else None
-    meta = layout.meta_on(DEVICE)
-    out = kernels.dds(a, values, meta, b, layout.block_rows, layout.block_cols, trans, config=cfg)
-    s = dense_of(values, layout)
-    expected = a.double().cpu() @ (s.t() if trans else s)
-    if b is not None:
-        expected = expected + b.double().cpu()
-    return out, expected
+    return dds_against_reference(layout, dtype, trans, m, cfg, bias, DEVICE)
 
 
 @needs_hopper

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilesparse
-from bsmm_cases import dense_of, make_layout, random_values
+from bsmm_cases import dds_against_reference, dense_of, make_layout, random_values
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_panel, bsmm_ws_group
 from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
@@ -117,17 +117,7 @@ def _layout(kind, block_rows, block_cols, block_size):
 
 def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):
     layout = _layout(layout_kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
-    rows, cols = layout.shape
-    a = torch.randn(m, cols if trans else rows, device="cuda").to(dtype)
-    values = random_values(layout, dtype, "cuda")
-    b = torch.randn(rows if trans else cols, device="cuda").to(dtype) if bias else None
-    meta = layout.meta_on("cuda")
-    out = kernels.dds(a, values, meta, b, layout.block_rows, layout.block_cols, trans, config=cfg)
-    s = dense_of(values, layout)
-    expected = a.double().cpu() @ (s.t() if trans else s)
-    if b is not None:
-        expected = expected + b.double().cpu()
-    return out, expected
+    return dds_against_reference(layout, dtype, trans, m, cfg, bias)
 
 
 @pytest.mark.gpu

@@ -45,7 +45,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import WS_MIN_M, _alloc_ring, _nvmma, _tile_coords, hopper_reason
+from .bsmm_ws import WS_MIN_M, _alloc_ring, _Layouts, _nvmma, _tile_coords, hopper_reason
 
 __all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "group_tables", "tables_ready",
            "launch_dds_ws_group"]
@@ -357,15 +357,9 @@ def _dds_ws_group_kernel(
     ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layouts:
-    a: object
-    v: object
-    c: object
-
-
 @functools.lru_cache(maxsize=None)
 def _layouts(b: int, dtype: torch.dtype) -> _Layouts:
+    """The shared-memory layouts of the activation tile, a weight block and an output tile."""
     return _Layouts(_nvmma([128, b], dtype), _nvmma([b, b], dtype), _nvmma([_ROWS_PER_CONSUMER, b], dtype))
 
 
