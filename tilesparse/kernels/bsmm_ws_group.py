@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._device import build_outside_graph_pools, capability_major, shared_memory_bytes, sm_count
+from ._device import cached_table, capability_major, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from .bsmm_panel import panel_tables
@@ -51,6 +51,7 @@ __all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported
            "launch_dds_ws_group"]
 
 _ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
+_MASKS = "_tilesparse_group_masks"  # where group_tables remembers the masks on a layout's meta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +94,7 @@ class WsGroupConfig:
                 raise ValueError(f"WsGroupConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
         if self.group > 8:
             raise ValueError(f"WsGroupConfig.group must be at most 8, got {self.group!r}")
-        if isinstance(self.stages, bool) or self.stages < 2:
+        if self.stages < 2:
             raise ValueError(f"WsGroupConfig.stages must be >= 2, got {self.stages!r}")
         if self.group_m < 1:
             raise ValueError(f"WsGroupConfig.group_m must be >= 1, got {self.group_m!r}")
@@ -197,6 +198,19 @@ def _maybe_mma(acc, a, b, present, INIT: gl.constexpr = True):
 
 
 @gluon.jit
+def _entry_mmas(accs, a, v_bufs, first, mask, G: gl.constexpr, TRANS_V: gl.constexpr, INIT: gl.constexpr = True):
+    """One union entry's products: for each block column g whose bit is set in ``mask``,
+    accs[g] += a @ op(v_bufs[first + g]), asynchronously (op: transposed where TRANS_V)."""
+    for g in gl.static_range(G):
+        if TRANS_V:
+            v = v_bufs.index(first + g).permute((1, 0))
+        else:
+            v = v_bufs.index(first + g)
+        accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((mask >> g) & 1) != 0, INIT),) + accs[g + 1:]
+    return accs
+
+
+@gluon.jit
 def _wait_for_previous(accs, issued, G: gl.constexpr):
     """Wait until at most ``issued`` wgmma groups are in flight (this union entry's: each
     asynchronous wgmma commits its own group, and their number varies, while the wait
@@ -229,12 +243,7 @@ def _pair_step(accs, u, end, step, a_bufs, v_bufs, ready_bars, empty_bars, pmask
     for e in gl.static_range(E):
         a = a_bufs.index(s * E + e).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
         held = held + (a,)
-        for g in gl.static_range(G):
-            if TRANS_V:
-                v = v_bufs.index((s * E + e) * G + g).permute((1, 0))
-            else:
-                v = v_bufs.index((s * E + e) * G + g)
-            accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((masks[e] >> g) & 1) != 0, e == 0),) + accs[g + 1:]
+        accs = _entry_mmas(accs, a, v_bufs, (s * E + e) * G, masks[e], G, TRANS_V, e == 0)
     accs = warpgroup_mma_wait(num_outstanding=0, deps=accs + held)[:G]
     mbarrier.arrive(empty_bars.index(s), count=1)
     return accs
@@ -273,40 +282,36 @@ def _group_mma(descs, bufs, bars, tables, sizes,
                 accs = _pair_step(accs, u, end, step, a_bufs, v_bufs, ready_bars, empty_bars, pmask_ptr, a_operand,
                                   G, E, ROLE, ROWS, TRANS_V)
                 step += 1
-        mask_next = gl.load(pmask_ptr + start)  # pmask has one entry past the last union entry
-        for u in range(start, end if E == 1 else start):
-            mask = mask_next
-            mask_next = gl.load(pmask_ptr + u + 1)
-            s = step % STAGES
-            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-            if A_REGS:
-                a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
-            else:
-                a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
-            issued = mask & 1
-            for g in gl.static_range(G):
-                if TRANS_V:
-                    v = v_bufs.index(s * G + g).permute((1, 0))
+        else:
+            mask_next = gl.load(pmask_ptr + start)  # pmask has one entry past the last union entry
+            for u in range(start, end):
+                mask = mask_next
+                mask_next = gl.load(pmask_ptr + u + 1)
+                s = step % STAGES
+                mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+                if A_REGS:
+                    a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0).load(a_operand)
                 else:
-                    v = v_bufs.index(s * G + g)
-                accs = accs[:g] + (_maybe_mma(accs[g], a, v, ((mask >> g) & 1) != 0),) + accs[g + 1:]
-                if g > 0:
-                    issued += (mask >> g) & 1
-            if A_REGS:
-                # ptxas serializes every wgmma if register operands stay in flight across
-                # iterations: wait for this entry's, then free its stage
-                accs = warpgroup_mma_wait(num_outstanding=0, deps=accs + (a,))[:G]
-                mbarrier.arrive(empty_bars.index(s), count=1)
-            else:
-                # this entry's wgmma stay in flight; the previous entry's are done: free its stage
-                accs = _wait_for_previous(accs, issued, G)
-                mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=u > start)
-            step += 1
-        if not A_REGS:
-            accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
-            if G == 1:
-                accs = (accs,)
-            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=end > start)
+                    a = a_bufs.index(s).slice(ROLE * ROWS, ROWS, dim=0)
+                accs = _entry_mmas(accs, a, v_bufs, s * G, mask, G, TRANS_V)
+                if A_REGS:
+                    # ptxas serializes every wgmma if register operands stay in flight across
+                    # iterations: wait for this entry's, then free its stage
+                    accs = warpgroup_mma_wait(num_outstanding=0, deps=accs + (a,))[:G]
+                    mbarrier.arrive(empty_bars.index(s), count=1)
+                else:
+                    # this entry's wgmma stay in flight; the previous entry's are done: free its stage
+                    issued = mask & 1
+                    for g in gl.static_range(1, G):
+                        issued += (mask >> g) & 1
+                    accs = _wait_for_previous(accs, issued, G)
+                    mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=u > start)
+                step += 1
+            if not A_REGS:
+                accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
+                if G == 1:
+                    accs = (accs,)
+                mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=end > start)
         tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
         for g in gl.static_range(G):
             acc = accs[g]
@@ -368,14 +373,12 @@ def group_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
     per union entry a bitmask of its stored blocks (bit g: block column g of the group),
     one zero entry past the end. Remembered on ``meta`` like the panel tables."""
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, group)
-    cache = meta.__dict__.setdefault("_tilesparse_group_masks", {})
-    key = (block_rows, block_cols, trans, group)
-    if key not in cache:
-        def build():
-            bits = (pslots >= 0).to(torch.int32) << torch.arange(group, dtype=torch.int32, device=pslots.device)
-            return torch.cat([bits.sum(dim=1, dtype=torch.int32), bits.new_zeros(1)])
-        cache[key] = build_outside_graph_pools(meta.device, build)
-    return pptr, pk, pslots, cache[key]
+
+    def build():
+        bits = (pslots >= 0).to(torch.int32) << torch.arange(group, dtype=torch.int32, device=pslots.device)
+        return torch.cat([bits.sum(dim=1, dtype=torch.int32), bits.new_zeros(1)])
+
+    return pptr, pk, pslots, cached_table(meta, _MASKS, (block_rows, block_cols, trans, group), build)
 
 
 # The shipped choice, measured on the H200 (scripts/probes/ws_sweep.py, 8192x4096², fprop,
@@ -407,8 +410,7 @@ def tables_ready(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
     """Whether :func:`group_tables` for these arguments are already built. They cannot be
     built while a CUDA graph is being captured (their size needs a host sync), so callers
     that may capture check this first."""
-    key = (block_rows, block_cols, trans, group)
-    return key in meta.__dict__.get("_tilesparse_group_masks", {})
+    return (block_rows, block_cols, trans, group) in meta.__dict__.get(_MASKS, {})
 
 
 def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
@@ -440,10 +442,8 @@ def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, c
 def launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, cfg: WsGroupConfig):
     """C = A @ op(S) (+ bias) into the preallocated C; ``trans`` picks the grouping
     (fprop groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds).
-    Raises ValueError where :func:`ws_group_supported` refuses."""
-    why = ws_group_supported(a, values, c, cfg)
-    if why is not None:
-        raise ValueError(f"WsGroupConfig {cfg}: {why}")
+    The operands must be ones :func:`ws_group_supported` accepts: ``bsmm.dds`` checks
+    before it calls this, as for the other launchers."""
     b = values.shape[-1]
     pptr, pk, pslots, pmask = group_tables(meta, block_rows, block_cols, trans, cfg.group)
     if pslots.numel() >= 1 << 31:
