@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("run without TRITON_INTERPRET=1: the interpreter replaces the kernels being compiled")
@@ -23,6 +26,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
@@ -391,18 +395,13 @@ def attention_ws_cases(quick: bool):
 
 
 def _ptxas_log(ptx: str) -> str:
-    """The bundled ptxas's -v report on ``ptx`` (its performance notes, e.g. C7512: wgmma
-    serialized, appear only there)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from triton.backends.nvidia import compiler as nv_compiler
-
+    """The bundled ptxas's -v report on ``ptx``, with Triton's own flags for sm_90
+    (-lineinfo, --gpu-name=sm_90a): registers, spills, and performance notes such as
+    C7512 (wgmma serialized), which appear only there."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        res = subprocess.run([nv_compiler.get_ptxas(TARGET.arch).path, "-v",
+        res = subprocess.run([nv_compiler.get_ptxas(TARGET.arch).path, "-lineinfo", "-v",
                               f"--gpu-name={nv_compiler.sm_arch_from_capability(TARGET.arch)}", str(src),
                               "-o", str(Path(tmp) / "k.o")], capture_output=True, text=True, check=True)
     return res.stdout + res.stderr

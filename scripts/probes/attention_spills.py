@@ -45,7 +45,7 @@ import triton  # noqa: E402
 from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm90_compile_check import TARGET, _attention_signature  # noqa: E402
+from sm90_compile_check import TARGET, _attention_signature, _ptxas_log  # noqa: E402
 from tilesparse.kernels import attention as attn  # noqa: E402
 
 KERNELS = {"fwd": attn._fwd_kernel, "dkdv": attn._bwd_dkdv_kernel, "dq": attn._bwd_dq_kernel}
@@ -130,16 +130,9 @@ _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 
 
 def ptxas_usage(ptx: str) -> dict:
-    """Registers per thread, stack frame and spill bytes from the bundled ptxas -v (Triton's
-    own flags for sm_90: -lineinfo, --gpu-name=sm_90a)."""
-    ptxas = nv_compiler.get_ptxas(TARGET.arch).path
-    arch = nv_compiler.sm_arch_from_capability(TARGET.arch)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        res = subprocess.run([ptxas, "-lineinfo", "-v", f"--gpu-name={arch}", str(src), "-o", str(Path(tmp) / "k.o")],
-                             capture_output=True, text=True, check=True)
-    log = res.stdout + res.stderr
+    """Registers per thread, stack frame and spill bytes from the bundled ptxas -v
+    (``sm90_compile_check._ptxas_log``: Triton's own flags for sm_90)."""
+    log = _ptxas_log(ptx)
     regs = _PTXAS_REGS.search(log)
     stack = _PTXAS_STACK.search(log)
     return {"regs": int(regs.group(1)) if regs else None,

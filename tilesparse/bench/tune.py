@@ -22,14 +22,12 @@ from ..kernels import bsmm as K
 from ..kernels import tuned
 from ..kernels._tiles import tile_for
 from ..kernels.bsmm_panel import PanelConfig
-from ..kernels.bsmm_sdd_group import SddGroupConfig
+from ..kernels.bsmm_sdd_group import SMEM_LIMIT, SddGroupConfig
 from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
 from ..kernels.bsmm_ws_group import WsGroupConfig
 from .matmul import DTYPES
-
-_HOPPER_SHARED_BYTES = 227 * 1024  # an sm90 program's shared memory
 
 __all__ = ["dds_space", "sdd_space", "tune"]
 
@@ -92,7 +90,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         # activation tile (on the H200 1.13-1.3x at density 0.5, b 32 / 64; 0.8-1.0x below)
         for group, stages, a_regs in ((8, 4, True), (4, 6, True), (2, 8, True), (4, 3, True), (2, 4, False)):
             cfg = WsGroupConfig(group, stages, a_from_registers=a_regs)
-            if cfg.accumulator_registers(block) <= 128 and cfg.shared_bytes(block) <= _HOPPER_SHARED_BYTES:
+            if cfg.accumulator_registers(block) <= 128 and cfg.shared_bytes(block) <= SMEM_LIMIT:
                 yield cfg
     if tile < 64:
         if block == tile and m > 256:  # the Hopper warp-specialized kernel, deep rings (one K step a block)
