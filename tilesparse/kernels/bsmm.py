@@ -268,12 +268,17 @@ def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     return all(bsmm_tma.row_major_tma_ok(t) for t in operands if t is not None)
 
 
-def _group_tables_buildable(meta, block_rows: int, block_cols: int, trans: bool, group: int) -> bool:
-    """The grouped kernel's tables exist or can be built now (not during a CUDA-graph
-    capture, where the other kernels run instead unless the call was warmed up)."""
-    if not (meta.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return True
-    return bsmm_ws_group.tables_ready(meta, block_rows, block_cols, trans, group)
+def _ws_group_refusal(a, values, c, meta, block_rows: int, block_cols: int, trans: bool,
+                      cfg: bsmm_ws_group.WsGroupConfig) -> str | None:
+    """Why the grouped kernel cannot run this call (``bsmm_ws_group.ws_group_supported``,
+    or its tables not built yet during a CUDA-graph capture, where their host sync is not
+    allowed and the other kernels run instead unless the call was warmed up), or None."""
+    why = bsmm_ws_group.ws_group_supported(a, values, c, cfg)
+    if (why is None and meta.is_cuda and torch.cuda.is_current_stream_capturing()
+            and not bsmm_ws_group.tables_ready(meta, block_rows, block_cols, trans, cfg.group)):
+        why = ("builds its tables with a host sync, not allowed while a CUDA graph is being captured: "
+               "call it once before capturing")
+    return why
 
 
 def dds(
@@ -331,12 +336,9 @@ def dds(
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
                          "PanelConfig, WsConfig or WsGroupConfig")
     if isinstance(config, bsmm_ws_group.WsGroupConfig):
-        why = bsmm_ws_group.ws_group_supported(a, values, c, config)
+        why = _ws_group_refusal(a, values, c, meta, block_rows, block_cols, trans, config)
         if why is None and chosen_here and density < bsmm_ws_group.MIN_DENSITY:
             why = f"is not used below density {bsmm_ws_group.MIN_DENSITY} (measured slower)"  # a tuned bucket's low end
-        if why is None and not _group_tables_buildable(meta, block_rows, block_cols, trans, config.group):
-            why = ("builds its tables with a host sync, not allowed while a CUDA graph is being captured: "
-                   "call it once before capturing")
         if why is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, config)
             return c
@@ -368,8 +370,8 @@ def dds(
         return c
     if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster
         group_cfg = bsmm_ws_group.default_config(a, b, density)
-        if (group_cfg is not None and bsmm_ws_group.ws_group_supported(a, values, c, group_cfg) is None
-                and _group_tables_buildable(meta, block_rows, block_cols, trans, group_cfg.group)):
+        if group_cfg is not None and _ws_group_refusal(a, values, c, meta, block_rows, block_cols, trans,
+                                                       group_cfg) is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
                                               group_cfg)
             return c
