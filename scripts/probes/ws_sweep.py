@@ -116,6 +116,10 @@ VARIANTS = {
     "cg-g8st4e2": WG.WsGroupConfig(8, 4, load_regs=56, entries_per_stage=2),
     "cg-g2st2e2": WG.WsGroupConfig(2, 2, load_regs=56, entries_per_stage=2),
     "cg-g8st6": WG.WsGroupConfig(8, 6),
+    "cg-g8st2e2": WG.WsGroupConfig(8, 2, load_regs=56, entries_per_stage=2),
+    "cg-g4st3e2": WG.WsGroupConfig(4, 3, load_regs=56, entries_per_stage=2),
+    "cg-g4st2e2": WG.WsGroupConfig(4, 2, load_regs=56, entries_per_stage=2),
+    "cg-g2st3e2": WG.WsGroupConfig(2, 3, load_regs=56, entries_per_stage=2),
 }
 
 

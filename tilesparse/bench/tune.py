@@ -88,8 +88,10 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     if block == tile and block <= 64 and m > 256:
         # the column-grouped warp-specialized kernel: G output block-columns share each
         # activation tile (on the H200 1.13-1.3x at density 0.5, b 32 / 64; 0.8-1.0x below)
-        for group, stages, a_regs in ((8, 4, True), (4, 6, True), (2, 8, True), (4, 3, True), (2, 4, False)):
-            cfg = WsGroupConfig(group, stages, a_from_registers=a_regs)
+        for group, stages, a_regs, entries in ((8, 4, True, 1), (4, 6, True, 1), (2, 8, True, 1), (4, 3, True, 1),
+                                               (2, 4, False, 1), (8, 3, True, 2), (4, 4, True, 2)):
+            cfg = WsGroupConfig(group, stages, a_from_registers=a_regs, entries_per_stage=entries,
+                                load_regs=56 if entries == 2 else 40)
             if cfg.accumulator_registers(block) <= 128 and cfg.shared_bytes(block) <= SMEM_LIMIT:
                 yield cfg
     if tile < 64:
