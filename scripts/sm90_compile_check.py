@@ -38,6 +38,7 @@ from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_group  # noqa: E402
+from tilesparse.kernels import bsmm_ws_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
@@ -304,6 +305,23 @@ def ws_group_cases(quick: bool):
                GluonASTSource)
 
 
+def ws_sdd_group_cases(quick: bool):
+    """The grouped warp-specialized sdd (Gluon, ``bsmm_ws_sdd_group``, b 64): two block-rows
+    x G block-columns per tile; expected: wgmma and setmaxnreg, no serialization."""
+    # (group, block_k, stages, overlap): G 4 with overlap serializes (C7515) and is left out
+    cases = ((4, 64, 3, False),) if quick else ((4, 64, 3, False), (2, 64, 4, True), (4, 32, 6, False),
+                                                (1, 64, 4, True), (2, 64, 4, False))
+    fn = bsmm_ws_sdd_group._sdd_ws_group_kernel
+    for group, block_k, stages, overlap in cases:
+        cfg = bsmm_ws_sdd_group.WsSddGroupConfig(group, block_k, stages, overlap=overlap)
+        lay_in, lay_out = bsmm_ws_sdd_group._layouts(block_k, torch.bfloat16)
+        const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, GROUP_M=8, LOAD_REGS=cfg.load_regs,
+                     MMA_REGS=cfg.mma_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
+        sig = {name: "constexpr" if name in const else "*i32" if name == "slots_ptr"
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield f"ws group sdd b64 G{group} k{block_k} st{stages} overlap={overlap}", fn, sig, const, 4, stages, None, GluonASTSource
+
+
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
@@ -415,7 +433,7 @@ def main() -> int:
     for label, fn, signature, constexprs, warps, stages, *extra in (
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
-            *ws_cases(args.quick), *ws_group_cases(args.quick),
+            *ws_cases(args.quick), *ws_group_cases(args.quick), *ws_sdd_group_cases(args.quick),
             *attention_ws_cases(args.quick)):
         try:
             attrs = extra[0] if extra else None

@@ -27,6 +27,7 @@ from tilesparse.kernels import bsmm_sdd_group as G
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws as W
 from tilesparse.kernels import bsmm_ws_group as WG
+from tilesparse.kernels import bsmm_ws_sdd_group as WSG
 from tilesparse.layout import block_counts
 
 # updat (sdd): block_m is the M step
@@ -45,6 +46,14 @@ SDD_VARIANTS = {
     "grp-b32-g4w4sw": G.SddGroupConfig(4, 64, 4, 4, swap=True),
     "grp-b16-g16w8sw": G.SddGroupConfig(16, 64, 8, 3, swap=True),
     "grp-b16-g8w4sw": G.SddGroupConfig(8, 64, 4, 4, swap=True),
+    # grouped warp-specialized (kernels/bsmm_ws_sdd_group.py, b 64): two block-rows x G
+    # block-columns per tile; "o": a slice's wgmma in flight under the next slice's
+    "wsg-g4k64st3": WSG.WsSddGroupConfig(4, 64, 3),
+    "wsg-g4k32st6": WSG.WsSddGroupConfig(4, 32, 6),
+    "wsg-g2k64st4": WSG.WsSddGroupConfig(2, 64, 4),
+    "wsg-g2k64st4o": WSG.WsSddGroupConfig(2, 64, 4, overlap=True),
+    "wsg-g2k32st8o": WSG.WsSddGroupConfig(2, 32, 8, overlap=True),
+    "wsg-g1k64st4o": WSG.WsSddGroupConfig(1, 64, 4, overlap=True),
 }
 
 DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)

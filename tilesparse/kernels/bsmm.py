@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ..layout import longest_runs, table_views
 from . import (bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd,
-               tuned, ws_schedule)
+               bsmm_ws_sdd_group, tuned, ws_schedule)
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -405,7 +405,7 @@ def sdd(
     block_rows: int,
     block_cols: int,
     config: KernelConfig | bsmm_ws.WsConfig | bsmm_sdd_group.SddGroupConfig | bsmm_sdd_tile.SddTileConfig
-    | None = None,
+    | bsmm_ws_sdd_group.WsSddGroupConfig | None = None,
 ) -> torch.Tensor:
     """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
     ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
@@ -413,7 +413,9 @@ def sdd(
     lost at b 64). ``bsmm_sdd_group.SddGroupConfig``: several blocks of a block-row per
     program, sharing each A tile (small blocks; opt-in or tuned). ``bsmm_sdd_tile.SddTileConfig``:
     a dense tile of blocks per program, only the stored ones written (small blocks; opt-in
-    or tuned).
+    or tuned). ``bsmm_ws_sdd_group.WsSddGroupConfig`` (Hopper, 16-bit, b 64): two
+    block-rows x G block-columns per warp-specialized tile, each activation slice loaded
+    once for all of its blocks.
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -450,6 +452,15 @@ def sdd(
             return values
         if config is not None:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
+        cfg = None  # a tuned entry this call cannot run: the defaults below
+    if isinstance(cfg, bsmm_ws_sdd_group.WsSddGroupConfig):  # asked for, or measured faster
+        why = bsmm_ws_sdd_group.ws_sdd_group_supported(a.t(), b, values, cfg)
+        if why is None:
+            bsmm_ws_sdd_group.launch_sdd_ws_group(a.t(), b, values, meta, row_of, row_cols, block_rows, block_cols,
+                                                  cfg)
+            return values
+        if config is not None:
+            raise ValueError(f"config={config}: the grouped warp-specialized sdd {why}")
         cfg = None  # a tuned entry this call cannot run: the defaults below
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
         if config is None and not cfg.fits(block_size, a.element_size(), bsmm_sdd_group.smem_limit(a.device)):

@@ -105,11 +105,12 @@ def _gpu_slug(index: int) -> str:
 
 
 def _kinds() -> dict:
-    from . import bsmm, bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_ws, bsmm_ws_group  # late: bsmm imports this
+    from . import (bsmm, bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_ws,  # late: bsmm imports this
+                   bsmm_ws_group, bsmm_ws_sdd_group)
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
             "ws": bsmm_ws.WsConfig, "ws_group": bsmm_ws_group.WsGroupConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig,
-            "sdd_tile": bsmm_sdd_tile.SddTileConfig}
+            "sdd_tile": bsmm_sdd_tile.SddTileConfig, "ws_sdd_group": bsmm_ws_sdd_group.WsSddGroupConfig}
 
 
 def to_json(config) -> dict:

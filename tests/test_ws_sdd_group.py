@@ -1,0 +1,133 @@
+"""The grouped warp-specialized sdd (``bsmm_ws_sdd_group``, Gluon, b 64): its config and
+slot table on the CPU, and on an sm90 GPU (marked ``gpu``) forced by its config against
+float64 references: groups 1-4 (the last group cut short), odd block-row counts, M not a
+multiple of the slice, empty, full and partly empty layouts, fp16 and bf16, determinism,
+CUDA-graph capture."""
+
+import pytest
+import torch
+
+from bsmm_cases import assert_sdd_falls_back_to_the_heuristic, make_layout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_ws_sdd_group, tuned
+from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
+from tilesparse.layout import table_views
+from tolerances import assert_close
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(group=3), "group"), (dict(group=8), "at most 4"), (dict(block_k=48), "block_k"),
+    (dict(block_k=256), "at most 128"), (dict(stages=1), "stages"), (dict(stages=True), "stages must be an int"),
+    (dict(group_m=0), "group_m"), (dict(load_regs=13), "load_regs must be a multiple of 8"),
+    (dict(mma_regs=300), "mma_regs must be a multiple of 8"), (dict(overlap=1), "overlap must be a bool"),
+])
+def test_config_refuses_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WsSddGroupConfig(**kwargs)
+
+
+def test_config_shared_bytes():
+    # 3 stages of two dY slices and 4 X slices [64, 64], two consumers' 4 output blocks
+    assert WsSddGroupConfig(4, 64, 3).shared_bytes() == 3 * 6 * 64 * 64 * 2 + 8 * 64 * 64 * 2 + 1024
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_slot_table_places_every_stored_block(group):
+    layout = make_layout("random", 7, 11, 64)  # odd block-rows, a short last group
+    meta = layout.meta_on("cpu")
+    row_of, row_cols = table_views(meta, 7, 11, "row_of", "row_cols")
+    slots = bsmm_ws_sdd_group.sdd_group_slots(meta, row_of, row_cols, 7, 11, group)
+    assert slots.shape == (4, -(-11 // group), 2, group) and slots.dtype == torch.int32
+    seen = []
+    for pair in range(slots.shape[0]):
+        for q in range(slots.shape[1]):
+            for w in range(2):
+                for g in range(group):
+                    z = int(slots[pair, q, w, g])
+                    if z >= 0:
+                        assert (int(row_of[z]), int(row_cols[z])) == (2 * pair + w, q * group + g)
+                        seen.append(z)
+    assert sorted(seen) == list(range(row_of.numel()))  # each stored block exactly once
+    again = bsmm_ws_sdd_group.sdd_group_slots(meta, row_of, row_cols, 7, 11, group)
+    assert again is slots  # remembered on the layout
+
+
+def test_config_round_trips_through_the_tuned_table_format():
+    cfg = WsSddGroupConfig(2, 32, 6, overlap=True)
+    assert tuned.from_json(tuned.to_json(cfg)) == cfg
+
+
+def test_a_tuned_entry_the_operands_cannot_take_falls_back(monkeypatch):
+    assert_sdd_falls_back_to_the_heuristic(monkeypatch, WsSddGroupConfig(), bsmm_ws_sdd_group, "launch_sdd_ws_group")
+
+
+def test_sdd_refuses_the_config_off_hopper():
+    if _hopper():
+        pytest.skip("runs on sm90")
+    layout = make_layout("random", 2, 2, 64)
+    dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="grouped warp-specialized sdd needs an sm90"):
+        kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 64, 2, 2, config=WsSddGroupConfig())
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _run(kind, dtype, m, cfg, block_rows=7, block_cols=11):
+    layout = make_layout(kind, block_rows, block_cols, 64)
+    rows, cols = layout.shape
+    dy = torch.randn(m, rows, device="cuda").to(dtype)
+    x = torch.randn(m, cols, device="cuda").to(dtype)
+    meta = layout.meta_on("cuda")
+    nnz = int(layout.mask.sum())
+    got = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    assert got.shape == expected.shape == (nnz, 64, 64)
+    return got, expected, (dy, x, meta, layout)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("cfg", [WsSddGroupConfig(), WsSddGroupConfig(2, 64, 4, overlap=True),
+                                 WsSddGroupConfig(4, 32, 6), WsSddGroupConfig(1, 64, 4, overlap=True),
+                                 WsSddGroupConfig(2, 64, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
+def test_matches_reference_gpu(kind, dtype, cfg):
+    for m in (1000, 64, 8192 + 40):  # a short last slice, one slice, many
+        got, expected, _ = _run(kind, dtype, m, cfg)
+        if expected.numel():
+            assert_close(got, expected, dtype, f"grouped ws sdd {kind} m{m} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_even_block_rows_and_many_tiles_per_program_gpu():
+    # 40 x 48 blocks: 20 pairs x 12 groups = 240 tiles over the SMs (several per program)
+    got, expected, _ = _run("random", torch.bfloat16, 3000, WsSddGroupConfig(), 40, 48)
+    assert_close(got, expected, torch.bfloat16, "grouped ws sdd, 40 x 48 blocks")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_is_bitwise_deterministic_and_captures_gpu():
+    cfg = WsSddGroupConfig()
+    got, _, (dy, x, meta, layout) = _run("random", torch.bfloat16, 2048, cfg)
+    again = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
+    assert torch.equal(got, again)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, got)
