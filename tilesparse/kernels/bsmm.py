@@ -455,6 +455,8 @@ def sdd(
         cfg = None  # a tuned entry this call cannot run: the defaults below
     if isinstance(cfg, bsmm_ws_sdd_group.WsSddGroupConfig):  # asked for, or measured faster
         why = bsmm_ws_sdd_group.ws_sdd_group_supported(a.t(), b, values, cfg)
+        if why is None and config is None and density < bsmm_ws_sdd_group.MIN_DENSITY:
+            why = f"is not used below density {bsmm_ws_sdd_group.MIN_DENSITY} (measured slower)"  # a bucket's low end
         if why is None:
             bsmm_ws_sdd_group.launch_sdd_ws_group(a.t(), b, values, meta, row_of, row_cols, block_rows, block_cols,
                                                   cfg)

@@ -17,8 +17,9 @@ The two consumers run unsynchronised, so one's wgmma fill the other's waits. The
 (one program per SM, tiles round-robin in grouped order); tiles without blocks cost a
 table read. One reduction order, no atomics: bitwise deterministic. The tables are a
 scatter of the layout's blocks into a grid (no host sync: CUDA-graph capture is fine).
-Opt-in through a :class:`WsSddGroupConfig` passed to :func:`tilesparse.kernels.bsmm.sdd`;
-no interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
+Opt-in through a :class:`WsSddGroupConfig` passed to :func:`tilesparse.kernels.bsmm.sdd`,
+and the shipped H200 table's choice for b 64 updat at ~8192 rows and density 0.5; no
+interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
 """
 
 from __future__ import annotations
@@ -38,9 +39,15 @@ from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma, _tile_coords, hopper_reason
 from .bsmm_ws_group import _entry_mmas, _wait_for_previous
 
-__all__ = ["WsSddGroupConfig", "sdd_group_slots", "ws_sdd_group_supported", "launch_sdd_ws_group"]
+__all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "launch_sdd_ws_group"]
 
 BLOCK = 64  # the block size it is written for: one consumer warpgroup's 64 wgmma rows per block-row
+# Measured on the H200 (scripts/probes/ws_sweep.py --ops updat, kernel time, G 4, 64-row
+# slices, 3 stages, against the shipped choice): 8192x4096² at density 0.5 0.368 -> 0.318
+# ms (52 -> 60 % of dense's rate); 16384x8192² 3.47 -> 3.42 ms. At density 0.25 0.69-0.80x
+# and at 0.1 0.41x: a tile streams both block-rows' dY slices and every X slice its
+# columns need, however few blocks it holds. Tuned entries are ignored below:
+MIN_DENSITY = 0.45
 _SLOTS = "_tilesparse_ws_sdd_group_slots"  # where sdd_group_slots remembers its table on a layout's meta
 
 
