@@ -54,6 +54,11 @@ SDD_VARIANTS = {
     "wsg-g2k64st4o": WSG.WsSddGroupConfig(2, 64, 4, overlap=True),
     "wsg-g2k32st8o": WSG.WsSddGroupConfig(2, 32, 8, overlap=True),
     "wsg-g1k64st4o": WSG.WsSddGroupConfig(1, 64, 4, overlap=True),
+    # ... the tile order's group (row pairs per group): L2 reuse between concurrent tiles
+    "wsg-g4k64st3m2": WSG.WsSddGroupConfig(4, 64, 3, group_m=2),
+    "wsg-g4k64st3m4": WSG.WsSddGroupConfig(4, 64, 3, group_m=4),
+    "wsg-g4k64st3m16": WSG.WsSddGroupConfig(4, 64, 3, group_m=16),
+    "wsg-g4k64st3m32": WSG.WsSddGroupConfig(4, 64, 3, group_m=32),
 }
 
 DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)
