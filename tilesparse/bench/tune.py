@@ -27,6 +27,7 @@ from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
 from ..kernels.bsmm_ws_group import WsGroupConfig
+from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from .matmul import DTYPES
 
 __all__ = ["dds_space", "sdd_space", "tune"]
@@ -131,7 +132,8 @@ _SDD_GROUPS = {
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
     or device TMA descriptors; several blocks of a block-row per program and dense tiles of
-    blocks (16-bit, small blocks); on Hopper the warp-specialized kernel at b 64 and 128."""
+    blocks (16-bit, small blocks); on Hopper the warp-specialized kernel at b 64 and 128 and
+    its grouped variant at b 64."""
     tile = tile_for(block)
     if fp32:
         for bm, warps, stages in ((32, 4, 3), (32, 8, 3), (64, 8, 2), (16, 4, 4)):
@@ -151,6 +153,9 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     # as the MMA's M side below b 64, where the block alone is too narrow for wgmma)
     for group, warps, stages, swap in _SDD_GROUPS.get(tile, ()):
         yield SddGroupConfig(group, 64, warps, stages, swap=swap)
+    if block == 64:  # the grouped warp-specialized sdd (Hopper; refused elsewhere: skipped)
+        yield WsSddGroupConfig(4, 64, 3)
+        yield WsSddGroupConfig(4, 32, 6)
     if block in (64, 128):  # the Hopper warp-specialized kernel (refused elsewhere: skipped)
         for bm, warps, stages in ((64, 8, 5), (64, 4, 4), (128, 8, 3)):
             if 16 * warps <= block:  # a warpgroup per 64 rows of the block

@@ -413,9 +413,8 @@ def sdd(
     lost at b 64). ``bsmm_sdd_group.SddGroupConfig``: several blocks of a block-row per
     program, sharing each A tile (small blocks; opt-in or tuned). ``bsmm_sdd_tile.SddTileConfig``:
     a dense tile of blocks per program, only the stored ones written (small blocks; opt-in
-    or tuned). ``bsmm_ws_sdd_group.WsSddGroupConfig`` (Hopper, 16-bit, b 64): two
-    block-rows x G block-columns per warp-specialized tile, each activation slice loaded
-    once for all of its blocks.
+    or tuned). ``bsmm_ws_sdd_group.WsSddGroupConfig`` (Hopper, 16-bit, b 64): two block-rows
+    x G block-columns per warp-specialized tile (opt-in or tuned).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -445,24 +444,13 @@ def sdd(
     density = nnz / max(1, block_rows * block_cols)
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, density, a.device,
                                  tuned.weight_shape(block_rows, block_cols, block_size))
-    if isinstance(cfg, bsmm_ws.WsConfig):  # the Hopper warp-specialized kernel (asked for, or measured faster)
-        why = bsmm_ws_sdd.sdd_ws_supported(a.t(), b, values, cfg)
+    ws_sdd = {bsmm_ws.WsConfig: bsmm_ws_sdd, bsmm_ws_sdd_group.WsSddGroupConfig: bsmm_ws_sdd_group}.get(type(cfg))
+    if ws_sdd is not None:  # a Hopper warp-specialized kernel (asked for, or measured faster)
+        why = ws_sdd.run_if_supported(a.t(), b, values, meta, block_rows, block_cols, cfg, config is None)
         if why is None:
-            bsmm_ws_sdd.launch_sdd_ws(a.t(), b, values, row_of, row_cols, cfg)
             return values
         if config is not None:
-            raise ValueError(f"config={config}: the warp-specialized kernel {why}")
-        cfg = None  # a tuned entry this call cannot run: the defaults below
-    if isinstance(cfg, bsmm_ws_sdd_group.WsSddGroupConfig):  # asked for, or measured faster
-        why = bsmm_ws_sdd_group.ws_sdd_group_supported(a.t(), b, values, cfg)
-        if why is None and config is None and density < bsmm_ws_sdd_group.MIN_DENSITY:
-            why = f"is not used below density {bsmm_ws_sdd_group.MIN_DENSITY} (measured slower)"  # a bucket's low end
-        if why is None:
-            bsmm_ws_sdd_group.launch_sdd_ws_group(a.t(), b, values, meta, row_of, row_cols, block_rows, block_cols,
-                                                  cfg)
-            return values
-        if config is not None:
-            raise ValueError(f"config={config}: the grouped warp-specialized sdd {why}")
+            raise ValueError(f"config={config}: the {ws_sdd.KERNEL_NAME} {why}")
         cfg = None  # a tuned entry this call cannot run: the defaults below
     if isinstance(cfg, bsmm_sdd_group.SddGroupConfig):
         if config is None and not cfg.fits(block_size, a.element_size(), bsmm_sdd_group.smem_limit(a.device)):

@@ -16,12 +16,15 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 
+from ..layout import table_views
 from ._device import shared_memory_bytes, sm_count
 from ._launch import launch
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WsConfig, _alloc_ring, _fill_stage, _mma_stages, _nvmma, _warps_per_cta, hopper_reason
 
-__all__ = ["sdd_ws_supported", "launch_sdd_ws"]
+__all__ = ["sdd_ws_supported", "run_if_supported", "launch_sdd_ws"]
+
+KERNEL_NAME = "warp-specialized kernel"  # as bsmm.sdd's errors name it
 
 
 @gluon.jit
@@ -119,6 +122,15 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
     if cfg.shared_bytes(block, sdd=True) > shared_memory_bytes(a_t.device):
         return f"needs {cfg.shared_bytes(block, sdd=True)} bytes of shared memory at this config, more than the GPU has"
     return None
+
+
+def run_if_supported(a_t, b, out, meta, block_rows, block_cols, cfg: WsConfig, tuned_entry: bool) -> str | None:
+    """Run the kernel and return None if it can take this call; else say why (the same
+    interface as :func:`tilesparse.kernels.bsmm_ws_sdd_group.run_if_supported`)."""
+    why = sdd_ws_supported(a_t, b, out, cfg)
+    if why is None:
+        launch_sdd_ws(a_t, b, out, *table_views(meta, block_rows, block_cols, "row_of", "row_cols"), cfg)
+    return why
 
 
 def launch_sdd_ws(a_t, b, out, rows, cols, cfg: WsConfig) -> None:

@@ -35,11 +35,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ._device import cached_table, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
+from ..layout import table_views
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma, _tile_coords, hopper_reason
 from .bsmm_ws_group import _entry_mmas, _wait_for_previous
 
-__all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "launch_sdd_ws_group"]
+__all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "run_if_supported",
+           "launch_sdd_ws_group"]
 
 BLOCK = 64  # the block size it is written for: one consumer warpgroup's 64 wgmma rows per block-row
 # Measured on the H200 (scripts/probes/ws_sweep.py --ops updat, kernel time, G 4, 64-row
@@ -48,6 +50,7 @@ BLOCK = 64  # the block size it is written for: one consumer warpgroup's 64 wgmm
 # and at 0.1 0.41x: a tile streams both block-rows' dY slices and every X slice its
 # columns need, however few blocks it holds. Tuned entries are ignored below:
 MIN_DENSITY = 0.45
+KERNEL_NAME = "grouped warp-specialized sdd"  # as bsmm.sdd's errors name it
 _SLOTS = "_tilesparse_ws_sdd_group_slots"  # where sdd_group_slots remembers its table on a layout's meta
 
 
@@ -282,10 +285,22 @@ def ws_sdd_group_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor
     return None
 
 
-def launch_sdd_ws_group(a_t, x, out, meta, row_of, row_cols, block_rows, block_cols, cfg: WsSddGroupConfig) -> None:
+def run_if_supported(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddGroupConfig, tuned_entry: bool) -> str | None:
+    """Run the kernel and return None if it can take this call; else say why. A tuned
+    entry (``tuned_entry``) below :data:`MIN_DENSITY` is refused: measured slower there."""
+    why = ws_sdd_group_supported(a_t, x, out, cfg)
+    if why is None and tuned_entry and out.shape[0] < MIN_DENSITY * block_rows * block_cols:
+        why = f"is not used below density {MIN_DENSITY} (measured slower)"  # a tuned density bucket's low end
+    if why is None:
+        launch_sdd_ws_group(a_t, x, out, meta, block_rows, block_cols, cfg)
+    return why
+
+
+def launch_sdd_ws_group(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddGroupConfig) -> None:
     """out[z] = (a_t^T @ x)[block z] for every stored block z, into the preallocated
     contiguous out [nnz, 64, 64]. The operands must be ones :func:`ws_sdd_group_supported`
-    accepts (``bsmm.sdd`` checks before it calls this)."""
+    accepts (:func:`run_if_supported` checks)."""
+    row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
     slots = sdd_group_slots(meta, row_of, row_cols, block_rows, block_cols, cfg.group)
     pairs, n_groups = slots.shape[0], slots.shape[1]
     if slots.numel() >= 1 << 31:
