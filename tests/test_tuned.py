@@ -117,6 +117,21 @@ def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
     assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) is None
 
 
+def test_fp16_falls_back_to_bf16_entries_after_its_own(table_file, monkeypatch):
+    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    cuda0 = torch.device("cuda", 0)
+    bf16 = tuned.key("fake-gpu", "updat", torch.bfloat16, 64, 8192, 0.5)
+    tuned.record({bf16: kernels.KernelConfig(64, 64, 8, 3)}, table_file)
+    assert tuned.lookup("updat", torch.float16, 64, 8192, 0.5, cuda0) == kernels.KernelConfig(64, 64, 8, 3)
+    assert tuned.lookup("updat", torch.float32, 64, 8192, 0.5, cuda0) is None  # fp32 / tf32 only their own
+    fp16_shaped = tuned.key("fake-gpu", "updat", torch.float16, 64, 8192, 0.5, (4096, 4096))
+    tuned.record({fp16_shaped: kernels.KernelConfig(128, 64, 4, 4)}, table_file)
+    assert tuned.lookup("updat", torch.float16, 64, 8192, 0.5, cuda0, (4096, 4096)) == kernels.KernelConfig(
+        128, 64, 4, 4)  # its own entry first
+    assert tuned.lookup("updat", torch.bfloat16, 64, 8192, 0.5, cuda0, (4096, 4096)) == kernels.KernelConfig(
+        64, 64, 8, 3)  # never the other way round
+
+
 def test_an_entry_for_the_weight_shape_comes_before_the_shape_free_one(table_file, monkeypatch):
     monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
     cuda0 = torch.device("cuda", 0)

@@ -7,7 +7,7 @@ measured one is known for the problem at hand. A measured config is keyed by
 
 op: ``fprop`` (dds through the row table), ``bprop`` (dds through the column table),
 ``updat`` (sdd). dtype: bf16, fp16, and for float32 ``tf32`` or ``fp32`` after the
-float32 matmul precision (the kernels differ). M bucket: the power of two at or above M (M is the activations' row
+float32 matmul precision (the kernels differ); fp16 falls back to bf16's entries. M bucket: the power of two at or above M (M is the activations' row
 count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
 0.05, 0.03, 0.01 (the nearest on a log scale). Weight shape (optional, ``w{N}x{K}`` of
 the block-sparse W [N, K]): an entry for that weight only (``tilesparse tune
@@ -198,9 +198,13 @@ def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
     # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32). The user's
     # table first (their own measurements, shape-specific then shape-free), then the shipped
     gpu = _gpu_slug(index)
-    keys = [key(gpu, op, dtype, block, m, density)]
-    if weight is not None:
-        keys.insert(0, key(gpu, op, dtype, block, m, density, weight))
+    keys = []
+    # fp16 without entries of its own takes bf16's: same element size, same tensor-core rate,
+    # and every kernel kind runs both (the tables are tuned in bf16)
+    for dt in (dtype, torch.bfloat16) if dtype == torch.float16 else (dtype,):
+        if weight is not None:
+            keys.append(key(gpu, op, dt, block, m, density, weight))
+        keys.append(key(gpu, op, dt, block, m, density))
     for table in _tables():
         for k in keys:
             found = table.get(k)
