@@ -314,7 +314,7 @@ def ws_sdd_group_cases(quick: bool):
     fn = bsmm_ws_sdd_group._sdd_ws_group_kernel
     for group, block_k, stages, overlap in cases:
         cfg = bsmm_ws_sdd_group.WsSddGroupConfig(group, block_k, stages, overlap=overlap)
-        lay_in, lay_out = bsmm_ws_sdd_group._layouts(block_k, torch.bfloat16)
+        lay_in, lay_out = bsmm_ws_sdd._sdd_layouts(block_k, 64, torch.bfloat16)
         const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, GROUP_M=8, LOAD_REGS=cfg.load_regs,
                      MMA_REGS=cfg.mma_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
         sig = {name: "constexpr" if name in const else "*i32" if name == "slots_ptr"

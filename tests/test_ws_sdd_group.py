@@ -30,6 +30,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
     (dict(block_k=256), "at most 128"), (dict(stages=1), "stages"), (dict(stages=True), "stages must be an int"),
     (dict(group_m=0), "group_m"), (dict(load_regs=13), "load_regs must be a multiple of 8"),
     (dict(mma_regs=300), "mma_regs must be a multiple of 8"), (dict(overlap=1), "overlap must be a bool"),
+    (dict(group=4, overlap=True), "overlap needs group <= 2"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -71,6 +72,18 @@ def test_a_tuned_entry_the_operands_cannot_take_falls_back(monkeypatch):
     assert_sdd_falls_back_to_the_heuristic(monkeypatch, WsSddGroupConfig(), bsmm_ws_sdd_group, "launch_sdd_ws_group")
 
 
+def test_support_check_refuses_tile_indices_past_32_bits(monkeypatch):
+    # the check reads shapes only: meta tensors stand in for operands, the device checks are faked
+    a_t = torch.empty(64, 64 * 2, dtype=torch.bfloat16, device="meta")
+    x = torch.empty(64, 64 * 4, dtype=torch.bfloat16, device="meta")
+    out = torch.empty(3, 64, 64, dtype=torch.bfloat16, device="meta")
+    monkeypatch.setattr(bsmm_ws_sdd_group, "hopper_reason", lambda t: None)
+    monkeypatch.setattr(bsmm_ws_sdd_group, "row_major_tma_ok", lambda t: True)
+    monkeypatch.setattr(bsmm_ws_sdd_group, "shared_memory_bytes", lambda device: 1 << 20)
+    assert bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig()) is None
+    assert "32 bits" in bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig(group_m=1 << 31))
+
+
 def test_sdd_refuses_the_config_off_hopper():
     if _hopper():
         pytest.skip("runs on sm90")
@@ -81,6 +94,10 @@ def test_sdd_refuses_the_config_off_hopper():
 
 
 # --------------------------------------------------------------------------- GPU
+
+
+CONFIGS = [WsSddGroupConfig(), WsSddGroupConfig(2, 64, 4, overlap=True), WsSddGroupConfig(4, 32, 6),
+           WsSddGroupConfig(1, 64, 4, overlap=True), WsSddGroupConfig(2, 64, 4)]
 
 
 def _run(kind, dtype, m, cfg, block_rows=7, block_cols=11):
@@ -98,9 +115,7 @@ def _run(kind, dtype, m, cfg, block_rows=7, block_cols=11):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("cfg", [WsSddGroupConfig(), WsSddGroupConfig(2, 64, 4, overlap=True),
-                                 WsSddGroupConfig(4, 32, 6), WsSddGroupConfig(1, 64, 4, overlap=True),
-                                 WsSddGroupConfig(2, 64, 4)], ids=str)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
 def test_matches_reference_gpu(kind, dtype, cfg):
@@ -112,10 +127,13 @@ def test_matches_reference_gpu(kind, dtype, cfg):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_even_block_rows_and_many_tiles_per_program_gpu():
-    # 40 x 48 blocks: 20 pairs x 12 groups = 240 tiles over the SMs (several per program)
-    got, expected, _ = _run("random", torch.bfloat16, 3000, WsSddGroupConfig(), 40, 48)
-    assert_close(got, expected, torch.bfloat16, "grouped ws sdd, 40 x 48 blocks")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("kind", ["random", "empty_rows_cols"])
+def test_even_block_rows_and_many_tiles_per_program_gpu(kind, cfg):
+    # 40 x 48 blocks: 20 pairs x 48 / G groups = 240-960 tiles over the SMs (several per
+    # program: stages and output buffers reused across tiles, half-empty and empty tiles between)
+    got, expected, _ = _run(kind, torch.bfloat16, 3000, cfg, 40, 48)
+    assert_close(got, expected, torch.bfloat16, f"grouped ws sdd, 40 x 48 blocks, {kind}, {cfg}")
 
 
 @pytest.mark.gpu

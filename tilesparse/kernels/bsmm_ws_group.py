@@ -211,6 +211,24 @@ def _entry_mmas(accs, a, v_bufs, first, mask, G: gl.constexpr, TRANS_V: gl.const
 
 
 @gluon.jit
+def _popcount(mask, G: gl.constexpr):
+    """The number of bits set among the low G of ``mask``."""
+    n = mask & 1
+    for g in gl.static_range(1, G):
+        n += (mask >> g) & 1
+    return n
+
+
+@gluon.jit
+def _wait_all(accs, G: gl.constexpr):
+    """Wait for every wgmma in flight; the G accumulators, as a tuple."""
+    done = warpgroup_mma_wait(num_outstanding=0, deps=accs)
+    if G == 1:
+        done = (done,)
+    return done
+
+
+@gluon.jit
 def _wait_for_previous(accs, issued, G: gl.constexpr):
     """Wait until at most ``issued`` wgmma groups are in flight (this union entry's: each
     asynchronous wgmma commits its own group, and their number varies, while the wait
@@ -301,16 +319,11 @@ def _group_mma(descs, bufs, bars, tables, sizes,
                     mbarrier.arrive(empty_bars.index(s), count=1)
                 else:
                     # this entry's wgmma stay in flight; the previous entry's are done: free its stage
-                    issued = mask & 1
-                    for g in gl.static_range(1, G):
-                        issued += (mask >> g) & 1
-                    accs = _wait_for_previous(accs, issued, G)
+                    accs = _wait_for_previous(accs, _popcount(mask, G), G)
                     mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=u > start)
                 step += 1
             if not A_REGS:
-                accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
-                if G == 1:
-                    accs = (accs,)
+                accs = _wait_all(accs, G)
                 mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=end > start)
         tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
         for g in gl.static_range(G):

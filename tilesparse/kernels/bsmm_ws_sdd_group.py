@@ -25,20 +25,20 @@ interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._device import cached_table, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from ..layout import table_views
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import _alloc_ring, _nvmma, _tile_coords, hopper_reason
-from .bsmm_ws_group import _entry_mmas, _wait_for_previous
+from .bsmm_ws import _alloc_ring, _tile_coords, hopper_reason
+from .bsmm_ws_sdd import _sdd_layouts
+from .bsmm_ws_group import _entry_mmas, _popcount, _wait_all, _wait_for_previous
 
 __all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "run_if_supported",
            "launch_sdd_ws_group"]
@@ -92,6 +92,9 @@ class WsSddGroupConfig:
             value = getattr(self, name)
             if not 24 <= value <= 256 or value % 8:
                 raise ValueError(f"WsSddGroupConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
+        if self.overlap and self.group > 2:
+            raise ValueError(f"WsSddGroupConfig.overlap needs group <= 2 (at group {self.group} ptxas serializes "
+                             "the wgmma, C7515)")
 
     def shared_bytes(self, element_bytes: int = 2) -> int:
         """The ring (two dY slices and G X slices per stage), the output blocks, barriers."""
@@ -109,14 +112,6 @@ def _row_slots(slots_ptr, base, G: gl.constexpr):
     for g in gl.static_range(1, G):
         mask |= (slots[g] >= 0).to(gl.int32) << g
     return slots, mask
-
-
-@gluon.jit
-def _popcount(mask, G: gl.constexpr):
-    n = mask & 1
-    for g in gl.static_range(1, G):
-        n += (mask >> g) & 1
-    return n
 
 
 @gluon.jit
@@ -191,15 +186,11 @@ def _sdd_group_mma(out_desc, a_bufs, x_bufs, c_bufs, ready_bars, empty_bars, slo
                 accs = _wait_for_previous(accs, issued, G)  # this slice's wgmma stay in flight
                 mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=ks > 0)
             else:
-                accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
-                if G == 1:
-                    accs = (accs,)
+                accs = _wait_all(accs, G)
                 mbarrier.arrive(empty_bars.index(s), count=1)
             step += 1
         if OVERLAP:
-            accs = warpgroup_mma_wait(num_outstanding=0, deps=accs)
-            if G == 1:
-                accs = (accs,)
+            accs = _wait_all(accs, G)
             mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
         tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
         for g in gl.static_range(G):
@@ -241,12 +232,6 @@ def _sdd_ws_group_kernel(
     ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
 
 
-@functools.lru_cache(maxsize=None)
-def _layouts(block_k: int, dtype: torch.dtype) -> tuple:
-    """The shared-memory layouts of an activation slice [BLOCK_K, 64] and an output block."""
-    return _nvmma([block_k, BLOCK], dtype), _nvmma([BLOCK, BLOCK], dtype)
-
-
 def sdd_group_slots(meta: torch.Tensor, row_of: torch.Tensor, row_cols: torch.Tensor, block_rows: int,
                     block_cols: int, group: int) -> torch.Tensor:
     """int32 [ceil(R / 2), ceil(C / G), 2, G]: the storage slot of each tile's blocks (-1:
@@ -279,6 +264,9 @@ def ws_sdd_group_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor
             return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
     if max(a_t.shape[0], a_t.shape[1] + block, x.shape[1] + cfg.group * block, out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
+    pairs, n_groups = cdiv(a_t.shape[1] // block, 2), cdiv(x.shape[1] // block, cfg.group)
+    if max(pairs * n_groups * 2 * cfg.group, cfg.group_m * n_groups) >= 1 << 31:
+        return "indexes its tile table and tile order with 32 bits, too few for this many tiles at this config"
     if cfg.shared_bytes(a_t.element_size()) > shared_memory_bytes(a_t.device):
         return (f"needs {cfg.shared_bytes(a_t.element_size())} bytes of shared memory at this config, "
                 "more than the GPU has")
@@ -303,9 +291,7 @@ def launch_sdd_ws_group(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddGro
     row_of, row_cols = table_views(meta, block_rows, block_cols, "row_of", "row_cols")
     slots = sdd_group_slots(meta, row_of, row_cols, block_rows, block_cols, cfg.group)
     pairs, n_groups = slots.shape[0], slots.shape[1]
-    if slots.numel() >= 1 << 31:
-        raise ValueError(f"the tile table holds {slots.numel()} entries; the kernel indexes it with 32 bits")
-    in_layout, out_layout = _layouts(cfg.block_k, a_t.dtype)
+    in_layout, out_layout = _sdd_layouts(cfg.block_k, BLOCK, a_t.dtype)  # the one-block sdd's, at M step block_k
     ensure_allocator()
     launch(_sdd_ws_group_kernel, (max(1, min(pairs * n_groups, sm_count(a_t.device))),),
         a_t, x, out, slots,
