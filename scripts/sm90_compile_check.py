@@ -39,6 +39,7 @@ from tilesparse.kernels import bsmm_small  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_group  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd_group  # noqa: E402
+from tilesparse.kernels import bsmm_ws_sdd_rows  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd  # noqa: E402
 from tilesparse.kernels import semi24  # noqa: E402
 from tilesparse.kernels import semi24_pack  # noqa: E402
@@ -322,6 +323,25 @@ def ws_sdd_group_cases(quick: bool):
         yield f"ws group sdd b64 G{group} k{block_k} st{stages} overlap={overlap}", fn, sig, const, 4, stages, None, GluonASTSource
 
 
+def ws_sdd_rows_cases(quick: bool):
+    """The row-run warp-specialized sdd (Gluon, ``bsmm_ws_sdd_rows``, b 64): units of 2G
+    blocks of one block-row; expected: wgmma and setmaxnreg, no serialization."""
+    # (group, block_k, stages, dY tile from registers, overlap)
+    cases = ((4, 32, 4, False, False),) if quick else \
+        ((4, 32, 4, False, False), (4, 32, 4, True, False), (4, 64, 2, False, False), (2, 64, 3, False, True),
+         (2, 64, 3, True, False), (1, 64, 4, False, True))
+    fn = bsmm_ws_sdd_rows._sdd_ws_rows_kernel
+    for group, block_k, stages, a_regs, overlap in cases:
+        cfg = bsmm_ws_sdd_rows.WsSddRowsConfig(group, block_k, stages, a_from_registers=a_regs, overlap=overlap)
+        lay_in, lay_out = bsmm_ws_sdd._sdd_layouts(block_k, 64, torch.bfloat16)
+        const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs,
+                     A_REGS=a_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("row_ptr_ptr", "row_cols_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"ws group sdd rows b64 G{group} k{block_k} st{stages} a_from_registers={a_regs} overlap={overlap}",
+               fn, sig, const, 4, stages, None, GluonASTSource)
+
+
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
@@ -434,6 +454,7 @@ def main() -> int:
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
             *ws_cases(args.quick), *ws_group_cases(args.quick), *ws_sdd_group_cases(args.quick),
+            *ws_sdd_rows_cases(args.quick),
             *attention_ws_cases(args.quick)):
         try:
             attrs = extra[0] if extra else None

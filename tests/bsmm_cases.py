@@ -148,3 +148,35 @@ def assert_sdd_falls_back_to_the_heuristic(monkeypatch, tuned_config, launcher_m
     dy, x = torch.randn(8, 3 * 128), torch.randn(8, 3 * 128)
     kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 128, 3, 3)
     assert calls and all(c == "heuristic" for c in calls)
+
+
+def sdd_against_reference(kind: str, dtype: torch.dtype, m: int, config, block_rows: int, block_cols: int,
+                          block_size: int = 64):
+    """sdd forced by ``config`` on the GPU (dY [m, R*b], X [m, C*b], fresh normal inputs)
+    against the float64 product gathered on the layout: (got, expected, (dy, x, meta, layout))."""
+    from tilesparse.kernels import bsmm as kernels
+
+    layout = make_layout(kind, block_rows, block_cols, block_size)
+    rows, cols = layout.shape
+    dy = torch.randn(m, rows, device="cuda").to(dtype)
+    x = torch.randn(m, cols, device="cuda").to(dtype)
+    meta = layout.meta_on("cuda")
+    got = kernels.sdd(dy.t(), x, meta, block_size, block_rows, block_cols, config=config)
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    assert got.shape == expected.shape == (int(layout.mask.sum()), block_size, block_size)
+    return got, expected, (dy, x, meta, layout)
+
+
+def assert_sdd_is_deterministic_and_captures(config) -> None:
+    """Two runs of sdd under ``config`` agree bitwise, and so does a CUDA-graph replay."""
+    from tilesparse.kernels import bsmm as kernels
+
+    got, _, (dy, x, meta, layout) = sdd_against_reference("random", torch.bfloat16, 2048, config, 7, 11)
+    again = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=config)
+    assert torch.equal(got, again)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=config)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, got)

@@ -7,7 +7,8 @@ CUDA-graph capture."""
 import pytest
 import torch
 
-from bsmm_cases import assert_sdd_falls_back_to_the_heuristic, make_layout
+from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, make_layout,
+                        sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd_group, tuned
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
@@ -101,16 +102,7 @@ CONFIGS = [WsSddGroupConfig(), WsSddGroupConfig(2, 64, 4, overlap=True), WsSddGr
 
 
 def _run(kind, dtype, m, cfg, block_rows=7, block_cols=11):
-    layout = make_layout(kind, block_rows, block_cols, 64)
-    rows, cols = layout.shape
-    dy = torch.randn(m, rows, device="cuda").to(dtype)
-    x = torch.randn(m, cols, device="cuda").to(dtype)
-    meta = layout.meta_on("cuda")
-    nnz = int(layout.mask.sum())
-    got = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
-    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
-    assert got.shape == expected.shape == (nnz, 64, 64)
-    return got, expected, (dy, x, meta, layout)
+    return sdd_against_reference(kind, dtype, m, cfg, block_rows, block_cols)
 
 
 @pytest.mark.gpu
@@ -139,16 +131,7 @@ def test_even_block_rows_and_many_tiles_per_program_gpu(kind, cfg):
 @pytest.mark.gpu
 @needs_hopper
 def test_is_bitwise_deterministic_and_captures_gpu():
-    cfg = WsSddGroupConfig()
-    got, _, (dy, x, meta, layout) = _run("random", torch.bfloat16, 2048, cfg)
-    again = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
-    assert torch.equal(got, again)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = kernels.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, got)
+    assert_sdd_is_deterministic_and_captures(WsSddGroupConfig())
 
 
 @pytest.mark.gpu

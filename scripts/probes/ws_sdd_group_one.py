@@ -1,5 +1,6 @@
-"""Run one grouped warp-specialized sdd (updat, ``bsmm_ws_sdd_group``, b 64) a few times,
-for a profiler (ncu) to catch: ``python scripts/probes/ws_sdd_group_one.py --shape 16384x8192x8192``."""
+"""Run one grouped warp-specialized sdd (updat, ``bsmm_ws_sdd_group``, b 64; with --rows the
+row-run one, ``bsmm_ws_sdd_rows``) a few times, for a profiler (ncu) to catch:
+``python scripts/probes/ws_sdd_group_one.py --shape 16384x8192x8192``."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import torch
 import tilesparse as ts
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
+from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="8192x4096x4096", help="MxNxK: dY [M, N], X [M, K]")
     p.add_argument("--density", type=float, default=0.5)
+    p.add_argument("--rows", action="store_true", help="the row-run kernel (its defaults: 32-row slices, 4 stages)")
     p.add_argument("--group", type=int, default=4)
-    p.add_argument("--block-k", type=int, default=64)
-    p.add_argument("--stages", type=int, default=3)
+    p.add_argument("--block-k", type=int, default=None)
+    p.add_argument("--stages", type=int, default=None)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
@@ -26,7 +29,8 @@ def main() -> None:
     meta = layout.meta_on("cuda")
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    cfg = WsSddGroupConfig(args.group, args.block_k, args.stages)
+    kind, block_k, stages = (WsSddRowsConfig, 32, 4) if args.rows else (WsSddGroupConfig, 64, 3)
+    cfg = kind(args.group, args.block_k or block_k, args.stages or stages)
     for _ in range(args.repeats):
         K.sdd(dy.t(), x, meta, 64, layout.block_rows, layout.block_cols, config=cfg)
     torch.cuda.synchronize()

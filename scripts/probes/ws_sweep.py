@@ -28,6 +28,7 @@ from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws as W
 from tilesparse.kernels import bsmm_ws_group as WG
 from tilesparse.kernels import bsmm_ws_sdd_group as WSG
+from tilesparse.kernels import bsmm_ws_sdd_rows as WSR
 from tilesparse.layout import block_counts
 
 # updat (sdd): block_m is the M step
@@ -59,6 +60,13 @@ SDD_VARIANTS = {
     "wsg-g4k64st3m4": WSG.WsSddGroupConfig(4, 64, 3, group_m=4),
     "wsg-g4k64st3m16": WSG.WsSddGroupConfig(4, 64, 3, group_m=16),
     "wsg-g4k64st3m32": WSG.WsSddGroupConfig(4, 64, 3, group_m=32),
+    # row runs (kernels/bsmm_ws_sdd_rows.py, b 64): 2G blocks of one block-row per unit, every
+    # full unit the same work; "r": the dY tile from registers, "o": overlap
+    "wsr-g4k32st4": WSR.WsSddRowsConfig(4, 32, 4),
+    "wsr-g4k32st4r": WSR.WsSddRowsConfig(4, 32, 4, a_from_registers=True),
+    "wsr-g4k64st2": WSR.WsSddRowsConfig(4, 64, 2),
+    "wsr-g2k64st3o": WSR.WsSddRowsConfig(2, 64, 3, overlap=True),
+    "wsr-g2k64st3r": WSR.WsSddRowsConfig(2, 64, 3, a_from_registers=True),
 }
 
 DEFAULT = None  # dds's own choice (the ws kernel where shipped, else tuned table or heuristic)

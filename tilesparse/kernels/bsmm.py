@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ..layout import longest_runs, table_views
 from . import (bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd,
-               bsmm_ws_sdd_group, tuned, ws_schedule)
+               bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -405,7 +405,7 @@ def sdd(
     block_rows: int,
     block_cols: int,
     config: KernelConfig | bsmm_ws.WsConfig | bsmm_sdd_group.SddGroupConfig | bsmm_sdd_tile.SddTileConfig
-    | bsmm_ws_sdd_group.WsSddGroupConfig | None = None,
+    | bsmm_ws_sdd_group.WsSddGroupConfig | bsmm_ws_sdd_rows.WsSddRowsConfig | None = None,
 ) -> torch.Tensor:
     """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
     ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
@@ -413,8 +413,8 @@ def sdd(
     lost at b 64). ``bsmm_sdd_group.SddGroupConfig``: several blocks of a block-row per
     program, sharing each A tile (small blocks; opt-in or tuned). ``bsmm_sdd_tile.SddTileConfig``:
     a dense tile of blocks per program, only the stored ones written (small blocks; opt-in
-    or tuned). ``bsmm_ws_sdd_group.WsSddGroupConfig`` (Hopper, 16-bit, b 64): two block-rows
-    x G block-columns per warp-specialized tile (opt-in or tuned).
+    or tuned). Hopper, 16-bit, b 64: ``bsmm_ws_sdd_group.WsSddGroupConfig`` (two block-rows x G
+    block-columns per tile), ``bsmm_ws_sdd_rows.WsSddRowsConfig`` (runs of a block-row's blocks).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -444,7 +444,7 @@ def sdd(
     density = nnz / max(1, block_rows * block_cols)
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, density, a.device,
                                  tuned.weight_shape(block_rows, block_cols, block_size))
-    ws_sdd = {bsmm_ws.WsConfig: bsmm_ws_sdd, bsmm_ws_sdd_group.WsSddGroupConfig: bsmm_ws_sdd_group}.get(type(cfg))
+    ws_sdd = {k.CONFIG: k for k in (bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)}.get(type(cfg))
     if ws_sdd is not None:  # a Hopper warp-specialized kernel (asked for, or measured faster)
         why = ws_sdd.run_if_supported(a.t(), b, values, meta, block_rows, block_cols, cfg, config is None)
         if why is None:

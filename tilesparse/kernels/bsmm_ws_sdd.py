@@ -25,6 +25,7 @@ from .bsmm_ws import WsConfig, _alloc_ring, _fill_stage, _mma_stages, _nvmma, _w
 __all__ = ["sdd_ws_supported", "run_if_supported", "launch_sdd_ws"]
 
 KERNEL_NAME = "warp-specialized kernel"  # as bsmm.sdd's errors name it
+CONFIG = WsConfig  # the config that asks bsmm.sdd for this kernel
 
 
 @gluon.jit

@@ -102,6 +102,9 @@ class WsSddGroupConfig:
         return ring + 2 * self.group * BLOCK * BLOCK * element_bytes + 1024
 
 
+CONFIG = WsSddGroupConfig  # the config that asks bsmm.sdd for this kernel
+
+
 @gluon.jit
 def _row_slots(slots_ptr, base, G: gl.constexpr):
     """The G storage slots of one block-row of a tile (-1: absent) and their bitmask."""

@@ -106,11 +106,12 @@ def _gpu_slug(index: int) -> str:
 
 def _kinds() -> dict:
     from . import (bsmm, bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_ws,  # late: bsmm imports this
-                   bsmm_ws_group, bsmm_ws_sdd_group)
+                   bsmm_ws_group, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
             "ws": bsmm_ws.WsConfig, "ws_group": bsmm_ws_group.WsGroupConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig,
-            "sdd_tile": bsmm_sdd_tile.SddTileConfig, "ws_sdd_group": bsmm_ws_sdd_group.WsSddGroupConfig}
+            "sdd_tile": bsmm_sdd_tile.SddTileConfig, "ws_sdd_group": bsmm_ws_sdd_group.WsSddGroupConfig,
+            "ws_sdd_rows": bsmm_ws_sdd_rows.WsSddRowsConfig}
 
 
 def to_json(config) -> dict:

@@ -1,0 +1,123 @@
+"""The row-run warp-specialized sdd (``bsmm_ws_sdd_rows``, Gluon, b 64): its config and
+unit count on the CPU, a model of its unit mapping against the layout's CSR tables, and on
+an sm90 GPU (marked ``gpu``) forced by its config against float64 references: groups 1-4,
+the dY tile from shared memory or registers, overlap, rows whose last run is short, M not
+a multiple of the slice, empty, full and partly empty layouts, fp16 and bf16, many units
+per program, determinism and CUDA-graph capture."""
+
+import pytest
+import torch
+
+from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, make_layout,
+                        sdd_against_reference)
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_ws_sdd_rows, tuned
+from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig, unit_count
+from tilesparse.layout import table_views
+from tolerances import assert_close
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(group=3), "group"), (dict(group=8), "at most 4"), (dict(block_k=48), "block_k"),
+    (dict(block_k=256), "at most 128"), (dict(stages=1), "stages"), (dict(stages=True), "stages must be an int"),
+    (dict(load_regs=13), "load_regs must be a multiple of 8"), (dict(mma_regs=300), "mma_regs must be a multiple"),
+    (dict(overlap=1), "overlap must be a bool"), (dict(a_from_registers=0), "a_from_registers must be a bool"),
+    (dict(group=4, overlap=True), "overlap needs group <= 2"),
+    (dict(group=2, overlap=True, a_from_registers=True), "overlap needs"),
+])
+def test_config_refuses_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        WsSddRowsConfig(**kwargs)
+
+
+def test_config_sizes():
+    cfg = WsSddRowsConfig(4, 32, 4)
+    assert cfg.unit == 8
+    # 4 stages of one dY slice and 8 X slices [32, 64], 8 output blocks [64, 64]
+    assert cfg.shared_bytes() == 4 * 9 * 32 * 64 * 2 + 8 * 64 * 64 * 2 + 1024
+    assert unit_count(7, 11, cfg) == (2, 14) and unit_count(3, 0, cfg) == (1, 3)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
+def test_units_cover_every_stored_block_once(kind, group):
+    # the kernel's mapping (_unit), in Python: unit u -> row u // per_row, slots
+    # row_ptr[r] + (u % per_row) * 2G .. + n, consumer w taking entries w*G .. w*G + G - 1
+    cfg = WsSddRowsConfig(group)
+    layout = make_layout(kind, 9, 21, 64)
+    row_ptr, row_cols = table_views(layout.meta_on("cpu"), 9, 21, "row_ptr", "row_cols")
+    per_row, units = unit_count(9, 21, cfg)
+    seen = []
+    for u in range(units):
+        r = u // per_row
+        lo = int(row_ptr[r]) + (u % per_row) * cfg.unit
+        n = min(max(int(row_ptr[r + 1]) - lo, 0), cfg.unit)
+        for w in range(2):
+            mine = min(max(n - w * group, 0), group)
+            seen += [lo + w * group + g for g in range(mine)]
+            assert all(layout.mask[r, int(row_cols[lo + w * group + g])] for g in range(mine))
+    assert sorted(seen) == list(range(int(layout.mask.sum())))
+
+
+def test_config_round_trips_through_the_tuned_table_format():
+    cfg = WsSddRowsConfig(2, 64, 3, overlap=True)
+    assert tuned.from_json(tuned.to_json(cfg)) == cfg
+
+
+def test_a_tuned_entry_the_operands_cannot_take_falls_back(monkeypatch):
+    assert_sdd_falls_back_to_the_heuristic(monkeypatch, WsSddRowsConfig(), bsmm_ws_sdd_rows, "launch_sdd_ws_rows")
+
+
+def test_sdd_refuses_the_config_off_hopper():
+    if _hopper():
+        pytest.skip("runs on sm90")
+    layout = make_layout("random", 2, 2, 64)
+    dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="row-run warp-specialized sdd needs an sm90"):
+        kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 64, 2, 2, config=WsSddRowsConfig())
+
+
+# --------------------------------------------------------------------------- GPU
+
+CONFIGS = [WsSddRowsConfig(), WsSddRowsConfig(4, 32, 4, a_from_registers=True), WsSddRowsConfig(4, 64, 2),
+           WsSddRowsConfig(2, 64, 3, overlap=True), WsSddRowsConfig(2, 64, 3, a_from_registers=True),
+           WsSddRowsConfig(1, 64, 4, overlap=True)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
+def test_matches_reference_gpu(kind, dtype, cfg):
+    for m in (1000, 32, 8192 + 40):  # a short last slice, one slice, many
+        got, expected, _ = sdd_against_reference(kind, dtype, m, cfg, 7, 11)
+        if expected.numel():
+            assert_close(got, expected, dtype, f"row-run ws sdd {kind} m{m} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("kind", ["random", "empty_rows_cols"])
+def test_many_units_per_program_gpu(kind, cfg):
+    # 40 x 48 blocks: 40 rows x 48 / 2G runs = 240-960 units over the SMs (stages and output
+    # buffers reused across units, short and empty runs between)
+    got, expected, _ = sdd_against_reference(kind, torch.bfloat16, 3000, cfg, 40, 48)
+    assert_close(got, expected, torch.bfloat16, f"row-run ws sdd, 40 x 48 blocks, {kind}, {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_is_bitwise_deterministic_and_captures_gpu():
+    assert_sdd_is_deterministic_and_captures(WsSddRowsConfig())
