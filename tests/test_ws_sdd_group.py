@@ -10,7 +10,7 @@ import torch
 from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, make_layout,
                         sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
-from tilesparse.kernels import bsmm_ws_sdd_group, tuned
+from tilesparse.kernels import bsmm_ws_sdd, bsmm_ws_sdd_group, tuned
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from tilesparse.layout import table_views
 from tolerances import assert_close
@@ -78,8 +78,8 @@ def test_support_check_refuses_tile_indices_past_32_bits(monkeypatch):
     a_t = torch.empty(64, 64 * 2, dtype=torch.bfloat16, device="meta")
     x = torch.empty(64, 64 * 4, dtype=torch.bfloat16, device="meta")
     out = torch.empty(3, 64, 64, dtype=torch.bfloat16, device="meta")
-    monkeypatch.setattr(bsmm_ws_sdd_group, "hopper_reason", lambda t: None)
-    monkeypatch.setattr(bsmm_ws_sdd_group, "row_major_tma_ok", lambda t: True)
+    monkeypatch.setattr(bsmm_ws_sdd, "hopper_reason", lambda t: None)
+    monkeypatch.setattr(bsmm_ws_sdd, "row_major_tma_ok", lambda t: True)
     monkeypatch.setattr(bsmm_ws_sdd_group, "shared_memory_bytes", lambda device: 1 << 20)
     assert bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig()) is None
     assert "32 bits" in bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig(group_m=1 << 31))

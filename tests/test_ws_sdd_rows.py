@@ -78,6 +78,21 @@ def test_a_tuned_entry_the_operands_cannot_take_falls_back(monkeypatch):
     assert_sdd_falls_back_to_the_heuristic(monkeypatch, WsSddRowsConfig(), bsmm_ws_sdd_rows, "launch_sdd_ws_rows")
 
 
+def test_operand_checks_name_what_is_wrong(monkeypatch):
+    # the warp-specialized sdd kernels' shared checks, with the device check faked
+    from tilesparse.kernels import bsmm_ws_sdd
+
+    monkeypatch.setattr(bsmm_ws_sdd, "hopper_reason", lambda t: None)
+    a_t, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 192).to(torch.bfloat16)
+    out = torch.empty(3, 64, 64, dtype=torch.bfloat16)
+    assert bsmm_ws_sdd.operand_reason(a_t, x, out, (64,)) is None
+    assert "block size of 64 or 128, got 32" in bsmm_ws_sdd.operand_reason(a_t, x, out[:, :32, :32], (64, 128))
+    assert "one dtype" in bsmm_ws_sdd.operand_reason(a_t, x.half(), out, (64,))
+    assert "B with M leading" in bsmm_ws_sdd.operand_reason(a_t, x.t().contiguous().t(), out, (64,))
+    assert bsmm_ws_sdd_rows.ws_sdd_rows_supported(a_t, x, out[:, :32, :32], WsSddRowsConfig()).startswith(
+        "needs a block size of 64")
+
+
 def test_sdd_refuses_the_config_off_hopper():
     if _hopper():
         pytest.skip("runs on sm90")

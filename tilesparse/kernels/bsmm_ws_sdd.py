@@ -22,7 +22,7 @@ from ._launch import launch
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WsConfig, _alloc_ring, _fill_stage, _mma_stages, _nvmma, _warps_per_cta, hopper_reason
 
-__all__ = ["sdd_ws_supported", "run_if_supported", "launch_sdd_ws"]
+__all__ = ["operand_reason", "sdd_ws_supported", "run_if_supported", "launch_sdd_ws"]
 
 KERNEL_NAME = "warp-specialized kernel"  # as bsmm.sdd's errors name it
 CONFIG = WsConfig  # the config that asks bsmm.sdd for this kernel
@@ -100,24 +100,36 @@ def _sdd_layouts(block_m: int, b: int, dtype: torch.dtype) -> tuple:
 
 
 
-def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
-    """Why the sdd kernel cannot run these operands (a_t [M, R*b] and b [M, C*b], the
-    sampled product's operands with M leading; out [nnz, b, b]), or None if it can."""
+def operand_reason(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor, blocks: tuple[int, ...]) -> str | None:
+    """Why the warp-specialized sdd kernels cannot take these operands (a_t [M, R*b] and
+    x [M, C*b], the sampled product's operands with M leading; out [nnz, b, b]): not an
+    sm90 GPU or a 16-bit dtype, a block size outside ``blocks``, mixed dtypes, rows TMA
+    cannot address. None if they can; each kernel adds its own limits."""
     block = out.shape[-1]
-    if cfg.pingpong:
-        return "has no ping-pong mode for sdd"
     why = hopper_reason(a_t)
     if why is not None:
         return why
-    if block not in (64, 128):
-        return f"needs a block size of 64 or 128, got {block}"
-    if b.dtype != a_t.dtype:
-        return f"needs one dtype: B is {b.dtype}, A is {a_t.dtype}"
-    if 16 * cfg.num_warps > block:
-        return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
-    for name, t in (("A (transposed)", a_t), ("B", b)):
+    if block not in blocks:
+        return f"needs a block size of {' or '.join(map(str, blocks))}, got {block}"
+    if x.dtype != a_t.dtype or out.dtype != a_t.dtype:
+        return f"needs one dtype: A is {a_t.dtype}, B {x.dtype}, the blocks {out.dtype}"
+    for name, t in (("A (transposed)", a_t), ("B", x)):
         if not row_major_tma_ok(t):
             return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
+    return None
+
+
+def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
+    """Why the sdd kernel cannot run these operands (as :func:`operand_reason`, b 64 or
+    128), or None if it can."""
+    block = out.shape[-1]
+    if cfg.pingpong:
+        return "has no ping-pong mode for sdd"
+    why = operand_reason(a_t, b, out, (64, 128))
+    if why is not None:
+        return why
+    if 16 * cfg.num_warps > block:
+        return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
     if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     if cfg.shared_bytes(block, sdd=True) > shared_memory_bytes(a_t.device):

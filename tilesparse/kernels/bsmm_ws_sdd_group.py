@@ -35,9 +35,9 @@ from ._device import cached_table, shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
 from ..layout import table_views
-from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import _alloc_ring, _tile_coords, hopper_reason
-from .bsmm_ws_sdd import _sdd_layouts
+from .bsmm_tma import ensure_allocator
+from .bsmm_ws import _alloc_ring, _tile_coords
+from .bsmm_ws_sdd import _sdd_layouts, operand_reason
 from .bsmm_ws_group import _entry_mmas, _popcount, _wait_all, _wait_for_previous
 
 __all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "run_if_supported",
@@ -252,19 +252,12 @@ def sdd_group_slots(meta: torch.Tensor, row_of: torch.Tensor, row_cols: torch.Te
 
 def ws_sdd_group_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
                            cfg: WsSddGroupConfig) -> str | None:
-    """Why this kernel cannot run these operands (a_t [M, R*b] and x [M, C*b], the sampled
-    product's operands with M leading; out [nnz, b, b]), or None if it can."""
+    """Why this kernel cannot run these operands (as
+    :func:`tilesparse.kernels.bsmm_ws_sdd.operand_reason`, b 64), or None if it can."""
     block = out.shape[-1]
-    why = hopper_reason(a_t)
+    why = operand_reason(a_t, x, out, (BLOCK,))
     if why is not None:
         return why
-    if block != BLOCK:
-        return f"needs a block size of {BLOCK}, got {block}"
-    if x.dtype != a_t.dtype or out.dtype != a_t.dtype:
-        return f"needs one dtype: A is {a_t.dtype}, B {x.dtype}, the blocks {out.dtype}"
-    for name, t in (("A (transposed)", a_t), ("B", x)):
-        if not row_major_tma_ok(t):
-            return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
     if max(a_t.shape[0], a_t.shape[1] + block, x.shape[1] + cfg.group * block, out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     pairs, n_groups = cdiv(a_t.shape[1] // block, 2), cdiv(x.shape[1] // block, cfg.group)

@@ -34,10 +34,10 @@ from ..layout import table_views
 from ._device import shared_memory_bytes, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_power_of_two
-from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import _alloc_ring, hopper_reason
+from .bsmm_tma import ensure_allocator
+from .bsmm_ws import _alloc_ring
 from .bsmm_ws_group import _entry_mmas, _wait_all, _wait_for_previous
-from .bsmm_ws_sdd import _sdd_layouts
+from .bsmm_ws_sdd import _sdd_layouts, operand_reason
 
 __all__ = ["WsSddRowsConfig", "unit_count", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
 
@@ -239,19 +239,12 @@ def _sdd_ws_rows_kernel(
 
 def ws_sdd_rows_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
                           cfg: WsSddRowsConfig) -> str | None:
-    """Why this kernel cannot run these operands (a_t [M, R*b] and x [M, C*b], the sampled
-    product's operands with M leading; out [nnz, b, b]), or None if it can."""
+    """Why this kernel cannot run these operands (as
+    :func:`tilesparse.kernels.bsmm_ws_sdd.operand_reason`, b 64), or None if it can."""
     block = out.shape[-1]
-    why = hopper_reason(a_t)
+    why = operand_reason(a_t, x, out, (BLOCK,))
     if why is not None:
         return why
-    if block != BLOCK:
-        return f"needs a block size of {BLOCK}, got {block}"
-    if x.dtype != a_t.dtype or out.dtype != a_t.dtype:
-        return f"needs one dtype: A is {a_t.dtype}, B {x.dtype}, the blocks {out.dtype}"
-    for name, t in (("A (transposed)", a_t), ("B", x)):
-        if not row_major_tma_ok(t):
-            return f"needs a {name} with M leading and 16-byte-aligned, non-overlapping rows"
     _, units = unit_count(a_t.shape[1] // block, x.shape[1] // block, cfg)
     if max(a_t.shape[0], a_t.shape[1], x.shape[1], (out.shape[0] + cfg.unit) * block, units) >= 1 << 31:
         return "addresses tensors and units with 32-bit coordinates, too few for this problem"
