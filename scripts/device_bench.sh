@@ -51,6 +51,8 @@
 #   ws-sdd - b 64 updat: the grouped ws sdd (kernels/bsmm_ws_sdd_group.py, shipped at M 8192, d 0.5)
 #            against the row-run ws sdd (kernels/bsmm_ws_sdd_rows.py), both shapes, density 0.5 / 0.25 / 0.1;
 #            then ncu (DRAM, L2 hit rate) of the row-run kernel on 16384x8192²
+#   ws-group-e34 - the grouped dds with three / four union entries per stage against the shipped configs,
+#            b 32 / 16, density 0.5 / 0.25, both shapes
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -143,6 +145,10 @@ for step in ${STEPS:-large dtypes graph}; do
     ws-group) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 32 16 64 --densities 0.5 0.25 --ops fprop bprop --variants cg-g8st4 cg-g4st3 \
               cg-g8st3e2 cg-g8st4e2 cg-g4st4e2 cg-g2st2e2 cg-g8st6 --out "$OUT/ws-group.json" > "$OUT/ws-group.log" 2>&1 ;;
+    ws-group-e34) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
+              16384x8192x8192 --blocks 32 16 --densities 0.5 0.25 --ops fprop --variants cg-g8st3e2 cg-g4st4e2 \
+              cg-g4st3e4 cg-g8st2e3 cg-g4st4e3 cg-g8st3e4 cg-g8st4e3 --out "$OUT/ws-group-e34.json" \
+              > "$OUT/ws-group-e34.log" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 64 --densities 0.5 0.25 0.1 --ops updat --variants wsg-g4k64st3 wsr-g4k32st4 \
               wsr-g4k32st4r wsr-g4k64st2 wsr-g2k64st3o wsr-g2k64st3r --out "$OUT/ws-sdd.json" > "$OUT/ws-sdd.log" 2>&1

@@ -288,12 +288,15 @@ def ws_group_cases(quick: bool):
              (32, 8, 3, True, True, 2)) if quick else \
         ((32, 8, 4, True, True, 1), (32, 4, 6, False, True, 1), (16, 8, 8, True, True, 1), (64, 4, 3, True, True, 1),
          (64, 2, 4, False, False, 1), (32, 2, 8, True, False, 1), (16, 1, 8, False, False, 1),
-         (32, 8, 3, True, True, 2), (16, 8, 4, False, True, 2), (64, 2, 2, True, True, 2), (32, 1, 4, False, True, 2))
+         (32, 8, 3, True, True, 2), (16, 8, 4, False, True, 2), (64, 2, 2, True, True, 2), (32, 1, 4, False, True, 2),
+         (32, 4, 3, True, True, 4), (32, 8, 2, False, True, 3), (16, 8, 3, True, True, 4))
     fn = bsmm_ws_group._dds_ws_group_kernel
     for block, group, stages, trans, a_regs, entries in cases:
-        # two entries' tables in flight: the producer needs 56 registers (40 spills ~40 B)
+        # E entries' tables in flight: the producer needs 56 registers at E 2 (40 spills ~40 B),
+        # 72 at E 3-4 (G 8 / E 3 spills 16 B at 56), 96 at b 16 / G 8 / E 4 (124 B at 72)
+        load_regs = {1: 40, 2: 56}.get(entries, 96 if block == 16 else 72)
         cfg = bsmm_ws_group.WsGroupConfig(group, stages, a_from_registers=a_regs, entries_per_stage=entries,
-                                          load_regs=40 if entries == 1 else 56)
+                                          load_regs=load_regs)
         lay = bsmm_ws_group._layouts(block, torch.bfloat16)
         const = dict(B=block, G=group, BLOCK_M=cfg.block_m, STAGES=stages, TRANS_V=trans, HAS_BIAS=True, GROUP_M=8,
                      LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=a_regs, E=entries, a_layout=lay.a,

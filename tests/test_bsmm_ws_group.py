@@ -32,7 +32,7 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is wri
     (dict(group=3), "group"), (dict(group=16), "at most 8"), (dict(stages=1), "stages"),
     (dict(stages=True), "stages"), (dict(group_m=0), "group_m"), (dict(a_from_registers=1), "a_from_registers"),
     (dict(stages=2.5), "stages must be an int"), (dict(load_regs=13), "load_regs must be a multiple of 8"),
-    (dict(mma_regs=300), "mma_regs must be a multiple of 8"), (dict(entries_per_stage=3), "entries_per_stage"),
+    (dict(mma_regs=300), "mma_regs must be a multiple of 8"), (dict(entries_per_stage=5), "entries_per_stage must be 1 to 4"),
     (dict(entries_per_stage=2, a_from_registers=False), "needs a_from_registers=True"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
@@ -140,23 +140,24 @@ def test_grouped_kernel_matches_reference(block_size, group, stages, dtype, tran
 @needs_hopper
 @pytest.mark.parametrize("m", [1, 1000, 5000], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("block_size,group,stages", [(32, 8, 3), (16, 8, 4), (64, 2, 2), (32, 1, 4)],
-                         ids=lambda v: str(v))
-def test_two_entries_per_stage_match_the_reference(block_size, group, stages, trans, m):
-    # odd entry counts leave a stage's second entry empty (a plain arrival, mask 0); each
-    # accumulator still sums its blocks in entry order: bitwise the one-entry kernel's
+@pytest.mark.parametrize("block_size,group,stages,entries,load_regs", [
+    (32, 8, 3, 2, 56), (16, 8, 4, 2, 56), (64, 2, 2, 2, 56), (32, 1, 4, 2, 56),
+    (32, 4, 3, 4, 72), (32, 8, 2, 3, 72), (16, 8, 3, 4, 96), (64, 1, 2, 3, 56)], ids=lambda v: str(v))
+def test_several_entries_per_stage_match_the_reference(block_size, group, stages, entries, load_regs, trans, m):
+    # entry counts not a multiple of E leave a stage's last entries empty (plain arrivals,
+    # mask 0); each accumulator still sums its blocks in entry order: bitwise the one-entry kernel's
     layout = _layout("empty_group", OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
     rows, cols = layout.shape
     a = torch.randn(m, cols if trans else rows, device="cuda").to(torch.bfloat16)
     values = random_values(layout, torch.bfloat16, "cuda")
     meta = layout.meta_on("cuda")
-    two = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans,
-                      config=WsGroupConfig(group, stages, load_regs=56, entries_per_stage=2))
+    several = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans,
+                          config=WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries))
     one = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans,
                       config=WsGroupConfig(group, stages))
-    assert torch.equal(two, one)
+    assert torch.equal(several, one)
     s = dense_of(values, layout)
-    assert_close(two, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, "two entries per stage")
+    assert_close(several, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"{entries} entries per stage")
 
 
 @pytest.mark.gpu

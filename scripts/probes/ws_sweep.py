@@ -142,6 +142,12 @@ VARIANTS = {
     "cg-g4st3e2": WG.WsGroupConfig(4, 3, load_regs=56, entries_per_stage=2),
     "cg-g4st2e2": WG.WsGroupConfig(4, 2, load_regs=56, entries_per_stage=2),
     "cg-g2st3e2": WG.WsGroupConfig(2, 3, load_regs=56, entries_per_stage=2),
+    # ... three or four entries per stage (one wait, sync and release per E entries)
+    "cg-g4st3e4": WG.WsGroupConfig(4, 3, load_regs=72, entries_per_stage=4),
+    "cg-g8st2e3": WG.WsGroupConfig(8, 2, load_regs=72, entries_per_stage=3),
+    "cg-g4st4e3": WG.WsGroupConfig(4, 4, load_regs=72, entries_per_stage=3),
+    "cg-g8st3e4": WG.WsGroupConfig(8, 3, load_regs=96, entries_per_stage=4),
+    "cg-g8st4e3": WG.WsGroupConfig(8, 4, load_regs=88, entries_per_stage=3),
 }
 
 

@@ -64,10 +64,10 @@ class WsGroupConfig:
     rows into registers once per union entry and waits for the entry's wgmma before the
     next (ptxas serializes every wgmma if register operands stay in flight across
     iterations); else the wgmma read them from shared memory, and one entry's wgmma run
-    while the next entry's are issued. ``entries_per_stage`` 2 (activation from registers
-    only): a ring stage holds two union entries, so the consumers wait, synchronize and
-    free a stage once per two entries, and issue the second entry's wgmma right behind
-    the first's."""
+    while the next entry's are issued. ``entries_per_stage`` E in 2..4 (activation from
+    registers only): a ring stage holds E union entries, so the consumers wait, synchronize
+    and free a stage once per E entries, and issue each entry's wgmma right behind the
+    previous one's (E 3-4: opt-in, not yet measured; the producer needs ~72-96 registers)."""
 
     group: int = 4
     stages: int = 4
@@ -81,10 +81,10 @@ class WsGroupConfig:
         check_power_of_two(self, "group", minimum=1)
         if not isinstance(self.a_from_registers, bool):
             raise ValueError(f"WsGroupConfig.a_from_registers must be a bool, got {self.a_from_registers!r}")
-        if self.entries_per_stage not in (1, 2) or isinstance(self.entries_per_stage, bool):
-            raise ValueError(f"WsGroupConfig.entries_per_stage must be 1 or 2, got {self.entries_per_stage!r}")
-        if self.entries_per_stage == 2 and not self.a_from_registers:
-            raise ValueError("WsGroupConfig.entries_per_stage=2 needs a_from_registers=True")
+        if self.entries_per_stage not in (1, 2, 3, 4) or isinstance(self.entries_per_stage, bool):
+            raise ValueError(f"WsGroupConfig.entries_per_stage must be 1 to 4, got {self.entries_per_stage!r}")
+        if self.entries_per_stage > 1 and not self.a_from_registers:
+            raise ValueError(f"WsGroupConfig.entries_per_stage={self.entries_per_stage} needs a_from_registers=True")
         for name in ("stages", "group_m", "load_regs", "mma_regs"):
             if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
                 raise ValueError(f"WsGroupConfig.{name} must be an int, got {getattr(self, name)!r}")
