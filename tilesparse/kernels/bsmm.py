@@ -241,6 +241,8 @@ def _density(meta: torch.Tensor, block_rows: int, block_cols: int) -> float:
     return nnz / max(1, block_rows * block_cols)
 
 
+_WS_SDD = {kernel.CONFIG: kernel for kernel in (bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)}  # by config
+
 # TF32 updat's activation copies through kernels/transpose.py instead of PyTorch's copy
 # (see sdd). Measured on the H200 (twelfth session, scripts/probes/transpose_copy.py):
 # 8192x4096 fp32 copy 0.243 -> 0.069 ms; TF32 updat at density 0.05 0.61 -> 0.27 ms,
@@ -407,14 +409,12 @@ def sdd(
     config: KernelConfig | bsmm_ws.WsConfig | bsmm_sdd_group.SddGroupConfig | bsmm_sdd_tile.SddTileConfig
     | bsmm_ws_sdd_group.WsSddGroupConfig | bsmm_ws_sdd_rows.WsSddRowsConfig | None = None,
 ) -> torch.Tensor:
-    """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b].
-    ``bsmm_ws.WsConfig`` (Hopper, 16-bit, b 64/128): the warp-specialized kernel, whose
-    ``block_m`` is the M step (opt-in: on the H200 it matched the Triton sdd at b 128 and
-    lost at b 64). ``bsmm_sdd_group.SddGroupConfig``: several blocks of a block-row per
-    program, sharing each A tile (small blocks; opt-in or tuned). ``bsmm_sdd_tile.SddTileConfig``:
-    a dense tile of blocks per program, only the stored ones written (small blocks; opt-in
-    or tuned). Hopper, 16-bit, b 64: ``bsmm_ws_sdd_group.WsSddGroupConfig`` (two block-rows x G
-    block-columns per tile), ``bsmm_ws_sdd_rows.WsSddRowsConfig`` (runs of a block-row's blocks).
+    """values[z] = (A @ B)[block z] for the layout's blocks; A [R*b, M], B [M, C*b]. Opt-in
+    or tuned configs: ``bsmm_sdd_group.SddGroupConfig`` (several blocks of a block-row per
+    program, sharing each A tile) and ``bsmm_sdd_tile.SddTileConfig`` (a dense tile of
+    blocks, only the stored ones written) for small blocks; on Hopper (16-bit) the
+    warp-specialized ``bsmm_ws.WsConfig`` (b 64/128, M step ``block_m``),
+    ``bsmm_ws_sdd_group.WsSddGroupConfig`` and ``bsmm_ws_sdd_rows.WsSddRowsConfig`` (b 64).
 
     With several M slices, partial products go to an fp32 workspace and are summed in a
     fixed order (no atomics), so the result stays bitwise deterministic.
@@ -444,7 +444,7 @@ def sdd(
     density = nnz / max(1, block_rows * block_cols)
     cfg = config or tuned.lookup("updat", a.dtype, block_size, m, density, a.device,
                                  tuned.weight_shape(block_rows, block_cols, block_size))
-    ws_sdd = {k.CONFIG: k for k in (bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)}.get(type(cfg))
+    ws_sdd = _WS_SDD.get(type(cfg))
     if ws_sdd is not None:  # a Hopper warp-specialized kernel (asked for, or measured faster)
         why = ws_sdd.run_if_supported(a.t(), b, values, meta, block_rows, block_cols, cfg, config is None)
         if why is None:

@@ -7,8 +7,9 @@ measured one is known for the problem at hand. A measured config is keyed by
 
 op: ``fprop`` (dds through the row table), ``bprop`` (dds through the column table),
 ``updat`` (sdd). dtype: bf16, fp16, and for float32 ``tf32`` or ``fp32`` after the
-float32 matmul precision (the kernels differ); fp16 falls back to bf16's entries. M bucket: the power of two at or above M (M is the activations' row
-count for dds, the reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
+float32 matmul precision (the kernels differ); fp16 falls back to bf16's entries. M
+bucket: the power of two at or above M (M is the activations' row count for dds, the
+reduction length for sdd). Density bucket: one of 0.5, 0.25, 0.1,
 0.05, 0.03, 0.01 (the nearest on a log scale). Weight shape (optional, ``w{N}x{K}`` of
 the block-sparse W [N, K]): an entry for that weight only (``tilesparse tune
 --per-shape``), preferred over the shape-free entry when both exist; the best tiles and
