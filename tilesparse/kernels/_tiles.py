@@ -32,6 +32,31 @@ def check_power_of_two(config, *fields: str, minimum: int = 16) -> None:
             raise ValueError(f"{type(config).__name__}.{name} must be a power of two >= {minimum}, got {value!r}")
 
 
+def check_bools(config, *fields: str) -> None:
+    """Raise ValueError naming the field unless each is a bool (1 or "yes" would be taken
+    silently)."""
+    for name in fields:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{type(config).__name__}.{name} must be a bool, got {getattr(config, name)!r}")
+
+
+def check_ints(config, *fields: str) -> None:
+    """Raise ValueError naming the field unless each is an int (not a bool)."""
+    for name in fields:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{type(config).__name__}.{name} must be an int, got {value!r}")
+
+
+def check_register_budgets(config, *fields: str) -> None:
+    """Raise ValueError naming the field unless each is a register count setmaxnreg takes:
+    a multiple of 8 in 24..256 (warp-specialized partitions' budgets)."""
+    for name in fields:
+        value = getattr(config, name)
+        if not 24 <= value <= 256 or value % 8:
+            raise ValueError(f"{type(config).__name__}.{name} must be a multiple of 8 in 24..256, got {value!r}")
+
+
 def check_fits_tile(config, tile: int, *fields: str) -> None:
     """Raise ValueError unless each field is at most the tile side (which it divides,
     both being powers of two): a larger one would leave the reduction loop empty."""

@@ -14,6 +14,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from .bsmm_ws import _nvmma
+from ._tiles import check_bools
 
 __all__ = ["LOG2E", "DkdvWsConfig", "DqWsConfig", "FwdWsConfig"]
 
@@ -74,13 +75,6 @@ def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSA
     return keep
 
 
-def _check_bools(cfg, *names: str) -> None:
-    """A config's flags must be bools (1 or "yes" would be taken silently)."""
-    for name in names:
-        if not isinstance(getattr(cfg, name), bool):
-            raise ValueError(f"{type(cfg).__name__}.{name} must be a bool, got {getattr(cfg, name)!r}")
-
-
 def _check_consumers(cfg, consumers) -> None:
     if isinstance(consumers, bool) or consumers not in (1, 2):
         raise ValueError(f"{type(cfg).__name__}.consumers must be 1 or 2, got {consumers!r}")
@@ -113,7 +107,7 @@ class DkdvWsConfig:
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        _check_bools(self, "overlap", "stats_in_smem")
+        check_bools(self, "overlap", "stats_in_smem")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
@@ -166,7 +160,7 @@ class DqWsConfig(_RowWalkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_bools(self, "overlap")
+        check_bools(self, "overlap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +183,7 @@ class FwdWsConfig(_RowWalkConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check_bools(self, "persistent", "overlap", "balanced")
+        check_bools(self, "persistent", "overlap", "balanced")
         if self.overlap and not self.persistent:
             raise ValueError("FwdWsConfig.overlap needs persistent=True (only the persistent kernel has it)")
         if self.consumers == 2 and not self.persistent:

@@ -34,7 +34,7 @@ import triton.language as tl
 from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
 from ._launch import launch
-from ._tiles import cdiv, check_power_of_two, tile_for
+from ._tiles import cdiv, check_bools, check_power_of_two, tile_for
 
 __all__ = ["SddGroupConfig", "group_starts", "launch_sdd_group"]
 
@@ -116,8 +116,7 @@ class SddGroupConfig:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"SddGroupConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
                              f"got {self.num_warps!r}, {self.num_stages!r}")
-        if not isinstance(self.swap, bool):
-            raise ValueError(f"SddGroupConfig.swap must be a bool, got {self.swap!r}")
+        check_bools(self, "swap")
 
     def smem_bytes(self, block_size: int, itemsize: int = 2) -> int:
         """Estimated shared memory: ``num_stages - 1`` buffers of the [block_m, tile]

@@ -31,7 +31,7 @@ import triton.language as tl
 from ._alloc import new_output
 from ._device import cached_table
 from ._launch import launch
-from ._tiles import MAX_GRID_Y, cdiv, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
+from ._tiles import MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
 @triton.jit
@@ -290,9 +290,7 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        for name in ("longest_first", "swap", "m_inner", "prefetch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"SmallConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        check_bools(self, "longest_first", "swap", "m_inner", "prefetch")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1

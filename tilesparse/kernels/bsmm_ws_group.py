@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import cached_table, capability_major, shared_memory_bytes, sm_count
 from ._launch import launch
-from ._tiles import cdiv, check_power_of_two
+from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, check_register_budgets
 from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WS_MIN_M, _alloc_ring, _Layouts, _nvmma, _tile_coords, hopper_reason
@@ -79,19 +79,13 @@ class WsGroupConfig:
 
     def __post_init__(self):
         check_power_of_two(self, "group", minimum=1)
-        if not isinstance(self.a_from_registers, bool):
-            raise ValueError(f"WsGroupConfig.a_from_registers must be a bool, got {self.a_from_registers!r}")
+        check_bools(self, "a_from_registers")
         if self.entries_per_stage not in (1, 2, 3, 4) or isinstance(self.entries_per_stage, bool):
             raise ValueError(f"WsGroupConfig.entries_per_stage must be 1 to 4, got {self.entries_per_stage!r}")
         if self.entries_per_stage > 1 and not self.a_from_registers:
             raise ValueError(f"WsGroupConfig.entries_per_stage={self.entries_per_stage} needs a_from_registers=True")
-        for name in ("stages", "group_m", "load_regs", "mma_regs"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                raise ValueError(f"WsGroupConfig.{name} must be an int, got {getattr(self, name)!r}")
-        for name in ("load_regs", "mma_regs"):  # setmaxnreg's range and step
-            value = getattr(self, name)
-            if not 24 <= value <= 256 or value % 8:
-                raise ValueError(f"WsGroupConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
+        check_ints(self, "stages", "group_m", "load_regs", "mma_regs")
+        check_register_budgets(self, "load_regs", "mma_regs")
         if self.group > 8:
             raise ValueError(f"WsGroupConfig.group must be at most 8, got {self.group!r}")
         if self.stages < 2:

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._device import cached_table, shared_memory_bytes, sm_count
 from ._launch import launch
-from ._tiles import cdiv, check_power_of_two
+from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, check_register_budgets
 from ..layout import table_views
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring, _tile_coords
@@ -72,26 +72,11 @@ class WsSddGroupConfig:
     overlap: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.overlap, bool):
-            raise ValueError(f"WsSddGroupConfig.overlap must be a bool, got {self.overlap!r}")
-        for name in ("group", "block_k", "stages", "group_m", "load_regs", "mma_regs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"WsSddGroupConfig.{name} must be an int, got {value!r}")
-        check_power_of_two(self, "group", minimum=1)
-        check_power_of_two(self, "block_k", minimum=16)
-        if self.group > 4:
-            raise ValueError(f"WsSddGroupConfig.group must be at most 4 (128 accumulator registers), got {self.group}")
-        if self.block_k > 128:
-            raise ValueError(f"WsSddGroupConfig.block_k must be at most 128, got {self.block_k}")
-        if self.stages < 2:
-            raise ValueError(f"WsSddGroupConfig.stages must be >= 2, got {self.stages!r}")
+        check_bools(self, "overlap")
+        check_ints(self, "group_m")
+        check_slice_fields(self)
         if self.group_m < 1:
             raise ValueError(f"WsSddGroupConfig.group_m must be >= 1, got {self.group_m!r}")
-        for name in ("load_regs", "mma_regs"):  # setmaxnreg's range and step
-            value = getattr(self, name)
-            if not 24 <= value <= 256 or value % 8:
-                raise ValueError(f"WsSddGroupConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
         if self.overlap and self.group > 2:
             raise ValueError(f"WsSddGroupConfig.overlap needs group <= 2 (at group {self.group} ptxas serializes "
                              "the wgmma, C7515)")
@@ -103,6 +88,24 @@ class WsSddGroupConfig:
 
 
 CONFIG = WsSddGroupConfig  # the config that asks bsmm.sdd for this kernel
+
+
+def check_slice_fields(cfg) -> None:
+    """The fields the b 64 warp-specialized sdd configs share (this one and
+    ``bsmm_ws_sdd_rows.WsSddRowsConfig``): ints; ``group`` a power of two up to 4 (G
+    [64, 64] fp32 accumulators, 128 registers), ``block_k`` 16..128 and a power of two,
+    ``stages`` >= 2, setmaxnreg budgets. ValueError naming the field."""
+    check_ints(cfg, "group", "block_k", "stages", "load_regs", "mma_regs")
+    check_power_of_two(cfg, "group", minimum=1)
+    check_power_of_two(cfg, "block_k", minimum=16)
+    name = type(cfg).__name__
+    if cfg.group > 4:
+        raise ValueError(f"{name}.group must be at most 4 (128 accumulator registers), got {cfg.group}")
+    if cfg.block_k > 128:
+        raise ValueError(f"{name}.block_k must be at most 128, got {cfg.block_k}")
+    if cfg.stages < 2:
+        raise ValueError(f"{name}.stages must be >= 2, got {cfg.stages!r}")
+    check_register_budgets(cfg, "load_regs", "mma_regs")
 
 
 @gluon.jit

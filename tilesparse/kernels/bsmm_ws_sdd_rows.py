@@ -33,11 +33,12 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..layout import table_views
 from ._device import shared_memory_bytes, sm_count
 from ._launch import launch
-from ._tiles import cdiv, check_power_of_two
+from ._tiles import cdiv, check_bools
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
 from .bsmm_ws_group import _entry_mmas, _wait_all, _wait_for_previous
 from .bsmm_ws_sdd import _sdd_layouts, operand_reason
+from .bsmm_ws_sdd_group import check_slice_fields
 
 __all__ = ["WsSddRowsConfig", "unit_count", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
 
@@ -64,25 +65,8 @@ class WsSddRowsConfig:
     overlap: bool = False
 
     def __post_init__(self):
-        for name in ("a_from_registers", "overlap"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"WsSddRowsConfig.{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("group", "block_k", "stages", "load_regs", "mma_regs"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"WsSddRowsConfig.{name} must be an int, got {value!r}")
-        check_power_of_two(self, "group", minimum=1)
-        check_power_of_two(self, "block_k", minimum=16)
-        if self.group > 4:
-            raise ValueError(f"WsSddRowsConfig.group must be at most 4 (128 accumulator registers), got {self.group}")
-        if self.block_k > 128:
-            raise ValueError(f"WsSddRowsConfig.block_k must be at most 128, got {self.block_k}")
-        if self.stages < 2:
-            raise ValueError(f"WsSddRowsConfig.stages must be >= 2, got {self.stages!r}")
-        for name in ("load_regs", "mma_regs"):  # setmaxnreg's range and step
-            value = getattr(self, name)
-            if not 24 <= value <= 256 or value % 8:
-                raise ValueError(f"WsSddRowsConfig.{name} must be a multiple of 8 in 24..256, got {value!r}")
+        check_bools(self, "a_from_registers", "overlap")
+        check_slice_fields(self)
         if self.overlap and (self.group > 2 or self.a_from_registers):
             raise ValueError("WsSddRowsConfig.overlap needs group <= 2 and the dY tile in shared memory (ptxas "
                              "serializes the wgmma otherwise)")
