@@ -121,6 +121,40 @@ def _row_slots(slots_ptr, base, G: gl.constexpr):
 
 
 @gluon.jit
+def _consume_slices(accs, step, n_steps, a_bufs, x_bufs, ready_bars, empty_bars, a_first, x_first, mask, issued,
+                    a_operand, G: gl.constexpr, A_STRIDE: gl.constexpr, X_STRIDE: gl.constexpr,
+                    A_REGS: gl.constexpr, OVERLAP: gl.constexpr):
+    """A consumer's M-slices of one tile (this kernel's and ``bsmm_ws_sdd_rows``'s): per
+    slice, wait for its stage, then accs[g] += dYᵀ-slice @ X-slice for each bit g of
+    ``mask`` (the dY slice at ``a_bufs[A_STRIDE * stage + a_first]`` transposed as wgmma's
+    A, into registers where A_REGS; the X slices from ``x_bufs[X_STRIDE * stage + x_first]``
+    on); wait for them and free the stage, or with OVERLAP (``issued`` wgmma a slice) wait
+    only for the previous slice's. Returns (accs, ring position after the slices)."""
+    STAGES: gl.constexpr = empty_bars.type.shape[0]
+    for ks in range(0, n_steps):
+        s = step % STAGES
+        mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
+        a = a_bufs.index(A_STRIDE * s + a_first).permute((1, 0))  # dY slice [BLOCK_K, B] as wgmma's A [B, BLOCK_K]
+        if A_REGS:
+            a = a.load(a_operand)
+        accs = _entry_mmas(accs, a, x_bufs, X_STRIDE * s + x_first, mask, G, False)
+        if OVERLAP:
+            accs = _wait_for_previous(accs, issued, G)  # this slice's wgmma stay in flight
+            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=ks > 0)
+        else:
+            if A_REGS:
+                accs = _wait_all(accs + (a,), G + 1)[:G]
+            else:
+                accs = _wait_all(accs, G)
+            mbarrier.arrive(empty_bars.index(s), count=1)
+        step += 1
+    if OVERLAP:
+        accs = _wait_all(accs, G)
+        mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+    return accs, step
+
+
+@gluon.jit
 def _sdd_group_load(at_desc, x_desc, a_bufs, x_bufs, ready_bars, empty_bars, slots_ptr, sizes,
                     G: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr):
     """Producer (one warp): for each M-slice of each of this program's tiles that hold a
@@ -167,7 +201,6 @@ def _sdd_group_mma(out_desc, a_bufs, x_bufs, c_bufs, ready_bars, empty_bars, slo
     with OVERLAP, wait only for the previous slice's and free its stage), then each stored
     block out through shared memory and a TMA store to its slot."""
     num_row_pairs, n_groups, num_tiles, k_steps = sizes
-    STAGES: gl.constexpr = empty_bars.type.shape[0]
     B: gl.constexpr = x_bufs.type.shape[2]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, B, 16])
@@ -181,23 +214,8 @@ def _sdd_group_mma(out_desc, a_bufs, x_bufs, c_bufs, ready_bars, empty_bars, slo
         slots, mask = _row_slots(slots_ptr, base + ROLE * G, G)
         _, other = _row_slots(slots_ptr, base + (1 - ROLE) * G, G)
         n_steps = gl.where((mask | other) != 0, k_steps, 0)  # the producer's count: both consumers free each stage
-        issued = _popcount(mask, G)
-        accs = (zero,) * G
-        for ks in range(0, n_steps):
-            s = step % STAGES
-            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-            a = a_bufs.index(2 * s + ROLE).permute((1, 0))  # dY slice [BLOCK_K, B] as wgmma's A [B, BLOCK_K]
-            accs = _entry_mmas(accs, a, x_bufs, s * G, mask, G, False)
-            if OVERLAP:
-                accs = _wait_for_previous(accs, issued, G)  # this slice's wgmma stay in flight
-                mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=ks > 0)
-            else:
-                accs = _wait_all(accs, G)
-                mbarrier.arrive(empty_bars.index(s), count=1)
-            step += 1
-        if OVERLAP:
-            accs = _wait_all(accs, G)
-            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+        accs, step = _consume_slices((zero,) * G, step, n_steps, a_bufs, x_bufs, ready_bars, empty_bars, ROLE, 0,
+                                     mask, _popcount(mask, G), None, G, 2, G, False, OVERLAP)
         tma.store_wait(pendings=0)  # the previous tile's stores have left the output buffers
         for g in gl.static_range(G):
             c_bufs.index(ROLE * G + g).store(accs[g].to(out_desc.dtype))

@@ -36,9 +36,8 @@ from ._launch import launch
 from ._tiles import cdiv, check_bools
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
-from .bsmm_ws_group import _entry_mmas, _wait_all, _wait_for_previous
 from .bsmm_ws_sdd import _sdd_layouts, operand_reason
-from .bsmm_ws_sdd_group import check_slice_fields
+from .bsmm_ws_sdd_group import _consume_slices, check_slice_fields
 
 __all__ = ["WsSddRowsConfig", "unit_count", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
 
@@ -143,7 +142,6 @@ def _rows_mma(out_desc, a_bufs, x_bufs, c_bufs, ready_bars, empty_bars, row_ptr_
     with OVERLAP, wait only for the previous slice's), then its blocks out through shared
     memory and TMA stores to their (consecutive) slots."""
     units_per_row, num_units, k_steps = sizes
-    STAGES: gl.constexpr = empty_bars.type.shape[0]
     B: gl.constexpr = x_bufs.type.shape[2]
     W: gl.constexpr = 2 * G
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -158,27 +156,8 @@ def _rows_mma(out_desc, a_bufs, x_bufs, c_bufs, ready_bars, empty_bars, row_ptr_
         mine = gl.minimum(gl.maximum(n - ROLE * G, 0), G)  # this consumer's blocks: a prefix of its G
         mask = (1 << mine) - 1
         n_steps = gl.where(n > 0, k_steps, 0)  # the producer's count: both consumers free each stage
-        accs = (zero,) * G
-        for ks in range(0, n_steps):
-            s = step % STAGES
-            mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-            a = a_bufs.index(s).permute((1, 0))  # dY slice [BLOCK_K, B] as wgmma's A [B, BLOCK_K]
-            if A_REGS:
-                a = a.load(a_operand)
-            accs = _entry_mmas(accs, a, x_bufs, s * W + ROLE * G, mask, G, False)
-            if OVERLAP:
-                accs = _wait_for_previous(accs, mine, G)  # this slice's wgmma stay in flight
-                mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=ks > 0)
-            else:
-                if A_REGS:
-                    accs = _wait_all(accs + (a,), G + 1)[:G]
-                else:
-                    accs = _wait_all(accs, G)
-                mbarrier.arrive(empty_bars.index(s), count=1)
-            step += 1
-        if OVERLAP:
-            accs = _wait_all(accs, G)
-            mbarrier.arrive(empty_bars.index((step + STAGES - 1) % STAGES), count=1, pred=n_steps > 0)
+        accs, step = _consume_slices((zero,) * G, step, n_steps, a_bufs, x_bufs, ready_bars, empty_bars, 0,
+                                     ROLE * G, mask, mine, a_operand, G, 1, W, A_REGS, OVERLAP)
         if mine > 0:  # (units past a row's blocks, about half of them at density 0.5, store nothing)
             tma.store_wait(pendings=0)  # the previous unit's stores have left the output buffers
             for g in gl.static_range(G):
