@@ -29,6 +29,14 @@ INTERPRETER_MARKS = [
 ]
 
 
+def hopper() -> bool:
+    """Whether a CUDA device of compute capability 9 (sm90, what the Gluon kernels are written for) is present."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not hopper(), reason="the Gluon kernel is written for sm90")
+
+
 def _seed() -> int:
     # Drawn from the global generator, which the autouse fixture seeds per test.
     return int(torch.randint(0, 2**31 - 1, ()))

@@ -6,7 +6,7 @@ launcher's error for that is checked too)."""
 import pytest
 import torch
 
-from bsmm_cases import dds_against_reference, dense_of, make_layout, random_values
+from bsmm_cases import dds_against_reference, dense_of, make_layout, needs_hopper, random_values
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws
 from tolerances import assert_close
@@ -28,13 +28,6 @@ CONFIGS = {
     "m128w8bal": bsmm_ws.WsConfig(128, 64, 8, 4, balanced=True),
     "m64w4ppbal": bsmm_ws.WsConfig(64, 64, 4, 6, pingpong=True, balanced=True),
 }
-
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
 
 
 def _run(layout_kind, block_size, dtype, trans, m, cfg, bias=True):

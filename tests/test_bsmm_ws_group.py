@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tilesparse
-from bsmm_cases import dds_against_reference, dense_of, make_layout, random_values
+from bsmm_cases import dds_against_reference, dense_of, hopper, make_layout, needs_hopper, random_values
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_panel, bsmm_ws_group
 from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
@@ -16,13 +16,6 @@ from tolerances import assert_close
 # 704 = 11 x 64 = 22 x 32 = 44 x 16 output features and 1088 = 17 x 64 = 34 x 32 = 68 x 16 input
 # features: groups of 2-8 leave a short last group in fprop and in bprop
 IN_FEATURES, OUT_FEATURES = 1088, 704
-
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
 
 
 # --------------------------------------------------------------------------- CPU
@@ -89,7 +82,7 @@ def test_a_tuned_grouped_entry_the_operands_cannot_take_falls_back(monkeypatch):
 
 
 def test_dds_refuses_the_grouped_config_off_hopper():
-    if _hopper():
+    if hopper():
         pytest.skip("runs on sm90")
     layout = make_layout("random", 4, 4, 32)
     values = random_values(layout, torch.bfloat16, "cpu")

@@ -8,20 +8,13 @@ per program, determinism and CUDA-graph capture."""
 import pytest
 import torch
 
-from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, make_layout,
-                        sdd_against_reference)
+from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, hopper,
+                        make_layout, needs_hopper, sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd_rows, tuned
 from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig, unit_count
 from tilesparse.layout import table_views
 from tolerances import assert_close
-
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-
-
-needs_hopper = pytest.mark.skipif(not _hopper(), reason="the Gluon kernel is written for sm90")
 
 
 # --------------------------------------------------------------------------- CPU
@@ -94,7 +87,7 @@ def test_operand_checks_name_what_is_wrong(monkeypatch):
 
 
 def test_sdd_refuses_the_config_off_hopper():
-    if _hopper():
+    if hopper():
         pytest.skip("runs on sm90")
     layout = make_layout("random", 2, 2, 64)
     dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
