@@ -148,6 +148,11 @@ VARIANTS = {
     "cg-g4st4e3": WG.WsGroupConfig(4, 4, load_regs=72, entries_per_stage=3),
     "cg-g8st3e4": WG.WsGroupConfig(8, 3, load_regs=96, entries_per_stage=4),
     "cg-g8st4e3": WG.WsGroupConfig(8, 4, load_regs=88, entries_per_stage=3),
+    # ... b 16 around G 8 / E 4 (the twentieth session's winner there): ring depth
+    "cg-g8st2e4": WG.WsGroupConfig(8, 2, load_regs=96, entries_per_stage=4),
+    "cg-g8st4e4": WG.WsGroupConfig(8, 4, load_regs=96, entries_per_stage=4),
+    "cg-g8st5e4": WG.WsGroupConfig(8, 5, load_regs=96, entries_per_stage=4),
+    "cg-g8st3e4m4": WG.WsGroupConfig(8, 3, group_m=4, load_regs=96, entries_per_stage=4),
 }
 
 
