@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tilesparse import BlockLayout, layouts
+from tolerances import assert_close
 
 # Layout classes that stress different table shapes:
 #   empty            nnz = 0: every ptr range is empty, outputs are bias only
@@ -188,3 +189,24 @@ def assert_sdd_is_deterministic_and_captures(config) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, got)
+
+
+def assert_tuned_entry_runs_only_from_its_density(monkeypatch, tuned_config, launcher_module, launcher_name: str,
+                                                  density: float, used: bool) -> None:
+    """A b 64 sdd whose tuned entry is ``tuned_config`` launches ``launcher_module.launcher_name``
+    exactly when ``used`` (a tuned bucket's low end is refused below the kernel's measured
+    density), and either way returns the float64 reference's blocks."""
+    import tilesparse
+    from tilesparse.kernels import bsmm as kernels
+
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: tuned_config)
+    launched = []
+    real = getattr(launcher_module, launcher_name)
+    monkeypatch.setattr(launcher_module, launcher_name, lambda *args: launched.append(real(*args)))
+    layout = tilesparse.layouts.random(16 * 64, 16 * 64, 64, density, seed=3)
+    dy = torch.randn(1024, 16 * 64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1024, 16 * 64, device="cuda", dtype=torch.bfloat16)
+    got = kernels.sdd(dy.t(), x, layout.meta_on("cuda"), 64, 16, 16)
+    assert bool(launched) == used
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    assert_close(got, expected, torch.bfloat16, f"sdd after a tuned {tuned_config} at density {density}")

@@ -156,11 +156,11 @@ def test_several_entries_per_stage_match_the_reference(block_size, group, stages
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("block_size", [32, 64])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_the_defaults_over_several_tiles_per_program(block_size, trans):
     # 5000 rows: 40 row tiles, so each persistent program carries its ring position,
     # parities and output buffers across tiles; an aligned empty group; short last groups
-    cfg = bsmm_ws_group._DEFAULTS[0 if block_size == 64 else 1][2]
+    cfg = {block: config for block, _, config in bsmm_ws_group._DEFAULTS}[block_size]
     out, expected = _run("empty_group", block_size, torch.bfloat16, trans, 5000, cfg)
     assert_close(out, expected, torch.bfloat16, f"dds ws group default b{block_size}")
 
@@ -246,7 +246,8 @@ def test_default_config_is_none_off_hopper():
 @needs_hopper
 @pytest.mark.parametrize("block_size,density,dtype,m,taken", [
     (32, 0.5, torch.bfloat16, 1024, True), (64, 0.5, torch.float16, 1024, True),
-    (32, 0.25, torch.bfloat16, 1024, False), (16, 0.5, torch.bfloat16, 1024, False),
+    (32, 0.25, torch.bfloat16, 1024, False), (16, 0.5, torch.bfloat16, 1024, True),
+    (16, 0.25, torch.bfloat16, 1024, False),
     (64, 0.5, torch.bfloat16, 512, False), (64, 0.5, torch.float32, 1024, False),
 ])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])

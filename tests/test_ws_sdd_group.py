@@ -7,7 +7,8 @@ CUDA-graph capture."""
 import pytest
 import torch
 
-from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, hopper,
+from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures,
+                        assert_tuned_entry_runs_only_from_its_density, hopper,
                         make_layout, needs_hopper, sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd, bsmm_ws_sdd_group, tuned
@@ -131,16 +132,5 @@ def test_is_bitwise_deterministic_and_captures_gpu():
 @needs_hopper
 @pytest.mark.parametrize("density, used", [(0.5, True), (0.25, False)])
 def test_a_tuned_entry_runs_only_from_its_measured_density_gpu(monkeypatch, density, used):
-    import tilesparse
-
-    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kwargs: WsSddGroupConfig())
-    launched = []
-    real = bsmm_ws_sdd_group.launch_sdd_ws_group
-    monkeypatch.setattr(bsmm_ws_sdd_group, "launch_sdd_ws_group", lambda *args: launched.append(real(*args)))
-    layout = tilesparse.layouts.random(16 * 64, 16 * 64, 64, density, seed=3)
-    dy = torch.randn(1024, 16 * 64, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1024, 16 * 64, device="cuda", dtype=torch.bfloat16)
-    got = kernels.sdd(dy.t(), x, layout.meta_on("cuda"), 64, 16, 16)
-    assert bool(launched) == used
-    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
-    assert_close(got, expected, torch.bfloat16, f"sdd after a tuned grouped entry at density {density}")
+    assert_tuned_entry_runs_only_from_its_density(monkeypatch, WsSddGroupConfig(), bsmm_ws_sdd_group,
+                                                  "launch_sdd_ws_group", density, used)

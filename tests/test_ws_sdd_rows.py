@@ -8,7 +8,8 @@ per program, determinism and CUDA-graph capture."""
 import pytest
 import torch
 
-from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures, hopper,
+from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures,
+                        assert_tuned_entry_runs_only_from_its_density, hopper,
                         make_layout, needs_hopper, sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd_rows, tuned
@@ -129,3 +130,11 @@ def test_many_units_per_program_gpu(kind, cfg):
 @needs_hopper
 def test_is_bitwise_deterministic_and_captures_gpu():
     assert_sdd_is_deterministic_and_captures(WsSddRowsConfig())
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("density, used", [(0.25, True), (0.1, False)])
+def test_a_tuned_entry_runs_only_from_its_measured_density_gpu(monkeypatch, density, used):
+    assert_tuned_entry_runs_only_from_its_density(monkeypatch, WsSddRowsConfig(4, 32, 4, a_from_registers=True),
+                                                  bsmm_ws_sdd_rows, "launch_sdd_ws_rows", density, used)

@@ -67,7 +67,7 @@ class WsGroupConfig:
     while the next entry's are issued. ``entries_per_stage`` E in 2..4 (activation from
     registers only): a ring stage holds E union entries, so the consumers wait, synchronize
     and free a stage once per E entries, and issue each entry's wgmma right behind the
-    previous one's (E 3-4: opt-in, not yet measured; the producer needs ~72-96 registers)."""
+    previous one's (E 3-4: the producer needs ~72-96 registers; E 4 is b 16's default)."""
 
     group: int = 4
     stages: int = 4
@@ -392,14 +392,18 @@ def group_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
 # kernel time; docs/performance.md, eighteenth session): (block size, density at least)
 # -> config. At density 0.5: b 32 0.573 -> 0.443 ms (35 -> 45 % of dense's rate; the
 # activation from registers, groups of 8), b 64 0.307 -> 0.271 ms (66 -> 75 %; groups of
-# 4, 3 stages). At density 0.25 and below both lost (0.8-1.0x), and at b 16 everywhere
-# (0.8-0.85x of the Triton kernels): the other kernels run there.
+# 4, 3 stages). At density 0.25 and below every block size lost (0.8-1.0x): the other
+# kernels run there.
 MIN_DENSITY = 0.45  # below it no grouped config was measured faster: tuned entries too are ignored there
 _DEFAULTS = (
     (64, MIN_DENSITY, WsGroupConfig(4, 3)),
     # b 32: two union entries per ring stage, 3 stages (H200, density 0.5: 8192x4096² fprop
     # 0.438 -> 0.402 ms, 16384x8192² 3.79 -> 3.30 ms against G 8 / 4 stages / one entry)
     (32, MIN_DENSITY, WsGroupConfig(8, 3, load_regs=56, entries_per_stage=2)),
+    # b 16: four union entries per stage (H200, density 0.5, twentieth session: 8192x4096²
+    # fprop / bprop 1.33 / 1.38 -> 1.19 / 1.19 ms against the panel kernel's tuned entry,
+    # 16384x8192² 14.5 -> 9.2 ms against the Triton tile kernel)
+    (16, MIN_DENSITY, WsGroupConfig(8, 3, load_regs=96, entries_per_stage=4)),
 )
 
 

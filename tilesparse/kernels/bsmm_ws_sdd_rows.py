@@ -39,10 +39,13 @@ from .bsmm_ws import _alloc_ring
 from .bsmm_ws_sdd import _sdd_layouts, operand_reason
 from .bsmm_ws_sdd_group import _consume_slices, check_slice_fields
 
-__all__ = ["WsSddRowsConfig", "unit_count", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
+__all__ = ["WsSddRowsConfig", "MIN_DENSITY", "unit_count", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
 
 BLOCK = 64  # one consumer warpgroup's 64 wgmma rows: a block-row
 KERNEL_NAME = "row-run warp-specialized sdd"  # as bsmm.sdd's errors name it
+# Tuned entries (16384x8192², b 64 updat) won at density 0.5 and 0.25 (3.61 -> 3.06 ms,
+# 1.83 -> 1.63 ms) and lost at 0.1 (0.93x): below this the density bucket's entry is ignored.
+MIN_DENSITY = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +222,11 @@ def ws_sdd_rows_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
 
 def run_if_supported(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddRowsConfig, tuned_entry: bool) -> str | None:
     """Run the kernel and return None if it can take this call; else say why (the
-    interface of :func:`tilesparse.kernels.bsmm_ws_sdd_group.run_if_supported`)."""
+    interface of :func:`tilesparse.kernels.bsmm_ws_sdd_group.run_if_supported`); a tuned
+    entry (``tuned_entry``) below :data:`MIN_DENSITY` is refused: measured slower there."""
     why = ws_sdd_rows_supported(a_t, x, out, cfg)
+    if why is None and tuned_entry and out.shape[0] < MIN_DENSITY * block_rows * block_cols:
+        why = f"is not used below density {MIN_DENSITY} (measured slower)"  # a tuned density bucket's low end
     if why is None:
         launch_sdd_ws_rows(a_t, x, out, meta, block_rows, block_cols, cfg)
     return why
