@@ -38,7 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 _INT32 = (-(1 << 31), 1 << 31)
 _COMPILED: dict = {}  # key -> CompiledKernel
 _TAIL: dict = {}  # (kernel, n positional, keyword names) -> constexpr names in order, or None
-_OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg"))
+_OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"))
 
 
 def enabled() -> bool:

@@ -31,6 +31,7 @@ import triton.language as tl
 from ._alloc import new_output
 from ._device import cached_table
 from ._launch import launch
+from ._pdl import pdl_options, wait_for_previous_kernel
 from ._tiles import MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
@@ -43,6 +44,7 @@ def _dds_small_kernel(
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -71,7 +73,9 @@ def _dds_small_kernel(
     steps ahead (registers carried through the loop), so neither the index load nor the
     activation gather it feeds sits on the step's critical path; Triton's pipeliner
     streams only the weight tiles (their address needs no load, in fprop).
+    PDL: launched as a programmatic dependent launch (``tilesparse.kernels._pdl``).
     """
+    wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
     if M_INNER:
         pid = tl.program_id(1)
@@ -427,7 +431,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c.device),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from ._alloc import new_output
 from ._launch import launch
+from ._pdl import pdl_options, wait_for_previous_kernel
 from ._tiles import cdiv, next_power_of_2
 
 __all__ = [
@@ -78,11 +79,13 @@ def _lstm_cell_fwd_kernel(
     B, H,
     stride_g, stride_g2, stride_cp, stride_h, stride_c, stride_acts,
     HAS_G2: tl.constexpr, HAS_C_PREV: tl.constexpr, SAVE_ACTS: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (pid_b, pid_h) does rows [pid_b*BLOCK_B, +BLOCK_B) and hidden units
     [pid_h*BLOCK_H, +BLOCK_H) of one step. Every tensor is [rows, cols] with the given
-    row stride and unit column stride; gate k of unit j is column k*H + j."""
+    row stride and unit column stride; gate k of unit j is column k*H + j. PDL: a
+    programmatic dependent launch (``tilesparse.kernels._pdl``)."""
+    wait_for_previous_kernel(PDL)
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -130,10 +133,11 @@ def _lstm_cell_bwd_kernel(
     B, H,
     stride_dh, stride_dh2, stride_dc, stride_acts, stride_c, stride_cp, stride_dg, stride_dcp,
     HAS_DH2: tl.constexpr, HAS_DC: tl.constexpr, HAS_C_PREV: tl.constexpr, WRITE_DC_PREV: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Backward of one step over the same tiles as the forward kernel: writes
     dgates [B, 4H] (pre-activation gradients, all four gates) and dc_prev [B, H]."""
+    wait_for_previous_kernel(PDL)
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -255,7 +259,7 @@ def lstm_cell_forward_triton(
         0 if c_prev is None else c_prev.stride(0), h.stride(0), c.stride(0),
         0 if acts is None else acts.stride(0),
         HAS_G2=gates_add is not None, HAS_C_PREV=c_prev is not None, SAVE_ACTS=acts is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4,
+        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h.device),
     )
     return h, c, acts
 
@@ -299,7 +303,7 @@ def lstm_cell_backward_triton(
         0 if dc_prev is None else dc_prev.stride(0),
         HAS_DH2=dh_add is not None, HAS_DC=dc_next is not None, HAS_C_PREV=c_prev is not None,
         WRITE_DC_PREV=dc_prev is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4,
+        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(dgates.device),
     )
     return dgates, dc_prev
 
