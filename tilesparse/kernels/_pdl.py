@@ -10,11 +10,14 @@ CUDA graph (an RNN's timesteps, a decoder's layers).
 Safety: every global load and store of a PDL kernel comes after the wait (the previous
 kernel may have written any input: an optimizer step the weights, a layout update the
 tables), so results are the same as without PDL; only index arithmetic runs before it.
-The kernel also signals (``griddepcontrol.launch_dependents``) at its start that the
-next kernel may be scheduled, which only lets that kernel's programs start early; they
-wait for this one to complete in turn.
 
-``TILESPARSE_PDL=1`` turns it on, ``0`` off; :data:`DEFAULT` otherwise.
+When a kernel lets the next one be scheduled (``griddepcontrol.launch_dependents``) is
+the mode, ``TILESPARSE_PDL``: 0 off (the default until measured), 1 right after its own
+wait, 2 after its main loop (before the stores), 3 never explicitly (at its completion).
+The next kernel's programs then occupy SM slots while they wait in turn. A first try
+signalled before the wait and ran 1.3-3.7x slower (H200, scripts/probes/small_pdl.py):
+our reading, not profiled, is that each waiting kernel let the next one in, so a chain
+of launches piled up in the SMs.
 """
 
 from __future__ import annotations
@@ -28,33 +31,47 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._device import capability_major
 
-__all__ = ["DEFAULT", "enabled", "pdl_options", "wait_for_previous_kernel"]
+__all__ = ["DEFAULT", "MODES", "mode", "pdl_options", "wait_for_previous_kernel", "let_next_kernel_start"]
 
-DEFAULT = False  # until measured (scripts/probes/small_pdl.py)
+DEFAULT = 0  # until measured (scripts/probes/small_pdl.py)
+MODES = (0, 1, 2, 3)
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether kernels on ``device`` launch with PDL: a CUDA device of compute
-    capability 9 or newer, not under the interpreter, and ``TILESPARSE_PDL`` (or
-    :data:`DEFAULT`) says so."""
+def mode(device: torch.device) -> int:
+    """The PDL mode of launches on ``device``: 0 (off) unless it is a CUDA device of
+    compute capability 9 or newer, not under the interpreter; then ``TILESPARSE_PDL``
+    (or :data:`DEFAULT`)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or capability_major(device) < 9:
-        return False
+        return 0
     setting = os.environ.get("TILESPARSE_PDL")
-    return DEFAULT if setting is None else setting == "1"
+    if setting is None:
+        return DEFAULT
+    if not setting.isdigit() or int(setting) not in MODES:
+        raise ValueError(f"TILESPARSE_PDL must be one of {MODES}, got {setting!r}")
+    return int(setting)
 
 
 def pdl_options(device: torch.device) -> dict:
     """The keyword arguments of a launch on ``device``: the kernel's ``PDL`` constexpr
-    (always passed: the fast launch path needs every constexpr by keyword) and, where
-    :func:`enabled`, Triton's ``launch_pdl`` option."""
-    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+    (always passed: the fast launch path needs every constexpr by keyword) and, when
+    the mode is not 0, Triton's ``launch_pdl`` option."""
+    pdl = mode(device)
+    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": 0}
 
 
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
-    """With ``PDL``: let the next kernel be scheduled, then wait until the previous
-    kernel in the stream has completed (its writes visible). Call before the first
-    global memory access."""
-    if PDL:
-        gdc_launch_dependents()
+    """With PDL on: wait until the previous kernel in the stream has completed (its
+    writes visible); in mode 1 then let the next kernel be scheduled. Call before the
+    first global memory access."""
+    if PDL != 0:
         gdc_wait()
+        if PDL == 1:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def let_next_kernel_start(PDL: tl.constexpr):
+    """In mode 2: let the next kernel be scheduled (call after the main loop)."""
+    if PDL == 2:
+        gdc_launch_dependents()

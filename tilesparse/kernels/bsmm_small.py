@@ -31,7 +31,7 @@ import triton.language as tl
 from ._alloc import new_output
 from ._device import cached_table
 from ._launch import launch
-from ._pdl import pdl_options, wait_for_previous_kernel
+from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
 
 
@@ -44,7 +44,7 @@ def _dds_small_kernel(
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -73,7 +73,7 @@ def _dds_small_kernel(
     steps ahead (registers carried through the loop), so neither the index load nor the
     activation gather it feeds sits on the step's critical path; Triton's pipeliner
     streams only the weight tiles (their address needs no load, in fprop).
-    PDL: launched as a programmatic dependent launch (``tilesparse.kernels._pdl``).
+    PDL: the programmatic-dependent-launch mode (``tilesparse.kernels._pdl``).
     """
     wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
@@ -175,6 +175,7 @@ def _dds_small_kernel(
             else:
                 acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
                             stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
+    let_next_kernel_start(PDL)
     if SWAP:
         acc = tl.trans(acc)  # [SUB, BLOCK_M], as the stores below expect
     cols = j.to(tl.int64) * B + offs_f

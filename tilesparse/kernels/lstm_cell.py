@@ -79,12 +79,13 @@ def _lstm_cell_fwd_kernel(
     B, H,
     stride_g, stride_g2, stride_cp, stride_h, stride_c, stride_acts,
     HAS_G2: tl.constexpr, HAS_C_PREV: tl.constexpr, SAVE_ACTS: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """Program (pid_b, pid_h) does rows [pid_b*BLOCK_B, +BLOCK_B) and hidden units
     [pid_h*BLOCK_H, +BLOCK_H) of one step. Every tensor is [rows, cols] with the given
-    row stride and unit column stride; gate k of unit j is column k*H + j. PDL: a
-    programmatic dependent launch (``tilesparse.kernels._pdl``)."""
+    row stride and unit column stride; gate k of unit j is column k*H + j. PDL: the
+    programmatic-dependent-launch mode (``tilesparse.kernels._pdl``; no main loop here,
+    so mode 2 never signals early)."""
     wait_for_previous_kernel(PDL)
     pid_b = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -133,7 +134,7 @@ def _lstm_cell_bwd_kernel(
     B, H,
     stride_dh, stride_dh2, stride_dc, stride_acts, stride_c, stride_cp, stride_dg, stride_dcp,
     HAS_DH2: tl.constexpr, HAS_DC: tl.constexpr, HAS_C_PREV: tl.constexpr, WRITE_DC_PREV: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """Backward of one step over the same tiles as the forward kernel: writes
     dgates [B, 4H] (pre-activation gradients, all four gates) and dc_prev [B, H]."""
