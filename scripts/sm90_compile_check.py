@@ -173,9 +173,11 @@ def small_cases(quick: bool):
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
         m_inner, prefetch = (list(flags) + [False, False])[:2]
         for swap in swaps:
+            # the first case also as a programmatic dependent launch (mode 2, the default on sm90)
+            pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) else 0
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
-                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
+                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl)
             sig = {}
             for name in fn.arg_names:
                 if name in const:
@@ -189,7 +191,7 @@ def small_cases(quick: bool):
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it)
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
-                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else ""), fn, sig,
+                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
 
@@ -339,7 +341,7 @@ def ws_sdd_rows_cases(quick: bool):
         lay_in, lay_out = bsmm_ws_sdd._sdd_layouts(block_k, 64, torch.bfloat16)
         const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs,
                      A_REGS=a_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("row_ptr_ptr", "row_cols_ptr")
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("units_ptr", "row_ptr_ptr", "row_cols_ptr")
                else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"ws group sdd rows b64 G{group} k{block_k} st{stages} a_from_registers={a_regs} overlap={overlap}",
                fn, sig, const, 4, stages, None, GluonASTSource)
@@ -468,6 +470,10 @@ def main() -> int:
             mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async')}"
             if "setmaxnreg" in ptx:
                 mma += f", setmaxnreg {ptx.count('setmaxnreg')}"
+            if label.endswith(" pdl") and not ("griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx):
+                raise RuntimeError("a PDL kernel without griddepcontrol.wait / launch_dependents in its PTX")
+            if "griddepcontrol" in ptx:
+                mma += f", griddepcontrol {ptx.count('griddepcontrol')}"
             if label.startswith("ws group") and "instructions are serialized" in _ptxas_log(ptx):
                 raise RuntimeError("ptxas serializes the wgmma (C7511 / C7512): an operand held in flight it "
                                    "cannot keep")

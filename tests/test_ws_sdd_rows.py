@@ -13,7 +13,7 @@ from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_de
                         make_layout, needs_hopper, sdd_against_reference)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd_rows, tuned
-from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig, unit_count
+from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig, unit_count, unit_table
 from tilesparse.layout import table_views
 from tolerances import assert_close
 
@@ -39,28 +39,52 @@ def test_config_sizes():
     assert cfg.unit == 8
     # 4 stages of one dY slice and 8 X slices [32, 64], 8 output blocks [64, 64]
     assert cfg.shared_bytes() == 4 * 9 * 32 * 64 * 2 + 8 * 64 * 64 * 2 + 1024
-    assert unit_count(7, 11, cfg) == (2, 14) and unit_count(3, 0, cfg) == (1, 3)
+    # 7 rows x 2 runs of 8, or fewer when the blocks are few (ceil(nnz / 8) + 7); at least 1
+    assert unit_count(7, 11, 77, cfg) == (2, 14) and unit_count(7, 11, 20, cfg) == (2, 10)
+    assert unit_count(3, 0, 0, cfg) == (1, 3) and unit_count(0, 5, 0, cfg) == (1, 1)
+
+
+def _units(kind: str, group: int, block_rows: int = 9, block_cols: int = 21):
+    cfg = WsSddRowsConfig(group)
+    layout = make_layout(kind, block_rows, block_cols, 64)
+    meta = layout.meta_on("cpu")
+    row_ptr, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_cols")
+    nnz = int(layout.mask.sum())
+    table = unit_table(meta, row_ptr, block_rows, block_cols, nnz, cfg)
+    units = []  # the kernel's _unit, in Python: (row, first slot, block count)
+    for r, lo in table.tolist():
+        units.append((r, lo, min(max(int(row_ptr[r + 1]) - lo, 0), cfg.unit)))
+    return cfg, layout, row_cols, nnz, units
 
 
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
 def test_units_cover_every_stored_block_once(kind, group):
-    # the kernel's mapping (_unit), in Python: unit u -> row u // per_row, slots
-    # row_ptr[r] + (u % per_row) * 2G .. + n, consumer w taking entries w*G .. w*G + G - 1
-    cfg = WsSddRowsConfig(group)
-    layout = make_layout(kind, 9, 21, 64)
-    row_ptr, row_cols = table_views(layout.meta_on("cpu"), 9, 21, "row_ptr", "row_cols")
-    per_row, units = unit_count(9, 21, cfg)
+    # consumer w of a unit takes its entries w*G .. w*G + G - 1
+    cfg, layout, row_cols, nnz, units = _units(kind, group)
+    assert len(units) == unit_count(9, 21, nnz, cfg)[1]
     seen = []
-    for u in range(units):
-        r = u // per_row
-        lo = int(row_ptr[r]) + (u % per_row) * cfg.unit
-        n = min(max(int(row_ptr[r + 1]) - lo, 0), cfg.unit)
+    for r, lo, n in units:
         for w in range(2):
             mine = min(max(n - w * group, 0), group)
             seen += [lo + w * group + g for g in range(mine)]
             assert all(layout.mask[r, int(row_cols[lo + w * group + g])] for g in range(mine))
-    assert sorted(seen) == list(range(int(layout.mask.sum())))
+    assert sorted(seen) == list(range(nnz))
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_units_come_full_first_then_longest_then_empty(group):
+    # equal work in the first waves of the round-robin, the shorter units after, longest first
+    cfg, _, _, _, units = _units("random", group, 23, 37)
+    counts = [n for _, _, n in units]
+    full = [i for i, n in enumerate(counts) if n == cfg.unit]
+    assert full == list(range(len(full)))
+    assert [units[i][0] for i in full] == sorted(units[i][0] for i in full)  # row by row
+    rest = counts[len(full):]
+    assert rest == sorted(rest, reverse=True)
+    partial = units[len(full):len(full) + sum(1 for n in rest if n)]
+    for (r1, _, n1), (r2, _, n2) in zip(partial, partial[1:]):
+        assert n1 > n2 or (n1 == n2 and r1 < r2)
 
 
 def test_config_round_trips_through_the_tuned_table_format():
