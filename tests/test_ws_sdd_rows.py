@@ -158,7 +158,7 @@ def test_is_bitwise_deterministic_and_captures_gpu():
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("density, used", [(0.25, True), (0.1, False)])
+@pytest.mark.parametrize("density, used", [(0.1, True), (0.05, False)])
 def test_a_tuned_entry_runs_only_from_its_measured_density_gpu(monkeypatch, density, used):
     assert_tuned_entry_runs_only_from_its_density(monkeypatch, WsSddRowsConfig(4, 32, 4, a_from_registers=True),
                                                   bsmm_ws_sdd_rows, "launch_sdd_ws_rows", density, used)

@@ -49,9 +49,10 @@ __all__ = ["WsSddRowsConfig", "MIN_DENSITY", "unit_count", "unit_table", "ws_sdd
 
 BLOCK = 64  # one consumer warpgroup's 64 wgmma rows: a block-row
 KERNEL_NAME = "row-run warp-specialized sdd"  # as bsmm.sdd's errors name it
-# Tuned entries (16384x8192², b 64 updat) won at density 0.5 and 0.25 (3.61 -> 3.06 ms,
-# 1.83 -> 1.63 ms) and lost at 0.1 (0.93x): below this the density bucket's entry is ignored.
-MIN_DENSITY = 0.2
+# Tuned entries (b 64 updat, with the unit table) won at density 0.5, 0.25 and 0.1 on both
+# shapes (16384x8192²: 3.61 -> 2.39, 1.83 -> 1.23, 0.75 -> 0.57 ms; 8192x4096² 1.10-1.13x);
+# below the 0.1 bucket's low end nothing was measured, so its entry is ignored there.
+MIN_DENSITY = 0.07
 
 
 @dataclasses.dataclass(frozen=True)
