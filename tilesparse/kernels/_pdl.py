@@ -34,7 +34,7 @@ from ._device import capability_major
 __all__ = ["DEFAULT", "MODES", "mode", "pdl_options", "wait_for_previous_kernel", "let_next_kernel_start"]
 
 # Measured on the H200 (scripts/probes/small_pdl.py, CUDA-graph chains, W 12288², fprop;
-# the LSTM suite, --quick --cuda-graph): mode 2 took 0.2-0.4 µs off a call at density 0.03
+# the LSTM suite, --quick --cuda-graph): mode 2 took 0.2-0.5 µs off a call at density 0.03
 # (6.38 -> 6.02 µs at b 128, M 1; 6.81 -> 6.34 at b 32, M 32), and within 2 % of mode 0
 # elsewhere; the LSTM's forward per timestep 5.9 -> 5.2 µs at H 2048, d 0.03. Mode 1 lost
 # up to 1.4x at M 32 (b 64 / 128), its waiting programs taking SM slots in the main loop.
