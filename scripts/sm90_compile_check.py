@@ -470,8 +470,13 @@ def main() -> int:
             mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async')}"
             if "setmaxnreg" in ptx:
                 mma += f", setmaxnreg {ptx.count('setmaxnreg')}"
-            if label.endswith(" pdl") and not ("griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx):
-                raise RuntimeError("a PDL kernel without griddepcontrol.wait / launch_dependents in its PTX")
+            if label.endswith(" pdl"):
+                if not ("griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx):
+                    raise RuntimeError("a PDL kernel without griddepcontrol.wait / launch_dependents in its PTX")
+                first_access = min((i for i in (ptx.find(op) for op in ("ld.global", "st.global", "atom.", "cp.async"))
+                                    if i >= 0), default=len(ptx))
+                if ptx.index("griddepcontrol.wait") > first_access:
+                    raise RuntimeError("a PDL kernel touches global memory before griddepcontrol.wait")
             if "griddepcontrol" in ptx:
                 mma += f", griddepcontrol {ptx.count('griddepcontrol')}"
             if label.startswith("ws group") and "instructions are serialized" in _ptxas_log(ptx):

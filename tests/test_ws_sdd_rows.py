@@ -87,6 +87,27 @@ def test_units_come_full_first_then_longest_then_empty(group):
         assert n1 > n2 or (n1 == n2 and r1 < r2)
 
 
+def test_the_unit_table_is_built_without_host_copies_or_syncs():
+    # it may be built during a CUDA-graph capture, where a copy from the host or a sync
+    # breaks the capture. On a CUDA tensor a Python scalar set into one element is a copy_
+    # from a host tensor (a slice takes fill_); item / nonzero read back to the host
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    row_ptr = torch.tensor([0, 3, 11, 11, 20, 27, 30, 40], dtype=torch.int32)
+    with Record():
+        table = unit_table(torch.empty(1), row_ptr, 7, 11, 40, WsSddRowsConfig(2))
+    assert table.shape == (unit_count(7, 11, 40, WsSddRowsConfig(2))[1], 2)
+    assert "index_put_" in seen  # the record saw the build
+    assert not seen & {"copy_", "_local_scalar_dense", "nonzero", "item"}
+
+
 def test_config_round_trips_through_the_tuned_table_format():
     cfg = WsSddRowsConfig(2, 64, 3, overlap=True)
     assert tuned.from_json(tuned.to_json(cfg)) == cfg
@@ -154,6 +175,27 @@ def test_many_units_per_program_gpu(kind, cfg):
 @needs_hopper
 def test_is_bitwise_deterministic_and_captures_gpu():
     assert_sdd_is_deterministic_and_captures(WsSddRowsConfig())
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_a_first_call_inside_a_capture_builds_its_unit_table_there_gpu():
+    # a layout never used before: the unit table is built inside the capture (not cached)
+    import tilesparse
+
+    cfg = WsSddRowsConfig(4, 32, 4, a_from_registers=True)
+    layout = tilesparse.layouts.random(12 * 64, 20 * 64, 64, 0.4, seed=11)
+    meta = layout.meta_on("cuda")
+    dy = torch.randn(512, 12 * 64, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(512, 20 * 64, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.sdd(dy.t(), x, meta, 64, 12, 20, config=cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
+    assert_close(captured, expected, torch.bfloat16, "row-run ws sdd captured on a fresh layout")
 
 
 @pytest.mark.gpu

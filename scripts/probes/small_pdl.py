@@ -15,6 +15,7 @@ import torch
 import tilesparse as ts
 from tilesparse.bench.env import l2_cache_bytes
 from tilesparse.bench.timing import bench_ms, rotation_copies
+from tilesparse.kernels import _pdl
 
 p = argparse.ArgumentParser()
 p.add_argument("--weight", type=int, default=12288)
@@ -33,6 +34,7 @@ MODES = (0, 1, 2, 3)
 
 def per_call_us(fn, calls: int, pdl: int) -> float:
     os.environ["TILESPARSE_PDL"] = str(pdl)
+    _pdl.reload()
     fn()  # compile outside the capture
     torch.cuda.synchronize()
     return bench_ms(fn, cuda=True, graph=True, rep_ms=30) / calls * 1e3
@@ -70,6 +72,7 @@ for b in args.blocks:
                     f"mode {pdl} {times[pdl]:6.2f} us ({nbytes / times[pdl] / 1e6:.2f} TB/s)" for pdl in MODES)
                     + f"  same={same}", flush=True)
 os.environ.pop("TILESPARSE_PDL")
+_pdl.reload()
 if args.out:
     with open(args.out, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "weight": n, "rows": rows}, f, indent=1)

@@ -31,7 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._device import capability_major
 
-__all__ = ["DEFAULT", "MODES", "mode", "pdl_options", "wait_for_previous_kernel", "let_next_kernel_start"]
+__all__ = ["DEFAULT", "MODES", "mode", "pdl_options", "reload", "wait_for_previous_kernel", "let_next_kernel_start"]
 
 # Measured on the H200 (scripts/probes/small_pdl.py, CUDA-graph chains, W 12288², fprop;
 # the LSTM suite, --quick --cuda-graph): mode 2 took 0.2-0.5 µs off a call at density 0.03
@@ -40,28 +40,50 @@ __all__ = ["DEFAULT", "MODES", "mode", "pdl_options", "wait_for_previous_kernel"
 # up to 1.4x at M 32 (b 64 / 128), its waiting programs taking SM slots in the main loop.
 DEFAULT = 2
 MODES = (0, 1, 2, 3)
+_OFF = {"PDL": 0}
+_BY_DEVICE: dict = {}  # CUDA device index -> launch options (read on every launch: no env or device queries)
 
 
-def mode(device: torch.device) -> int:
-    """The PDL mode of launches on ``device``: 0 (off) unless it is a CUDA device of
-    compute capability 9 or newer, not under the interpreter; then ``TILESPARSE_PDL``
-    (or :data:`DEFAULT`)."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1" or capability_major(device) < 9:
-        return 0
+def _setting() -> int:
+    """``TILESPARSE_PDL`` as a mode (:data:`DEFAULT` when unset); a clear error otherwise."""
     setting = os.environ.get("TILESPARSE_PDL")
     if setting is None:
         return DEFAULT
-    if not setting.isdigit() or int(setting) not in MODES:
-        raise ValueError(f"TILESPARSE_PDL must be one of {MODES}, got {setting!r}")
+    if setting.strip() not in tuple(map(str, MODES)):
+        raise ValueError(f"TILESPARSE_PDL must be one of {', '.join(map(str, MODES))}, got {setting!r}")
     return int(setting)
 
 
-def pdl_options(device: torch.device) -> dict:
-    """The keyword arguments of a launch on ``device``: the kernel's ``PDL`` constexpr
-    (always passed: the fast launch path needs every constexpr by keyword) and, when
-    the mode is not 0, Triton's ``launch_pdl`` option."""
-    pdl = mode(device)
-    return {"PDL": pdl, "launch_pdl": True} if pdl else {"PDL": 0}
+def mode(device: torch.device) -> int:
+    """The PDL mode of launches on ``device``: 0 (off) unless it is an NVIDIA GPU (not
+    ROCm, whose Triton backend has no PDL) of compute capability 9 or newer and the
+    kernels are not interpreted; then ``TILESPARSE_PDL`` (or :data:`DEFAULT`). A bad
+    setting is refused whatever the device."""
+    setting = _setting()
+    if (device.type != "cuda" or torch.version.hip is not None or triton.knobs.runtime.interpret
+            or capability_major(device) < 9):
+        return 0
+    return setting
+
+
+def pdl_options(t: torch.Tensor) -> dict:
+    """The keyword arguments of a launch whose tensors are on ``t``'s device: the kernel's
+    ``PDL`` constexpr (always passed: the fast launch path needs every constexpr by
+    keyword) and, when the mode is not 0, Triton's ``launch_pdl`` option. Remembered per
+    device; :func:`reload` after changing ``TILESPARSE_PDL``."""
+    if not t.is_cuda:
+        return _OFF
+    index = t.get_device()
+    options = _BY_DEVICE.get(index)
+    if options is None:
+        pdl = mode(t.device)
+        options = _BY_DEVICE[index] = {"PDL": pdl, "launch_pdl": True} if pdl else _OFF
+    return options
+
+
+def reload() -> None:
+    """Forget the remembered launch options: the next launches read ``TILESPARSE_PDL`` again."""
+    _BY_DEVICE.clear()
 
 
 @triton.jit

@@ -432,7 +432,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c.device),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)

@@ -260,7 +260,7 @@ def lstm_cell_forward_triton(
         0 if c_prev is None else c_prev.stride(0), h.stride(0), c.stride(0),
         0 if acts is None else acts.stride(0),
         HAS_G2=gates_add is not None, HAS_C_PREV=c_prev is not None, SAVE_ACTS=acts is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h.device),
+        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h),
     )
     return h, c, acts
 
@@ -304,7 +304,7 @@ def lstm_cell_backward_triton(
         0 if dc_prev is None else dc_prev.stride(0),
         HAS_DH2=dh_add is not None, HAS_DC=dc_next is not None, HAS_C_PREV=c_prev is not None,
         WRITE_DC_PREV=dc_prev is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(dgates.device),
+        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(dgates),
     )
     return dgates, dc_prev
 
