@@ -55,6 +55,10 @@
 #            b 32 / 16, density 0.5 / 0.25, both shapes
 #   ws-group-b16 - b 16 at density 0.5 / 0.25: the grouped dds with four union entries per stage and
 #            ring depths 2-5 against the shipped choice, fprop and bprop, both shapes
+#   ncu-shipped - ncu (speed of light, memory, occupancy, launch) of the shipped kernel for one product:
+#            NCU_ARGS for scripts/probes/dispatch_one.py (e.g. "--op updat --block 32 --density 0.25"),
+#            NCU_KERNEL a kernel-name regex (default: dds|sdd); SM active cycles against elapsed say
+#            whether programs idle (load balance) or run starved (bandwidth / latency)
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -155,6 +159,10 @@ for step in ${STEPS:-large dtypes graph}; do
               16384x8192x8192 --blocks 16 --densities 0.5 0.25 --ops fprop bprop --variants cg-g8st3e2 cg-g8st3e4 \
               cg-g8st2e4 cg-g8st4e4 cg-g8st5e4 cg-g8st3e4m4 --out "$OUT/ws-group-b16.json" \
               > "$OUT/ws-group-b16.log" 2>&1 ;;
+    ncu-shipped) timeout "${NCU_TIMEOUT:-150}" /usr/local/cuda/bin/ncu --kernel-name "regex:${NCU_KERNEL:-dds|sdd}" \
+              --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+              --section Occupancy --section LaunchStats python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
+              > "$OUT/ncu-shipped.txt" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 64 --densities 0.5 0.25 0.1 --ops updat --variants wsg-g4k64st3 wsr-g4k32st4 \
               wsr-g4k32st4r wsr-g4k64st2 wsr-g2k64st3o wsr-g2k64st3r --out "$OUT/ws-sdd.json" > "$OUT/ws-sdd.log" 2>&1

@@ -1,0 +1,40 @@
+"""Run the shipped choice of kernel for one product a few times, for a profiler (ncu) to
+catch: whatever the dispatcher picks (tuned entry, default or heuristic), no config
+forced. ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import tilesparse as ts
+from tilesparse.kernels import bsmm as K
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="8192x4096x4096", help="MxNxK: X [M, K], W [N, K]")
+    p.add_argument("--op", choices=["fprop", "bprop", "updat"], default="fprop")
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--density", type=float, default=0.25)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    m, n, k = (int(v) for v in args.shape.split("x"))
+    layout = ts.layouts.random(n, k, args.block, args.density, seed=0, device="cuda")
+    values = torch.randn(layout.nnz, args.block, args.block, device="cuda", dtype=torch.bfloat16)
+    meta = layout.meta_on("cuda")
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(args.repeats):
+        if args.op == "fprop":
+            K.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True)
+        elif args.op == "bprop":
+            K.dds(dy, values, meta, None, layout.block_rows, layout.block_cols, False)
+        else:
+            K.sdd(dy.t(), x, meta, args.block, layout.block_rows, layout.block_cols)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
