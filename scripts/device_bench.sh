@@ -55,6 +55,9 @@
 #            b 32 / 16, density 0.5 / 0.25, both shapes
 #   ws-group-b16 - b 16 at density 0.5 / 0.25: the grouped dds with four union entries per stage and
 #            ring depths 2-5 against the shipped choice, fprop and bprop, both shapes
+#   small-panel-split - b 16 / 32 at 16-64 rows: the panel dds (G block-rows sharing each activation tile)
+#            with its reduction split over 8-16 programs, against the small kernel's default and the
+#            dispatcher's choice; adopt with measure_small_crossover.py --adopt small-panel-split.json
 #   ncu-shipped - ncu (speed of light, memory, occupancy, launch) of the shipped kernel for one product:
 #            NCU_ARGS for scripts/probes/dispatch_one.py (e.g. "--op updat --block 32 --density 0.25"),
 #            NCU_KERNEL a kernel-name regex (default: dds|sdd); SM active cycles against elapsed say
@@ -159,6 +162,10 @@ for step in ${STEPS:-large dtypes graph}; do
               16384x8192x8192 --blocks 16 --densities 0.5 0.25 --ops fprop bprop --variants cg-g8st3e2 cg-g8st3e4 \
               cg-g8st2e4 cg-g8st4e4 cg-g8st5e4 cg-g8st3e4m4 --out "$OUT/ws-group-b16.json" \
               > "$OUT/ws-group-b16.log" 2>&1 ;;
+    small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
+              --densities 0.5 0.25 0.1 --ms 16 32 64 --variants default pG8m16w4st4x8 pG8m32w4st4x8 pG8m64w4st4x8 \
+              pG8m64w4st4x16 pG8m64w8st4x8 pG4m64w4st4x8 --auto --out "$OUT/small-panel-split.json" \
+              > "$OUT/small-panel-split.log" 2>&1 ;;
     ncu-shipped) timeout "${NCU_TIMEOUT:-150}" /usr/local/cuda/bin/ncu --kernel-name "regex:${NCU_KERNEL:-dds|sdd}" \
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
               --section Occupancy --section LaunchStats python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \

@@ -112,6 +112,9 @@ def adopt(path: Path, per_shape: bool = False) -> None:
                 except ValueError:  # not a valid config (e.g. splits with chunks)
                     pass
         current = next((n for n, (cfg, _) in times.items() if cfg == heuristic), None)
+        if current is None and "default" in r:  # the sweep's own "default" variant: the heuristic config
+            times["default"] = (heuristic, r["default"])
+            current = "default"
         best = min(times, key=lambda n: times[n][1], default=None)
         if current is None or best is None:
             continue

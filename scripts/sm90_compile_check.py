@@ -33,6 +33,7 @@ from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (pr
 from tilesparse.kernels import attention as attn  # noqa: E402
 from tilesparse.kernels import attention_stored_ds  # noqa: E402
 from tilesparse.kernels import block_scatter  # noqa: E402
+from tilesparse.kernels import bsmm_panel  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
@@ -193,6 +194,20 @@ def small_cases(quick: bool):
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
                    + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
+
+
+def panel_cases(quick: bool):
+    """The panel dds (``bsmm_panel``, b 16, G 8: 128-column panels) at 16-64 activation
+    rows, with and without splits of the reduction (fp32 partials)."""
+    fn = bsmm_panel._dds_panel_kernel
+    cases = ((64, 8),) if quick else ((64, 1), (64, 8), (32, 8), (16, 8))
+    for block_m, splits in cases:
+        const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=splits, TRANS_V=True, HAS_BIAS=True, GROUP_M=8,
+                     INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr")
+               else ("*fp32" if name == "c_ptr" and splits > 1 else "*bf16") if name.endswith("_ptr") else "i32"
+               for name in fn.arg_names}
+        yield f"panel dds b16 G8 M{block_m} splits {splits}", fn, sig, const, 4, 4
 
 
 def sdd_group_cases(quick: bool):
@@ -456,7 +471,8 @@ def main() -> int:
     args = parser.parse_args()
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *sdd_group_cases(args.quick),
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *panel_cases(args.quick),
+            *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
             *ws_cases(args.quick), *ws_group_cases(args.quick), *ws_sdd_group_cases(args.quick),
             *ws_sdd_rows_cases(args.quick),

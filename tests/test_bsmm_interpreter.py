@@ -427,15 +427,16 @@ def test_tf32_bprop_and_updat_operand_order(tf32, kind, block_size):
 # group; every layout class; both directions; bias.
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")  # 3: runs of unequal and empty length
 @pytest.mark.parametrize("group", [2, 4])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_panel_kernel(layout_kind, trans, group):
+def test_dds_panel_kernel(layout_kind, trans, group, splits):
     from tilesparse.kernels import bsmm_panel
 
     layout = make_layout(layout_kind, 5, 3, 16)  # 5 block-rows: partial groups either way
     a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
-    check_dds(layout, a, values, bias, trans, torch.float32, bsmm_panel.PanelConfig(group, block_m=32))
+    check_dds(layout, a, values, bias, trans, torch.float32, bsmm_panel.PanelConfig(group, block_m=32, splits=splits))
 
 
 def test_panel_tables_list_the_union_of_each_group():

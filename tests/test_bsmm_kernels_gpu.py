@@ -89,18 +89,19 @@ def test_dds_mid_m_configs(block_size, dtype, trans, m):
 # --------------------------------------------------------------------------- panel kernel (small blocks)
 
 
+@pytest.mark.parametrize("splits", [1, 4], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("group", [4, 8])
 @pytest.mark.parametrize("m", [37, 1000], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
-def test_dds_panel_kernel(block_size, dtype, trans, m, group):
+def test_dds_panel_kernel(block_size, dtype, trans, m, group, splits):
     from tilesparse.kernels import bsmm_panel
 
     if block_size * group > 128:
         pytest.skip("panels wider than 128 columns are not a supported config")
     operands, expected = _dds_case(block_size, dtype, trans, m)
-    out = kernels.dds(*operands, config=bsmm_panel.PanelConfig(group))
+    out = kernels.dds(*operands, config=bsmm_panel.PanelConfig(group, splits=splits))
     assert_close(out, expected, dtype, "dds panel")
 
 

@@ -249,6 +249,8 @@ def test_tune_command_needs_a_gpu(capsys):
     (lambda: SmallConfig(24, 64, 16, 4, 8), "sub"),
     (lambda: SmallConfig(32, 64, 8, 4, 8), "block_m"),
     (lambda: PanelConfig(3), "group"),
+    (lambda: PanelConfig(2, splits=0), "splits"),
+    (lambda: PanelConfig(2, splits=True), "splits"),
     (lambda: WsConfig(96, 64, 8, 4), "block_m"),
     (lambda: WsConfig(512, 64, 8, 4), "block_m"),
     (lambda: WsConfig(128, 64, 2, 4), "num_warps"),

@@ -127,6 +127,14 @@ ALL_VARIANTS = {
     "pG8m128w4st3": ("panel", 8, 128, 4, 3),
     "pG8m128w8st3": ("panel", 8, 128, 8, 3),
     "pG8m64w4st4": ("panel", 8, 64, 4, 4),
+    # ... with the reduction split over programs (PanelConfig.splits, fp32 partials summed in
+    # a fixed order; twentieth session): ("panel", G, block_m, warps, stages, group_m, splits)
+    "pG8m16w4st4x8": ("panel", 8, 16, 4, 4, 8, 8),
+    "pG8m32w4st4x8": ("panel", 8, 32, 4, 4, 8, 8),
+    "pG8m64w4st4x8": ("panel", 8, 64, 4, 4, 8, 8),
+    "pG8m64w4st4x16": ("panel", 8, 64, 4, 4, 8, 16),
+    "pG8m64w8st4x8": ("panel", 8, 64, 8, 4, 8, 8),
+    "pG4m64w4st4x8": ("panel", 4, 64, 4, 4, 8, 8),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 

@@ -30,22 +30,25 @@ import triton.language as tl
 
 from ..layout import table_views
 from ._device import build_outside_graph_pools
+from ._alloc import new_output
 from ._launch import launch
-from ._tiles import cdiv, check_power_of_two, grouped_tile
+from ._tiles import cdiv, check_ints, check_power_of_two, grouped_tile
 
 
 @triton.jit
 def _dds_panel_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
     pptr_ptr, pk_ptr, pslots_ptr,
-    M, n_out_cols, n_groups,
+    M, n_out_cols, n_groups, split_stride,
     stride_am, stride_ak, stride_cm, stride_cn,
-    B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr,
+    B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):
-    """Program (m-tile, group q): C[m-tile, q*G*B : (q+1)*G*B] = sum over union entries u
-    of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] = op(V[pslots[u, g]])
-    (zero where pslots[u, g] < 0)."""
+    """Program (m-tile, group q, split p): C[m-tile, q*G*B : (q+1)*G*B] = sum over union
+    entries u of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] =
+    op(V[pslots[u, g]]) (zero where pslots[u, g] < 0). SPLITS > 1: split p takes the p-th
+    of SPLITS equal runs of the group's entries and stores its fp32 partial sum (no bias)
+    at c + p * split_stride; the launcher adds the partials in a fixed order."""
     pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, B)
@@ -55,6 +58,10 @@ def _dds_panel_kernel(
     m_ok = offs_m < M
     start = tl.load(pptr_ptr + q).to(tl.int64)  # int64 loop index: u * G cannot overflow
     end = tl.load(pptr_ptr + q + 1).to(tl.int64)
+    if SPLITS > 1:
+        run = (end - start + SPLITS - 1) // SPLITS
+        start = tl.minimum(start + tl.program_id(1) * run, end)
+        end = tl.minimum(start + run, end)
     acc = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
     for u in range(start, end):
         k = tl.load(pk_ptr + u).to(tl.int64)
@@ -73,7 +80,9 @@ def _dds_panel_kernel(
         acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
     cols = q.to(tl.int64) * (G * B) + offs_n
     col_ok = cols < n_out_cols
-    if HAS_BIAS:
+    if SPLITS > 1:
+        c_ptr += tl.program_id(1).to(tl.int64) * split_stride
+    if HAS_BIAS and SPLITS == 1:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + cols[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
@@ -82,19 +91,26 @@ def _dds_panel_kernel(
 @dataclass(frozen=True)
 class PanelConfig:
     """Launch parameters of the panel kernel: ``group`` output block-columns per program
-    (G), ``block_m`` activation rows per program."""
+    (G), ``block_m`` activation rows per program, ``splits`` programs per panel, each
+    summing a run of its union entries into an fp32 workspace (summed in a fixed order):
+    for few activation rows, where one program per panel walking the whole reduction
+    left too few programs (b 16 at 16-64 rows: 2-11x slower than the small-batch kernel
+    without splits, docs/performance.md)."""
 
     group: int
     block_m: int = 128
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
+    splits: int = 1
 
     def __post_init__(self):
         check_power_of_two(self, "group", minimum=1)
         check_power_of_two(self, "block_m")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1:
-            raise ValueError(f"bad PanelConfig {self!r}: num_warps a power of two <= 16, num_stages and group_m >= 1")
+        check_ints(self, "splits")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1 or self.splits < 1:
+            raise ValueError(f"bad PanelConfig {self!r}: num_warps a power of two <= 16, num_stages, group_m and "
+                             "splits >= 1")
 
 
 def panel_supported(block_size: int) -> bool:
@@ -149,13 +165,20 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
                          "at most 256")
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
-    grid = (cdiv(a.shape[0], cfg.block_m) * n_groups,)
+    m = a.shape[0]
+    out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
+    grid = (cdiv(m, cfg.block_m) * n_groups, cfg.splits)
     launch(_dds_panel_kernel, grid,
-        a, values, bias if bias is not None else c, c,
+        a, values, bias if bias is not None else c, out,
         pptr, pk, pslots,
-        a.shape[0], c.shape[1], n_groups,
-        a.stride(0), a.stride(1), c.stride(0), c.stride(1),
-        B=b, G=cfg.group, BLOCK_M=cfg.block_m,
+        m, c.shape[1], n_groups, out.stride(0) if cfg.splits > 1 else 0,
+        a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
+        B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
+        total = out.sum(dim=0)
+        if bias is not None:
+            total += bias.float()
+        c.copy_(total)

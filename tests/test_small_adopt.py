@@ -1,0 +1,50 @@
+"""``scripts/measure_small_crossover.py --adopt``: a variant sweep's winner goes into the
+shipped table only where it beats, in the same run, the heuristic config (a variant equal
+to it, or the sweep's own ``default``), the large-batch kernel and the dispatcher's choice."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tilesparse.kernels import tuned
+from tilesparse.kernels.bsmm_panel import PanelConfig
+
+_SCRIPT = Path(__file__).parent.parent / "scripts" / "measure_small_crossover.py"
+
+
+@pytest.fixture
+def crossover(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("measure_small_crossover", _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "SHIPPED", tmp_path)
+    return module
+
+
+def _row(default_ms, panel_ms, large_ms=1.0, auto_ms=None, m=64):
+    row = {"op": "fprop", "block": 16, "density": 0.5, "M": m, "weight_bytes": 151 << 20, "copies": 3,
+           "large_ms": large_ms, "default": default_ms, "pG8m64w4st4x8": panel_ms}
+    if auto_ms is not None:
+        row.update(auto=auto_ms, auto_err=1e-3)
+    return row
+
+
+@pytest.mark.parametrize("row, adopted", [
+    (_row(0.147, 0.060), True),  # well ahead of the heuristic and the large kernel
+    (_row(0.147, 0.145), False),  # within 3 % of the heuristic
+    (_row(0.147, 0.060, large_ms=0.05), False),  # the large-batch kernel is faster
+    (_row(0.147, 0.060, auto_ms=0.055), False),  # the dispatcher's own choice is faster
+])
+def test_adopt_compares_against_the_sweeps_default_variant(crossover, tmp_path, row, adopted):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
+    crossover.adopt(sweep)
+    table = tmp_path / "nvidia-h200.json"
+    entries = json.loads(table.read_text())["entries"] if table.exists() else {}
+    key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)
+    assert (key in entries) == adopted
+    if adopted:
+        assert tuned.from_json(entries[key]["config"]) == PanelConfig(8, 64, 4, 4, 8, 8)
