@@ -4,7 +4,8 @@ The CPU test suite runs the kernels under the Triton interpreter, which checks t
 results but not that they compile for a GPU (layouts, shared memory, tuple returns...).
 This script compiles them with ``triton.compile(ASTSource(...), target=sm_90)``, which
 needs only the ptxas bundled with Triton, and exits 1 if any fails. It must run without
-TRITON_INTERPRET (the interpreter replaces the JIT functions).
+TRITON_INTERPRET (the interpreter replaces the JIT functions). The attention kernels'
+cases live in ``sm90_attention_cases.py`` beside it.
 
     python scripts/sm90_compile_check.py            # the attention, 2:4 and small-batch kernels, all variants
     python scripts/sm90_compile_check.py --quick    # one variant of each (tests/test_sm90_codegen.py)
@@ -13,7 +14,6 @@ TRITON_INTERPRET (the interpreter replaces the JIT functions).
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import subprocess
 import sys
@@ -30,8 +30,8 @@ from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
-from tilesparse.kernels import attention as attn  # noqa: E402
-from tilesparse.kernels import attention_stored_ds  # noqa: E402
+from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E402  (this folder's)
+
 from tilesparse.kernels import block_scatter  # noqa: E402
 from tilesparse.kernels import bsmm_panel  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
@@ -47,73 +47,6 @@ from tilesparse.kernels import semi24_pack  # noqa: E402
 from tilesparse.kernels import transpose  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-
-
-def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
-    sig = {}
-    for name in fn.arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in ("lse_ptr", "delta_ptr", "dq_acc_ptr"):
-            sig[name] = "*fp32"
-        elif name == "kpm_ptr":
-            sig[name] = "*u8"
-        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr")):
-            sig[name] = "*i32"
-        elif name.endswith("_ptr"):
-            sig[name] = f"*{dtype}"
-        elif name in ("qk_scale", "scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
-def attention_cases(quick: bool):
-    shapes = ((128, 128), (16, 32)) if quick else ((128, 128), (128, 96), (64, 64), (32, 64), (16, 32))
-    flags = ((True, True),) if quick else ((False, False), (True, False), (False, True), (True, True))
-    for block, head_dim in shapes:
-        d_tile = max(16, triton.next_power_of_2(head_dim))
-        # tensor-descriptor (TMA) loads where D fills the box
-        for (causal, kpm), tma in itertools.product(flags, (False, True) if head_dim == d_tile else (False,)):
-            common = dict(BS=block, D=head_dim, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=kpm, INPUT_PRECISION="ieee",
-                          TMA=tma)
-            for kind, fn in (("fwd", attn._fwd_kernel), ("dkdv", attn._bwd_dkdv_kernel), ("dq", attn._bwd_dq_kernel)):
-                cfg = attn.attention_config(kind, block, head_dim, torch.bfloat16)
-                # variants: dQ by atomics (deterministic=False) and the two-pass dK/dV walk
-                # (AttentionConfig.two_pass), alone and together; the forward's split-off last block
-                variants = {"dkdv": ((), ("atomic_dq",), ("two_pass",), ("store_ds",),
-                                     ("two_pass", "atomic_dq"))[:3 if quick else 5],
-                            "fwd": ((),) if kpm else ((), ("split_last",))}.get(kind, ((),))
-                for variant in variants:
-                    const = dict(common, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-                    if kind == "dkdv":  # a constexpr left out would compile as a runtime int
-                        atomic = "atomic_dq" in variant
-                        const.update(ATOMIC_DQ=atomic, TMA_REDUCE=atomic and tma, TWO_PASS="two_pass" in variant,
-                                     STORE_DS="store_ds" in variant)
-                    elif kind == "fwd":
-                        const.update(SPLIT_LAST="split_last" in variant)
-                    name = "".join(f" {v}" for v in variant)
-                    yield (f"attention {kind} b{block} D{head_dim} causal={causal} kpm={kpm} tma={tma}{name}", fn,
-                           _attention_signature(fn, "bf16", const), const, cfg.num_warps, cfg.num_stages)
-        if not quick:  # dQ from the stored dS (attention_stored_ds), at the dQ kernel's tiles
-            cfg = attn.attention_config("dq", block, head_dim, torch.bfloat16)
-            const = dict(BS=block, D=head_dim, D_TILE=d_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                         INPUT_PRECISION="ieee")
-            fn = attention_stored_ds._bwd_dq_from_ds_kernel
-            yield (f"attention dq from stored dS b{block} D{head_dim}", fn, _attention_signature(fn, "bf16", const),
-                   const, cfg.num_warps, cfg.num_stages)
-        const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
-        fn = attn._bwd_preprocess_kernel
-        yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
-    if not quick:  # the two-pass dK/dV kernel at other tiles than the measured config's (b 128, D 128)
-        fn = attn._bwd_dkdv_kernel
-        for block_m, block_n, warps in ((64, 128, 4), (128, 128, 8), (64, 64, 4), (64, 64, 8)):
-            const = dict(BS=128, D=128, D_TILE=128, BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=True, HAS_KPM=False,
-                         INPUT_PRECISION="ieee", TMA=True, ATOMIC_DQ=False, TMA_REDUCE=False, TWO_PASS=True,
-                         STORE_DS=False)
-            yield (f"attention dkdv b128 D128 causal=True kpm=False tma=True two_pass {block_m}x{block_n} w{warps}",
-                   fn, _attention_signature(fn, "bf16", const), const, warps, 2)
 
 
 def semi24_cases(quick: bool):
@@ -360,96 +293,6 @@ def ws_sdd_rows_cases(quick: bool):
                else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"ws group sdd rows b64 G{group} k{block_k} st{stages} a_from_registers={a_regs} overlap={overlap}",
                fn, sig, const, 4, stages, None, GluonASTSource)
-
-
-def attention_ws_cases(quick: bool):
-    """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
-    dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
-    from tilesparse.kernels import attention_ws, attention_ws_base, attention_ws_dkdv
-
-    fn = attention_ws_dkdv._bwd_dkdv_ws_kernel
-    # (block, D, block_m, stages, causal, key padding, STORE_DS: dS into the workspace)
-    cases = ((128, 128, 64, 2, True, False, False),) if quick else \
-        ((128, 128, 64, 2, True, False, False), (128, 128, 64, 3, False, True, False), (64, 64, 64, 2, True, True, False),
-         (128, 64, 64, 2, False, False, False), (128, 128, 64, 2, True, False, True), (64, 64, 64, 2, False, True, True))
-    # two consumer warpgroups (half the keys each) at blocks of 128
-    cases = tuple((*case, 1) for case in cases) + (((128, 128, 64, 2, True, False, False, 2),) if quick else
-                                                   ((128, 128, 64, 2, True, False, False, 2),
-                                                    (128, 128, 64, 2, False, True, True, 2),
-                                                    (128, 64, 64, 2, True, False, True, 2)))
-    # OVERLAP: the elementwise work under asynchronous wgmma (two consumers, with and without dS stores)
-    cases = tuple((*case, False) for case in cases) + (((128, 128, 64, 2, True, False, False, 2, True),) if quick else
-                                                       ((128, 128, 64, 2, True, False, False, 2, True),
-                                                        (128, 128, 64, 2, False, True, True, 2, True),
-                                                        (128, 64, 64, 2, True, True, False, 2, True),
-                                                        (64, 64, 64, 2, True, True, False, 1, True)))
-    # STATS_SMEM: lse and delta through the ring stage (cp.async), synchronous and overlapped
-    cases = tuple((*case, False) for case in cases) + (((128, 128, 64, 2, True, False, False, 2, False, True),) if quick
-                                                       else ((128, 128, 64, 2, True, False, False, 2, False, True),
-                                                             (128, 128, 64, 2, False, True, False, 2, True, True),
-                                                             (64, 64, 64, 3, True, True, False, 1, False, True)))
-    for block, head_dim, block_m, stages, causal, kpm, store_ds, consumers, overlap, stats in cases:
-        qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
-        const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
-                     STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats)
-        sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
-               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
-               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
-               GluonASTSource)
-    # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
-    row_cases = {
-        "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else
-               ((128, 128, 128, 64, 2, True, False), (128, 128, 128, 128, 2, False, True), (64, 64, 64, 64, 3, True, True))),
-        "fwd": (attention_ws._fwd_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
-                ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True))),
-    }
-    from tilesparse.kernels import attention_ws_persistent
-
-    row_cases["persistent fwd"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
-                                   ((128, 128, 128, 128, 2, True, False),) if quick else
-                                   ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True),
-                                    (64, 64, 64, 64, 2, True, True)))
-    # the persistent forward with the softmax under the P V wgmma (OVERLAP)
-    row_cases["persistent fwd overlap"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
-                                           ((128, 128, 128, 128, 2, True, False),) if quick else
-                                           ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 128, 2, False, False),
-                                            (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True)))
-    row_cases["dQ two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick
-                                     else ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 64, 3, False, True)))
-    # S and dP as asynchronous wgmma, P under dP's
-    row_cases["dQ overlap two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),)
-                                             if quick else ((128, 128, 128, 128, 2, True, False),
-                                                            (128, 64, 128, 64, 3, False, True)))
-    row_cases["dQ overlap"] = (attention_ws._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
-    row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
-                                                         ((128, 128, 128, 128, 2, True, False),) if quick else
-                                                         ((128, 128, 128, 128, 2, True, False),
-                                                          (128, 64, 128, 64, 3, False, True),
-                                                          (128, 64, 128, 128, 2, True, False)))
-    for kind, (fn, cases) in row_cases.items():
-        for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
-            qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)
-            const = dict(BS=block, D=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-                         HAS_KPM=kpm, LOAD_REGS=40, qo_layout=qo, kv_layout=kv, num_warps=block_m // 16)
-            if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
-                const.update(CONSUMERS=1, MMA_REGS=232)
-            if kind.startswith("dQ"):
-                const["OVERLAP"] = "overlap" in kind
-            if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
-                # synchronous b 128 one
-                const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
-                             (kind == "persistent fwd" and block == 128 and block_n == 64))
-            if kind.endswith("overlap"):
-                const["OVERLAP"] = True
-            if kind.endswith("two consumers"):  # a warpgroup each, half the rows
-                const.update(CONSUMERS=2, num_warps=block_m // 32)
-                if kind.startswith("persistent"):
-                    const["OVERLAP"] = True
-            sig = _attention_signature(fn, "bf16", const)
-            yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
-                   sig, const, const["num_warps"], stages, None, GluonASTSource)
 
 
 def _ptxas_log(ptx: str) -> str:
