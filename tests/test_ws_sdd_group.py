@@ -74,7 +74,7 @@ def test_support_check_refuses_tile_indices_past_32_bits(monkeypatch):
     out = torch.empty(3, 64, 64, dtype=torch.bfloat16, device="meta")
     monkeypatch.setattr(bsmm_ws_sdd, "hopper_reason", lambda t: None)
     monkeypatch.setattr(bsmm_ws_sdd, "row_major_tma_ok", lambda t: True)
-    monkeypatch.setattr(bsmm_ws_sdd_group, "shared_memory_bytes", lambda device: 1 << 20)
+    monkeypatch.setattr(bsmm_ws_sdd, "shared_memory_bytes", lambda device: 1 << 20)  # the shared check's
     assert bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig()) is None
     assert "32 bits" in bsmm_ws_sdd_group.ws_sdd_group_supported(a_t, x, out, WsSddGroupConfig(group_m=1 << 31))
 

@@ -22,7 +22,8 @@ from ._launch import launch
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WsConfig, _alloc_ring, _fill_stage, _mma_stages, _nvmma, _warps_per_cta, hopper_reason
 
-__all__ = ["operand_reason", "sdd_ws_supported", "run_if_supported", "launch_sdd_ws"]
+__all__ = ["operand_reason", "shared_memory_reason", "density_floor_reason", "sdd_ws_supported", "run_if_supported",
+           "launch_sdd_ws"]
 
 KERNEL_NAME = "warp-specialized kernel"  # as bsmm.sdd's errors name it
 CONFIG = WsConfig  # the config that asks bsmm.sdd for this kernel
@@ -119,6 +120,24 @@ def operand_reason(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor, blocks
     return None
 
 
+def shared_memory_reason(needed: int, device: torch.device) -> str | None:
+    """Why a config needing ``needed`` bytes of shared memory cannot run on ``device``, or
+    None if they fit (the warp-specialized sdd kernels' shared check)."""
+    if needed > shared_memory_bytes(device):
+        return f"needs {needed} bytes of shared memory at this config, more than the GPU has"
+    return None
+
+
+def density_floor_reason(nnz: int, block_rows: int, block_cols: int, min_density: float,
+                         tuned_entry: bool) -> str | None:
+    """Why a tuned entry (``tuned_entry``) is refused below its kernel's ``min_density``:
+    a tuned density bucket's low end, where the kernel was measured slower. None otherwise
+    (configs passed explicitly always run)."""
+    if tuned_entry and nnz < min_density * block_rows * block_cols:
+        return f"is not used below density {min_density} (measured slower)"
+    return None
+
+
 def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg: WsConfig) -> str | None:
     """Why the sdd kernel cannot run these operands (as :func:`operand_reason`, b 64 or
     128), or None if it can."""
@@ -132,9 +151,7 @@ def sdd_ws_supported(a_t: torch.Tensor, b: torch.Tensor, out: torch.Tensor, cfg:
         return f"would compute each {block}-row block more than once with {cfg.num_warps} warps"
     if max(a_t.shape[0], a_t.shape[1], b.shape[1], out.shape[0] * block) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
-    if cfg.shared_bytes(block, sdd=True) > shared_memory_bytes(a_t.device):
-        return f"needs {cfg.shared_bytes(block, sdd=True)} bytes of shared memory at this config, more than the GPU has"
-    return None
+    return shared_memory_reason(cfg.shared_bytes(block, sdd=True), a_t.device)
 
 
 def run_if_supported(a_t, b, out, meta, block_rows, block_cols, cfg: WsConfig, tuned_entry: bool) -> str | None:

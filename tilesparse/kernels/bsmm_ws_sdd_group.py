@@ -31,13 +31,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ._device import cached_table, shared_memory_bytes, sm_count
+from ._device import cached_table, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, check_register_budgets
 from ..layout import table_views
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring, _tile_coords
-from .bsmm_ws_sdd import _sdd_layouts, operand_reason
+from .bsmm_ws_sdd import _sdd_layouts, density_floor_reason, operand_reason, shared_memory_reason
 from .bsmm_ws_group import _entry_mmas, _popcount, _wait_all, _wait_for_previous
 
 __all__ = ["WsSddGroupConfig", "MIN_DENSITY", "sdd_group_slots", "ws_sdd_group_supported", "run_if_supported",
@@ -284,18 +284,14 @@ def ws_sdd_group_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor
     pairs, n_groups = cdiv(a_t.shape[1] // block, 2), cdiv(x.shape[1] // block, cfg.group)
     if max(pairs * n_groups * 2 * cfg.group, cfg.group_m * n_groups) >= 1 << 31:
         return "indexes its tile table and tile order with 32 bits, too few for this many tiles at this config"
-    if cfg.shared_bytes(a_t.element_size()) > shared_memory_bytes(a_t.device):
-        return (f"needs {cfg.shared_bytes(a_t.element_size())} bytes of shared memory at this config, "
-                "more than the GPU has")
-    return None
+    return shared_memory_reason(cfg.shared_bytes(a_t.element_size()), a_t.device)
 
 
 def run_if_supported(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddGroupConfig, tuned_entry: bool) -> str | None:
     """Run the kernel and return None if it can take this call; else say why. A tuned
     entry (``tuned_entry``) below :data:`MIN_DENSITY` is refused: measured slower there."""
-    why = ws_sdd_group_supported(a_t, x, out, cfg)
-    if why is None and tuned_entry and out.shape[0] < MIN_DENSITY * block_rows * block_cols:
-        why = f"is not used below density {MIN_DENSITY} (measured slower)"  # a tuned density bucket's low end
+    why = (ws_sdd_group_supported(a_t, x, out, cfg)
+           or density_floor_reason(out.shape[0], block_rows, block_cols, MIN_DENSITY, tuned_entry))
     if why is None:
         launch_sdd_ws_group(a_t, x, out, meta, block_rows, block_cols, cfg)
     return why

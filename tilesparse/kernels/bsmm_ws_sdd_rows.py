@@ -37,12 +37,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ..layout import table_views
-from ._device import cached_table, shared_memory_bytes, sm_count
+from ._device import cached_table, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_bools
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
-from .bsmm_ws_sdd import _sdd_layouts, operand_reason
+from .bsmm_ws_sdd import _sdd_layouts, density_floor_reason, operand_reason, shared_memory_reason
 from .bsmm_ws_sdd_group import _consume_slices, check_slice_fields
 
 __all__ = ["WsSddRowsConfig", "MIN_DENSITY", "unit_count", "unit_table", "ws_sdd_rows_supported", "run_if_supported", "launch_sdd_ws_rows"]
@@ -260,19 +260,15 @@ def ws_sdd_rows_supported(a_t: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
     _, units = unit_count(a_t.shape[1] // block, x.shape[1] // block, out.shape[0], cfg)
     if max(a_t.shape[0], a_t.shape[1], x.shape[1], (out.shape[0] + cfg.unit) * block, 2 * units) >= 1 << 31:
         return "addresses tensors and units with 32-bit coordinates, too few for this problem"
-    if cfg.shared_bytes(a_t.element_size()) > shared_memory_bytes(a_t.device):
-        return (f"needs {cfg.shared_bytes(a_t.element_size())} bytes of shared memory at this config, "
-                "more than the GPU has")
-    return None
+    return shared_memory_reason(cfg.shared_bytes(a_t.element_size()), a_t.device)
 
 
 def run_if_supported(a_t, x, out, meta, block_rows, block_cols, cfg: WsSddRowsConfig, tuned_entry: bool) -> str | None:
     """Run the kernel and return None if it can take this call; else say why (the
     interface of :func:`tilesparse.kernels.bsmm_ws_sdd_group.run_if_supported`); a tuned
     entry (``tuned_entry``) below :data:`MIN_DENSITY` is refused: measured slower there."""
-    why = ws_sdd_rows_supported(a_t, x, out, cfg)
-    if why is None and tuned_entry and out.shape[0] < MIN_DENSITY * block_rows * block_cols:
-        why = f"is not used below density {MIN_DENSITY} (measured slower)"  # a tuned density bucket's low end
+    why = (ws_sdd_rows_supported(a_t, x, out, cfg)
+           or density_floor_reason(out.shape[0], block_rows, block_cols, MIN_DENSITY, tuned_entry))
     if why is None:
         launch_sdd_ws_rows(a_t, x, out, meta, block_rows, block_cols, cfg)
     return why
