@@ -20,6 +20,7 @@ from tilesparse.kernels.bsmm_small import SmallConfig
 from tilesparse.kernels.bsmm_ws import WsConfig
 from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
+from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 from tolerances import assert_close
 
 pytestmark = INTERPRETER_MARKS  # some cases launch kernels under the interpreter
@@ -205,9 +206,12 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     grouped = [c for c in dds if isinstance(c, WsGroupConfig)]
     assert bool(grouped) == (not fp32 and block <= 64 and m > 256)  # the column-grouped kernel
     assert all(c.accumulator_registers(block) <= 128 and c.shared_bytes(block) <= 227 * 1024 for c in grouped)
-    assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig, SddTileConfig, WsSddGroupConfig))
-               for c in sdd)
+    assert all(isinstance(c, (kernels.KernelConfig, WsConfig, SddGroupConfig, SddTileConfig, WsSddGroupConfig,
+                              WsSddRowsConfig)) for c in sdd)
     assert any(isinstance(c, WsSddGroupConfig) for c in sdd) == (not fp32 and block == 64)
+    rows = [c for c in sdd if isinstance(c, WsSddRowsConfig)]  # the row-run sdd: b 64, 16-bit
+    assert bool(rows) == (not fp32 and block == 64)
+    assert all(c.shared_bytes() <= 227 * 1024 for c in rows)
     assert any(isinstance(c, SddGroupConfig) for c in sdd) == (not fp32)
     assert any(isinstance(c, SddTileConfig) for c in sdd) == (not fp32 and block <= 64)
     for c in sdd:

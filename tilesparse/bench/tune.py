@@ -28,6 +28,7 @@ from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
 from ..kernels.bsmm_ws_group import WsGroupConfig
 from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
+from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 from .matmul import DTYPES
 
 __all__ = ["dds_space", "sdd_space", "tune"]
@@ -156,6 +157,9 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     if block == 64:  # the grouped warp-specialized sdd (Hopper; refused elsewhere: skipped)
         yield WsSddGroupConfig(4, 64, 3)
         yield WsSddGroupConfig(4, 32, 6)
+        # the row-run kernel in the two shapes that won the twentieth session's sweep
+        yield WsSddRowsConfig(4, 32, 4, a_from_registers=True)
+        yield WsSddRowsConfig(2, 64, 3, a_from_registers=True)
     if block in (64, 128):  # the Hopper warp-specialized kernel (refused elsewhere: skipped)
         for bm, warps, stages in ((64, 8, 5), (64, 4, 4), (128, 8, 3)):
             if 16 * warps <= block:  # a warpgroup per 64 rows of the block
