@@ -316,3 +316,21 @@ def test_ws_config_is_refused_off_hopper_by_name():
     a = torch.randn(600, layout.shape[1]).to(torch.bfloat16)
     with pytest.raises(ValueError, match="needs an sm90"):
         kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True, WsConfig())
+
+
+def test_confirm_times_both_in_turn_and_returns_medians():
+    order, times = [], iter([5.0, 4.0, 9.0, 4.2, 5.2, 3.0, 4.8, 4.1, 5.1, 9.9])
+
+    def time_ms(fn):
+        order.append(fn())
+        return next(times)
+
+    current, best = tune_mod.confirm(lambda: "current", lambda: "best", 5, time_ms=time_ms)
+    assert order == ["current", "best"] * 5  # in turn, so a drift hits both alike
+    assert current == 5.1 and best == 4.1  # medians of (5, 9, 5.2, 4.8, 5.1) and (4, 4.2, 3, 4.1, 9.9)
+
+
+def test_tune_confirm_rounds_must_not_be_negative(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--confirm", "-1"])
+    assert "confirm must be at least 0" in capsys.readouterr().err

@@ -42,16 +42,18 @@ def _density(text: str) -> float:
     return value
 
 
-def _positive_int(name: str):
-    """An argparse type for a positive integer whose errors name the option."""
+def _positive_int(name: str, minimum: int = 1):
+    """An argparse type for an integer >= ``minimum`` (positive by default) whose errors
+    name the option."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, got {text!r}")
+        if value < minimum:
+            what = "positive" if minimum == 1 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}")
         return value
 
     return parse
@@ -115,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="fp32 is tuned with TF32")
     t.add_argument("--budget", type=float, default=300.0, help="seconds in all, shared by the cases (default 300)")
     t.add_argument("--min-gain", type=float, default=0.03, help="keep a config only if this much faster (default 0.03)")
+    t.add_argument("--confirm", type=_positive_int("confirm", minimum=0), default=5, metavar="ROUNDS",
+                   help="time the winner and the current choice again in turn this many times each and keep the "
+                        "winner only if its median is faster by --min-gain (default 5; 0 trusts the search's "
+                        "single timings, whose fastest is biased low)")
     t.add_argument("--per-shape", action="store_true",
                    help="key the winners by the weight shape too: they apply to that W [N, K] only, ahead of "
                         "the shape-free entries (for a shape whose best configs differ from the others')")
@@ -163,7 +169,7 @@ def cmd_tune(args, parser, console) -> int:
         parser.error("TILESPARSE_TUNED=off: give --out FILE or --dry-run")
     rows, entries, notes = tune(args.shape, args.block, args.density, args.ops, args.dtype,
                                 budget_s=args.budget, min_gain=args.min_gain, per_shape=args.per_shape,
-                                log=console.print)
+                                confirm_rounds=args.confirm, log=console.print)
     console.print(json.dumps({"cases": len(rows), "kept": len(entries)}))
     if entries and not args.dry_run:
         console.print(f"wrote {len(entries)} tuned configs to {tuned.record(entries, out, notes)}")
