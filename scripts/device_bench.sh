@@ -16,6 +16,9 @@
 #            warp-specialized kernel (kernels/attention_ws_persistent.py); FWD_PERSISTENT_ARGS e.g. --flex
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
+#   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
+#            shape-free entries left updat at 0.85-1.00x of stk's), winners in $OUT/tuned-11008.json
+#   graph-11008 - kernel time (CUDA-graph replay) on the two 11008 shapes, b 128 and 64
 #   small-variants - small-batch kernel configs (deeper pipelines, narrow slices, splits) vs the default
 #   small-chunks - the small-batch kernel with long block-rows cut in chunks and/or taken longest
 #            first, vs whole rows in table order
@@ -212,6 +215,11 @@ for step in ${STEPS:-large dtypes graph}; do
     attn-profile) timeout 150 python3 scripts/probes/attention_profile.py > "$OUT/attention-profile.txt" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
+    tune-11008) timeout "${TUNE_TIMEOUT:-300}" python3 -m tilesparse tune --per-shape --ops updat --block 128 \
+              --shape 8192x11008x4096 8192x4096x11008 --density 0.5 0.25 0.1 0.05 --budget 240 \
+              --out "$OUT/tuned-11008.json" > "$OUT/tune-11008.log" 2>&1 ;;
+    graph-11008) timeout "${GRAPH_TIMEOUT:-230}" python3 -m tilesparse bench --cuda-graph --shape 8192x11008x4096 \
+              8192x4096x11008 --block 128 64 --no-plot --out "$OUT" > "$OUT/bench-graph-11008.log" 2>&1 ;;
   esac
   echo "$step rc=$? $(( $(date +%s) - start )) s"
 done

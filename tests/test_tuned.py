@@ -334,3 +334,16 @@ def test_tune_confirm_rounds_must_not_be_negative(capsys):
     with pytest.raises(SystemExit):
         main(["tune", "--confirm", "-1"])
     assert "confirm must be at least 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nnz, expected", [
+    (51, [1, 3]),  # fewer blocks than SMs: enough splits to fill them
+    (132, [1]),  # one full wave
+    (138, [1, 2, 4]),  # a 5 % second wave
+    (300, [1, 2, 4]),
+    (396, [1]),  # three waves and more: the tail weighs little
+])
+def test_split_counts_for_partial_waves(nnz, expected):
+    assert tune_mod.split_counts(nnz, 132) == expected
+    splits = {c.splits for c in tune_mod.sdd_space(128, nnz, 132, fp32=False) if isinstance(c, kernels.KernelConfig)}
+    assert splits == set(expected)

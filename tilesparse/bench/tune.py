@@ -131,6 +131,17 @@ _SDD_GROUPS = {
 }
 
 
+def split_counts(nnz: int, sms: int) -> list[int]:
+    """M splits to try for the one-block-per-program sdd: 1; enough to give every SM a
+    block when blocks are fewer than SMs; and 2 / 4 when the blocks fill between one and
+    three waves, where the last wave runs mostly empty (138 blocks on 132 SMs: two waves
+    for 1.05 waves of work)."""
+    counts = {1, -(-sms // max(1, nnz))}
+    if sms < nnz < 3 * sms:
+        counts |= {2, 4}
+    return sorted(counts)
+
+
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
     or device TMA descriptors; several blocks of a block-row per program and dense tiles of
@@ -166,7 +177,7 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
             if 16 * warps <= block:  # a warpgroup per 64 rows of the block
                 yield WsConfig(bm, 64, warps, stages)
     for bm, warps, stages in ((64, 8, 3), (64, 4, 4), (128, 8, 3), (32, 4, 4)):
-        for splits in sorted({1, -(-sms // max(1, nnz))}):
+        for splits in split_counts(nnz, sms):
             for variant in (dict(), dict(tma=True), dict(tma=True, device_desc=True)):
                 yield K.KernelConfig(bm, tile, warps, stages, splits=splits, **variant)
 
