@@ -32,7 +32,7 @@ from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 from .matmul import DTYPES
 
-__all__ = ["dds_space", "sdd_space", "tune"]
+__all__ = ["confirm", "dds_space", "sdd_space", "split_counts", "tune"]
 
 
 def dds_space(m: int, block: int, fp32: bool) -> Iterator:
