@@ -16,6 +16,9 @@
 #            dS the dK/dV kernel stores (kernels/attention_stored_ds.py); STORED_DS_ARGS e.g. --flex
 #   attn-fwd-persistent - the attention forward: Triton, warp-specialized, and the persistent
 #            warp-specialized kernel (kernels/attention_ws_persistent.py); FWD_PERSISTENT_ARGS e.g. --flex
+#   attn-tma-dq - the warp-specialized dK/dV kernel adding dQ by TMA reductions (atomic_dq,
+#            deterministic=False): its GPU tests, then scripts/probes/attention_tma_dq.py against the
+#            deterministic default and the Triton kernel's atomics (TMA_DQ_ARGS e.g. --flex)
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
@@ -118,6 +121,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --out "$OUT/attention-stored-ds.json" > "$OUT/attention-stored-ds.log" 2>&1 ;;
     attn-fwd-persistent) timeout "${ATTN_TIMEOUT:-200}" python3 scripts/probes/attention_fwd_persistent.py \
               ${FWD_PERSISTENT_ARGS:-} --out "$OUT/attention-fwd-persistent.json" > "$OUT/attention-fwd-persistent.log" 2>&1 ;;
+    attn-tma-dq) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_ws_atomic_gpu.py \
+              > "$OUT/attn-tma-dq-tests.log" 2>&1
+            timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_tma_dq.py ${TMA_DQ_ARGS:-} \
+              --out "$OUT/attention-tma-dq.json" > "$OUT/attention-tma-dq.log" 2>&1 ;;
     attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \

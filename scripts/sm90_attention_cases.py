@@ -110,9 +110,29 @@ def attention_ws_cases(quick: bool):
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats)
+                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=False,
+                     dq_layout=None)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
+               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
+               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
+               GluonASTSource)
+    # ATOMIC_DQ: dQ's share added by TMA reductions (block_m 64; per case: block, D, stages, causal, key padding,
+    # consumers, overlap, stats in shared memory)
+    from tilesparse.kernels.attention_ws_dkdv import _dq_layout
+
+    atomic = ((128, 128, 2, True, False, 2, False, True),) if quick else \
+        ((128, 128, 2, True, False, 2, False, True), (128, 128, 2, False, True, 2, True, False),
+         (128, 64, 2, True, False, 2, True, False), (64, 64, 2, True, True, 1, False, False),
+         (128, 128, 2, False, False, 1, False, True))
+    for block, head_dim, stages, causal, kpm, consumers, overlap, stats in atomic:
+        qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
+        const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
+                     STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
+                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=True,
+                     dq_layout=_dq_layout(64, head_dim))
+        sig = _attention_signature(fn, "bf16", const)
+        yield (f"ws attention dK/dV atomic_dq b{block} D{head_dim} causal={causal} kpm={kpm}"
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
                + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
                GluonASTSource)

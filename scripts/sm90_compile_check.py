@@ -338,6 +338,10 @@ def main() -> int:
                     raise RuntimeError("a PDL kernel touches global memory before griddepcontrol.wait")
             if "griddepcontrol" in ptx:
                 mma += f", griddepcontrol {ptx.count('griddepcontrol')}"
+            if " atomic_dq " in label:  # dQ's shares leave by TMA reductions
+                if "cp.reduce.async.bulk.tensor" not in ptx:
+                    raise RuntimeError("an atomic-dQ kernel without cp.reduce.async.bulk.tensor in its PTX")
+                mma += f", cp.reduce.async.bulk.tensor {ptx.count('cp.reduce.async.bulk.tensor')}"
             if label.startswith("ws group") and "instructions are serialized" in _ptxas_log(ptx):
                 raise RuntimeError("ptxas serializes the wgmma (C7511 / C7512): an operand held in flight it "
                                    "cannot keep")

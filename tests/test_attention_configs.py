@@ -196,3 +196,61 @@ def test_dkdv_stats_in_smem_config():
     assert stats.shared_bytes(128, 128) - plain.shared_bytes(128, 128) == 2 * 2 * 64 * 4
     with pytest.raises(ValueError, match="stats_in_smem must be a bool"):
         attention_ws.DkdvWsConfig(64, 2, stats_in_smem=1)
+
+
+def test_atomic_dq_dkdv_config_checks(monkeypatch):
+    # the warp-specialized dK/dV kernel's atomic-dQ mode (TMA reductions): a bool, block_m 64,
+    # refused with deterministic=True (and its absence with False); its staging tiles counted
+    from tilesparse.kernels import attention_ws
+
+    with pytest.raises(ValueError, match="atomic_dq must be a bool"):
+        attention_ws.DkdvWsConfig(atomic_dq=1)
+    with pytest.raises(ValueError, match="atomic_dq needs block_m=64"):
+        attention_ws.DkdvWsConfig(32, atomic_dq=True)
+    plain, atomic = attention_ws.DkdvWsConfig(consumers=2), attention_ws.DkdvWsConfig(consumers=2, atomic_dq=True)
+    assert atomic.shared_bytes(128, 128) - plain.shared_bytes(128, 128) == 2 * 2 * 64 * 64 * 4
+    assert atomic.shared_bytes(128, 128) <= 227 * 1024
+    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert attention_ws.ws_supported(q, q, q, q, 128, atomic) is None
+    for deterministic, cfg, match in ((True, atomic, "needs deterministic=False"),
+                                      (False, plain, "needs atomic_dq=True")):
+        with pytest.raises(ValueError, match=match):
+            kernels._check_config(cfg, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, q, q, q, 128,
+                                  deterministic)
+    assert kernels._check_config(atomic, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, q, q, q, 128, False)
+    with pytest.raises(ValueError, match="has no atomic-dQ mode"):
+        kernels._check_config(attention_ws.DqWsConfig(), attention_ws.DqWsConfig, "configs[1]", "dQ", q, q, q, q, 128,
+                              False)
+
+
+def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
+    from tilesparse.kernels import attention_ws_dkdv
+    from tilesparse.kernels.attention_ws_base import DkdvWsConfig
+
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    args = (q, q, q, q, None, None, None, None, None, None, None, 2, 1, 128, False, False, 1.0)
+    with pytest.raises(ValueError, match="dq_acc must be given exactly when atomic_dq is set"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True))
+    with pytest.raises(ValueError, match="dq_acc must be given exactly when atomic_dq is set"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), dq_acc=torch.zeros(1, 2, 256, 128))
+    with pytest.raises(ValueError, match="contiguous float32 tensor of q's shape"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True), dq_acc=torch.zeros(1, 2, 256, 128,
+                                                                                                dtype=torch.bfloat16))
+
+
+def test_atomic_dq_defaults_only_where_listed(monkeypatch):
+    # deterministic=False: the dK/dV default adds dQ by TMA reductions only for listed keys
+    # (none shipped until measured); never a warp-specialized dQ config then (no dQ kernel)
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False) is None
+    assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None
+    assert attention_ws.default_config("fwd", q, q, q, q, 128, deterministic=False) is not None
+    assert not attention_ws.default_config("dkdv", q, q, q, q, 128).atomic_dq
+    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {("dkdv", 128, 128)})
+    cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
+    assert cfg is not None and cfg.atomic_dq and cfg.consumers == 2
+    assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None

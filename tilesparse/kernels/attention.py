@@ -95,16 +95,22 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
 def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_size: int,
                   deterministic: bool = True) -> bool:
     """Whether ``cfg`` picks the Hopper warp-specialized kernel of ``ws_kind`` (raising
-    ValueError, named after ``where``, if these inputs cannot take it: neither backward
-    kernel has the atomic-dQ mode); else checks it as an AttentionConfig. ``third`` is
+    ValueError, named after ``where``, if these inputs cannot take it, or if its atomic-dQ
+    mode disagrees with ``deterministic``: only the dK/dV kernel has one,
+    ``DkdvWsConfig.atomic_dq``); else checks it as an AttentionConfig. ``third`` is
     grad_out for the backward, the output for the forward."""
     if not isinstance(cfg, ws_kind):
         if not isinstance(cfg, AttentionConfig):
             raise ValueError(f"{where}={cfg}: not a {what} config (an AttentionConfig or {ws_kind.__name__})")
         cfg.check(block_size)
         return False
-    why = attention_ws.ws_supported(q, k, v, third, block_size, cfg) or (
-        None if deterministic else "has no atomic-dQ mode (deterministic=False)")
+    atomic = getattr(cfg, "atomic_dq", None)  # None: the kernel has no atomic-dQ mode (dQ, forward)
+    why = attention_ws.ws_supported(q, k, v, third, block_size, cfg)
+    if why is None and atomic is None and not deterministic:
+        why = "has no atomic-dQ mode (deterministic=False)"
+    elif why is None and atomic is not None and atomic == deterministic:
+        why = ("adds dQ by reductions (atomic_dq=True): it needs deterministic=False" if atomic else
+               "needs atomic_dq=True (its atomic-dQ mode) with deterministic=False")
     if why is not None:
         raise ValueError(f"{where}={cfg}: the warp-specialized {what} kernel {why}")
     return True
@@ -121,7 +127,7 @@ def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc,
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
                                     block_size, causal, has_kpm, scale, cfg_kv, ds=ds, kv_heads=(first, end),
-                                    ds_row_offset=row_first)
+                                    ds_row_offset=row_first, dq_acc=dq_acc)
         return
     launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
@@ -142,8 +148,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq); a
     ``attention_ws.DkdvWsConfig`` first / ``DqWsConfig`` second runs the Hopper
     warp-specialized dK/dV / dQ kernel).
-    ``deterministic=False``: the dK/dV kernel also adds each block pair's dQ share into
-    an fp32 buffer by atomics (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
+    ``deterministic=False``: the dK/dV kernel (Triton's, or the warp-specialized one with
+    ``atomic_dq=True``) also adds each block pair's dQ share into an fp32 buffer by
+    atomics or TMA reductions (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
     then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
     each key tile's column twice (dV, then dK; one fp32 accumulator live at a time).
     With ``attention_stored_ds`` on (and no configs given), the dK/dV kernel stores each
@@ -167,10 +174,12 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         stored = attention_stored_ds.plan(B, H, Hkv, layout_heads, col_rows.numel(), block_size, q.dtype,
                                           q.numel() * q.element_size(), q.device)
     stored_ds = stored is not None
-    if configs is None:  # a measured warp-specialized default on Hopper (deterministic only), else Triton's;
-        # with stored dS, dQ runs the Triton dq-from-dS kernel at the dQ config's tiles
-        configs = tuple((deterministic and not (stored_ds and kind == "dq")
-                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size, layout_heads))
+    if configs is None:  # a measured warp-specialized default on Hopper (with deterministic=False, the dK/dV
+        # one adding dQ by TMA reductions where measured faster), else Triton's; with stored dS, dQ runs the
+        # Triton dq-from-dS kernel at the dQ config's tiles
+        configs = tuple((not (stored_ds and kind == "dq")
+                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size, layout_heads,
+                                                         deterministic))
                         or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
     cfg_kv, cfg_q = configs
     ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,

@@ -25,6 +25,8 @@ fp16 / bf16, D 64 or 128, block 64 or 128, heads' rows addressable by TMA.
 
 from __future__ import annotations
 
+import dataclasses
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -382,13 +384,23 @@ _WS_DEFAULTS: dict = {
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
 
-def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1):
+# (kind, block, D) whose dK/dV default, with deterministic=False, adds dQ by TMA reductions
+# (atomic_dq): none until scripts/probes/attention_tma_dq.py measures it faster than the
+# Triton kernel's atomics, which run there today
+_ATOMIC_DQ_DEFAULTS: set = set()
+
+
+def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
     """The warp-specialized config of ``kind`` ("fwd", "dkdv" or "dq") for these inputs
     where one is the measured default and the inputs qualify, else None (the Triton
     kernel's config applies). ``layout_heads``: the layout's heads (1: one layout shared
-    by every head); some defaults were measured faster on shared layouts only."""
+    by every head); some defaults were measured faster on shared layouts only.
+    ``deterministic=False`` (backward): the dK/dV default with ``atomic_dq`` where listed
+    in ``_ATOMIC_DQ_DEFAULTS``, and no dQ kernel."""
     key = (kind, block_size, q.shape[-1])
     cfg = _WS_DEFAULTS.get(key)
+    if not deterministic and kind != "fwd":
+        cfg = dataclasses.replace(cfg, atomic_dq=True) if kind == "dkdv" and key in _ATOMIC_DQ_DEFAULTS else None
     if cfg is None or (layout_heads > 1 and key in _SHARED_LAYOUTS_ONLY):
         return None
     if ws_supported(q, k, v, third, block_size, cfg) is not None:

@@ -95,7 +95,9 @@ class DkdvWsConfig:
     ``stats_in_smem``: the producer copies each query tile's lse and delta into its ring
     stage (cp.async, tracked by the stage's barrier) and the consumers read them from
     shared memory where they are used, instead of holding global loads in registers
-    across the tile's first wgmma."""
+    across the tile's first wgmma; ``atomic_dq``: the kernel also adds each pair's dQ share
+    into an fp32 buffer by TMA reductions (5 products per pair, no dQ kernel; not bitwise
+    reproducible: ``deterministic=False`` only)."""
 
     block_m: int = 64
     stages: int = 2
@@ -103,20 +105,26 @@ class DkdvWsConfig:
     consumers: int = 1
     overlap: bool = False
     stats_in_smem: bool = False
+    atomic_dq: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        check_bools(self, "overlap", "stats_in_smem")
+        check_bools(self, "overlap", "stats_in_smem", "atomic_dq")
+        if self.atomic_dq and self.block_m != 64:
+            raise ValueError(f"DkdvWsConfig.atomic_dq needs block_m=64 (dS as one wgmma's 64 rows beside dK and dV), "
+                             f"got {self.block_m!r}")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """K and V tiles, plus the ring of query and output-gradient tiles (and of the
-        tiles' lse and delta, fp32, where ``stats_in_smem``)."""
+        tiles' lse and delta, fp32, where ``stats_in_smem``; and two fp32 staging tiles of
+        dQ's share per consumer where ``atomic_dq``)."""
         stats = self.stages * 2 * self.block_m * 4 if self.stats_in_smem else 0
-        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + 1024
+        staging = 2 * self.consumers * self.block_m * min(64, head_dim) * 4 if self.atomic_dq else 0
+        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + staging + 1024
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,14 +10,22 @@ the key block's column, sT = K Qᵀ, Pᵀ = exp2(sT * scale·log2e - lse), dV +=
 dPᵀ = V dOᵀ, dSᵀ = Pᵀ (dPᵀ - delta), dK += dSᵀ Q; dK is scaled once at the end; bitwise
 deterministic. The default at blocks of 128 and D 128 on Hopper
 (:mod:`tilesparse.kernels.attention_ws`, where its config and support checks live).
+With ``DkdvWsConfig.atomic_dq`` (``deterministic=False``) it also adds each pair's dQ
+share, scale · dS K, into an fp32 buffer by TMA reductions from shared memory
+(:mod:`tilesparse.kernels._tma_reduce`): 5 products per pair and no dQ kernel; dQ's bits
+then depend on the order the adds land in.
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -25,24 +33,38 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ._launch import launch
+from ._tma_reduce import async_reduce_add
 from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _fill_stage
+from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma
 
 __all__ = ["launch_dkdv_ws"]
 
 
 @gluon.jit
+def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.constexpr):
+    """The column walk's i-th query tile (i from start * M_STEPS): in order, or with
+    ATOMIC_DQ rotated to start at a place that depends on the key block, so that programs
+    running at once add their dQ shares into different query tiles (adds to one address
+    serialize), as ``_bwd_dkdv_kernel`` walks."""
+    if ATOMIC_DQ:
+        n = (end - start) * M_STEPS
+        return start * M_STEPS + (i - start * M_STEPS + kblk * M_STEPS) % n
+    else:
+        return i
+
+
+@gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
-                  BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr):
+                  BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr):
     """Producer (one warp): the key tile's K and V once, then for each query head of the
     group and each query tile of the key block's CSC column, the Q and dO tiles
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
     copies hold the stage's ready barrier open until they land)."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, stat_bufs = bufs
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     kblk = gl.program_id(0)
@@ -58,7 +80,8 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
         lh = h % L_HEADS
         start = gl.load(col_ptr_ptr + lh * NB + kblk)
         end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for t in range(start * M_STEPS, end * M_STEPS):
+        for i in range(start * M_STEPS, end * M_STEPS):
+            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
             qblk = gl.load(col_rows_ptr + t // M_STEPS)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             if STATS_SMEM:
@@ -93,7 +116,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr):
     """A consumer partition (16 key rows per warp): the four products per query tile,
     synchronous wgmma (OVERLAP: asynchronous, below), the stage released after the last one
     that read it has been waited for; then dK *
@@ -102,11 +125,14 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and
     barrier arrivals. OVERLAP: sT and dPᵀ are issued together as asynchronous wgmma, Pᵀ is
     computed under dPᵀ's and dSᵀ under dV's (the same products in the same order: bitwise
-    the synchronous consumer's)."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, stat_bufs = bufs
+    the synchronous consumer's). ATOMIC_DQ: then dQ's share of this consumer's keys, scale
+    · dS K (dS = dSᵀ transposed by a layout conversion, K from shared memory), DQ_N
+    columns at a time through two fp32 staging tiles, each added into ``dq_acc`` by a TMA
+    reduction while the next is computed."""
+    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs = bufs
     kv_bar, ready_bars, empty_bars = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
@@ -122,10 +148,18 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     # STORE_DS's stores: 8 consecutive queries (16 bytes) per thread, BLOCK_M // 8 threads per row
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
+    # ATOMIC_DQ: dS [BLOCK_M queries, keys] as the A operand of dQ = dS K, the share [BLOCK_M, DQ_N]
+    DQ_N: gl.constexpr = 64 if D > 64 else D
+    dq_acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                            instr_shape=[16, DQ_N, 16])
+    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_acc_layout, k_width=2)
     kblk = gl.program_id(0)
     bhk = gl.program_id(1) + BHK_OFFSET  # a launch per chunk of kv heads
     bz = bhk // HKV
     hkv = bhk % HKV
+    if ATOMIC_DQ:
+        dq_zero = gl.zeros((BLOCK_M, DQ_N), dtype=gl.float32, layout=dq_acc_layout)
+        reduces = 0  # this consumer's reductions issued: they alternate between its two staging tiles
 
     key0 = kblk * BS + ROLE * KEYS
     offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -147,7 +181,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         bh = (bz * H + h).to(gl.int64)
         start = gl.load(col_ptr_ptr + lh * NB + kblk)
         end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for t in range(start * M_STEPS, end * M_STEPS):
+        for i in range(start * M_STEPS, end * M_STEPS):
+            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
             qblk = gl.load(col_rows_ptr + t // M_STEPS)
             row = qblk * BS + (t % M_STEPS) * BLOCK_M
             offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
@@ -194,6 +229,16 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 dsT = pT * (dpT - delta[None, :])
                 dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
+            if ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
+                ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
+                for c in gl.static_range(D // DQ_N):
+                    dq_part = warpgroup_mma(ds_op, k.slice(c * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False)
+                    stage = dq_bufs.index(ROLE * 2 + reduces % 2)
+                    tma.store_wait(pendings=1)  # the reduction issued two ago has read this tile
+                    stage.reshape([BLOCK_M, DQ_N]).store(dq_part * scale)
+                    fence_async_shared()
+                    async_reduce_add(dq_desc, [bz, h, row, c * DQ_N], stage)
+                    reduces += 1
             if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
                 # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
                 # accumulator layout would store 4-byte pieces)
@@ -210,18 +255,20 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
     gl.store(dk_ptr + out_off, (dk * scale).to(dtype), mask=out_mask)
     gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
+    if ATOMIC_DQ:
+        tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
 
 
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
+    dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
-    STATS_SMEM: gl.constexpr = False,
+    STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = False, dq_layout: gl.constexpr = None,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -236,48 +283,75 @@ def _bwd_dkdv_ws_kernel(
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     kv_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
-    descs = (q_desc, k_desc, v_desc, do_desc)
+    DQ_N: gl.constexpr = 64 if D > 64 else D  # ATOMIC_DQ: dQ's share in slices of DQ_N columns
+    if ATOMIC_DQ:  # dq_acc: contiguous fp32 [B, H, S, D], added into in [1, 1, BLOCK_M, DQ_N] boxes
+        dq_desc = tma.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [H.to(gl.int64) * S * D, S.to(gl.int64) * D, D, 1],
+                                             [1, 1, BLOCK_M, DQ_N],
+                                             dq_layout)
+    else:
+        dq_desc = q_desc  # not used
+    descs = (q_desc, k_desc, v_desc, do_desc, dq_desc)
     # STATS_SMEM: per stage s the query tile's lse (row 2 s) and delta (row 2 s + 1)
     stat_bufs = gl.allocate_shared_memory(gl.float32, [2 * STAGES if STATS_SMEM else 2, BLOCK_M],
                                           gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs)
+    if ATOMIC_DQ:  # two fp32 staging tiles of dQ's share per consumer
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * CONSUMERS, 1, 1, BLOCK_M, DQ_N], dq_layout)
+    else:
+        dq_bufs = stat_bufs  # not used
+    bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs)
     bars = (kv_bar, ready_bars, empty_bars)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, num_warps)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            OVERLAP, STATS_SMEM, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, num_warps)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
         ], [1], [LOAD_REGS])
+
+
+@functools.lru_cache(maxsize=16)
+def _dq_layout(block_m: int, head_dim: int):
+    """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]."""
+    return _nvmma([1, 1, block_m, min(64, head_dim)], torch.float32)
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
-                   ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0) -> None:
+                   ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0,
+                   dq_acc=None) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
-    STORE_DS workspace, whose row 0 is row ``ds_row_offset``). ``kv_heads``: only the
-    flat (batch, kv head) range [first, end) (default all)."""
+    STORE_DS workspace, whose row 0 is row ``ds_row_offset``), or scale · dS K added into
+    ``dq_acc`` (zeroed, contiguous fp32 [B, H, S, D]) where given, which needs
+    ``cfg.atomic_dq``. ``kv_heads``: only the flat (batch, kv head) range [first, end)
+    (default all)."""
+    if (dq_acc is not None) != cfg.atomic_dq:
+        raise ValueError(f"cfg={cfg}: dq_acc must be given exactly when atomic_dq is set")
+    if dq_acc is not None and not (dq_acc.dtype == torch.float32 and dq_acc.is_contiguous()
+                                   and dq_acc.shape == q.shape):
+        raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
+    dq_layout = _dq_layout(cfg.block_m, D)
     ensure_allocator()
     first, end = kv_heads or (0, B * hkv)
     launch(_bwd_dkdv_ws_kernel, (nb, end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
-        B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
+        delta if dq_acc is None else dq_acc, B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        STATS_SMEM=cfg.stats_in_smem,
+        STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=cfg.atomic_dq, dq_layout=dq_layout,
     )

@@ -1,0 +1,61 @@
+"""The Hopper warp-specialized dK/dV kernel's atomic-dQ mode (``DkdvWsConfig(atomic_dq=True)``,
+``deterministic=False``: each pair's dQ share added by TMA reductions from shared memory,
+no dQ kernel) on CUDA: against the float64 reference and the deterministic kernels.
+Marked ``gpu``; skipped on GPUs other than sm90."""
+
+import pytest
+import torch
+
+from attention_cases import _seed, make_inputs, padding, reference_with_grads, run_kernels
+from tilesparse.attention import layouts
+from tilesparse.kernels import attention as kernels
+from tilesparse.kernels import attention_ws
+from tolerances import assert_close, rel_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+    reason="the Gluon kernel is written for sm90")]
+
+
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("b,D,S,consumers,stages,overlap,stats", [
+    (128, 128, 2000, 2, 2, False, True), (128, 128, 1024, 2, 2, True, False), (128, 128, 1024, 1, 2, False, True),
+    (128, 64, 1000, 2, 2, True, False), (64, 64, 1000, 1, 2, False, False), (64, 128, 777, 1, 2, False, False)])
+def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, consumers, stages, overlap, stats,
+                                                                       causal, kpm_kind):
+    # BigBird (window, global, random blocks), GQA (4 query heads on 2 kv heads), odd S
+    # (the last block partial: the TMA drops its dQ rows past S), key padding
+    dtype = torch.bfloat16
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
+    options = dict(consumers=consumers, overlap=overlap, stats_in_smem=stats)
+    ws = attention_ws.DkdvWsConfig(64, stages, atomic_dq=True, **options)
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
+    exact = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
+                        configs=(fwd, attention_ws.DkdvWsConfig(64, stages, **options), dq))
+    # the same sums in another order (the walk is rotated per key block, and dQ's shares add as they land)
+    assert all(rel_error(a, t) < 1e-2 for a, t in zip(got[2], exact[2]))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
+
+
+def test_atomic_dq_with_strided_inputs_and_fp16():
+    # [B, S, H, D] views (seq-major) and fp16, causal local window on one layout for all heads
+    dtype, b, D, S = torch.float16, 128, 128, 1536
+    layout = layouts.local(S, b, window=256)
+    q, k, v = make_inputs(1, 4, 4, S, D, dtype, device="cuda", seq_major=True)
+    grad_out = torch.randn(1, 4, S, D, device="cuda").to(dtype)
+    fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
+    ws = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True)
+    got = run_kernels(q, k, v, layout, True, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=True,
+                                           scale=D ** -0.5)
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
