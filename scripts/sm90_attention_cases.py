@@ -123,8 +123,8 @@ def attention_ws_cases(quick: bool):
 
     atomic = ((128, 128, 2, True, False, 2, False, True),) if quick else \
         ((128, 128, 2, True, False, 2, False, True), (128, 128, 2, False, True, 2, True, False),
-         (128, 64, 2, True, False, 2, True, False), (64, 64, 2, True, True, 1, False, False),
-         (128, 128, 2, False, False, 1, False, True))
+         (128, 64, 2, True, False, 2, True, False), (128, 64, 3, False, False, 2, False, True),
+         (64, 64, 2, True, True, 1, False, False), (64, 128, 2, False, False, 1, False, True))
     for block, head_dim, stages, causal, kpm, consumers, overlap, stats in atomic:
         qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
@@ -136,6 +136,10 @@ def attention_ws_cases(quick: bool):
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
                + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
                GluonASTSource)
+    if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
+        const = dict(const, H=1, S=1)
+        yield ("ws attention dK/dV atomic_dq H=1 S=1 (constants)", fn, _attention_signature(fn, "bf16", const), const,
+               const["num_warps"], 2, None, GluonASTSource)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
         "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else

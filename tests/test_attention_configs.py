@@ -208,8 +208,11 @@ def test_atomic_dq_dkdv_config_checks(monkeypatch):
     with pytest.raises(ValueError, match="atomic_dq needs block_m=64"):
         attention_ws.DkdvWsConfig(32, atomic_dq=True)
     plain, atomic = attention_ws.DkdvWsConfig(consumers=2), attention_ws.DkdvWsConfig(consumers=2, atomic_dq=True)
-    assert atomic.shared_bytes(128, 128) - plain.shared_bytes(128, 128) == 2 * 2 * 64 * 64 * 4
+    # two staging tiles per consumer, and the scratch that transposes dS
+    assert atomic.shared_bytes(128, 128) - plain.shared_bytes(128, 128) == 2 * 2 * 64 * 64 * 4 + 128 * 64 * 2
     assert atomic.shared_bytes(128, 128) <= 227 * 1024
+    deeper = attention_ws.DkdvWsConfig(consumers=2, stages=3, stats_in_smem=True, atomic_dq=True)
+    assert deeper.shared_bytes(128, 128) > 227 * 1024  # (ptxas: 247 KB)
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
     q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
     assert attention_ws.ws_supported(q, q, q, q, 128, atomic) is None
@@ -219,6 +222,10 @@ def test_atomic_dq_dkdv_config_checks(monkeypatch):
             kernels._check_config(cfg, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, q, q, q, 128,
                                   deterministic)
     assert kernels._check_config(atomic, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, q, q, q, 128, False)
+    # one consumer of 8 warps at blocks of 128 would repeat dQ's product in both warpgroups
+    why = attention_ws.ws_supported(q, q, q, q, 128, attention_ws.DkdvWsConfig(atomic_dq=True))
+    assert why is not None and "a warpgroup per consumer" in why
+    assert attention_ws.ws_supported(q, q, q, q, 64, attention_ws.DkdvWsConfig(atomic_dq=True)) is None
     with pytest.raises(ValueError, match="has no atomic-dQ mode"):
         kernels._check_config(attention_ws.DqWsConfig(), attention_ws.DqWsConfig, "configs[1]", "dQ", q, q, q, q, 128,
                               False)
@@ -234,6 +241,8 @@ def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True))
     with pytest.raises(ValueError, match="dq_acc must be given exactly when atomic_dq is set"):
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), dq_acc=torch.zeros(1, 2, 256, 128))
+    with pytest.raises(ValueError, match="not both"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True), ds=q, dq_acc=torch.zeros(1, 2, 256, 128))
     with pytest.raises(ValueError, match="contiguous float32 tensor of q's shape"):
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True), dq_acc=torch.zeros(1, 2, 256, 128,
                                                                                                 dtype=torch.bfloat16))

@@ -17,17 +17,21 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     reason="the Gluon kernel is written for sm90")]
 
 
-@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("kpm_kind", [None, "tail", "all"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("b,D,S,consumers,stages,overlap,stats", [
-    (128, 128, 2000, 2, 2, False, True), (128, 128, 1024, 2, 2, True, False), (128, 128, 1024, 1, 2, False, True),
-    (128, 64, 1000, 2, 2, True, False), (64, 64, 1000, 1, 2, False, False), (64, 128, 777, 1, 2, False, False)])
+@pytest.mark.parametrize("b,D,S,consumers,stages,overlap,stats,per_head", [
+    (128, 128, 2000, 2, 2, False, True, False), (128, 128, 1024, 2, 2, True, False, True),
+    (128, 128, 1050, 2, 2, False, True, False), (128, 64, 1000, 2, 2, True, False, False),
+    (128, 64, 1000, 2, 3, False, True, True), (64, 64, 1000, 1, 2, False, False, False),
+    (64, 128, 777, 1, 2, False, False, True)])
 def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, consumers, stages, overlap, stats,
-                                                                       causal, kpm_kind):
-    # BigBird (window, global, random blocks), GQA (4 query heads on 2 kv heads), odd S
-    # (the last block partial: the TMA drops its dQ rows past S), key padding
+                                                                       per_head, causal, kpm_kind):
+    # BigBird (window, global, random blocks; per head or shared), GQA (4 query heads on 2 kv
+    # heads), odd S (the last block partial: the TMA drops its dQ rows past S; at S 1050 a
+    # whole 64-row query tile lies past S), key padding (with "all", empty rows: dQ exactly 0)
     dtype = torch.bfloat16
-    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed(),
+                             num_heads=4 if per_head else None)
     q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
     grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
     kpm = padding(2, S, kpm_kind)
@@ -42,6 +46,24 @@ def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, 
     assert all(rel_error(a, t) < 1e-2 for a, t in zip(got[2], exact[2]))
     _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
                                            scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
+        assert_close(g, want, dtype, name)
+    if kpm_kind == "all":  # batch element 0: every row empty, nothing added
+        assert torch.count_nonzero(got[2][0][0]) == 0
+
+
+def test_atomic_dq_with_one_head():
+    # H 1 (Triton makes an argument equal to 1 a compile-time constant: the descriptor's
+    # strides come from the host)
+    dtype, b, D, S = torch.bfloat16, 128, 128, 640
+    layout = layouts.local(S, b, window=256)
+    q, k, v = make_inputs(1, 1, 1, S, D, dtype, device="cuda")
+    grad_out = torch.randn(1, 1, S, D, device="cuda").to(dtype)
+    fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
+    ws = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True)
+    got = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=False,
+                                           scale=D ** -0.5)
     for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
         assert_close(g, want, dtype, name)
 

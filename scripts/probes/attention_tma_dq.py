@@ -23,8 +23,7 @@ from tilesparse.kernels.attention_ws import DkdvWsConfig
 
 VARIANTS = {"ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
             "ws_tma_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True),
-            "ws_tma": DkdvWsConfig(64, 2, consumers=2, atomic_dq=True),
-            "ws_tma_one": DkdvWsConfig(64, 2, stats_in_smem=True, atomic_dq=True)}
+            "ws_tma": DkdvWsConfig(64, 2, consumers=2, atomic_dq=True)}
 
 
 def _time(fn) -> float:

@@ -400,7 +400,8 @@ def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int
     key = (kind, block_size, q.shape[-1])
     cfg = _WS_DEFAULTS.get(key)
     if not deterministic and kind != "fwd":
-        cfg = dataclasses.replace(cfg, atomic_dq=True) if kind == "dkdv" and key in _ATOMIC_DQ_DEFAULTS else None
+        listed = kind == "dkdv" and key in _ATOMIC_DQ_DEFAULTS and cfg is not None and cfg.block_m == 64
+        cfg = dataclasses.replace(cfg, atomic_dq=True) if listed else None
     if cfg is None or (layout_heads > 1 and key in _SHARED_LAYOUTS_ONLY):
         return None
     if ws_supported(q, k, v, third, block_size, cfg) is not None:
@@ -426,6 +427,9 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
         return f"needs blocks of 128 with two consumers (a warpgroup of 64 keys each), got {block_size}"
     if isinstance(cfg, DkdvWsConfig) and cfg.block_m > 64 and D > 64:
         return f"spills its registers at block_m={cfg.block_m} with D {D} (sT, dPᵀ, dK and dV live at once)"
+    if isinstance(cfg, DkdvWsConfig) and cfg.atomic_dq and block_size // 16 // cfg.consumers > 4:
+        return (f"with atomic_dq needs a warpgroup per consumer (consumers=2 at blocks of {block_size}): "
+                "wider consumers would repeat dQ's product in every warpgroup")
     for name, t in (("q", q), ("k", k), ("v", v), (third_name, third)):
         if t.dtype != q.dtype:
             return f"needs one dtype: {name} is {t.dtype}, q is {q.dtype}"
@@ -435,9 +439,10 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
             return f"needs {name} without broadcast (zero-stride) dimensions"
     if max(q.shape[2], q.shape[1] * q.shape[0]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
-    # each program builds its descriptors in a 384-byte slot of scratch memory that Triton
-    # addresses with a 32-bit offset: bound the programs (at most one per block_m queries)
-    if q.shape[0] * q.shape[1] * -(-q.shape[2] // cfg.block_m) * 384 >= 1 << 31:
+    # each program builds its descriptors in a slot of scratch memory (up to 640 bytes: the
+    # atomic-dQ dK/dV kernel's five) that Triton addresses with a 32-bit offset: bound the
+    # programs (at most one per block_m queries)
+    if q.shape[0] * q.shape[1] * -(-q.shape[2] // cfg.block_m) * 640 >= 1 << 31:
         return "would need more programs than its descriptors' 32-bit scratch offsets reach; split the batch"
     if cfg.shared_bytes(block_size, D) > shared_memory_bytes(q.device):
         return f"needs {cfg.shared_bytes(block_size, D)} bytes of shared memory, more than the GPU has"

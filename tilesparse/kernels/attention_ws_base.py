@@ -121,9 +121,12 @@ class DkdvWsConfig:
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """K and V tiles, plus the ring of query and output-gradient tiles (and of the
         tiles' lse and delta, fp32, where ``stats_in_smem``; and two fp32 staging tiles of
-        dQ's share per consumer where ``atomic_dq``)."""
+        dQ's share per consumer and dS's transpose where ``atomic_dq``)."""
         stats = self.stages * 2 * self.block_m * 4 if self.stats_in_smem else 0
-        staging = 2 * self.consumers * self.block_m * min(64, head_dim) * 4 if self.atomic_dq else 0
+        # atomic_dq: the staging tiles, and the scratch of the layout conversion that transposes
+        # dS (every consumer's keys x block_m, 16-bit; ptxas-measured within 1 KB at D 128)
+        staging = (2 * self.consumers * self.block_m * min(64, head_dim) * 4
+                   + block_size * self.block_m * element_bytes) if self.atomic_dq else 0
         return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + staging + 1024
 
 

@@ -13,7 +13,8 @@ deterministic. The default at blocks of 128 and D 128 on Hopper
 With ``DkdvWsConfig.atomic_dq`` (``deterministic=False``) it also adds each pair's dQ
 share, scale · dS K, into an fp32 buffer by TMA reductions from shared memory
 (:mod:`tilesparse.kernels._tma_reduce`): 5 products per pair and no dQ kernel; dQ's bits
-then depend on the order the adds land in.
+then depend on the order the adds land in, and dK / dV, reproducible run to run, differ
+in their last bits from the deterministic mode's (the column walk starts elsewhere).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
     dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
@@ -285,8 +286,7 @@ def _bwd_dkdv_ws_kernel(
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
     DQ_N: gl.constexpr = 64 if D > 64 else D  # ATOMIC_DQ: dQ's share in slices of DQ_N columns
     if ATOMIC_DQ:  # dq_acc: contiguous fp32 [B, H, S, D], added into in [1, 1, BLOCK_M, DQ_N] boxes
-        dq_desc = tma.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [H.to(gl.int64) * S * D, S.to(gl.int64) * D, D, 1],
-                                             [1, 1, BLOCK_M, DQ_N],
+        dq_desc = tma.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [dqb, dqh, dqs, 1], [1, 1, BLOCK_M, DQ_N],
                                              dq_layout)
     else:
         dq_desc = q_desc  # not used
@@ -336,6 +336,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     (default all)."""
     if (dq_acc is not None) != cfg.atomic_dq:
         raise ValueError(f"cfg={cfg}: dq_acc must be given exactly when atomic_dq is set")
+    if dq_acc is not None and ds is not None:
+        raise ValueError("dq_acc and ds: dQ either added by reductions or read back from stored dS, not both")
     if dq_acc is not None and not (dq_acc.dtype == torch.float32 and dq_acc.is_contiguous()
                                    and dq_acc.shape == q.shape):
         raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
@@ -350,8 +352,9 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
         delta if dq_acc is None else dq_acc, B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
+        *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=cfg.atomic_dq, dq_layout=dq_layout,
+        STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=cfg.atomic_dq, dq_layout=dq_layout if cfg.atomic_dq else None,
     )
