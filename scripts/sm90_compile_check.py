@@ -164,7 +164,7 @@ def sdd_group_cases(quick: bool):
             else:
                 sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
         aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                   if name.endswith("_ptr") or name in ("M", "stride_am", "stride_bm")}
+                   if name.endswith("_ptr") or name in ("M", "m_per_split", "stride_am", "stride_bm")}
         yield f"sdd group b{block} G{group} swap={swap}", fn, sig, const, warps, stages, aligned
 
 

@@ -24,13 +24,13 @@ def _interpreter(test):
     return functools.reduce(lambda t, mark: mark(t), INTERPRETER_MARKS, test)
 
 
-def _run(kind, block_size, group, swap, m, dtype, device, block_m=32):
+def _run(kind, block_size, group, swap, m, dtype, device, block_m=32, splits=1):
     layout = make_layout(kind, 5, 7, block_size)
     rows, cols = layout.shape
     dy = torch.randn(m, rows, device=device).to(dtype)
     x = torch.randn(m, cols, device=device).to(dtype)
     meta = layout.meta_on(device)
-    cfg = SddGroupConfig(group, block_m, swap=swap)
+    cfg = SddGroupConfig(group, block_m, swap=swap, splits=splits)
     got = kernels.sdd(dy.t(), x, meta, block_size, layout.block_rows, layout.block_cols, config=cfg)
     expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
     return got, expected
@@ -49,12 +49,26 @@ def test_grouped_sdd_matches_reference_interpreter(dtype, kind, block_size, grou
         assert_close(got, expected, dtype, f"grouped sdd b{block_size} G{group}")
 
 
+@pytest.mark.parametrize("m, splits", [(150, 3), (45, 4), (200, 2)])  # 3 runs of 64; capped at 2 steps; 2 of 128
+@pytest.mark.parametrize("swap", [False, True], ids=["panel-n", "panel-m"])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @_interpreter
-def test_grouped_sdd_is_bitwise_deterministic_interpreter():
+def test_grouped_sdd_with_m_splits_matches_reference_interpreter(dtype, kind, block_size, swap, m, splits):
+    got, expected = _run(kind, block_size, 4, swap, m, dtype, "cpu", splits=splits)
+    assert got.shape == expected.shape and got.dtype == dtype
+    if expected.numel():
+        assert_close(got, expected, dtype, f"grouped sdd b{block_size} G4 with {splits} M splits")
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@_interpreter
+def test_grouped_sdd_is_bitwise_deterministic_interpreter(splits):
     layout = make_layout("random", 6, 6, 16)
-    dy, x = torch.randn(70, 96), torch.randn(70, 96)
+    dy, x = torch.randn(170, 96), torch.randn(170, 96)
     meta = layout.meta_on("cpu")
-    cfg = SddGroupConfig(4, 32)
+    cfg = SddGroupConfig(4, 32, splits=splits)
     runs = [kernels.sdd(dy.t(), x, meta, 16, 6, 6, config=cfg) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
 
@@ -100,6 +114,9 @@ def test_sdd_group_config_checks_its_fields():
         SddGroupConfig(2, num_warps=3)
     with pytest.raises(ValueError, match="swap"):
         SddGroupConfig(2, swap=1)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="splits must be a positive int"):
+            SddGroupConfig(2, splits=bad)
     with pytest.raises(ValueError, match="exceeds 256 columns"):
         SddGroupConfig(8).check_block(64)
     SddGroupConfig(4).check_block(64)
@@ -126,8 +143,11 @@ def test_sdd_falls_back_from_a_tuned_group_too_big_for_fp32(monkeypatch):
 
 
 def test_sdd_group_config_round_trips_through_the_tuned_table_format():
-    cfg = SddGroupConfig(4, 64, 8, 3, swap=True)
-    assert tuned.from_json(tuned.to_json(cfg)) == cfg
+    for cfg in (SddGroupConfig(4, 64, 8, 3, swap=True), SddGroupConfig(16, 32, 8, 3, swap=True, splits=4)):
+        assert tuned.from_json(tuned.to_json(cfg)) == cfg
+    # entries written before splits existed read as one split
+    assert tuned.from_json({"kind": "sdd_group", "group": 4, "block_m": 64, "num_warps": 4, "num_stages": 3,
+                            "swap": True}).splits == 1
 
 
 @pytest.mark.gpu
@@ -139,3 +159,5 @@ def test_grouped_sdd_matches_reference_gpu(dtype, block_size, group, swap):
         block_m = 64 if SddGroupConfig(group, 64).fits(block_size, dtype.itemsize) else 32
         got, expected = _run(kind, block_size, group, swap, 1000, dtype, "cuda", block_m=block_m)
         assert_close(got, expected, dtype, f"grouped sdd {kind} b{block_size} G{group}")
+        got, expected = _run(kind, block_size, group, swap, 1000, dtype, "cuda", block_m=block_m, splits=4)
+        assert_close(got, expected, dtype, f"grouped sdd {kind} b{block_size} G{group} 4 splits")

@@ -347,3 +347,15 @@ def test_split_counts_for_partial_waves(nnz, expected):
     assert tune_mod.split_counts(nnz, 132) == expected
     splits = {c.splits for c in tune_mod.sdd_space(128, nnz, 132, fp32=False) if isinstance(c, kernels.KernelConfig)}
     assert splits == set(expected)
+
+
+@pytest.mark.parametrize("nnz, group, expected", [
+    (3277, 16, [1, 2, 4, 8]),  # b 16 at density 0.05 on 4096²: ~205 groups
+    (4096, 8, [1, 2, 4]),  # b 32 at 0.25: 512 groups
+    (32768, 16, [1]),  # b 16 at 0.5: 2048 groups fill the GPU
+])
+def test_group_split_counts(nnz, group, expected):
+    assert tune_mod.group_split_counts(nnz, group, 132) == expected
+    splits = {c.splits for c in tune_mod.sdd_space(16, nnz, 132, fp32=False)  # b 16's groups: 16 and 8
+              if isinstance(c, SddGroupConfig) and c.group == group}
+    assert splits == set(expected)

@@ -32,7 +32,7 @@ from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 from .matmul import DTYPES
 
-__all__ = ["confirm", "dds_space", "sdd_space", "split_counts", "tune"]
+__all__ = ["confirm", "dds_space", "group_split_counts", "sdd_space", "split_counts", "tune"]
 
 
 def dds_space(m: int, block: int, fp32: bool) -> Iterator:
@@ -142,6 +142,16 @@ def split_counts(nnz: int, sms: int) -> list[int]:
     return sorted(counts)
 
 
+def group_split_counts(nnz: int, group: int, sms: int) -> list[int]:
+    """M splits to try for the grouped sdd: 1, and 2 / 4 / 8 while its groups (about
+    nnz / group) are fewer than 4 per SM and the split programs no more than 16 per SM (b 16
+    at density 0.05: ~205 groups of 16 blocks walk all of M on 132 SMs)."""
+    groups = max(1, nnz // group)
+    if groups >= 4 * sms:
+        return [1]
+    return [1] + [s for s in (2, 4, 8) if groups * s <= 16 * sms]
+
+
 def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     """sdd candidates: reduction step, warps, stages, M splits when blocks are few, host
     or device TMA descriptors; several blocks of a block-row per program and dense tiles of
@@ -165,7 +175,8 @@ def sdd_space(block: int, nnz: int, sms: int, fp32: bool) -> Iterator:
     # grouped: several blocks of a block-row per program, sharing each dY^T tile (the panel
     # as the MMA's M side below b 64, where the block alone is too narrow for wgmma)
     for group, warps, stages, swap in _SDD_GROUPS.get(tile, ()):
-        yield SddGroupConfig(group, 64, warps, stages, swap=swap)
+        for splits in group_split_counts(nnz, group, sms):
+            yield SddGroupConfig(group, 64, warps, stages, swap=swap, splits=splits)
     if block == 64:  # the grouped warp-specialized sdd (Hopper; refused elsewhere: skipped)
         yield WsSddGroupConfig(4, 64, 3)
         yield WsSddGroupConfig(4, 32, 6)

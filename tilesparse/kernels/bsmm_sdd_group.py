@@ -19,7 +19,11 @@ are moved to the front of a list of ``cdiv(nnz, G) + block_rows`` entries (an up
 bound on the groups) by a stable argsort; programs whose entry is not a start (the
 padding past the real starts) do nothing. The list is remembered on the ``meta`` tensor
 per G, like the other table views. Each stored block is written by one program, its
-reduction in a fixed order: bitwise deterministic. Chosen by config
+reduction in a fixed order: bitwise deterministic. With ``splits`` S > 1 the reduction
+over M is cut in S runs, program (group, s) writes run s's fp32 partial products to a
+workspace and the S partials are summed in a fixed order, still bitwise deterministic:
+more programs when a layout's groups are too few to fill the GPU, as at density 0.05
+where a row's dozen blocks make one group and 256 groups walk all of M. Chosen by config
 (``SddGroupConfig``) or from the tuned table, until measurements make it a default.
 """
 
@@ -33,6 +37,7 @@ import triton.language as tl
 
 from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
+from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_power_of_two, tile_for
 
@@ -45,12 +50,14 @@ SMEM_LIMIT = 232448  # bytes of shared memory a Hopper block may use (sm_90)
 @triton.jit
 def _sdd_group_kernel(
     a_ptr, b_ptr, out_ptr, starts_ptr, row_ptr_ptr, row_of_ptr, cols_ptr,
-    M, stride_ar, stride_am, stride_bm, stride_bc,
+    M, m_per_split, split_stride, stride_ar, stride_am, stride_bm, stride_bc,
     B: tl.constexpr, TILE_B: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, SWAP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """Program g: if starts[g] = z0 starts a group of its block-row r, computes
-    out[z0 + j] = A[r-block, :] @ B[:, cols[z0 + j]-block] for j < min(G, row end - z0).
+    """Program (g, s): if starts[g] = z0 starts a group of its block-row r, computes
+    out[s, z0 + j] = A[r-block, M run s] @ B[M run s, cols[z0 + j]-block] for
+    j < min(G, row end - z0); the runs are m_per_split long (a multiple of BLOCK_M), and
+    out's split s starts split_stride elements after split 0.
 
     a [R*B, M] strided (dY^T), b [M, C*B] strided (X). SWAP: each step as the transposed
     product (the panel's G*b columns as the MMA's M side, for b < 64 where the MMA's M is
@@ -65,7 +72,9 @@ def _sdd_group_kernel(
         PANEL: tl.constexpr = GROUP * TILE_B
         offs_i = tl.arange(0, TILE_B)
         offs_g = tl.arange(0, GROUP)
-        offs_m = tl.arange(0, BLOCK_M)
+        m_start = tl.program_id(1) * m_per_split
+        m_end = tl.minimum(m_start + m_per_split, M)
+        offs_m = m_start + tl.arange(0, BLOCK_M)
         i_ok = offs_i < B
         g_ok = offs_g < count
         cols = tl.load(cols_ptr + z0 + offs_g, mask=g_ok, other=0).to(tl.int64)
@@ -80,8 +89,8 @@ def _sdd_group_kernel(
             acc = tl.zeros((PANEL, TILE_B), dtype=tl.float32)
         else:
             acc = tl.zeros((TILE_B, PANEL), dtype=tl.float32)
-        for m0 in range(0, M, BLOCK_M):
-            m_ok = (m0 + offs_m) < M
+        for m0 in range(m_start, m_end, BLOCK_M):
+            m_ok = (m0 - m_start + offs_m) < M
             a = tl.load(a_ptrs, mask=i_ok[:, None] & m_ok[None, :], other=0.0)
             panel = tl.reshape(tl.load(b_ptrs, mask=m_ok[:, None, None] & panel_ok, other=0.0), (BLOCK_M, PANEL))
             if SWAP:
@@ -93,8 +102,8 @@ def _sdd_group_kernel(
         if SWAP:
             acc = tl.trans(acc)  # [TILE_B, PANEL], as the store below expects
         out = tl.reshape(acc, (TILE_B, GROUP, TILE_B)).to(out_ptr.dtype.element_ty)
-        out_ptrs = out_ptr + (z0 + offs_g).to(tl.int64)[None, :, None] * (B * B) + offs_i[:, None, None] * B \
-            + offs_i[None, None, :]
+        out_ptrs = out_ptr + tl.program_id(1).to(tl.int64) * split_stride \
+            + (z0 + offs_g).to(tl.int64)[None, :, None] * (B * B) + offs_i[:, None, None] * B + offs_i[None, None, :]
         tl.store(out_ptrs, out, mask=i_ok[:, None, None] & panel_ok)
 
 
@@ -102,17 +111,21 @@ def _sdd_group_kernel(
 class SddGroupConfig:
     """Launch parameters of the grouped sdd: ``group`` stored blocks of a block-row per
     program (group * tile <= 256 columns), ``block_m`` the M step, ``swap``: each step
-    as the transposed product (the panel as the MMA's M side)."""
+    as the transposed product (the panel as the MMA's M side); ``splits``: the M
+    reduction cut in that many runs (fp32 partials summed in a fixed order)."""
 
     group: int
     block_m: int = 64
     num_warps: int = 4
     num_stages: int = 3
     swap: bool = False
+    splits: int = 1
 
     def __post_init__(self):
         check_power_of_two(self, "group", minimum=1)
         check_power_of_two(self, "block_m")
+        if isinstance(self.splits, bool) or not isinstance(self.splits, int) or self.splits < 1:
+            raise ValueError(f"SddGroupConfig.splits must be a positive int, got {self.splits!r}")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"SddGroupConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, "
                              f"got {self.num_warps!r}, {self.num_stages!r}")
@@ -181,10 +194,17 @@ def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, conf
     config.check_block(block_size, a.element_size(), smem_limit(a.device))
     row_ptr, row_of, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_of", "row_cols")
     starts = group_starts(meta, block_rows, block_cols, config.group)
-    launch(_sdd_group_kernel, (starts.numel(),),
-        a, b, values, starts, row_ptr, row_of, row_cols,
-        a.shape[1], a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+    m = a.shape[1]
+    # runs of whole M steps, none empty (every split writes every stored block's partial)
+    m_per_split = cdiv(cdiv(m, min(config.splits, cdiv(m, config.block_m))), config.block_m) * config.block_m
+    splits = cdiv(m, m_per_split)
+    out = values if splits == 1 else new_output(splits, *values.shape, dtype=torch.float32, device=values.device)
+    launch(_sdd_group_kernel, (starts.numel(), splits),
+        a, b, out, starts, row_ptr, row_of, row_cols,
+        m, m_per_split, values.numel(), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         B=block_size, TILE_B=tile_for(block_size), GROUP=config.group, BLOCK_M=config.block_m, SWAP=config.swap,
         INPUT_PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if splits > 1:  # the partials in split order (a fixed-order reduction)
+        torch.sum(out, dim=0, out=values) if values.dtype == torch.float32 else values.copy_(out.sum(dim=0))
