@@ -52,32 +52,21 @@ def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, 
         assert torch.count_nonzero(got[2][0][0]) == 0
 
 
-def test_atomic_dq_with_one_head():
+@pytest.mark.parametrize("dtype,H,S,window,seq_major,causal", [
     # H 1 (Triton makes an argument equal to 1 a compile-time constant: the descriptor's
     # strides come from the host)
-    dtype, b, D, S = torch.bfloat16, 128, 128, 640
-    layout = layouts.local(S, b, window=256)
-    q, k, v = make_inputs(1, 1, 1, S, D, dtype, device="cuda")
-    grad_out = torch.randn(1, 1, S, D, device="cuda").to(dtype)
+    (torch.bfloat16, 1, 640, 256, False, False),
+    # [B, S, H, D] views (seq-major) and fp16, a causal local window on one layout for all heads
+    (torch.float16, 4, 1536, 256, True, True)], ids=["one-head", "fp16-seq-major"])
+def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, causal):
+    b, D = 128, 128
+    layout = layouts.local(S, b, window=window)
+    q, k, v = make_inputs(1, H, H, S, D, dtype, device="cuda", seq_major=seq_major)
+    grad_out = torch.randn(1, H, S, D, device="cuda").to(dtype)
     fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
     ws = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True)
-    got = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
-    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=False,
-                                           scale=D ** -0.5)
-    for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
-        assert_close(g, want, dtype, name)
-
-
-def test_atomic_dq_with_strided_inputs_and_fp16():
-    # [B, S, H, D] views (seq-major) and fp16, causal local window on one layout for all heads
-    dtype, b, D, S = torch.float16, 128, 128, 1536
-    layout = layouts.local(S, b, window=256)
-    q, k, v = make_inputs(1, 4, 4, S, D, dtype, device="cuda", seq_major=True)
-    grad_out = torch.randn(1, 4, S, D, device="cuda").to(dtype)
-    fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
-    ws = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True)
-    got = run_kernels(q, k, v, layout, True, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
-    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=True,
+    got = run_kernels(q, k, v, layout, causal, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
                                            scale=D ** -0.5)
     for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
         assert_close(g, want, dtype, name)

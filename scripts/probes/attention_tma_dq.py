@@ -16,7 +16,7 @@ reduction (``kernels/_tma_reduce.py``), which the Triton kernel's 2.75 ms used.
 
 from __future__ import annotations
 
-from tilesparse.bench.attention import _make_fns, probe_inputs, probe_main, probe_times
+from tilesparse.bench.attention import probe_flex_times, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig
@@ -58,10 +58,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
         row[f"{name}_rel_err"] = _relative_error(got, want)
         row[f"bwd_{name}_ms"] = _time(lambda cfg=cfg: bwd((cfg, triton[1]), False))
     if flex:
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        fns, _ = _make_fns("flex", *leaves, layout, causal, spec["name"], dout)
-        if fns:
-            row["flex_fwd_ms"], row["flex_fwd_bwd_ms"] = _time(fns[0]), _time(fns[1])
+        probe_flex_times(row, q, k, v, layout, causal, spec["name"], dout)
     return row
 
 

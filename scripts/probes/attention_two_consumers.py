@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from tilesparse.bench.attention import _make_fns, build_layout, probe_main, probe_times
+from tilesparse.bench.attention import build_layout, probe_flex_times, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig, DqWsConfig, FwdWsConfig
@@ -70,10 +70,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     both = bwd(DKDV["two"], DQ["two"])
     row["bwd_bitwise"] = all(torch.equal(a, b) for a, b in zip(both, grads[("dkdv", "one")]))
     if flex:
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        fns, _ = _make_fns("flex", *leaves, layout, causal, spec["name"], dout)
-        if fns:
-            row["flex_fwd_ms"], row["flex_fwd_bwd_ms"] = _time(fns[0]), _time(fns[1])
+        probe_flex_times(row, q, k, v, layout, causal, spec["name"], dout)
     return row
 
 

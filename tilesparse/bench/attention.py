@@ -122,6 +122,17 @@ def probe_inputs(spec: dict, B: int, H: int, S: int, D: int, block: int, tensors
     return layout, causal, inputs, layout.meta_on(inputs[0].device, causal), D ** -0.5, row
 
 
+def probe_flex_times(row: dict, q, k, v, layout, causal: bool, pattern: str, grad_out) -> None:
+    """FlexAttention on a probe's inputs (compiled on the same mask), into ``row``:
+    ``flex_fwd_ms`` and ``flex_fwd_bwd_ms`` where it runs, nothing where it cannot."""
+    from .timing import bench_ms
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    fns, _ = _make_fns("flex", *leaves, layout, causal, pattern, grad_out)
+    if fns:
+        row["flex_fwd_ms"], row["flex_fwd_bwd_ms"] = bench_ms(fns[0], cuda=True), bench_ms(fns[1], cuda=True)
+
+
 def probe_times(row: dict) -> str:
     """A probe row's timings (its ``*_ms`` entries) as one printable line."""
     return "  ".join(f"{key[:-3]}: {value:.3f}" for key, value in row.items() if key.endswith("_ms"))
