@@ -80,6 +80,25 @@ def attention_cases(quick: bool):
                    fn, _attention_signature(fn, "bf16", const), const, warps, 2)
 
 
+def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
+                    overlap: bool, stats: bool):
+    """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
+    1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64."""
+    from tilesparse.kernels import attention_ws_base
+    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout
+
+    qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
+    const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
+                 STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
+                 CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=mode,
+                 dq_layout=_dq_layout(64, head_dim, mode == 2),
+                 ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None)
+    label = (f"ws attention dK/dV atomic_dq{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} causal={causal} "
+             f"kpm={kpm}" + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
+             + (" stats_in_smem" if stats else ""))
+    return label, fn, _attention_signature(fn, "bf16", const), const, const["num_warps"], stages, None, GluonASTSource
+
+
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
@@ -110,8 +129,8 @@ def attention_ws_cases(quick: bool):
         qo, kv = attention_ws_base._layouts(block_m, block, head_dim, torch.bfloat16)
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=False,
-                     dq_layout=None)
+                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
+                     dq_layout=None, ds_smem_layout=None)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -119,27 +138,22 @@ def attention_ws_cases(quick: bool):
                GluonASTSource)
     # ATOMIC_DQ: dQ's share added by TMA reductions (block_m 64; per case: block, D, stages, causal, key padding,
     # consumers, overlap, stats in shared memory)
-    from tilesparse.kernels.attention_ws_dkdv import _dq_layout
-
     atomic = ((128, 128, 2, True, False, 2, False, True),) if quick else \
         ((128, 128, 2, True, False, 2, False, True), (128, 128, 2, False, True, 2, True, False),
          (128, 64, 2, True, False, 2, True, False), (128, 64, 3, False, False, 2, False, True),
          (64, 64, 2, True, True, 1, False, False), (64, 128, 2, False, False, 1, False, True))
-    for block, head_dim, stages, causal, kpm, consumers, overlap, stats in atomic:
-        qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
-        const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
-                     STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                     CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=True,
-                     dq_layout=_dq_layout(64, head_dim))
-        sig = _attention_signature(fn, "bf16", const)
-        yield (f"ws attention dK/dV atomic_dq b{block} D{head_dim} causal={causal} kpm={kpm}"
-               + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
-               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
-               GluonASTSource)
+    # mode 2 (shared_ds): the two consumers share each dSᵀ tile, each adds half of dQ's columns
+    shared = ((128, 128, 2, True, False, 2, False, True),) if quick else \
+        ((128, 128, 2, True, False, 2, False, True), (128, 128, 2, False, True, 2, True, False),
+         (128, 64, 2, True, True, 2, True, True))
+    for mode, cases in ((1, atomic), (2, shared)):
+        for block, head_dim, stages, causal, kpm, consumers, overlap, stats in cases:
+            yield _atomic_dq_case(fn, mode, block, head_dim, stages, causal, kpm, consumers, overlap, stats)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
+        label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)
         yield ("ws attention dK/dV atomic_dq H=1 S=1 (constants)", fn, _attention_signature(fn, "bf16", const), const,
-               const["num_warps"], 2, None, GluonASTSource)
+               warps, stages, *extra)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
         "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else

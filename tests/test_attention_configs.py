@@ -213,6 +213,13 @@ def test_atomic_dq_dkdv_config_checks(monkeypatch):
     assert atomic.shared_bytes(128, 128) <= 227 * 1024
     deeper = attention_ws.DkdvWsConfig(consumers=2, stages=3, stats_in_smem=True, atomic_dq=True)
     assert deeper.shared_bytes(128, 128) > 227 * 1024  # (ptxas: 247 KB)
+    # shared_ds: half of D per consumer's staging tiles, two dSᵀ tiles; sm_90 compiled 230,848 B
+    shared = attention_ws.DkdvWsConfig(consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True)
+    assert 230848 <= shared.shared_bytes(128, 128) <= 232448
+    for bad in (dict(shared_ds=True), dict(shared_ds=True, atomic_dq=True), dict(shared_ds=1, atomic_dq=True,
+                                                                                consumers=2)):
+        with pytest.raises(ValueError, match="shared_ds"):
+            attention_ws.DkdvWsConfig(**bad)
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
     q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
     assert attention_ws.ws_supported(q, q, q, q, 128, atomic) is None

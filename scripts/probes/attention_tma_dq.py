@@ -22,6 +22,8 @@ from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig
 
 VARIANTS = {"ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
+            "ws_tma_shared_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True),
+            "ws_tma_shared_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True, shared_ds=True),
             "ws_tma_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True),
             "ws_tma": DkdvWsConfig(64, 2, consumers=2, atomic_dq=True)}
 

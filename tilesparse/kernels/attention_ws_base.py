@@ -97,7 +97,9 @@ class DkdvWsConfig:
     shared memory where they are used, instead of holding global loads in registers
     across the tile's first wgmma; ``atomic_dq``: the kernel also adds each pair's dQ share
     into an fp32 buffer by TMA reductions (5 products per pair, no dQ kernel; not bitwise
-    reproducible: ``deterministic=False`` only)."""
+    reproducible: ``deterministic=False`` only); ``shared_ds`` (with ``atomic_dq``, two
+    consumers): the consumers share each dSᵀ tile through shared memory and each adds half
+    of dQ's columns for the whole key block (half the reduction bytes)."""
 
     block_m: int = 64
     stages: int = 2
@@ -106,11 +108,14 @@ class DkdvWsConfig:
     overlap: bool = False
     stats_in_smem: bool = False
     atomic_dq: bool = False
+    shared_ds: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        check_bools(self, "overlap", "stats_in_smem", "atomic_dq")
+        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds")
+        if self.shared_ds and not (self.atomic_dq and self.consumers == 2):
+            raise ValueError("DkdvWsConfig.shared_ds needs atomic_dq=True and consumers=2 (the two share each dS tile)")
         if self.atomic_dq and self.block_m != 64:
             raise ValueError(f"DkdvWsConfig.atomic_dq needs block_m=64 (dS as one wgmma's 64 rows beside dK and dV), "
                              f"got {self.block_m!r}")
@@ -127,6 +132,8 @@ class DkdvWsConfig:
         # dS (every consumer's keys x block_m, 16-bit; ptxas-measured within 1 KB at D 128)
         staging = (2 * self.consumers * self.block_m * min(64, head_dim) * 4
                    + block_size * self.block_m * element_bytes) if self.atomic_dq else 0
+        if self.shared_ds:  # half of D per consumer's staging tile; two dSᵀ tiles, no transpose scratch
+            staging = 2 * self.consumers * self.block_m * (head_dim // 2) * 4 + 2 * block_size * self.block_m * element_bytes
         return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + staging + 1024
 
 

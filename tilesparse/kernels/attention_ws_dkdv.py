@@ -63,8 +63,8 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
     copies hold the stage's ready barrier open until they land)."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs = bufs
-    kv_bar, ready_bars, empty_bars = bars
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
+    kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
@@ -126,13 +126,17 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     consumer ROLE takes key rows ROLE * BS / 2 .. of the block, on its own warpgroup and
     barrier arrivals. OVERLAP: sT and dPᵀ are issued together as asynchronous wgmma, Pᵀ is
     computed under dPᵀ's and dSᵀ under dV's (the same products in the same order: bitwise
-    the synchronous consumer's). ATOMIC_DQ: then dQ's share of this consumer's keys, scale
-    · dS K (dS = dSᵀ transposed by a layout conversion, K from shared memory), DQ_N
+    the synchronous consumer's). ATOMIC_DQ 1: then dQ's share of this consumer's keys,
+    scale · dS K (dS = dSᵀ transposed by a layout conversion, K from shared memory), DQ_N
     columns at a time through two fp32 staging tiles, each added into ``dq_acc`` by a TMA
-    reduction while the next is computed."""
+    reduction while the next is computed. ATOMIC_DQ 2 (two consumers): each consumer writes
+    its keys' dSᵀ rows into a shared [BS, BLOCK_M] tile (two in turn), both wait for the
+    other's (``ds_ready``), and consumer ROLE computes columns ROLE·D/2.. of the whole
+    block's share, dS (all keys) K, with one reduction: half the reduction bytes of mode 1
+    and no register transpose; ``ds_free`` holds a tile until both have read it."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs = bufs
-    kv_bar, ready_bars, empty_bars = bars
+    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
+    kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
@@ -150,7 +154,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
     # ATOMIC_DQ: dS [BLOCK_M queries, keys] as the A operand of dQ = dS K, the share [BLOCK_M, DQ_N]
-    DQ_N: gl.constexpr = 64 if D > 64 else D
+    DQ_N: gl.constexpr = D // 2 if ATOMIC_DQ == 2 else (64 if D > 64 else D)
     dq_acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, DQ_N, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_acc_layout, k_width=2)
@@ -230,7 +234,23 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 dsT = pT * (dpT - delta[None, :])
                 dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
-            if ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
+            if ATOMIC_DQ == 2:  # dSᵀ through shared memory; this consumer's half of dQ's columns
+                buf = step % 2
+                mbarrier.wait(ds_free.index(buf), ((step // 2) & 1) ^ 1)  # both read it two tiles ago
+                ds_bufs.index(buf).slice(ROLE * KEYS, KEYS, dim=0).store(dsT.to(dtype))
+                fence_async_shared()
+                mbarrier.arrive(ds_ready.index(buf), count=1)
+                mbarrier.wait(ds_ready.index(buf), (step // 2) & 1)  # the other consumer's rows are in
+                k_all = k_smem.reshape([BS, D])
+                dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
+                                        dq_zero, use_acc=False)
+                mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
+                stage = dq_bufs.index(ROLE * 2 + buf)
+                tma.store_wait(pendings=1)  # the reduction issued two ago has read this tile
+                stage.reshape([BLOCK_M, DQ_N]).store(dq_part * scale)
+                fence_async_shared()
+                async_reduce_add(dq_desc, [bz, h, row, ROLE * DQ_N], stage)
+            elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
                 ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
                 for c in gl.static_range(D // DQ_N):
                     dq_part = warpgroup_mma(ds_op, k.slice(c * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False)
@@ -269,7 +289,8 @@ def _bwd_dkdv_ws_kernel(
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
-    STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = False, dq_layout: gl.constexpr = None,
+    STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
+    ds_smem_layout: gl.constexpr = None,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -284,7 +305,8 @@ def _bwd_dkdv_ws_kernel(
     do_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
     kv_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
-    DQ_N: gl.constexpr = 64 if D > 64 else D  # ATOMIC_DQ: dQ's share in slices of DQ_N columns
+    # ATOMIC_DQ: dQ's share in slices of DQ_N columns (mode 2: half of D per consumer)
+    DQ_N: gl.constexpr = D // 2 if ATOMIC_DQ == 2 else (64 if D > 64 else D)
     if ATOMIC_DQ:  # dq_acc: contiguous fp32 [B, H, S, D], added into in [1, 1, BLOCK_M, DQ_N] boxes
         dq_desc = tma.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [dqb, dqh, dqs, 1], [1, 1, BLOCK_M, DQ_N],
                                              dq_layout)
@@ -298,8 +320,13 @@ def _bwd_dkdv_ws_kernel(
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * CONSUMERS, 1, 1, BLOCK_M, DQ_N], dq_layout)
     else:
         dq_bufs = stat_bufs  # not used
-    bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs)
-    bars = (kv_bar, ready_bars, empty_bars)
+    if ATOMIC_DQ == 2:  # two dSᵀ tiles of the whole key block, each written by both consumers
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, BS, BLOCK_M], ds_smem_layout)
+        ds_ready, ds_free = _alloc_ring(2, 2, 2)
+    else:
+        ds_bufs, ds_ready, ds_free = stat_bufs, ready_bars, empty_bars  # not used
+    bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs)
+    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
     if CONSUMERS == 2:
@@ -319,9 +346,16 @@ def _bwd_dkdv_ws_kernel(
 
 
 @functools.lru_cache(maxsize=16)
-def _dq_layout(block_m: int, head_dim: int):
-    """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]."""
-    return _nvmma([1, 1, block_m, min(64, head_dim)], torch.float32)
+def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
+    """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]
+    (with ``shared_ds``: half of the head dim)."""
+    return _nvmma([1, 1, block_m, head_dim // 2 if shared_ds else min(64, head_dim)], torch.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _ds_smem_layout(block_size: int, block_m: int, dtype: torch.dtype):
+    """The shared-memory layout of a ``shared_ds`` dSᵀ tile [block_size keys, block_m queries]."""
+    return _nvmma([block_size, block_m], dtype)
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
@@ -345,7 +379,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
-    dq_layout = _dq_layout(cfg.block_m, D)
+    dq_layout = _dq_layout(cfg.block_m, D, cfg.shared_ds)
     ensure_allocator()
     first, end = kv_heads or (0, B * hkv)
     launch(_bwd_dkdv_ws_kernel, (nb, end - first),
@@ -356,5 +390,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=cfg.atomic_dq, dq_layout=dq_layout if cfg.atomic_dq else None,
+        STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
+        dq_layout=dq_layout if cfg.atomic_dq else None,
+        ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
     )
