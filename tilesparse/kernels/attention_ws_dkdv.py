@@ -164,7 +164,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     hkv = bhk % HKV
     if ATOMIC_DQ:
         dq_zero = gl.zeros((BLOCK_M, DQ_N), dtype=gl.float32, layout=dq_acc_layout)
-        reduces = 0  # this consumer's reductions issued: they alternate between its two staging tiles
+        reduces = 0  # mode 1: this consumer's reductions issued (they alternate between its two staging tiles)
 
     key0 = kblk * BS + ROLE * KEYS
     offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -234,7 +234,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 dsT = pT * (dpT - delta[None, :])
                 dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
             mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
-            if ATOMIC_DQ == 2:  # dSᵀ through shared memory; this consumer's half of dQ's columns
+            if ATOMIC_DQ == 2:  # dSᵀ through shared memory; this consumer's half of dQ's columns. Both
+                # consumers must walk the same query tiles (no per-role skip): each waits for the other
                 buf = step % 2
                 mbarrier.wait(ds_free.index(buf), ((step // 2) & 1) ^ 1)  # both read it two tiles ago
                 ds_bufs.index(buf).slice(ROLE * KEYS, KEYS, dim=0).store(dsT.to(dtype))
@@ -296,6 +297,8 @@ def _bwd_dkdv_ws_kernel(
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
+    gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
+    gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
     do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
