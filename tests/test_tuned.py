@@ -359,3 +359,19 @@ def test_group_split_counts(nnz, group, expected):
     splits = {c.splits for c in tune_mod.sdd_space(16, nnz, 132, fp32=False)  # b 16's groups: 16 and 8
               if isinstance(c, SddGroupConfig) and c.group == group}
     assert splits == set(expected)
+
+
+def test_product_runs_each_op_on_one_cases_operands():
+    # the tuner's, dispatch_one's and tuned_ab's call: fprop, bprop and updat against float64
+    layout = make_layout("random", 4, 3, 16)
+    values = random_values(layout, torch.float32)
+    meta = layout.meta_on("cpu")
+    x, dy = torch.randn(40, 48), torch.randn(40, 64)
+    w = dense_of(values, layout)
+    expected = {"fprop": x.double() @ w.t(), "bprop": dy.double() @ w,
+                "updat": layout.gather(dy.double().t() @ x.double())}
+    for op, want in expected.items():
+        call = tune_mod.product(op, x, dy, values, meta, 16, layout.block_rows, layout.block_cols)
+        assert_close(call(), want, torch.float32, f"product {op}")
+    with pytest.raises(ValueError, match="op must be fprop, bprop or updat"):
+        tune_mod.product("step", x, dy, values, meta, 16, 4, 3)

@@ -9,7 +9,7 @@ import argparse
 import torch
 
 import tilesparse as ts
-from tilesparse.kernels import bsmm as K
+from tilesparse.bench.tune import product
 
 
 def main() -> None:
@@ -26,13 +26,9 @@ def main() -> None:
     meta = layout.meta_on("cuda")
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    call = product(args.op, x, dy, values, meta, args.block, layout.block_rows, layout.block_cols)
     for _ in range(args.repeats):
-        if args.op == "fprop":
-            K.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True)
-        elif args.op == "bprop":
-            K.dds(dy, values, meta, None, layout.block_rows, layout.block_cols, False)
-        else:
-            K.sdd(dy.t(), x, meta, args.block, layout.block_rows, layout.block_cols)
+        call()
     torch.cuda.synchronize()
 
 

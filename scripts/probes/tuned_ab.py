@@ -13,17 +13,8 @@ import torch
 
 import tilesparse as ts
 from tilesparse.bench.timing import bench_ms
-from tilesparse.kernels import bsmm as K
+from tilesparse.bench.tune import product
 from tilesparse.kernels import tuned
-
-
-def _call(op, x, dy, values, meta, layout, block):
-    r, c = layout.block_rows, layout.block_cols
-    if op == "fprop":
-        return lambda: K.dds(x, values, meta, None, r, c, True)
-    if op == "bprop":
-        return lambda: K.dds(dy, values, meta, None, r, c, False)
-    return lambda: K.sdd(dy.t(), x, meta, block, r, c)
 
 
 def main() -> None:
@@ -44,7 +35,7 @@ def main() -> None:
             layout = ts.layouts.random(n, k, block, density, seed=seed, device="cuda")
             values = torch.randn(layout.nnz, block, block, device="cuda", dtype=torch.bfloat16)
             meta = layout.meta_on("cuda")
-            fn = _call(op, x, dy, values, meta, layout, block)
+            fn = product(op, x, dy, values, meta, block, layout.block_rows, layout.block_cols)
             entry = tuned.lookup(op, torch.bfloat16, block, m, layout.nnz / (layout.block_rows * layout.block_cols),
                                  x.device, tuned.weight_shape(layout.block_rows, layout.block_cols, block))
             row = {"op": op, "block": block, "density": density, "seed": seed, "entry": repr(entry)}

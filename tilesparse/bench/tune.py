@@ -32,7 +32,7 @@ from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
 from .matmul import DTYPES
 
-__all__ = ["confirm", "dds_space", "group_split_counts", "sdd_space", "split_counts", "tune"]
+__all__ = ["confirm", "dds_space", "group_split_counts", "product", "sdd_space", "split_counts", "tune"]
 
 
 def dds_space(m: int, block: int, fp32: bool) -> Iterator:
@@ -211,6 +211,19 @@ def confirm(current: Callable[[], object], best: Callable[[], object], rounds: i
     return statistics.median(a), statistics.median(b)
 
 
+def product(op: str, x, dy, values, meta, block: int, block_rows: int, block_cols: int) -> Callable:
+    """``call(cfg=None)``: the kernel-level product ``op`` (fprop Y = X Wᵀ, bprop dX = dY W,
+    updat dW = dYᵀ X on the layout) of one case's operands, at launch config ``cfg`` (None:
+    the shipped choice, tuned entry or heuristic)."""
+    if op == "fprop":
+        return lambda cfg=None: K.dds(x, values, meta, None, block_rows, block_cols, True, cfg)
+    if op == "bprop":
+        return lambda cfg=None: K.dds(dy, values, meta, None, block_rows, block_cols, False, cfg)
+    if op == "updat":
+        return lambda cfg=None: K.sdd(dy.t(), x, meta, block, block_rows, block_cols, cfg)
+    raise ValueError(f"op must be fprop, bprop or updat, got {op!r}")
+
+
 def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, min_gain: float = 0.03,
          per_shape: bool = False, confirm_rounds: int = 5,
          log: Callable[[str], None] = print) -> tuple[list[dict], dict, dict]:
@@ -243,12 +256,8 @@ def tune(shapes, blocks, densities, ops, dtype_name: str, *, budget_s: float, mi
             meta, r, c = layout.meta, layout.block_rows, layout.block_cols
             x = torch.randn(m, k, device=dev, dtype=dtype)
             dy = torch.randn(m, n, device=dev, dtype=dtype)
-            if op == "fprop":
-                space, call = dds_space(m, block, fp32), lambda cfg: K.dds(x, values, meta, None, r, c, True, cfg)
-            elif op == "bprop":
-                space, call = dds_space(m, block, fp32), lambda cfg: K.dds(dy, values, meta, None, r, c, False, cfg)
-            else:
-                space, call = sdd_space(block, layout.nnz, sms, fp32), lambda cfg: K.sdd(dy.t(), x, meta, block, r, c, cfg)
+            space = sdd_space(block, layout.nnz, sms, fp32) if op == "updat" else dds_space(m, block, fp32)
+            call = product(op, x, dy, values, meta, block, r, c)
             expected = call(None).float()
             current = _ms(lambda: call(None))
             best_ms, best_cfg, tried = current, None, 0
