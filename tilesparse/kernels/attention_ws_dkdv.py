@@ -56,6 +56,17 @@ def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.con
 
 
 @gluon.jit
+def _add_share(dq_desc, stage, share, coord):
+    """Add ``share`` (fp32 registers, the descriptor's box) into dQ through the staging
+    tile ``stage`` by a TMA reduction, once the reduction issued two before (the last one
+    from this tile, as a consumer alternates between two) has read it."""
+    tma.store_wait(pendings=1)
+    stage.reshape(share.type.shape).store(share)
+    fence_async_shared()
+    async_reduce_add(dq_desc, coord, stage)
+
+
+@gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr):
     """Producer (one warp): the key tile's K and V once, then for each query head of the
@@ -154,7 +165,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
     # ATOMIC_DQ: dS [BLOCK_M queries, keys] as the A operand of dQ = dS K, the share [BLOCK_M, DQ_N]
-    DQ_N: gl.constexpr = D // 2 if ATOMIC_DQ == 2 else (64 if D > 64 else D)
+    # in the dQ descriptor's boxes (the kernel picks their width)
+    DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
     dq_acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, DQ_N, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_acc_layout, k_width=2)
@@ -246,20 +258,12 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
                                         dq_zero, use_acc=False)
                 mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
-                stage = dq_bufs.index(ROLE * 2 + buf)
-                tma.store_wait(pendings=1)  # the reduction issued two ago has read this tile
-                stage.reshape([BLOCK_M, DQ_N]).store(dq_part * scale)
-                fence_async_shared()
-                async_reduce_add(dq_desc, [bz, h, row, ROLE * DQ_N], stage)
+                _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
             elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
                 ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
                 for c in gl.static_range(D // DQ_N):
                     dq_part = warpgroup_mma(ds_op, k.slice(c * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False)
-                    stage = dq_bufs.index(ROLE * 2 + reduces % 2)
-                    tma.store_wait(pendings=1)  # the reduction issued two ago has read this tile
-                    stage.reshape([BLOCK_M, DQ_N]).store(dq_part * scale)
-                    fence_async_shared()
-                    async_reduce_add(dq_desc, [bz, h, row, c * DQ_N], stage)
+                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + reduces % 2), dq_part * scale, [bz, h, row, c * DQ_N])
                     reduces += 1
             if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
                 # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
