@@ -6,6 +6,7 @@ The host helpers are plain Python on purpose: in Triton 3.6 ``triton.cdiv`` and
 the host, and a launcher calls several per launch.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -16,6 +17,24 @@ MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (and z)
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for positive b."""
     return -(-a // b)
+
+
+def split_runs(m: int, splits: int, block_m: int) -> tuple[int, int]:
+    """(runs, run length) of a reduction of length ``m`` cut into at most ``splits`` runs
+    of whole ``block_m`` steps, none empty: for kernels that write one fp32 partial
+    product per run (summed by :func:`sum_partials`)."""
+    m = max(m, 1)
+    run = cdiv(cdiv(m, max(1, min(splits, cdiv(m, block_m)))), block_m) * block_m
+    return cdiv(m, run), run
+
+
+def sum_partials(partials: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` = the fp32 ``partials`` [runs, ...] summed over runs, in run order (a
+    fixed-order reduction: the split products stay bitwise deterministic)."""
+    if out.dtype == torch.float32:
+        torch.sum(partials, dim=0, out=out)
+    else:
+        out.copy_(partials.sum(dim=0))
 
 
 def next_power_of_2(n: int) -> int:

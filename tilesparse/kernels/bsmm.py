@@ -34,7 +34,8 @@ from . import (bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, 
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
-from ._tiles import cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, tile_for
+from ._tiles import (cdiv, check_fits_tile, check_power_of_two, grouped_tile, next_power_of_2, split_runs, sum_partials,
+                     tile_for)
 from ._device import capability_major, shared_memory_bytes, sm_count
 
 
@@ -471,8 +472,7 @@ def sdd(
             return values
     if not isinstance(cfg, KernelConfig):  # nothing measured (or an entry of another kernel's kind)
         cfg = sdd_config(m, block_size, nnz, a.dtype, a.device)
-    splits = max(1, min(cfg.splits, cdiv(max(m, 1), cfg.block_m)))
-    m_per_split = cdiv(cdiv(max(m, 1), splits), cfg.block_m) * cfg.block_m
+    splits, m_per_split = split_runs(m, cfg.splits, cfg.block_m)
     out = values if splits == 1 else new_output(
         splits, nnz, block_size, block_size, dtype=torch.float32, device=a.device
     )
@@ -496,5 +496,5 @@ def sdd(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if splits > 1:
-        torch.sum(out, dim=0, out=values) if a.dtype == torch.float32 else values.copy_(out.sum(dim=0))
+        sum_partials(out, values)
     return values

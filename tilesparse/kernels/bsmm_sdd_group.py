@@ -39,7 +39,7 @@ from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
 from ._alloc import new_output
 from ._launch import launch
-from ._tiles import cdiv, check_bools, check_power_of_two, tile_for
+from ._tiles import cdiv, check_bools, check_power_of_two, split_runs, sum_partials, tile_for
 
 __all__ = ["SddGroupConfig", "group_starts", "launch_sdd_group"]
 
@@ -74,15 +74,15 @@ def _sdd_group_kernel(
         offs_g = tl.arange(0, GROUP)
         m_start = tl.program_id(1) * m_per_split
         m_end = tl.minimum(m_start + m_per_split, M)
-        offs_m = m_start + tl.arange(0, BLOCK_M)
+        offs_m = tl.arange(0, BLOCK_M)
         i_ok = offs_i < B
         g_ok = offs_g < count
         cols = tl.load(cols_ptr + z0 + offs_g, mask=g_ok, other=0).to(tl.int64)
-        a_ptrs = a_ptr + (r.to(tl.int64) * B + offs_i)[:, None] * stride_ar + offs_m[None, :] * stride_am
+        a_ptrs = a_ptr + (r.to(tl.int64) * B + offs_i)[:, None] * stride_ar + (m_start + offs_m)[None, :] * stride_am
         # the panel as [BLOCK_M, GROUP, TILE_B]: where X is row-major, contiguous along its
         # last axis (a block's columns), so the loads stay vectorized and pipelined;
         # reshaped for the product
-        b_ptrs = b_ptr + offs_m[:, None, None] * stride_bm \
+        b_ptrs = b_ptr + (m_start + offs_m)[:, None, None] * stride_bm \
             + (cols[None, :, None] * B + offs_i[None, None, :]) * stride_bc
         panel_ok = g_ok[None, :, None] & i_ok[None, None, :]
         if SWAP:
@@ -90,7 +90,7 @@ def _sdd_group_kernel(
         else:
             acc = tl.zeros((TILE_B, PANEL), dtype=tl.float32)
         for m0 in range(m_start, m_end, BLOCK_M):
-            m_ok = (m0 - m_start + offs_m) < M
+            m_ok = (m0 + offs_m) < M
             a = tl.load(a_ptrs, mask=i_ok[:, None] & m_ok[None, :], other=0.0)
             panel = tl.reshape(tl.load(b_ptrs, mask=m_ok[:, None, None] & panel_ok, other=0.0), (BLOCK_M, PANEL))
             if SWAP:
@@ -195,9 +195,7 @@ def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, conf
     row_ptr, row_of, row_cols = table_views(meta, block_rows, block_cols, "row_ptr", "row_of", "row_cols")
     starts = group_starts(meta, block_rows, block_cols, config.group)
     m = a.shape[1]
-    # runs of whole M steps, none empty (every split writes every stored block's partial)
-    m_per_split = cdiv(cdiv(m, min(config.splits, cdiv(m, config.block_m))), config.block_m) * config.block_m
-    splits = cdiv(m, m_per_split)
+    splits, m_per_split = split_runs(m, config.splits, config.block_m)
     out = values if splits == 1 else new_output(splits, *values.shape, dtype=torch.float32, device=values.device)
     launch(_sdd_group_kernel, (starts.numel(), splits),
         a, b, out, starts, row_ptr, row_of, row_cols,
@@ -206,5 +204,5 @@ def launch_sdd_group(a, b, values, meta, block_rows, block_cols, precision, conf
         INPUT_PRECISION=precision,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    if splits > 1:  # the partials in split order (a fixed-order reduction)
-        torch.sum(out, dim=0, out=values) if values.dtype == torch.float32 else values.copy_(out.sum(dim=0))
+    if splits > 1:
+        sum_partials(out, values)
