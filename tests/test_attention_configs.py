@@ -257,16 +257,22 @@ def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):
     # deterministic=False: the dK/dV default adds dQ by TMA reductions only for listed keys
-    # (none shipped until measured); never a warp-specialized dQ config then (no dQ kernel)
+    # in the mode listed; never a warp-specialized dQ config then (no dQ kernel)
     from tilesparse.kernels import attention_ws
 
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {})
     q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
     assert attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False) is None
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None
     assert attention_ws.default_config("fwd", q, q, q, q, 128, deterministic=False) is not None
     assert not attention_ws.default_config("dkdv", q, q, q, q, 128).atomic_dq
-    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {("dkdv", 128, 128)})
+    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {("dkdv", 128, 128): {}})
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
-    assert cfg is not None and cfg.atomic_dq and cfg.consumers == 2
+    assert cfg is not None and cfg.atomic_dq and cfg.consumers == 2 and not cfg.shared_ds
+    monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {("dkdv", 128, 128): {"shared_ds": True}})
+    cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
+    assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem
+    q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)  # D 64: not listed, the Triton kernel's atomics
+    assert attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False) is None
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None

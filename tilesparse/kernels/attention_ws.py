@@ -384,10 +384,15 @@ _WS_DEFAULTS: dict = {
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
 
-# (kind, block, D) whose dK/dV default, with deterministic=False, adds dQ by TMA reductions
-# (atomic_dq): none until scripts/probes/attention_tma_dq.py measures it faster than the
-# Triton kernel's atomics, which run there today
-_ATOMIC_DQ_DEFAULTS: set = set()
+# (kind, block, D) -> the atomic-dQ mode of the dK/dV default with deterministic=False (dQ added
+# by TMA reductions, no dQ kernel). Twenty-second session (...-attention-tma-dq-9424a3b.json,
+# B 4, H 16, S 8192, D 128, one process): the shared-dS mode (FlashAttention-3's: both
+# consumers share each dS tile, each adds half of dQ's columns) took the backward from the
+# deterministic default's 2.118 to 1.965 ms on local 1024 (strided 2.594 -> 2.439, BigBird
+# 2.161 -> 2.097, random 10 % 1.736 -> 1.660, causal 6.526 -> 5.939), against the Triton
+# kernel's atomics at 2.747; without shared dS 2.170 (stats in smem) to 3.03 (overlapped).
+# D 64: not measured, so the Triton kernel's atomics stay there.
+_ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True}}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
@@ -396,12 +401,12 @@ def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int
     kernel's config applies). ``layout_heads``: the layout's heads (1: one layout shared
     by every head); some defaults were measured faster on shared layouts only.
     ``deterministic=False`` (backward): the dK/dV default with ``atomic_dq`` where listed
-    in ``_ATOMIC_DQ_DEFAULTS``, and no dQ kernel."""
+    in ``_ATOMIC_DQ_DEFAULTS`` (in the mode listed there), and no dQ kernel."""
     key = (kind, block_size, q.shape[-1])
     cfg = _WS_DEFAULTS.get(key)
     if not deterministic and kind != "fwd":
         listed = kind == "dkdv" and key in _ATOMIC_DQ_DEFAULTS and cfg is not None and cfg.block_m == 64
-        cfg = dataclasses.replace(cfg, atomic_dq=True) if listed else None
+        cfg = dataclasses.replace(cfg, atomic_dq=True, **_ATOMIC_DQ_DEFAULTS[key]) if listed else None
     if cfg is None or (layout_heads > 1 and key in _SHARED_LAYOUTS_ONLY):
         return None
     if ws_supported(q, k, v, third, block_size, cfg) is not None:
