@@ -273,6 +273,20 @@ def test_atomic_dq_defaults_only_where_listed(monkeypatch):
     monkeypatch.setattr(attention_ws, "_ATOMIC_DQ_DEFAULTS", {("dkdv", 128, 128): {"shared_ds": True}})
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
     assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem
-    q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)  # D 64: not listed, the Triton kernel's atomics
+    q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)  # D 64 not listed: the Triton kernel's atomics
     assert attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False) is None
+
+
+def test_shipped_atomic_dq_defaults(monkeypatch):
+    # the measured modes: shared dS at D 128; at D 64 the plain mode, stats in shared memory
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
+    cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
+    assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem and cfg.consumers == 2
+    q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
+    cfg = attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False)
+    assert cfg.atomic_dq and not cfg.shared_ds and cfg.stats_in_smem and not cfg.overlap and cfg.consumers == 2
+    assert not attention_ws.default_config("dkdv", q64, q64, q64, q64, 128).atomic_dq  # deterministic: unchanged
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None

@@ -391,8 +391,11 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # deterministic default's 2.118 to 1.965 ms on local 1024 (strided 2.594 -> 2.439, BigBird
 # 2.161 -> 2.097, random 10 % 1.736 -> 1.660, causal 6.526 -> 5.939), against the Triton
 # kernel's atomics at 2.747; without shared dS 2.170 (stats in smem) to 3.03 (overlapped).
-# D 64: not measured, so the Triton kernel's atomics stay there.
-_ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True}}
+# D 64 (...-attention-tma-dq-d64-042cf62.json): the plain atomic mode with the stats in shared
+# memory, not overlapped, wins there (local 1024 1.528 -> 1.357 ms, causal 4.301 -> 4.016;
+# shared dS 1.416 / 4.216; the Triton kernel's atomics 1.951 / 6.913).
+_ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True},
+                             ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True}}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
