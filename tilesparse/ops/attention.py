@@ -210,8 +210,9 @@ def block_sparse_attention(
         key_padding_mask: bool [B, S], True = that key is padding and ignored
             (nn.MultiheadAttention's convention; gives per-sequence lengths).
         deterministic: True (default) gives bitwise-reproducible gradients. False lets
-            the GPU backward accumulate dq with fp32 atomics inside the dK/dV kernel
-            (FlashAttention-2's way: 5 matmuls per block pair instead of 7), so dq may
+            the GPU backward accumulate dq in fp32 inside the dK/dV kernel (on Hopper at
+            blocks of 128 and D 64 / 128 by TMA reductions, elsewhere by atomics;
+            FlashAttention's way: 5 matmuls per block pair instead of 7), so dq may
             differ in its last bits from run to run (dk and dv are summed in another, fixed
             order: reproducible, but not bitwise those of ``deterministic=True``); ignored (deterministic) while
             ``torch.use_deterministic_algorithms(True)`` is on when this is called (the
