@@ -81,21 +81,23 @@ def attention_cases(quick: bool):
 
 
 def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
-                    overlap: bool, stats: bool):
+                    overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40):
     """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
-    1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64."""
+    1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64;
+    ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``)."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
-    const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
+    const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,
                  STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
-                 CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=mode,
+                 CONSUMERS=consumers, MMA_REGS=mma_regs, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=mode,
                  dq_layout=_dq_layout(64, head_dim, mode == 2),
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None)
     label = (f"ws attention dK/dV atomic_dq{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} causal={causal} "
-             f"kpm={kpm}" + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
-             + (" stats_in_smem" if stats else ""))
+             f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
+             + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
+             + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else ""))
     return label, fn, _attention_signature(fn, "bf16", const), const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -149,6 +151,12 @@ def attention_ws_cases(quick: bool):
     for mode, cases in ((1, atomic), (2, shared)):
         for block, head_dim, stages, causal, kpm, consumers, overlap, stats in cases:
             yield _atomic_dq_case(fn, mode, block, head_dim, stages, causal, kpm, consumers, overlap, stats)
+    # fa3_order (shared dS, every wgmma asynchronous) at FlashAttention-3's register split 240 / 24
+    fa3 = ((128, 128, True, False, True),) if quick else \
+        ((128, 128, True, False, True), (128, 128, False, True, True), (128, 128, False, False, False),
+         (128, 64, True, True, True))
+    for block, head_dim, causal, kpm, stats in fa3:
+        yield _atomic_dq_case(fn, 2, block, head_dim, 2, causal, kpm, 2, 2, stats, mma_regs=240, load_regs=24)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

@@ -238,6 +238,29 @@ def test_atomic_dq_dkdv_config_checks(monkeypatch):
                               False)
 
 
+def test_fa3_order_and_register_split_checks():
+    # FlashAttention-3's order is a mode of the shared-dS tile (not with the other overlap);
+    # the consumers' registers: multiples of 8, and two consumers plus the producer within
+    # three warpgroups of 168
+    from tilesparse.kernels.attention_ws_base import DkdvWsConfig
+
+    shared = dict(consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True)
+    cfg = DkdvWsConfig(**shared, fa3_order=True, mma_regs=240, load_regs=24)
+    assert cfg.fa3_order and cfg.shared_bytes(128, 128) == DkdvWsConfig(**shared).shared_bytes(128, 128)
+    for bad in (dict(fa3_order=True), dict(consumers=2, atomic_dq=True, fa3_order=True),
+                dict(shared, fa3_order=True, overlap=True)):
+        with pytest.raises(ValueError, match="fa3_order needs shared_ds=True and overlap=False"):
+            DkdvWsConfig(**bad)
+    with pytest.raises(ValueError, match="fa3_order must be a bool"):
+        DkdvWsConfig(**shared, fa3_order=1)
+    for regs in (236, 16, 264, True, 240.0):
+        with pytest.raises(ValueError, match="mma_regs must be a multiple of 8 in 24..256"):
+            DkdvWsConfig(mma_regs=regs)
+    with pytest.raises(ValueError, match="2 \\* mma_regs \\+ load_regs must be <= 504"):
+        DkdvWsConfig(consumers=2, mma_regs=240, load_regs=40)
+    assert DkdvWsConfig(mma_regs=240, load_regs=40).mma_regs == 240  # one consumer: the default partition
+
+
 def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
     from tilesparse.kernels import attention_ws_dkdv
     from tilesparse.kernels.attention_ws_base import DkdvWsConfig

@@ -21,7 +21,11 @@ from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig
 
-VARIANTS = {"ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
+VARIANTS = {"ws_tma_shared_fa3": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True,
+                                              fa3_order=True, mma_regs=240, load_regs=24),
+            "ws_tma_shared_stats_240": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                                    shared_ds=True, mma_regs=240, load_regs=24),
+            "ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
             "ws_tma_shared_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True),
             "ws_tma_shared_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True, shared_ds=True),
             "ws_tma_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True),

@@ -78,8 +78,8 @@ def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSA
 def _check_consumers(cfg, consumers) -> None:
     if isinstance(consumers, bool) or consumers not in (1, 2):
         raise ValueError(f"{type(cfg).__name__}.consumers must be 1 or 2, got {consumers!r}")
-    # with two consumers the first (the default partition) gets 512 - 232 - load_regs
-    # registers per thread of its warpgroup: more for the producer starves it
+    # with two consumers the first (the default partition) gets 504 (three warpgroups of 168)
+    # - 232 (the other consumer's) - load_regs registers per thread: more for the producer starves it
     if consumers == 2 and cfg.load_regs > 40:
         raise ValueError(f"{type(cfg).__name__}.load_regs must be <= 40 with two consumers, got {cfg.load_regs!r}")
 
@@ -99,7 +99,13 @@ class DkdvWsConfig:
     into an fp32 buffer by TMA reductions (5 products per pair, no dQ kernel; not bitwise
     reproducible: ``deterministic=False`` only); ``shared_ds`` (with ``atomic_dq``, two
     consumers): the consumers share each dSᵀ tile through shared memory and each adds half
-    of dQ's columns for the whole key block (half the reduction bytes)."""
+    of dQ's columns for the whole key block (half the reduction bytes); ``fa3_order`` (with
+    ``shared_ds``): FlashAttention-3's order of a tile's wgmmas, all asynchronous (Sᵀ and dPᵀ
+    together, the exponentials under dPᵀ, the dS exchange under dV, dK issued while dQ runs,
+    the reduction under dK) instead of five waited-for groups; ``mma_regs``: each consumer
+    warpgroup's registers per thread with two consumers (the first, the default partition,
+    gets 504 - ``mma_regs`` - ``load_regs``: keep them equal; 240 with ``load_regs`` 24 is
+    FlashAttention-3's split, which ``fa3_order`` compiles into without spilling in its loop)."""
 
     block_m: int = 64
     stages: int = 2
@@ -109,19 +115,29 @@ class DkdvWsConfig:
     stats_in_smem: bool = False
     atomic_dq: bool = False
     shared_ds: bool = False
+    fa3_order: bool = False
+    mma_regs: int = 232
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds")
+        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):
             raise ValueError("DkdvWsConfig.shared_ds needs atomic_dq=True and consumers=2 (the two share each dS tile)")
+        if self.fa3_order and not (self.shared_ds and not self.overlap):
+            raise ValueError("DkdvWsConfig.fa3_order needs shared_ds=True and overlap=False (it is its own overlapped order)")
+        if isinstance(self.mma_regs, bool) or not isinstance(self.mma_regs, int) or not (
+                24 <= self.mma_regs <= 256 and self.mma_regs % 8 == 0):
+            raise ValueError(f"DkdvWsConfig.mma_regs must be a multiple of 8 in 24..256, got {self.mma_regs!r}")
         if self.atomic_dq and self.block_m != 64:
             raise ValueError(f"DkdvWsConfig.atomic_dq needs block_m=64 (dS as one wgmma's 64 rows beside dK and dV), "
                              f"got {self.block_m!r}")
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
+        if self.consumers == 2 and 2 * self.mma_regs + self.load_regs > 504:
+            raise ValueError(f"DkdvWsConfig: 2 * mma_regs + load_regs must be <= 504 (3 warpgroups of 168 registers "
+                             f"per thread; the first consumer gets the rest), got {self.mma_regs} and {self.load_regs}")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """K and V tiles, plus the ring of query and output-gradient tiles (and of the

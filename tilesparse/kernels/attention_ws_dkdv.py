@@ -144,7 +144,10 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     its keys' dSᵀ rows into a shared [BS, BLOCK_M] tile (two in turn), both wait for the
     other's (``ds_ready``), and consumer ROLE computes columns ROLE·D/2.. of the whole
     block's share, dS (all keys) K, with one reduction: half the reduction bytes of mode 1
-    and no register transpose; ``ds_free`` holds a tile until both have read it."""
+    and no register transpose; ``ds_free`` holds a tile until both have read it. OVERLAP 2
+    (ATOMIC_DQ 2 only): FlashAttention-3's order, every wgmma asynchronous: Sᵀ and dPᵀ
+    together, Pᵀ under dPᵀ, the dSᵀ exchange under dV, dQ then dK issued, the reduction
+    under dK, the stage released after the last wait."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
     kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
@@ -214,65 +217,101 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634  # empty rows: p = 0 anyway
             q = q_bufs.index(s).reshape([BLOCK_M, D])
             do = do_bufs.index(s).reshape([BLOCK_M, D])
-            if OVERLAP:
+            if OVERLAP == 2:  # FlashAttention-3's order (shared dS): Sᵀ and dPᵀ in flight together, the
+                # exp2 under dPᵀ, the dS exchange under dV, dK issued while dQ runs, the reduction under dK
+                gl.static_assert(ATOMIC_DQ == 2, "OVERLAP 2 (FlashAttention-3's order) is written for shared dS")
                 s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 sT = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-            else:
-                sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
-            pT = gl.exp2(sT * qk_scale - lse[None, :])
-            # the element mask where the Triton kernel needs one (_needs_mask): key padding,
-            # the last key block when S is not a multiple of the block, the causal diagonal
-            if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-                keep = n_keep[:, None] & m_ok[None, :]
-                if CAUSAL:
-                    keep = keep & (offs_n[:, None] <= offs_m[None, :])
-                pT = gl.where(keep, pT, 0.0)
-            if OVERLAP:  # dV under way while dSᵀ is formed; all waited for before the stage is released
+                pT = gl.exp2(sT * qk_scale - lse[None, :])
+                if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+                    keep = n_keep[:, None] & m_ok[None, :]
+                    if CAUSAL:
+                        keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                    pT = gl.where(keep, pT, 0.0)
+                dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
+                if STATS_SMEM:
+                    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
+                dsT = (pT * (dpT - delta[None, :])).to(dtype)
                 pT_op = gl.convert_layout(pT.to(dtype), p_operand)
                 dv = warpgroup_mma(pT_op, do, dv, is_async=True)
-                dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
-                if STATS_SMEM:
-                    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
-                dsT = pT * (dpT - delta[None, :])
-                dsT_op = gl.convert_layout(dsT.to(dtype), p_operand)
-                dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
-                dv, dk, pT_op, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_op, dsT_op))
-            else:
-                dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
-                dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
-                if STATS_SMEM:
-                    delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
-                dsT = pT * (dpT - delta[None, :])
-                dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
-            mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
-            if ATOMIC_DQ == 2:  # dSᵀ through shared memory; this consumer's half of dQ's columns. Both
-                # consumers must walk the same query tiles (no per-role skip): each waits for the other
                 buf = step % 2
                 mbarrier.wait(ds_free.index(buf), ((step // 2) & 1) ^ 1)  # both read it two tiles ago
-                ds_bufs.index(buf).slice(ROLE * KEYS, KEYS, dim=0).store(dsT.to(dtype))
+                ds_bufs.index(buf).slice(ROLE * KEYS, KEYS, dim=0).store(dsT)
                 fence_async_shared()
                 mbarrier.arrive(ds_ready.index(buf), count=1)
                 mbarrier.wait(ds_ready.index(buf), (step // 2) & 1)  # the other consumer's rows are in
                 k_all = k_smem.reshape([BS, D])
-                dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
-                                        dq_zero, use_acc=False)
-                mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
+                dq_tok = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
+                                       dq_zero, use_acc=False, is_async=True)
+                dv, pT_op = warpgroup_mma_wait(num_outstanding=1, deps=(dv, pT_op))  # dV done, dQ in flight
+                dsT_op = gl.convert_layout(dsT, p_operand)
+                dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
+                dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))  # dQ done, dK in flight
+                mbarrier.arrive(ds_free.index(buf), count=1)
                 _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
-            elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
-                ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
-                for c in gl.static_range(D // DQ_N):
-                    dq_part = warpgroup_mma(ds_op, k.slice(c * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False)
-                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + reduces % 2), dq_part * scale, [bz, h, row, c * DQ_N])
-                    reduces += 1
-            if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
-                # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
-                # accumulator layout would store 4-byte pieces)
-                HPL = H // L_HEADS
-                ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS - DS_ROW_OFFSET).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
-                n_in = ROLE * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, ds_layout))
-                m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
-                gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
+                dk, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsT_op))
+                mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma of the tile has been waited for
+            else:
+                if OVERLAP:
+                    s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                    sT = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
+                else:
+                    sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
+                pT = gl.exp2(sT * qk_scale - lse[None, :])
+                # the element mask where the Triton kernel needs one (_needs_mask): key padding,
+                # the last key block when S is not a multiple of the block, the causal diagonal
+                if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+                    keep = n_keep[:, None] & m_ok[None, :]
+                    if CAUSAL:
+                        keep = keep & (offs_n[:, None] <= offs_m[None, :])
+                    pT = gl.where(keep, pT, 0.0)
+                if OVERLAP:  # dV under way while dSᵀ is formed; all waited for before the stage is released
+                    pT_op = gl.convert_layout(pT.to(dtype), p_operand)
+                    dv = warpgroup_mma(pT_op, do, dv, is_async=True)
+                    dpT = warpgroup_mma_wait(num_outstanding=1, deps=(dp_tok,))
+                    if STATS_SMEM:
+                        delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
+                    dsT = pT * (dpT - delta[None, :])
+                    dsT_op = gl.convert_layout(dsT.to(dtype), p_operand)
+                    dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
+                    dv, dk, pT_op, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pT_op, dsT_op))
+                else:
+                    dv = warpgroup_mma(gl.convert_layout(pT.to(dtype), p_operand), do, dv)
+                    dpT = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False)
+                    if STATS_SMEM:
+                        delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
+                    dsT = pT * (dpT - delta[None, :])
+                    dk = warpgroup_mma(gl.convert_layout(dsT.to(dtype), p_operand), q, dk)
+                mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
+                if ATOMIC_DQ == 2:  # dSᵀ through shared memory; this consumer's half of dQ's columns. Both
+                    # consumers must walk the same query tiles (no per-role skip): each waits for the other
+                    buf = step % 2
+                    mbarrier.wait(ds_free.index(buf), ((step // 2) & 1) ^ 1)  # both read it two tiles ago
+                    ds_bufs.index(buf).slice(ROLE * KEYS, KEYS, dim=0).store(dsT.to(dtype))
+                    fence_async_shared()
+                    mbarrier.arrive(ds_ready.index(buf), count=1)
+                    mbarrier.wait(ds_ready.index(buf), (step // 2) & 1)  # the other consumer's rows are in
+                    k_all = k_smem.reshape([BS, D])
+                    dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
+                                            dq_zero, use_acc=False)
+                    mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
+                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
+                elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
+                    ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
+                    for c in gl.static_range(D // DQ_N):
+                        dq_part = warpgroup_mma(ds_op, k.slice(c * DQ_N, DQ_N, dim=1), dq_zero, use_acc=False)
+                        _add_share(dq_desc, dq_bufs.index(ROLE * 2 + reduces % 2), dq_part * scale, [bz, h, row, c * DQ_N])
+                        reduces += 1
+                if STORE_DS:  # ds[row, slot, n, m] = dsT[n, m] (keys-major, as the Triton kernel stores it),
+                    # in a blocked layout: 16-byte vectors along the queries, whole rows per warp (the
+                    # accumulator layout would store 4-byte pieces)
+                    HPL = H // L_HEADS
+                    ds_tile = ds_ptr + ((bz * HPL + h // L_HEADS - DS_ROW_OFFSET).to(gl.int64) * NNZ + t // M_STEPS) * (BS * BS)
+                    n_in = ROLE * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, ds_layout))
+                    m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
+                    gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
             step += 1
 
     offs_on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, o_layout))
@@ -396,7 +435,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
         LOAD_REGS=cfg.load_regs, STORE_DS=ds is not None, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
+        num_warps=block_size // 16 // cfg.consumers, CONSUMERS=cfg.consumers,
+        OVERLAP=2 if cfg.fa3_order else cfg.overlap, MMA_REGS=cfg.mma_regs,
         STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
