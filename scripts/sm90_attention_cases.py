@@ -81,23 +81,27 @@ def attention_cases(quick: bool):
 
 
 def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
-                    overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40):
+                    overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False):
     """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
     1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64;
-    ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``)."""
+    ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
+    stored through the staging tiles (``staged_stores``)."""
     from tilesparse.kernels import attention_ws_base
-    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout
+    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
     const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,
                  STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                  CONSUMERS=consumers, MMA_REGS=mma_regs, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=mode,
                  dq_layout=_dq_layout(64, head_dim, mode == 2),
-                 ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None)
+                 ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
+                 STAGED_STORES=staged,
+                 out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None)
     label = (f"ws attention dK/dV atomic_dq{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} causal={causal} "
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
-             + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else ""))
+             + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
+             + (" staged_stores" if staged else ""))
     return label, fn, _attention_signature(fn, "bf16", const), const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -132,7 +136,7 @@ def attention_ws_cases(quick: bool):
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
-                     dq_layout=None, ds_smem_layout=None)
+                     dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -157,6 +161,14 @@ def attention_ws_cases(quick: bool):
          (128, 64, True, True, True))
     for block, head_dim, causal, kpm, stats in fa3:
         yield _atomic_dq_case(fn, 2, block, head_dim, 2, causal, kpm, 2, 2, stats, mma_regs=240, load_regs=24)
+    # staged_stores: dK and dV through the idle staging tiles (both modes, both head dims, one consumer at b 64)
+    staged = ((2, 128, 128, True, False, 2, 2, True, 240, 24),) if quick else \
+        ((2, 128, 128, True, False, 2, 2, True, 240, 24), (2, 128, 128, False, True, 2, False, True, 232, 40),
+         (2, 128, 64, True, True, 2, False, True, 232, 40), (1, 128, 64, False, False, 2, False, True, 232, 40),
+         (1, 64, 128, True, True, 1, False, False, 232, 40), (1, 64, 64, False, False, 1, False, True, 232, 40))
+    for mode, block, head_dim, causal, kpm, consumers, overlap, stats, mma_regs, load_regs in staged:
+        yield _atomic_dq_case(fn, mode, block, head_dim, 2, causal, kpm, consumers, overlap, stats, mma_regs=mma_regs,
+                              load_regs=load_regs, staged=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

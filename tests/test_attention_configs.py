@@ -238,7 +238,7 @@ def test_atomic_dq_dkdv_config_checks(monkeypatch):
                               False)
 
 
-def test_fa3_order_and_register_split_checks():
+def test_fa3_order_register_split_and_staged_store_checks():
     # FlashAttention-3's order is a mode of the shared-dS tile (not with the other overlap);
     # the consumers' registers: multiples of 8, and two consumers plus the producer within
     # three warpgroups of 168
@@ -259,6 +259,13 @@ def test_fa3_order_and_register_split_checks():
     with pytest.raises(ValueError, match="2 \\* mma_regs \\+ load_regs must be <= 504"):
         DkdvWsConfig(consumers=2, mma_regs=240, load_regs=40)
     assert DkdvWsConfig(mma_regs=240, load_regs=40).mma_regs == 240  # one consumer: the default partition
+    # staged_stores reuses the atomic-dQ staging tiles: no shared memory of its own
+    staged = DkdvWsConfig(**shared, staged_stores=True)
+    assert staged.shared_bytes(128, 128) == DkdvWsConfig(**shared).shared_bytes(128, 128)
+    with pytest.raises(ValueError, match="staged_stores needs atomic_dq=True"):
+        DkdvWsConfig(consumers=2, staged_stores=True)
+    with pytest.raises(ValueError, match="staged_stores must be a bool"):
+        DkdvWsConfig(**shared, staged_stores="yes")
 
 
 def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():

@@ -17,9 +17,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     reason="the Gluon kernel is written for sm90")]
 
 
-def _fa3(on: bool) -> dict:
-    """DkdvWsConfig options of FlashAttention-3's order at its register split, or none."""
-    return dict(fa3_order=True, mma_regs=240, load_regs=24) if on else {}
+def _variant(name) -> dict:
+    """DkdvWsConfig options of a named variant: "fa3" (FlashAttention-3's order at its
+    register split), "staged" (dK and dV stored through the staging tiles), both joined by
+    "+"; anything else (the overlap flag's False / True): none."""
+    names = name.split("+") if isinstance(name, str) else ()
+    return {**(dict(fa3_order=True, mma_regs=240, load_regs=24) if "fa3" in names else {}),
+            **(dict(staged_stores=True) if "staged" in names else {})}
 
 
 @pytest.mark.parametrize("kpm_kind", [None, "tail", "all"])
@@ -32,9 +36,11 @@ def _fa3(on: bool) -> dict:
     # the two consumers sharing each dSᵀ tile, each adding half of dQ's columns
     (128, 128, 2000, 2, 2, False, True, True, True), (128, 128, 1050, 2, 2, True, False, False, True),
     (128, 64, 1000, 2, 2, True, True, False, True),
-    # overlap "fa3": FlashAttention-3's order of the shared-dS tile (every wgmma asynchronous), 240 / 24 registers
-    (128, 128, 2000, 2, 2, "fa3", True, True, True), (128, 128, 1050, 2, 2, "fa3", False, False, True),
-    (128, 64, 1000, 2, 2, "fa3", True, False, True)])
+    # overlap "fa3": FlashAttention-3's order of the shared-dS tile (every wgmma asynchronous), 240 / 24 registers;
+    # "staged": dK and dV stored through the staging tiles (at S 1050 and 1000 the last key block is partial)
+    (128, 128, 2000, 2, 2, "fa3", True, True, True), (128, 128, 1050, 2, 2, "fa3+staged", False, False, True),
+    (128, 64, 1000, 2, 2, "fa3+staged", True, False, True), (128, 128, 1050, 2, 2, "staged", True, False, False),
+    (64, 64, 1000, 1, 2, "staged", False, True, False)])
 def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, consumers, stages, overlap, stats,
                                                                        per_head, shared_ds, causal, kpm_kind):
     # BigBird (window, global, random blocks; per head or shared), GQA (4 query heads on 2 kv
@@ -49,7 +55,7 @@ def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, 
     kpm = kpm.cuda() if kpm is not None else None
     fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
     options = dict(consumers=consumers, overlap=overlap is True, stats_in_smem=stats)
-    ws = attention_ws.DkdvWsConfig(64, stages, atomic_dq=True, shared_ds=shared_ds, **options, **_fa3(overlap == "fa3"))
+    ws = attention_ws.DkdvWsConfig(64, stages, atomic_dq=True, shared_ds=shared_ds, **options, **_variant(overlap))
     got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
     exact = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
                         configs=(fwd, attention_ws.DkdvWsConfig(64, stages, **options), dq))
@@ -69,16 +75,16 @@ def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, 
     (torch.bfloat16, 1, 640, 256, False, False),
     # [B, S, H, D] views (seq-major) and fp16, a causal local window on one layout for all heads
     (torch.float16, 4, 1536, 256, True, True)], ids=["one-head", "fp16-seq-major"])
-@pytest.mark.parametrize("shared_ds,fa3", [(False, False), (True, False), (True, True)],
-                         ids=["own-shares", "shared-ds", "shared-ds-fa3-order"])
-def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, causal, shared_ds, fa3):
+@pytest.mark.parametrize("shared_ds,variant", [(False, ""), (True, ""), (True, "fa3+staged")],
+                         ids=["own-shares", "shared-ds", "shared-ds-fa3-order-staged"])
+def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, causal, shared_ds, variant):
     b, D = 128, 128
     layout = layouts.local(S, b, window=window)
     q, k, v = make_inputs(1, H, H, S, D, dtype, device="cuda", seq_major=seq_major)
     grad_out = torch.randn(1, H, S, D, device="cuda").to(dtype)
     fwd, dq = (kernels.attention_config(kind, b, D, dtype) for kind in ("fwd", "dq"))
     ws = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=shared_ds,
-                                   **_fa3(fa3))
+                                   **_variant(variant))
     got = run_kernels(q, k, v, layout, causal, None, D ** -0.5, grad_out, configs=(fwd, ws, dq), deterministic=False)
     _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
                                            scale=D ** -0.5)

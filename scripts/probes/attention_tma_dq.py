@@ -21,15 +21,18 @@ from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels.attention_ws import DkdvWsConfig
 
-VARIANTS = {"ws_tma_shared_fa3": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True,
-                                              fa3_order=True, mma_regs=240, load_regs=24),
-            "ws_tma_shared_stats_240": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
-                                                    shared_ds=True, mma_regs=240, load_regs=24),
+# the shipped modes (D 128: shared dS; D 64: stats in smem) and the candidates against them; the
+# twenty-second session's losers (overlapped, plain) are in ...-attention-tma-dq-9424a3b.json
+_SHARED = dict(consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True)
+_FA3 = dict(fa3_order=True, mma_regs=240, load_regs=24)
+VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
-            "ws_tma_shared_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True),
-            "ws_tma_shared_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True, shared_ds=True),
-            "ws_tma_overlap": DkdvWsConfig(64, 2, consumers=2, overlap=True, atomic_dq=True),
-            "ws_tma": DkdvWsConfig(64, 2, consumers=2, atomic_dq=True)}
+            "ws_tma_shared_240": DkdvWsConfig(64, 2, **_SHARED, mma_regs=240, load_regs=24),
+            "ws_tma_shared_staged": DkdvWsConfig(64, 2, **_SHARED, staged_stores=True),
+            "ws_tma_shared_fa3": DkdvWsConfig(64, 2, **_SHARED, **_FA3),
+            "ws_tma_shared_fa3_staged": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True),
+            "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                                staged_stores=True)}
 
 
 def _time(fn) -> float:

@@ -105,7 +105,9 @@ class DkdvWsConfig:
     the reduction under dK) instead of five waited-for groups; ``mma_regs``: each consumer
     warpgroup's registers per thread with two consumers (the first, the default partition,
     gets 504 - ``mma_regs`` - ``load_regs``: keep them equal; 240 with ``load_regs`` 24 is
-    FlashAttention-3's split, which ``fa3_order`` compiles into without spilling in its loop)."""
+    FlashAttention-3's split, which ``fa3_order`` compiles into without spilling in its loop);
+    ``staged_stores`` (with ``atomic_dq``): dK and dV leave through the consumer's idle dQ
+    staging tiles in 16-byte stores (the accumulator layout stores 4 bytes at a time)."""
 
     block_m: int = 64
     stages: int = 2
@@ -117,11 +119,14 @@ class DkdvWsConfig:
     shared_ds: bool = False
     fa3_order: bool = False
     mma_regs: int = 232
+    staged_stores: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order")
+        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores")
+        if self.staged_stores and not self.atomic_dq:
+            raise ValueError("DkdvWsConfig.staged_stores needs atomic_dq=True (it reuses the dQ staging tiles)")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):
             raise ValueError("DkdvWsConfig.shared_ds needs atomic_dq=True and consumers=2 (the two share each dS tile)")
         if self.fa3_order and not (self.shared_ds and not self.overlap):

@@ -128,7 +128,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
-                 ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr):
+                 ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr = False,
+                 out_smem_layout: gl.constexpr = None):
     """A consumer partition (16 key rows per warp): the four products per query tile,
     synchronous wgmma (OVERLAP: asynchronous, below), the stage released after the last one
     that read it has been waited for; then dK *
@@ -147,7 +148,9 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     and no register transpose; ``ds_free`` holds a tile until both have read it. OVERLAP 2
     (ATOMIC_DQ 2 only): FlashAttention-3's order, every wgmma asynchronous: Sᵀ and dPᵀ
     together, Pᵀ under dPᵀ, the dSᵀ exchange under dV, dQ then dK issued, the reduction
-    under dK, the stage released after the last wait."""
+    under dK, the stage released after the last wait. STAGED_STORES (with ATOMIC_DQ): dK and
+    dV leave through this consumer's two staging tiles, idle once its reductions have read
+    them (``out_smem_layout``), in 16-byte stores instead of the accumulator layout's 4-byte ones."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
     kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
@@ -314,14 +317,42 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                     gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
             step += 1
 
-    offs_on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bhk.to(gl.int64) * S * D + offs_on.to(gl.int64)[:, None] * D + offs_d[None, :]
-    out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
-    gl.store(dk_ptr + out_off, (dk * scale).to(dtype), mask=out_mask)
-    gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
-    if ATOMIC_DQ:
-        tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
+    if STAGED_STORES:
+        gl.static_assert(ATOMIC_DQ != 0, "STAGED_STORES reuses the atomic-dQ staging tiles")
+        gl.static_assert(BLOCK_M * DQ_N * 4 >= KEYS * D * 2, "a staging tile holds a 16-bit [KEYS, D] tile")
+        tma.store_wait(pendings=0)  # this consumer's reductions have read its staging tiles
+        row0 = bhk.to(gl.int64) * S
+        _store_staged(dk_ptr, (dk * scale).to(dtype), dq_bufs.index(ROLE * 2), row0, key0, S, D, KEYS,
+                      out_smem_layout, num_warps)
+        _store_staged(dv_ptr, dv.to(dtype), dq_bufs.index(ROLE * 2 + 1), row0, key0, S, D, KEYS, out_smem_layout,
+                      num_warps)
+    else:
+        offs_on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        out_off = bhk.to(gl.int64) * S * D + offs_on.to(gl.int64)[:, None] * D + offs_d[None, :]
+        out_mask = (offs_on < S)[:, None] & (offs_d < D)[None, :]
+        gl.store(dk_ptr + out_off, (dk * scale).to(dtype), mask=out_mask)
+        gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
+        if ATOMIC_DQ:
+            tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
+
+
+@gluon.jit
+def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
+                  out_smem_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;
+    rows past S dropped) through the shared-memory tile ``stage`` (at least KEYS * D * 2
+    bytes, idle): written in the accumulator's layout, read back as 8 consecutive columns
+    (16 bytes) per thread, whole rows per warp, and stored from there."""
+    buf = stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout)
+    buf.store(tile)
+    rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
+                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+    vals = buf.load(rows_layout)
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
+    off = (row0 + offs_n.to(gl.int64))[:, None] * D + offs_d[None, :]
+    gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.jit
@@ -334,7 +365,7 @@ def _bwd_dkdv_ws_kernel(
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
-    ds_smem_layout: gl.constexpr = None,
+    ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
@@ -378,15 +409,15 @@ def _bwd_dkdv_ws_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
         ], [1], [LOAD_REGS])
 
@@ -402,6 +433,12 @@ def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
 def _ds_smem_layout(block_size: int, block_m: int, dtype: torch.dtype):
     """The shared-memory layout of a ``shared_ds`` dSᵀ tile [block_size keys, block_m queries]."""
     return _nvmma([block_size, block_m], dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _out_smem_layout(keys: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout of a ``staged_stores`` dK or dV tile [keys, head_dim], 16-bit."""
+    return _nvmma([keys, head_dim], dtype)
 
 
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
@@ -440,4 +477,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
+        STAGED_STORES=cfg.staged_stores,
+        out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )
