@@ -258,7 +258,8 @@ def test_fa3_order_register_split_and_staged_store_checks():
             DkdvWsConfig(mma_regs=regs)
     with pytest.raises(ValueError, match="2 \\* mma_regs \\+ load_regs must be <= 504"):
         DkdvWsConfig(consumers=2, mma_regs=240, load_regs=40)
-    assert DkdvWsConfig(mma_regs=240, load_regs=40).mma_regs == 240  # one consumer: the default partition
+    with pytest.raises(ValueError, match="mma_regs applies to two consumers"):
+        DkdvWsConfig(mma_regs=240)  # one consumer is the default partition: nothing to set
     # staged_stores reuses the atomic-dQ staging tiles: no shared memory of its own
     staged = DkdvWsConfig(**shared, staged_stores=True)
     assert staged.shared_bytes(128, 128) == DkdvWsConfig(**shared).shared_bytes(128, 128)

@@ -90,3 +90,26 @@ def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, cau
                                            scale=D ** -0.5)
     for name, g, want in zip(("dq", "dk", "dv"), got[2], ref_grads):
         assert_close(g, want, dtype, name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant", ["fa3", "staged", "fa3+staged"])
+def test_fa3_order_and_staged_stores_leave_dk_dv_bitwise_the_same(variant, causal):
+    # the same products in the same order per tile (FlashAttention-3's order only moves the
+    # waits; staged stores only the path to global memory): dK and dV bitwise those of the
+    # shared-dS kernel, over repeated runs (an intermittent race would show); dQ's adds land
+    # in any order, so dQ only close
+    b, D, S = 128, 128, 1050
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(torch.bfloat16)
+    fwd, dq = (kernels.attention_config(kind, b, D, torch.bfloat16) for kind in ("fwd", "dq"))
+    shared = dict(consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True)
+    want = run_kernels(q, k, v, layout, causal, None, D ** -0.5, grad_out,
+                       configs=(fwd, attention_ws.DkdvWsConfig(64, 2, **shared), dq), deterministic=False)[2]
+    other = attention_ws.DkdvWsConfig(64, 2, **shared, **_variant(variant))
+    for _ in range(10):
+        got = run_kernels(q, k, v, layout, causal, None, D ** -0.5, grad_out, configs=(fwd, other, dq),
+                          deterministic=False)[2]
+        assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2]), "dK / dV must be bitwise the same"
+        assert rel_error(got[0], want[0]) < 1e-2

@@ -140,6 +140,9 @@ class DkdvWsConfig:
         if self.stages < 2:
             raise ValueError(f"DkdvWsConfig.stages must be >= 2, got {self.stages!r}")
         _check_consumers(self, self.consumers)
+        if self.consumers == 1 and self.mma_regs != 232:
+            raise ValueError(f"DkdvWsConfig.mma_regs applies to two consumers (one consumer is the default "
+                             f"partition and takes what the producer leaves), got {self.mma_regs} with consumers=1")
         if self.consumers == 2 and 2 * self.mma_regs + self.load_regs > 504:
             raise ValueError(f"DkdvWsConfig: 2 * mma_regs + load_regs must be <= 504 (3 warpgroups of 168 registers "
                              f"per thread; the first consumer gets the rest), got {self.mma_regs} and {self.load_regs}")
