@@ -81,11 +81,13 @@ def attention_cases(quick: bool):
 
 
 def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
-                    overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False):
+                    overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
+                    host: bool = False):
     """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
     1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64;
     ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
-    stored through the staging tiles (``staged_stores``)."""
+    stored through the staging tiles (``staged_stores``); ``host``: host-built descriptors
+    (``host_descs``) in place of q, k, v, dO and dQ's buffer."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout
 
@@ -96,13 +98,22 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
                  dq_layout=_dq_layout(64, head_dim, mode == 2),
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
                  STAGED_STORES=staged,
-                 out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None)
+                 out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
+                 HOST_DESCS=host)
+    sig = _attention_signature(fn, "bf16", const)
+    if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
+        dq_cols = head_dim // 2 if mode == 2 else min(64, head_dim)
+        for name, dtype, rows, cols, layout in (("q_ptr", "bf16", 64, head_dim, qo), ("k_ptr", "bf16", block, head_dim, kv),
+                                                ("v_ptr", "bf16", block, head_dim, kv),
+                                                ("do_ptr", "bf16", 64, head_dim, qo),
+                                                ("dq_acc_ptr", "fp32", 64, dq_cols, const["dq_layout"])):
+            sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, {cols}],{layout!r}>"
     label = (f"ws attention dK/dV atomic_dq{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} causal={causal} "
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
-             + (" staged_stores" if staged else ""))
-    return label, fn, _attention_signature(fn, "bf16", const), const, const["num_warps"], stages, None, GluonASTSource
+             + (" staged_stores" if staged else "") + (" host_descs" if host else ""))
+    return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
 def attention_ws_cases(quick: bool):
@@ -136,7 +147,8 @@ def attention_ws_cases(quick: bool):
         const = dict(BS=block, D=head_dim, BLOCK_M=block_m, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=40,
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
-                     dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None)
+                     dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
+                     HOST_DESCS=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -169,6 +181,11 @@ def attention_ws_cases(quick: bool):
     for mode, block, head_dim, causal, kpm, consumers, overlap, stats, mma_regs, load_regs in staged:
         yield _atomic_dq_case(fn, mode, block, head_dim, 2, causal, kpm, consumers, overlap, stats, mma_regs=mma_regs,
                               load_regs=load_regs, staged=True)
+    # host_descs: the descriptors built on the host (shared dS at D 128 / 64, the plain mode at D 64)
+    host = ((2, 128, True, True),) if quick else ((2, 128, True, True), (2, 64, False, False), (1, 64, True, False))
+    for mode, head_dim, causal, fa3 in host:
+        yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, False, 2, 2 if fa3 else False, True,
+                              mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

@@ -267,6 +267,8 @@ def test_fa3_order_register_split_and_staged_store_checks():
         DkdvWsConfig(consumers=2, staged_stores=True)
     with pytest.raises(ValueError, match="staged_stores must be a bool"):
         DkdvWsConfig(**shared, staged_stores="yes")
+    with pytest.raises(ValueError, match="host_descs must be a bool"):
+        DkdvWsConfig(host_descs=1)
 
 
 def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():

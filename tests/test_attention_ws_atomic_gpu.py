@@ -19,11 +19,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 def _variant(name) -> dict:
     """DkdvWsConfig options of a named variant: "fa3" (FlashAttention-3's order at its
-    register split), "staged" (dK and dV stored through the staging tiles), both joined by
-    "+"; anything else (the overlap flag's False / True): none."""
+    register split), "staged" (dK and dV stored through the staging tiles), "host"
+    (host-built descriptors), joined by "+"; anything else (the overlap flag's False /
+    True): none."""
     names = name.split("+") if isinstance(name, str) else ()
     return {**(dict(fa3_order=True, mma_regs=240, load_regs=24) if "fa3" in names else {}),
-            **(dict(staged_stores=True) if "staged" in names else {})}
+            **(dict(staged_stores=True) if "staged" in names else {}),
+            **(dict(host_descs=True) if "host" in names else {})}
 
 
 @pytest.mark.parametrize("kpm_kind", [None, "tail", "all"])
@@ -75,8 +77,10 @@ def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, 
     (torch.bfloat16, 1, 640, 256, False, False),
     # [B, S, H, D] views (seq-major) and fp16, a causal local window on one layout for all heads
     (torch.float16, 4, 1536, 256, True, True)], ids=["one-head", "fp16-seq-major"])
-@pytest.mark.parametrize("shared_ds,variant", [(False, ""), (True, ""), (True, "fa3+staged")],
-                         ids=["own-shares", "shared-ds", "shared-ds-fa3-order-staged"])
+@pytest.mark.parametrize("shared_ds,variant", [(False, ""), (True, ""), (True, "fa3+staged"), (False, "host"),
+                                               (True, "fa3+staged+host")],
+                         ids=["own-shares", "shared-ds", "shared-ds-fa3-order-staged", "own-shares-host-descs",
+                              "shared-ds-fa3-order-staged-host-descs"])
 def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, causal, shared_ds, variant):
     b, D = 128, 128
     layout = layouts.local(S, b, window=window)
@@ -93,10 +97,11 @@ def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, cau
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("variant", ["fa3", "staged", "fa3+staged"])
+@pytest.mark.parametrize("variant", ["fa3", "staged", "fa3+staged", "host", "fa3+staged+host"])
 def test_fa3_order_and_staged_stores_leave_dk_dv_bitwise_the_same(variant, causal):
     # the same products in the same order per tile (FlashAttention-3's order only moves the
-    # waits; staged stores only the path to global memory): dK and dV bitwise those of the
+    # waits; staged stores only the path to global memory; host descriptors only where the
+    # descriptors are built): dK and dV bitwise those of the
     # shared-dS kernel, over repeated runs (an intermittent race would show); dQ's adds land
     # in any order, so dQ only close
     b, D, S = 128, 128, 1050

@@ -48,6 +48,24 @@ def test_host_descriptor_specialization_is_all_but_the_address():
     assert _launch.arg_spec(desc(a, [16, 64])) != _launch.arg_spec(desc(buf[:2560].view(40, 64), [16, 64]))
 
 
+def test_gluon_host_descriptor_specialization_adds_its_shared_memory_layout():
+    # the Gluon kernels' host-built descriptors (e.g. DkdvWsConfig.host_descs): keyed as the
+    # Triton ones plus the layout their boxes land in; their tensor names the device
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+
+    buf = torch.zeros(4096, dtype=torch.bfloat16)
+    a, b = buf[:2048].view(32, 64), buf[2048:].view(32, 64)
+    wide, narrow = (gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16) for shape in ([16, 64], [16, 32]))
+    desc = lambda t, block, layout: GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)  # noqa: E731
+    assert _launch.arg_spec(desc(a, [16, 64], wide)) == _launch.arg_spec(desc(b, [16, 64], wide))
+    assert _launch.arg_spec(desc(a, [16, 64], wide)) != _launch.arg_spec(desc(a, [16, 64], narrow))
+    assert _launch.arg_spec(desc(a, [16, 64], wide)) != _launch.arg_spec(desc(a, [32, 64], wide))
+    assert _launch.arg_spec(desc(a, [16, 64], wide)) != _launch.arg_spec(TensorDescriptor(a, [32, 64], [64, 1],
+                                                                                          [16, 64]))
+    assert _launch._cuda_index(desc(a, [16, 64], wide)) is None  # a CPU tensor
+
+
 def test_compile_settings_are_part_of_the_key(monkeypatch):
     import triton
 

@@ -31,6 +31,9 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_shared_staged": DkdvWsConfig(64, 2, **_SHARED, staged_stores=True),
             "ws_tma_shared_fa3": DkdvWsConfig(64, 2, **_SHARED, **_FA3),
             "ws_tma_shared_fa3_staged": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True),
+            "ws_tma_shared_host": DkdvWsConfig(64, 2, **_SHARED, host_descs=True),
+            "ws_tma_shared_fa3_staged_host": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
+                                                          host_descs=True),
             "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                                 staged_stores=True)}
 

@@ -33,6 +33,7 @@ import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 _INT32 = (-(1 << 31), 1 << 31)
@@ -73,6 +74,9 @@ def arg_spec(arg) -> object:
     if kind is TensorDescriptor:  # a host-built TMA descriptor: its sizes by class, the rest by value
         return (TensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
                 tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), arg.padding)
+    if kind is GluonTensorDescriptor:  # the same, with the shared-memory layout its boxes land in
+        return (GluonTensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
+                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), arg.layout, arg.padding)
     raise _Unhandled(kind)
 
 
@@ -101,7 +105,7 @@ def _compile_knobs() -> tuple:
 
 def _cuda_index(arg) -> int | None:
     """The CUDA device index of a tensor or host TMA descriptor; None for anything else."""
-    tensor = arg.base if type(arg) is TensorDescriptor else arg
+    tensor = arg.base if type(arg) in (TensorDescriptor, GluonTensorDescriptor) else arg
     if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
         return tensor.get_device()  # no torch.device object: this runs on every launch
     return None

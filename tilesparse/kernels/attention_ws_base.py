@@ -30,6 +30,15 @@ def _head_desc(ptr, B, HEADS, S, D: gl.constexpr, stride_b, stride_h, stride_s, 
                                       layout)
 
 
+def host_head_desc(t: torch.Tensor, rows: int, layout, cols: int | None = None):
+    """A host-built TMA descriptor over a [B, HEADS, S, D] tensor (unit stride along D) with
+    [1, 1, rows, cols or D] boxes in shared-memory ``layout``: the device-built
+    :func:`_head_desc`'s twin."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols or t.shape[-1]], layout)
+
+
 @gluon.jit
 def _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_strides, v_strides,
                Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, qo_layout: gl.constexpr, kv_layout: gl.constexpr):
@@ -107,7 +116,9 @@ class DkdvWsConfig:
     gets 504 - ``mma_regs`` - ``load_regs``: keep them equal; 240 with ``load_regs`` 24 is
     FlashAttention-3's split, which ``fa3_order`` compiles into without spilling in its loop);
     ``staged_stores`` (with ``atomic_dq``): dK and dV leave through the consumer's idle dQ
-    staging tiles in 16-byte stores (the accumulator layout stores 4 bytes at a time)."""
+    staging tiles in 16-byte stores (the accumulator layout stores 4 bytes at a time);
+    ``host_descs``: the TMA descriptors (Q, K, V, dO, dQ's buffer) are built on the host and
+    passed in, instead of by every program on the device before its first load."""
 
     block_m: int = 64
     stages: int = 2
@@ -120,11 +131,13 @@ class DkdvWsConfig:
     fa3_order: bool = False
     mma_regs: int = 232
     staged_stores: bool = False
+    host_descs: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
-        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores")
+        check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
+                    "host_descs")
         if self.staged_stores and not self.atomic_dq:
             raise ValueError("DkdvWsConfig.staged_stores needs atomic_dq=True (it reuses the dQ staging tiles)")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):

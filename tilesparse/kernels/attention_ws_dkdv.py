@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
-from .attention_ws_base import LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier,
+                                _qkv_descs, host_head_desc)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma
 
@@ -366,16 +367,21 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
+    HOST_DESCS: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
-    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device.
+    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
+    (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
-    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
-                                        (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
-    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    if HOST_DESCS:
+        q_desc, k_desc, v_desc, do_desc = q_ptr, k_ptr, v_ptr, do_ptr
+    else:
+        q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                            (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
+        do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     q_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_M, D], qo_layout)
@@ -384,7 +390,9 @@ def _bwd_dkdv_ws_kernel(
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
     # ATOMIC_DQ: dQ's share in slices of DQ_N columns (mode 2: half of D per consumer)
     DQ_N: gl.constexpr = D // 2 if ATOMIC_DQ == 2 else (64 if D > 64 else D)
-    if ATOMIC_DQ:  # dq_acc: contiguous fp32 [B, H, S, D], added into in [1, 1, BLOCK_M, DQ_N] boxes
+    if ATOMIC_DQ and HOST_DESCS:
+        dq_desc = dq_acc_ptr
+    elif ATOMIC_DQ:  # dq_acc: contiguous fp32 [B, H, S, D], added into in [1, 1, BLOCK_M, DQ_N] boxes
         dq_desc = tma.make_tensor_descriptor(dq_acc_ptr, [B, H, S, D], [dqb, dqh, dqs, 1], [1, 1, BLOCK_M, DQ_N],
                                              dq_layout)
     else:
@@ -426,7 +434,12 @@ def _bwd_dkdv_ws_kernel(
 def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
     """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]
     (with ``shared_ds``: half of the head dim)."""
-    return _nvmma([1, 1, block_m, head_dim // 2 if shared_ds else min(64, head_dim)], torch.float32)
+    return _nvmma([1, 1, block_m, dq_tile_cols(head_dim, shared_ds)], torch.float32)
+
+
+def dq_tile_cols(head_dim: int, shared_ds: bool) -> int:
+    """The columns of an atomic-dQ staging tile (the kernel's DQ_N)."""
+    return head_dim // 2 if shared_ds else min(64, head_dim)
 
 
 @functools.lru_cache(maxsize=16)
@@ -465,9 +478,14 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     dq_layout = _dq_layout(cfg.block_m, D, cfg.shared_ds)
     ensure_allocator()
     first, end = kv_heads or (0, B * hkv)
+    operands = (q, k, v, grad_out, delta if dq_acc is None else dq_acc)
+    if cfg.host_descs:  # (dQ's boxes: the staging tile's shape)
+        dq_box = dq_tile_cols(D, cfg.shared_ds)
+        operands = (host_head_desc(q, cfg.block_m, qo_layout), host_head_desc(k, block_size, kv_layout),
+                    host_head_desc(v, block_size, kv_layout), host_head_desc(grad_out, cfg.block_m, qo_layout),
+                    delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
     launch(_bwd_dkdv_ws_kernel, (nb, end - first),
-        q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds,
-        delta if dq_acc is None else dq_acc, B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
+        *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4], B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
@@ -477,6 +495,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
-        STAGED_STORES=cfg.staged_stores,
+        STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )
