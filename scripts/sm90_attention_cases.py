@@ -103,12 +103,14 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         dq_cols = head_dim // 2 if mode == 2 else min(64, head_dim)
-        for name, dtype, rows, cols, layout in (("q_ptr", "bf16", 64, head_dim, qo), ("k_ptr", "bf16", block, head_dim, kv),
-                                                ("v_ptr", "bf16", block, head_dim, kv),
-                                                ("do_ptr", "bf16", 64, head_dim, qo),
-                                                ("dq_acc_ptr", "fp32", 64, dq_cols, const["dq_layout"])):
+        descs = [("q_ptr", "bf16", 64, head_dim, qo), ("k_ptr", "bf16", block, head_dim, kv),
+                 ("v_ptr", "bf16", block, head_dim, kv), ("do_ptr", "bf16", 64, head_dim, qo)]
+        if mode:  # (mode 0: no dQ buffer; the pointer argument stays)
+            descs.append(("dq_acc_ptr", "fp32", 64, dq_cols, const["dq_layout"]))
+        for name, dtype, rows, cols, layout in descs:
             sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, {cols}],{layout!r}>"
-    label = (f"ws attention dK/dV atomic_dq{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} causal={causal} "
+    label = (f"ws attention dK/dV{' atomic_dq' if mode else ''}{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} "
+             f"causal={causal} "
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
@@ -182,7 +184,9 @@ def attention_ws_cases(quick: bool):
         yield _atomic_dq_case(fn, mode, block, head_dim, 2, causal, kpm, consumers, overlap, stats, mma_regs=mma_regs,
                               load_regs=load_regs, staged=True)
     # host_descs: the descriptors built on the host (shared dS at D 128 / 64, the plain mode at D 64)
-    host = ((2, 128, True, True),) if quick else ((2, 128, True, True), (2, 64, False, False), (1, 64, True, False))
+    # (mode 0: the deterministic kernel, no dQ buffer)
+    host = ((2, 128, True, True),) if quick else ((2, 128, True, True), (2, 64, False, False), (1, 64, True, False),
+                                                  (0, 128, True, False))
     for mode, head_dim, causal, fa3 in host:
         yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, False, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=True)

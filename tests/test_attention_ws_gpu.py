@@ -2,6 +2,8 @@
 Gluon) on CUDA, chosen by their configs: against the float64 reference, the Triton
 kernels and themselves (bitwise deterministic). Marked ``gpu``; skipped on GPUs other than sm90."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -283,3 +285,21 @@ def test_dkdv_with_lse_and_delta_in_shared_memory_is_bitwise_the_same(D, S, stag
                                            scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
     for name, g, w in zip(("dq", "dk", "dv"), got, ref_grads):
         assert_close(g, w, dtype, name)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D,S,consumers", [(128, 2000, 2), (64, 1000, 1)])
+def test_dkdv_with_host_descriptors_is_bitwise_the_same(D, S, consumers, causal):
+    # host_descs only changes where the TMA descriptors are built (once on the host instead
+    # of in every program): the deterministic gradients are bitwise the same; BigBird with
+    # GQA, odd S, key padding
+    dtype, b = torch.bfloat16, 128
+    layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, "tail")
+    fwd = kernels.attention_config("fwd", b, D, dtype)
+    dq = kernels.attention_config("dq", b, D, dtype)
+    device = attention_ws.DkdvWsConfig(64, 2, consumers=consumers, stats_in_smem=True)
+    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, device, dq))[2]
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
+                      configs=(fwd, dataclasses.replace(device, host_descs=True), dq))[2]
+    for name, a, b_ in zip(("dq", "dk", "dv"), got, want):
+        assert torch.equal(a, b_), name

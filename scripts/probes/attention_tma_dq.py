@@ -16,9 +16,14 @@ reduction (``kernels/_tma_reduce.py``), which the Triton kernel's 2.75 ms used.
 
 from __future__ import annotations
 
+import dataclasses
+
+import torch
+
 from tilesparse.bench.attention import probe_flex_times, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention as K
+from tilesparse.kernels import attention_ws
 from tilesparse.kernels.attention_ws import DkdvWsConfig
 
 # the shipped modes (D 128: shared dS; D 64: stats in smem) and the candidates against them; the
@@ -59,6 +64,13 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
     want = bwd()
     row["bwd_default_ms"] = _time(bwd)
+    # the deterministic default with host-built descriptors for its dK/dV kernel (bitwise the same)
+    defaults = [attention_ws.default_config(kind, q, k, v, dout, block, layout.layout_heads) for kind in ("dkdv", "dq")]
+    if defaults[0] is not None:
+        host = (dataclasses.replace(defaults[0], host_descs=True), defaults[1] or K.attention_config("dq", block, D,
+                                                                                                   q.dtype))
+        row["bwd_default_host_descs_same"] = all(map(torch.equal, bwd(host), want))
+        row["bwd_default_host_descs_ms"] = _time(lambda: bwd(host))
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     row["bwd_triton_atomic_ms"] = _time(lambda: bwd(triton, False))
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)
@@ -76,7 +88,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
 def describe(name: str, row: dict) -> str:
     errs = "  ".join(f"{key}: {value:.2e}" if isinstance(value, float) else f"{key}: {value}"
-                     for key, value in row.items() if key.endswith(("_rel_err", "_error")))
+                     for key, value in row.items() if key.endswith(("_rel_err", "_error", "_same")))
     return f"{name:10} d {row['density']:.3f}  {probe_times(row)}  {errs}"
 
 
