@@ -71,6 +71,22 @@ def _needs_mask(kblk, qblk, S, BS: gl.constexpr, HAS_KPM: gl.constexpr, CAUSAL: 
 
 
 @gluon.jit
+def _probabilities(sT, lse, qk_scale, kblk, qblk, S, offs_n, offs_m, n_keep, m_ok, BS: gl.constexpr,
+                   HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
+    """Pᵀ = exp2(Sᵀ · scale · log2 e - lse) of a key tile against a query tile, with the
+    element mask where the Triton kernel needs one (``_needs_mask``: key padding, the last
+    key block when S is not a multiple of the block, the causal diagonal). The dK/dV kernel's
+    tiles are key-major: rows ``offs_n`` (keys), columns ``offs_m`` (queries)."""
+    pT = gl.exp2(sT * qk_scale - lse[None, :])
+    if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
+        keep = n_keep[:, None] & m_ok[None, :]
+        if CAUSAL:
+            keep = keep & (offs_n[:, None] <= offs_m[None, :])
+        pT = gl.where(keep, pT, 0.0)
+    return pT
+
+
+@gluon.jit
 def _row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM: gl.constexpr, CAUSAL: gl.constexpr):
     """[queries, keys] bool of a row walk's tile: query < S, key < S and not padding, key
     <= query when causal (the Triton kernels' ``_tile_mask``)."""

@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
-from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier,
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _one_shot_barrier, _probabilities,
                                 _qkv_descs, host_head_desc)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma
@@ -227,12 +227,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                 s_tok = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 dp_tok = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 sT = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-                pT = gl.exp2(sT * qk_scale - lse[None, :])
-                if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-                    keep = n_keep[:, None] & m_ok[None, :]
-                    if CAUSAL:
-                        keep = keep & (offs_n[:, None] <= offs_m[None, :])
-                    pT = gl.where(keep, pT, 0.0)
+                pT = _probabilities(sT, lse, qk_scale, kblk, qblk, S, offs_n, offs_m, n_keep, m_ok, BS, HAS_KPM, CAUSAL)
                 dpT = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
                 if STATS_SMEM:
                     delta = stat_bufs.index(2 * s + 1).load(gl.SliceLayout(0, s_layout))
@@ -263,14 +258,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                     sT = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
                 else:
                     sT = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False)
-                pT = gl.exp2(sT * qk_scale - lse[None, :])
-                # the element mask where the Triton kernel needs one (_needs_mask): key padding,
-                # the last key block when S is not a multiple of the block, the causal diagonal
-                if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-                    keep = n_keep[:, None] & m_ok[None, :]
-                    if CAUSAL:
-                        keep = keep & (offs_n[:, None] <= offs_m[None, :])
-                    pT = gl.where(keep, pT, 0.0)
+                pT = _probabilities(sT, lse, qk_scale, kblk, qblk, S, offs_n, offs_m, n_keep, m_ok, BS, HAS_KPM, CAUSAL)
                 if OVERLAP:  # dV under way while dSᵀ is formed; all waited for before the stage is released
                     pT_op = gl.convert_layout(pT.to(dtype), p_operand)
                     dv = warpgroup_mma(pT_op, do, dv, is_async=True)
