@@ -121,7 +121,7 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
 def attention_ws_cases(quick: bool):
     """The warp-specialized attention kernels (Gluon, ``attention_ws``: forward, dK/dV,
     dQ): b 128 and 64, D 128 and 64, causal or not, key padding."""
-    from tilesparse.kernels import attention_ws, attention_ws_base, attention_ws_dkdv
+    from tilesparse.kernels import attention_ws, attention_ws_base, attention_ws_dkdv, attention_ws_dq
 
     fn = attention_ws_dkdv._bwd_dkdv_ws_kernel
     # (block, D, block_m, stages, causal, key padding, STORE_DS: dS into the workspace)
@@ -197,7 +197,7 @@ def attention_ws_cases(quick: bool):
                warps, stages, *extra)
     # the row walks: dQ (per case: block, D, block_m, block_n, stages, causal, key padding), then the forward
     row_cases = {
-        "dQ": (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else
+        "dQ": (attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 64, 2, True, False),) if quick else
                ((128, 128, 128, 64, 2, True, False), (128, 128, 128, 128, 2, False, True), (64, 64, 64, 64, 3, True, True))),
         "fwd": (attention_ws._fwd_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
                 ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True))),
@@ -213,13 +213,13 @@ def attention_ws_cases(quick: bool):
                                            ((128, 128, 128, 128, 2, True, False),) if quick else
                                            ((128, 128, 128, 128, 2, True, False), (128, 128, 128, 128, 2, False, False),
                                             (128, 128, 128, 64, 3, False, True), (64, 64, 64, 64, 2, True, True)))
-    row_cases["dQ two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick
+    row_cases["dQ two consumers"] = (attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick
                                      else ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 64, 3, False, True)))
     # S and dP as asynchronous wgmma, P under dP's
-    row_cases["dQ overlap two consumers"] = (attention_ws._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),)
+    row_cases["dQ overlap two consumers"] = (attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),)
                                              if quick else ((128, 128, 128, 128, 2, True, False),
                                                             (128, 64, 128, 64, 3, False, True)))
-    row_cases["dQ overlap"] = (attention_ws._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
+    row_cases["dQ overlap"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),

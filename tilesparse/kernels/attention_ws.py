@@ -1,6 +1,8 @@
 """Hopper (sm90) warp-specialized kernels of the fused block-sparse attention, written in
-Gluon (Triton's explicit-layout dialect): the row walks, dQ and the forward, here; dK/dV
-in :mod:`tilesparse.kernels.attention_ws_dkdv`; their configs and shared helpers in
+Gluon (Triton's explicit-layout dialect): the forward here; dQ in
+:mod:`tilesparse.kernels.attention_ws_dq`, dK/dV in
+:mod:`tilesparse.kernels.attention_ws_dkdv`; their configs and shared helpers (the row
+walks' producer among them) in
 :mod:`tilesparse.kernels.attention_ws_base`. This module is where the attention
 launchers (:mod:`tilesparse.kernels.attention`) find all three: the measured defaults
 (:func:`default_config`) and where the kernels apply (:func:`ws_supported`).
@@ -29,186 +31,19 @@ import dataclasses
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma
 
 from ._device import shared_memory_bytes
 from ._launch import launch
-from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _head_desc, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _row_keep)
+from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _layouts, _needs_mask,
+                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load)
 from .attention_ws_dkdv import launch_dkdv_ws
+from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _fill_stage, hopper_reason
+from .bsmm_ws import _alloc_ring, hopper_reason
 
 __all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ws_supported", "launch_dkdv_ws",
            "launch_dq_ws", "launch_fwd_ws"]
-
-
-@gluon.jit
-def _row_ws_load(descs, bufs, bars, tables, sizes,
-                 BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr):
-    """Producer (one warp) of the row walks (forward, dQ): the query tile's Q (and dO)
-    once, then for each key block of the query block's CSR row, its K and V tiles."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_bufs, v_bufs = bufs
-    q_bar, ready_bars, empty_bars = bars
-    row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
-    H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
-    M_SPLIT: gl.constexpr = BS // BLOCK_M
-    pid = gl.program_id(0)
-    bh = gl.program_id(1)
-    qblk = pid // M_SPLIT
-    bz = bh // H
-    h = bh % H
-    row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M
-    if LOAD_DO:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
-        tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
-    else:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
-    _row_kv_fill(0, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr, row_cols_ptr,
-                 GROUP, NB, L_HEADS, BS, BLOCK_N)
-
-
-@gluon.jit
-def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr,
-                 row_cols_ptr, GROUP, NB, L_HEADS, BS: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Producer: the K and V tiles of query block ``qblk``'s CSR row (head ``h``), into
-    the ring from its position ``step`` on; returns the position after them."""
-    N_STEPS: gl.constexpr = BS // BLOCK_N
-    step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loop carries a tensor
-    lh = h % L_HEADS
-    start = gl.load(row_ptr_ptr + lh * NB + qblk)
-    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
-    for t in range(start * N_STEPS, end * N_STEPS):
-        kblk = gl.load(row_cols_ptr + t // N_STEPS)
-        key0 = kblk * BS + (t % N_STEPS) * BLOCK_N
-        _fill_stage(step, k_desc, [bz, h // GROUP, key0, 0], v_desc, [bz, h // GROUP, key0, 0], k_bufs, v_bufs,
-                    ready_bars, empty_bars)
-        step += 1
-    return step
-
-
-@gluon.jit
-def _dq_ws_mma(descs, bufs, bars, tables, sizes,
-               BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
-               OVERLAP: gl.constexpr, num_warps: gl.constexpr):
-    """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
-    dS, dQ += dS K (dS from registers), synchronous wgmma (OVERLAP: S and dP asynchronous,
-    below); then dQ * scale stored with
-    masks (rows past S are not written). With CONSUMERS = 2, consumer ROLE takes rows
-    ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals.
-    OVERLAP: S and dP are issued together as asynchronous wgmma and P is computed under
-    dP's (the same products in the same order: bitwise the synchronous consumer's)."""
-    q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_bufs, v_bufs = bufs
-    q_bar, ready_bars, empty_bars = bars
-    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr = tables
-    S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
-    STAGES: gl.constexpr = k_bufs.type.shape[0]
-    M_SPLIT: gl.constexpr = BS // BLOCK_M
-    N_STEPS: gl.constexpr = BS // BLOCK_N
-    ROWS: gl.constexpr = BLOCK_M // CONSUMERS  # this consumer's query rows
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pid = gl.program_id(0)
-    bh = gl.program_id(1)
-    qblk = pid // M_SPLIT
-    bz = bh // H
-    row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M + ROLE * ROWS
-    offs_m = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    m_ok = offs_m < S
-    lse = gl.load(lse_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
-    lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
-    delta = gl.load(delta_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
-    dq = gl.zeros((ROWS, D), dtype=gl.float32, layout=o_layout)
-    s_zero = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=s_layout)
-    lh = (bh % H) % L_HEADS
-    start = gl.load(row_ptr_ptr + lh * NB + qblk)
-    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
-    mbarrier.wait(q_bar, 0)
-    q = q_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
-    do = do_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
-    step = 0
-    for t in range(start * N_STEPS, end * N_STEPS):
-        kblk = gl.load(row_cols_ptr + t // N_STEPS)
-        offs_n = kblk * BS + (t % N_STEPS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = step % STAGES
-        mbarrier.wait(ready_bars.index(s), (step // STAGES) & 1)
-        k = k_bufs.index(s).reshape([BLOCK_N, D])
-        v = v_bufs.index(s).reshape([BLOCK_N, D])
-        if OVERLAP:
-            s_tok = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            dp_tok = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s_qk = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))
-        else:
-            s_qk = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False)
-        p = gl.exp2(s_qk * qk_scale - lse[:, None])
-        if _needs_mask(kblk, qblk, S, BS, HAS_KPM, CAUSAL):
-            p = gl.where(_row_keep(offs_m, offs_n, m_ok, kpm_ptr, bz, S, HAS_KPM, CAUSAL), p, 0.0)
-        if OVERLAP:
-            dp = warpgroup_mma_wait(num_outstanding=0, deps=(dp_tok,))
-        else:
-            dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False)
-        ds = p * (dp - delta[:, None])
-        dq = warpgroup_mma(gl.convert_layout(ds.to(dtype), ds_operand), k, dq)
-        mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
-        step += 1
-
-    offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bh.to(gl.int64) * S * D + offs_om.to(gl.int64)[:, None] * D + offs_d[None, :]
-    gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
-
-
-@gluon.jit
-def _bwd_dq_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr,
-    B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
-    BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
-    qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
-    CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
-):
-    """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
-    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device.
-    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
-                                        (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
-    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
-    q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
-    do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
-    k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
-    q_bar = _one_shot_barrier()
-    ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
-    descs = (q_desc, k_desc, v_desc, do_desc)
-    bufs = (q_smem, do_smem, k_bufs, v_bufs)
-    bars = (q_bar, ready_bars, empty_bars)
-    tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr)
-    sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps)),
-            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
-                          OVERLAP, num_warps)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
-        ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
-    else:
-        gl.warp_specialize([
-            (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
-        ], [1], [LOAD_REGS])
 
 
 @gluon.jit
@@ -455,24 +290,6 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
     if cfg.shared_bytes(block_size, D) > shared_memory_bytes(q.device):
         return f"needs {cfg.shared_bytes(block_size, D)} bytes of shared memory, more than the GPU has"
     return None
-
-
-def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
-                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig) -> None:
-    """dq (contiguous [B, H, S, D]) of the block-sparse attention, as ``_bwd_dq_kernel``
-    computes it."""
-    B, H, S, D = q.shape
-    hkv = k.shape[1]
-    qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
-    ensure_allocator()
-    launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
-        q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
-        B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
-        BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-        HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
-        num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-    )
 
 
 def launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int, layout_heads: int, block_size: int,

@@ -13,7 +13,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-from .bsmm_ws import _nvmma
+from .bsmm_ws import _fill_stage, _nvmma
 from ._tiles import check_bools
 
 __all__ = ["LOG2E", "DkdvWsConfig", "DqWsConfig", "FwdWsConfig"]
@@ -271,3 +271,50 @@ def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
     """(query-side, key-side) shared-memory layouts of [1, 1, rows, D] tiles (remembered:
     a launch asks every call)."""
     return _nvmma([1, 1, query_rows, head_dim], dtype), _nvmma([1, 1, key_rows, head_dim], dtype)
+
+
+@gluon.jit
+def _row_ws_load(descs, bufs, bars, tables, sizes,
+                 BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr):
+    """Producer (one warp) of the row walks (forward, dQ): the query tile's Q (and dO)
+    once, then for each key block of the query block's CSR row, its K and V tiles."""
+    q_desc, k_desc, v_desc, do_desc = descs
+    q_smem, do_smem, k_bufs, v_bufs = bufs
+    q_bar, ready_bars, empty_bars = bars
+    row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
+    H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
+    M_SPLIT: gl.constexpr = BS // BLOCK_M
+    pid = gl.program_id(0)
+    bh = gl.program_id(1)
+    qblk = pid // M_SPLIT
+    bz = bh // H
+    h = bh % H
+    row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M
+    if LOAD_DO:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
+    else:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
+    _row_kv_fill(0, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr, row_cols_ptr,
+                 GROUP, NB, L_HEADS, BS, BLOCK_N)
+
+
+@gluon.jit
+def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, empty_bars, row_ptr_ptr,
+                 row_cols_ptr, GROUP, NB, L_HEADS, BS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Producer: the K and V tiles of query block ``qblk``'s CSR row (head ``h``), into
+    the ring from its position ``step`` on; returns the position after them."""
+    N_STEPS: gl.constexpr = BS // BLOCK_N
+    step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loop carries a tensor
+    lh = h % L_HEADS
+    start = gl.load(row_ptr_ptr + lh * NB + qblk)
+    end = gl.load(row_ptr_ptr + lh * NB + qblk + 1)
+    for t in range(start * N_STEPS, end * N_STEPS):
+        kblk = gl.load(row_cols_ptr + t // N_STEPS)
+        key0 = kblk * BS + (t % N_STEPS) * BLOCK_N
+        _fill_stage(step, k_desc, [bz, h // GROUP, key0, 0], v_desc, [bz, h // GROUP, key0, 0], k_bufs, v_bufs,
+                    ready_bars, empty_bars)
+        step += 1
+    return step

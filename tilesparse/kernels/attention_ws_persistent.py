@@ -33,8 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from ._device import sm_count
 from ._launch import launch
 from .attention_schedule import persistent_schedule
-from .attention_ws import _fwd_row, _row_kv_fill, _softmax_step, _store_row
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs
+from .attention_ws import _fwd_row, _softmax_step, _store_row
+from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs, _row_kv_fill
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
 
@@ -78,7 +78,7 @@ def _tile_at(j, sched_ptr, SCHEDULED: gl.constexpr):
 @gluon.jit
 def _row_kv_fill_split(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, kv_bars, row_ptr_ptr, row_cols_ptr,
                        GROUP, NB, L_HEADS, BS: gl.constexpr, BLOCK_N: gl.constexpr):
-    """As :func:`tilesparse.kernels.attention_ws._row_kv_fill`, K and V each through its own
+    """As :func:`tilesparse.kernels.attention_ws_base._row_kv_fill`, K and V each through its own
     ring (``kv_bars``: K ready / empty, V ready / empty), so a K slot is refilled while the
     V loaded with it is still being read."""
     k_ready, k_empty, v_ready, v_empty = kv_bars
