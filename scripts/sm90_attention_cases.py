@@ -220,6 +220,11 @@ def attention_ws_cases(quick: bool):
                                              if quick else ((128, 128, 128, 128, 2, True, False),
                                                             (128, 64, 128, 64, 3, False, True)))
     row_cases["dQ overlap"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
+    # host-built descriptors (DqWsConfig.host_descs), with the default's two consumers and overlap
+    row_cases["dQ overlap two consumers host_descs"] = (attention_ws_dq._bwd_dq_ws_kernel,
+                                                        ((128, 128, 128, 128, 2, True, False),) if quick else
+                                                        ((128, 128, 128, 128, 2, True, False),
+                                                         (128, 64, 128, 128, 2, False, True)))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -233,17 +238,21 @@ def attention_ws_cases(quick: bool):
             if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
                 const.update(CONSUMERS=1, MMA_REGS=232)
             if kind.startswith("dQ"):
-                const["OVERLAP"] = "overlap" in kind
+                const.update(OVERLAP="overlap" in kind, HOST_DESCS=kind.endswith("host_descs"))
             if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
                 # synchronous b 128 one
                 const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
                              (kind == "persistent fwd" and block == 128 and block_n == 64))
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
-            if kind.endswith("two consumers"):  # a warpgroup each, half the rows
+            if kind.endswith(("two consumers", "two consumers host_descs")):  # a warpgroup each, half the rows
                 const.update(CONSUMERS=2, num_warps=block_m // 32)
                 if kind.startswith("persistent"):
                     const["OVERLAP"] = True
             sig = _attention_signature(fn, "bf16", const)
+            if const.get("HOST_DESCS"):  # the descriptors' types, as the runtime writes them
+                for name, rows, layout in (("q_ptr", block_m, qo), ("k_ptr", block_n, kv), ("v_ptr", block_n, kv),
+                                           ("do_ptr", block_m, qo)):
+                    sig[name] = f"tensordesc<bf16[1, 1, {rows}, {head_dim}],{layout!r}>"
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
                    sig, const, const["num_warps"], stages, None, GluonASTSource)

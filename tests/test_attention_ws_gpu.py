@@ -289,17 +289,17 @@ def test_dkdv_with_lse_and_delta_in_shared_memory_is_bitwise_the_same(D, S, stag
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D,S,consumers", [(128, 2000, 2), (64, 1000, 1)])
-def test_dkdv_with_host_descriptors_is_bitwise_the_same(D, S, consumers, causal):
-    # host_descs only changes where the TMA descriptors are built (once on the host instead
-    # of in every program): the deterministic gradients are bitwise the same; BigBird with
-    # GQA, odd S, key padding
+def test_backward_with_host_descriptors_is_bitwise_the_same(D, S, consumers, causal):
+    # host_descs (dK/dV and dQ kernels) only changes where the TMA descriptors are built
+    # (once on the host instead of in every program): the deterministic gradients are
+    # bitwise the same; BigBird with GQA, odd S, key padding
     dtype, b = torch.bfloat16, 128
     layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, "tail")
     fwd = kernels.attention_config("fwd", b, D, dtype)
-    dq = kernels.attention_config("dq", b, D, dtype)
     device = attention_ws.DkdvWsConfig(64, 2, consumers=consumers, stats_in_smem=True)
-    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, device, dq))[2]
-    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
-                      configs=(fwd, dataclasses.replace(device, host_descs=True), dq))[2]
+    dq_ws = attention_ws.DqWsConfig(128, 128, 2, consumers=consumers, overlap=consumers == 2)
+    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, device, dq_ws))[2]
+    host = (fwd, dataclasses.replace(device, host_descs=True), dataclasses.replace(dq_ws, host_descs=True))
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=host)[2]
     for name, a, b_ in zip(("dq", "dk", "dv"), got, want):
         assert torch.equal(a, b_), name

@@ -64,13 +64,14 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
     want = bwd()
     row["bwd_default_ms"] = _time(bwd)
-    # the deterministic default with host-built descriptors for its dK/dV kernel (bitwise the same)
+    # the deterministic default with host-built descriptors for its dK/dV kernel, then for
+    # its dQ kernel too (bitwise the same gradients)
     defaults = [attention_ws.default_config(kind, q, k, v, dout, block, layout.layout_heads) for kind in ("dkdv", "dq")]
-    if defaults[0] is not None:
-        host = (dataclasses.replace(defaults[0], host_descs=True), defaults[1] or K.attention_config("dq", block, D,
-                                                                                                   q.dtype))
-        row["bwd_default_host_descs_same"] = all(map(torch.equal, bwd(host), want))
-        row["bwd_default_host_descs_ms"] = _time(lambda: bwd(host))
+    if None not in defaults:
+        for name, host in (("dkdv", (dataclasses.replace(defaults[0], host_descs=True), defaults[1])),
+                           ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults))):
+            row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
+            row[f"bwd_default_host_{name}_ms"] = _time(lambda host=host: bwd(host))
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     row["bwd_triton_atomic_ms"] = _time(lambda: bwd(triton, False))
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)

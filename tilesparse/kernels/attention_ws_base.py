@@ -224,14 +224,17 @@ class _RowWalkConfig:
 @dataclasses.dataclass(frozen=True)
 class DqWsConfig(_RowWalkConfig):
     """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``);
-    ``overlap``: S and dP as asynchronous wgmma, P computed under dP's."""
+    ``overlap``: S and dP as asynchronous wgmma, P computed under dP's; ``host_descs``: the
+    TMA descriptors (Q, K, V, dO) built on the host and passed in, instead of by every
+    program on the device before its first load."""
 
     overlap: bool = False
+    host_descs: bool = False
     _QUERY_TILES = 2
 
     def __post_init__(self):
         super().__post_init__()
-        check_bools(self, "overlap")
+        check_bools(self, "overlap", "host_descs")
 
 
 @dataclasses.dataclass(frozen=True)

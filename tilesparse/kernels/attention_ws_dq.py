@@ -13,7 +13,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DqWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs,
-                                _row_keep, _row_ws_load)
+                                _row_keep, _row_ws_load, host_head_desc)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -106,14 +106,19 @@ def _bwd_dq_ws_kernel(
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
+    HOST_DESCS: gl.constexpr = False,
 ):
     """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
-    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device.
+    [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device (HOST_DESCS:
+    q_ptr, k_ptr, v_ptr and do_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
-    q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
-                                        (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
-    do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    if HOST_DESCS:
+        q_desc, k_desc, v_desc, do_desc = q_ptr, k_ptr, v_ptr, do_ptr
+    else:
+        q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
+                                            (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
+        do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
@@ -149,11 +154,16 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
+    operands = (q, k, v, grad_out)
+    if cfg.host_descs:
+        operands = (host_head_desc(q, cfg.block_m, qo_layout), host_head_desc(k, cfg.block_n, kv_layout),
+                    host_head_desc(v, cfg.block_n, kv_layout), host_head_desc(grad_out, cfg.block_m, qo_layout))
     launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
-        q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
+        *operands, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
+        HOST_DESCS=cfg.host_descs,
     )
