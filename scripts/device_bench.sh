@@ -17,7 +17,8 @@
 #   attn-fwd-persistent - the attention forward: Triton, warp-specialized, and the persistent
 #            warp-specialized kernel (kernels/attention_ws_persistent.py); FWD_PERSISTENT_ARGS e.g. --flex
 #   attn-tma-dq - the warp-specialized dK/dV kernel adding dQ by TMA reductions (atomic_dq,
-#            deterministic=False): its GPU tests (8 shards), then scripts/probes/attention_tma_dq.py against the
+#            deterministic=False) and its modes (fa3_order, staged_stores, host_descs): their GPU tests
+#            (8 shards), then scripts/probes/attention_tma_dq.py against the
 #            deterministic default and the Triton kernel's atomics (TMA_DQ_ARGS e.g. --flex)
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
@@ -127,7 +128,9 @@ for step in ${STEPS:-large dtypes graph}; do
               ${FWD_PERSISTENT_ARGS:-} --out "$OUT/attention-fwd-persistent.json" > "$OUT/attention-fwd-persistent.log" 2>&1 ;;
     attn-tma-dq) for i in 0 1 2 3 4 5 6 7; do  # 8 shards: one process compiles too slowly for 240 s
               TILESPARSE_SHARD=$i/8 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                tests/test_attention_ws_atomic_gpu.py > "/tmp/attn-tma-dq-tests-$i.log" 2>&1 &
+                tests/test_attention_ws_atomic_gpu.py \
+                tests/test_attention_ws_gpu.py::test_backward_with_host_descriptors_is_bitwise_the_same \
+                > "/tmp/attn-tma-dq-tests-$i.log" 2>&1 &
             done; wait; tail -n 40 /tmp/attn-tma-dq-tests-*.log > "$OUT/attn-tma-dq-tests.log"
             timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_tma_dq.py ${TMA_DQ_ARGS:-} \
               --out "$OUT/attention-tma-dq.json" > "$OUT/attention-tma-dq.log" 2>&1 ;;
