@@ -12,11 +12,13 @@ from registers (``red.v4``) lost (4.56 ms); triton 3.6's Gluon builder has the T
 reduction (``kernels/_tma_reduce.py``), which the Triton kernel's 2.75 ms used.
 
     python scripts/probes/attention_tma_dq.py --out attention-tma-dq.json [--flex]
+    TMA_DQ_VARIANTS=ws_tma_shared_stats,ws_tma_shared_fa3 python scripts/probes/attention_tma_dq.py ...
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -41,6 +43,14 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
                                                           host_descs=True),
             "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                                 staged_stores=True)}
+
+
+if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time
+    _wanted = os.environ["TMA_DQ_VARIANTS"].split(",")
+    _unknown = sorted(set(_wanted) - set(VARIANTS))
+    if _unknown:
+        raise SystemExit(f"TMA_DQ_VARIANTS: unknown {_unknown}; known: {sorted(VARIANTS)}")
+    VARIANTS = {name: VARIANTS[name] for name in _wanted}
 
 
 def _time(fn) -> float:
