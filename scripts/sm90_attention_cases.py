@@ -82,7 +82,7 @@ def attention_cases(quick: bool):
 
 def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
-                    host: bool = False):
+                    host: bool = False, persistent: bool = False):
     """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
     1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64;
     ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
@@ -99,7 +99,7 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
-                 HOST_DESCS=host)
+                 HOST_DESCS=host, PERSISTENT=persistent)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         dq_cols = head_dim // 2 if mode == 2 else min(64, head_dim)
@@ -114,7 +114,8 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
-             + (" staged_stores" if staged else "") + (" host_descs" if host else ""))
+             + (" staged_stores" if staged else "") + (" host_descs" if host else "")
+             + (" persistent" if persistent else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -150,7 +151,7 @@ def attention_ws_cases(quick: bool):
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
                      dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
-                     HOST_DESCS=False)
+                     HOST_DESCS=False, PERSISTENT=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -190,6 +191,15 @@ def attention_ws_cases(quick: bool):
     for mode, head_dim, causal, fa3 in host:
         yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, False, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=True)
+    # persistent: items of (key block, batch * kv head) in turn (mode 0: deterministic; per case: mode, D, causal,
+    # key padding, FlashAttention-3's order with staged stores and host descriptors)
+    persistent = ((2, 128, True, False, False),) if quick else \
+        ((2, 128, True, False, False), (0, 128, False, True, False), (2, 128, True, False, True),
+         (1, 64, False, True, False), (2, 64, True, False, True))
+    for mode, head_dim, causal, kpm, fa3 in persistent:
+        yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
+                              mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3,
+                              persistent=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

@@ -269,6 +269,8 @@ def test_fa3_order_register_split_and_staged_store_checks():
         DkdvWsConfig(**shared, staged_stores="yes")
     with pytest.raises(ValueError, match="host_descs must be a bool"):
         DkdvWsConfig(host_descs=1)
+    with pytest.raises(ValueError, match="persistent must be a bool"):
+        DkdvWsConfig(persistent=1)
     from tilesparse.kernels.attention_ws_base import DqWsConfig
 
     assert DqWsConfig(128, 128, 2, host_descs=True).host_descs

@@ -20,12 +20,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 def _variant(name) -> dict:
     """DkdvWsConfig options of a named variant: "fa3" (FlashAttention-3's order at its
     register split), "staged" (dK and dV stored through the staging tiles), "host"
-    (host-built descriptors), joined by "+"; anything else (the overlap flag's False /
-    True): none."""
+    (host-built descriptors), "persistent" (items in turn), joined by "+"; anything else
+    (the overlap flag's False / True): none."""
     names = name.split("+") if isinstance(name, str) else ()
     return {**(dict(fa3_order=True, mma_regs=240, load_regs=24) if "fa3" in names else {}),
             **(dict(staged_stores=True) if "staged" in names else {}),
-            **(dict(host_descs=True) if "host" in names else {})}
+            **(dict(host_descs=True) if "host" in names else {}),
+            **(dict(persistent=True) if "persistent" in names else {})}
 
 
 @pytest.mark.parametrize("kpm_kind", [None, "tail", "all"])
@@ -42,7 +43,10 @@ def _variant(name) -> dict:
     # "staged": dK and dV stored through the staging tiles (at S 1050 and 1000 the last key block is partial)
     (128, 128, 2000, 2, 2, "fa3", True, True, True), (128, 128, 1050, 2, 2, "fa3+staged", False, False, True),
     (128, 64, 1000, 2, 2, "fa3+staged", True, False, True), (128, 128, 1050, 2, 2, "staged", True, False, False),
-    (64, 64, 1000, 1, 2, "staged", False, True, False)])
+    (64, 64, 1000, 1, 2, "staged", False, True, False),
+    # "persistent": a program per SM taking (key block, batch * kv head) items in turn
+    (128, 128, 2000, 2, 2, "persistent", True, True, True), (128, 64, 1000, 2, 2, "persistent", True, False, False),
+    (64, 64, 1000, 1, 2, "staged+persistent", False, True, False)])
 def test_atomic_dq_matches_the_reference_and_the_deterministic_kernels(b, D, S, consumers, stages, overlap, stats,
                                                                        per_head, shared_ds, causal, kpm_kind):
     # BigBird (window, global, random blocks; per head or shared), GQA (4 query heads on 2 kv
@@ -97,7 +101,8 @@ def test_atomic_dq_one_head_and_strided_fp16(dtype, H, S, window, seq_major, cau
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("variant", ["fa3", "staged", "fa3+staged", "host", "fa3+staged+host"])
+@pytest.mark.parametrize("variant", ["fa3", "staged", "fa3+staged", "host", "fa3+staged+host", "persistent",
+                                     "fa3+staged+host+persistent"])
 def test_fa3_order_and_staged_stores_leave_dk_dv_bitwise_the_same(variant, causal):
     # the same products in the same order per tile (FlashAttention-3's order only moves the
     # waits; staged stores only the path to global memory; host descriptors only where the

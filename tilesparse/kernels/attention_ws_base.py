@@ -134,7 +134,10 @@ class DkdvWsConfig:
     ``staged_stores`` (with ``atomic_dq``): dK and dV leave through the consumer's idle dQ
     staging tiles in 16-byte stores (the accumulator layout stores 4 bytes at a time);
     ``host_descs``: the TMA descriptors (Q, K, V, dO, dQ's buffer) are built on the host and
-    passed in, instead of by every program on the device before its first load."""
+    passed in, instead of by every program on the device before its first load;
+    ``persistent``: a program per SM at most, taking (key block, batch * kv head) items in
+    turn, its descriptors built once and the next item's K and V loaded while the consumers
+    store the last one's dK and dV."""
 
     block_m: int = 64
     stages: int = 2
@@ -148,12 +151,13 @@ class DkdvWsConfig:
     mma_regs: int = 232
     staged_stores: bool = False
     host_descs: bool = False
+    persistent: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
-                    "host_descs")
+                    "host_descs", "persistent")
         if self.staged_stores and not self.atomic_dq:
             raise ValueError("DkdvWsConfig.staged_stores needs atomic_dq=True (it reuses the dQ staging tiles)")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):

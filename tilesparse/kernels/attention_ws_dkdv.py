@@ -1,6 +1,7 @@
 """Hopper (sm90) warp-specialized dK/dV kernel of the fused block-sparse attention, in
 Gluon: FlashAttention-3's split on Hopper. One producer warp reads the layout's CSC
-column and streams the query and output-gradient tiles through a ring of TMA stages;
+column and streams the query and output-gradient tiles through a ring of TMA stages
+(:mod:`tilesparse.kernels.attention_ws_dkdv_load`);
 the consumer warpgroups only wait on mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to
 the next wgmma from registers (no shared-memory round trip).
 
@@ -25,7 +26,6 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    async_copy,
     fence_async_shared,
     mbarrier,
     tma,
@@ -33,27 +33,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._device import sm_count
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _one_shot_barrier, _probabilities,
                                 _qkv_descs, host_head_desc)
+from .attention_ws_dkdv_load import _dkdv_ws_load, _walk_position
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _fill_stage, _nvmma
+from .bsmm_ws import _alloc_ring, _nvmma
 
 __all__ = ["launch_dkdv_ws"]
-
-
-@gluon.jit
-def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.constexpr):
-    """The column walk's i-th query tile (i from start * M_STEPS): in order, or with
-    ATOMIC_DQ rotated to start at a place that depends on the key block, so that programs
-    running at once add their dQ shares into different query tiles (adds to one address
-    serialize), as ``_bwd_dkdv_kernel`` walks."""
-    if ATOMIC_DQ:
-        n = (end - start) * M_STEPS
-        return start * M_STEPS + (i - start * M_STEPS + kblk * M_STEPS) % n
-    else:
-        return i
 
 
 @gluon.jit
@@ -68,70 +57,43 @@ def _add_share(dq_desc, stage, share, coord):
 
 
 @gluon.jit
-def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
-                  BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr):
-    """Producer (one warp): the key tile's K and V once, then for each query head of the
-    group and each query tile of the key block's CSC column, the Q and dO tiles
-    (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
-    copies hold the stage's ready barrier open until they land)."""
-    q_desc, k_desc, v_desc, do_desc, dq_desc = descs
-    k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
-    kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
-    M_STEPS: gl.constexpr = BS // BLOCK_M
-    kblk = gl.program_id(0)
-    bhk = gl.program_id(1) + BHK_OFFSET  # a launch per chunk of kv heads
-    bz = bhk // HKV
-    hkv = bhk % HKV
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [bz, hkv, kblk * BS, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [bz, hkv, kblk * BS, 0], kv_bar, v_smem)
-    step = 0
-    for g in range(0, GROUP):
-        h = hkv * GROUP + g
-        lh = h % L_HEADS
-        start = gl.load(col_ptr_ptr + lh * NB + kblk)
-        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
-        for i in range(start * M_STEPS, end * M_STEPS):
-            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
-            qblk = gl.load(col_rows_ptr + t // M_STEPS)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
-            if STATS_SMEM:
-                _copy_stats(step, row, (bz * H + h).to(gl.int64) * S, S, lse_ptr, delta_ptr, stat_bufs, ready_bars,
-                            empty_bars, BLOCK_M)
-            _fill_stage(step, q_desc, [bz, h, row, 0], do_desc, [bz, h, row, 0], q_bufs, do_bufs, ready_bars,
-                        empty_bars)
-            step += 1
-
-
-@gluon.jit
-def _copy_stats(step, row, head_offset, S, lse_ptr, delta_ptr, stat_bufs, ready_bars, empty_bars,
-                BLOCK_M: gl.constexpr):
-    """Once stage ``step % STAGES`` is free: cp.async of the query tile's lse and delta
-    (rows row .. row + BLOCK_M, zero past S) into it, each thread's copies tracked by the
-    stage's ready barrier (an arrival that raises its pending count now and lowers it when
-    they land: the phase cannot complete before them). :func:`_fill_stage`'s wait on the
-    same stage then passes at once."""
-    STAGES: gl.constexpr = stat_bufs.type.shape[0] // 2
-    layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    s = step % STAGES
-    mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
-    offs = row + gl.arange(0, BLOCK_M, layout=layout)
-    ok = offs < S
-    async_copy.async_copy_global_to_shared(stat_bufs.index(2 * s), lse_ptr + head_offset + offs, mask=ok)
-    async_copy.async_copy_global_to_shared(stat_bufs.index(2 * s + 1), delta_ptr + head_offset + offs, mask=ok)
-    async_copy.mbarrier_arrive(ready_bars.index(s))
-
-
-@gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                  ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr = False,
-                 out_smem_layout: gl.constexpr = None):
-    """A consumer partition (16 key rows per warp): the four products per query tile,
+                 out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False):
+    """A consumer partition: :func:`_dkdv_ws_item` for the program's key block, or
+    (PERSISTENT) for each item of its share in turn, the ring and staging positions carried."""
+    NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
+    if PERSISTENT:
+        step = gl.to_tensor(0)
+        reduces = gl.to_tensor(0)
+        it = 0
+        for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
+            step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
+                                          step, reduces, it & 1, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS,
+                                          CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES,
+                                          out_smem_layout, PERSISTENT)
+            it += 1
+    else:
+        _dkdv_ws_item(descs, bufs, bars, tables, sizes, gl.program_id(0), gl.program_id(1) + BHK_OFFSET, 0, 0, 0,
+                      BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ,
+                      num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)
+
+
+@gluon.jit
+def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv_phase,
+                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
+                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
+                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
+                  ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr,
+                  out_smem_layout: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A consumer partition's work (16 key rows per warp) for key block ``kblk`` of (batch *
+    kv head) ``bhk``, its ring position ``step`` on, its ``reduces``-th staging tile on (mode
+    1), K and V loaded once ``kv_bar`` completes phase ``kv_phase``; returns (step,
+    reduces) after it (PERSISTENT: K and V released to the producer, ``kv_free``, before
+    the stores). The four products per query tile,
     synchronous wgmma (OVERLAP: asynchronous, below), the stage released after the last one
     that read it has been waited for; then dK *
     scale and dV stored with masks (keys past S are not written). STORE_DS: each dSᵀ tile
@@ -154,9 +116,9 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     them (``out_smem_layout``), in 16-byte stores instead of the accumulator layout's 4-byte ones."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
-    kv_bar, ready_bars, empty_bars, ds_ready, ds_free = bars
+    kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars
     col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
-    S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale = sizes
+    S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
     KEYS: gl.constexpr = BS // CONSUMERS  # this consumer's key rows
@@ -177,13 +139,13 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     dq_acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, DQ_N, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_acc_layout, k_width=2)
-    kblk = gl.program_id(0)
-    bhk = gl.program_id(1) + BHK_OFFSET  # a launch per chunk of kv heads
     bz = bhk // HKV
     hkv = bhk % HKV
     if ATOMIC_DQ:
         dq_zero = gl.zeros((BLOCK_M, DQ_N), dtype=gl.float32, layout=dq_acc_layout)
-        reduces = 0  # mode 1: this consumer's reductions issued (they alternate between its two staging tiles)
+        # mode 1: this consumer's reductions issued (they alternate between its two staging
+        # tiles); a literal 0 from the caller is a constexpr, the loops carry a tensor
+        reduces = gl.to_tensor(reduces)
 
     key0 = kblk * BS + ROLE * KEYS
     offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -195,10 +157,10 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
     dv = gl.zeros((KEYS, D), dtype=gl.float32, layout=o_layout)
     s_zero = gl.zeros((KEYS, BLOCK_M), dtype=gl.float32, layout=s_layout)
 
-    mbarrier.wait(kv_bar, 0)
+    mbarrier.wait(kv_bar, kv_phase)
     k = k_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     v = v_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
-    step = 0
+    step = gl.to_tensor(step)  # (as reduces)
     for g in range(0, GROUP):
         h = hkv * GROUP + g
         lh = h % L_HEADS
@@ -305,6 +267,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                     m_in = (t % M_STEPS) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, ds_layout))
                     gl.store(ds_tile + n_in[:, None] * BS + m_in[None, :], gl.convert_layout(dsT.to(dtype), ds_layout))
             step += 1
+    if PERSISTENT:  # every wgmma that read K or V has been waited for: the producer may load the next item's
+        mbarrier.arrive(kv_free, count=1)
 
     if STAGED_STORES:
         gl.static_assert(ATOMIC_DQ != 0, "STAGED_STORES reuses the atomic-dQ staging tiles")
@@ -324,6 +288,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
         if ATOMIC_DQ:
             tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
+    return step, reduces
 
 
 @gluon.jit
@@ -347,7 +312,7 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale,
+    dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
@@ -355,7 +320,7 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
-    HOST_DESCS: gl.constexpr = False,
+    HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
@@ -399,22 +364,27 @@ def _bwd_dkdv_ws_kernel(
     else:
         ds_bufs, ds_ready, ds_free = stat_bufs, ready_bars, empty_bars  # not used
     bufs = (k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs)
-    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free)
+    if PERSISTENT:  # the consumers' release of an item's K and V (one arrival each)
+        kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_free, count=CONSUMERS)
+    else:
+        kv_free = kv_bar  # not used
+    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr)
-    sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale)
+    sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)),
         ], [1], [LOAD_REGS])
 
 
@@ -472,8 +442,11 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         operands = (host_head_desc(q, cfg.block_m, qo_layout), host_head_desc(k, block_size, kv_layout),
                     host_head_desc(v, block_size, kv_layout), host_head_desc(grad_out, cfg.block_m, qo_layout),
                     delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
-    launch(_bwd_dkdv_ws_kernel, (nb, end - first),
-        *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4], B, S, H, hkv, H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale,
+    # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
+    grid = (max(1, min(nb * (end - first), sm_count(q.device))),) if cfg.persistent else (nb, end - first)
+    launch(_bwd_dkdv_ws_kernel, grid,
+        *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4], B, S, H, hkv,
+        H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale, end - first,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
         BS=block_size, D=D, BLOCK_M=cfg.block_m, STAGES=cfg.stages, CAUSAL=causal, HAS_KPM=has_kpm,
@@ -483,6 +456,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
-        STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs,
+        STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )
