@@ -51,7 +51,8 @@ def _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_
 
 @gluon.jit
 def _one_shot_barrier():
-    """An mbarrier completed by one arrival (with its expected bytes): a tile loaded once."""
+    """An mbarrier completed by one arrival (with its expected bytes): a tile loaded once
+    (or once per item of a persistent program, one phase each)."""
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
     return bar
@@ -191,7 +192,9 @@ class DkdvWsConfig:
                    + block_size * self.block_m * element_bytes) if self.atomic_dq else 0
         if self.shared_ds:  # half of D per consumer's staging tile; two dSᵀ tiles, no transpose scratch
             staging = 2 * self.consumers * self.block_m * (head_dim // 2) * 4 + 2 * block_size * self.block_m * element_bytes
-        return (2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + staging + 1024
+        barriers = 8 if self.persistent else 0  # kv_free
+        return ((2 * block_size + 2 * self.stages * self.block_m) * head_dim * element_bytes + stats + staging
+                + barriers + 1024)
 
 
 @dataclasses.dataclass(frozen=True)

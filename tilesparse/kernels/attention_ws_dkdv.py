@@ -322,7 +322,8 @@ def _bwd_dkdv_ws_kernel(
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
 ):
-    """Program (key block, batch * kv head). Q and dO are read through descriptors over
+    """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
+    such items in turn, key-block major. Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
