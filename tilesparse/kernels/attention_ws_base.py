@@ -50,6 +50,28 @@ def _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_
 
 
 @gluon.jit
+def _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_strides, v_strides,
+                    do_strides, Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, qo_layout: gl.constexpr,
+                    kv_layout: gl.constexpr, HOST_DESCS: gl.constexpr):
+    """(Q, K, V, dO) descriptors of a backward kernel (dK/dV, dQ): built here as
+    :func:`_qkv_descs` and :func:`_head_desc` build them, or (HOST_DESCS) the arguments
+    themselves, host-built by :func:`host_backward_descs`."""
+    if HOST_DESCS:
+        q_desc, k_desc, v_desc, do_desc = q_ptr, k_ptr, v_ptr, do_ptr
+    else:
+        q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, q_strides, k_strides, v_strides,
+                                            Q_ROWS, KV_ROWS, qo_layout, kv_layout)
+        do_desc = _head_desc(do_ptr, B, H, S, D, do_strides[0], do_strides[1], do_strides[2], Q_ROWS, qo_layout)
+    return q_desc, k_desc, v_desc, do_desc
+
+
+def host_backward_descs(q, k, v, grad_out, q_rows: int, kv_rows: int, qo_layout, kv_layout) -> tuple:
+    """The host-built (Q, K, V, dO) descriptors :func:`_backward_descs` takes with HOST_DESCS."""
+    return (host_head_desc(q, q_rows, qo_layout), host_head_desc(k, kv_rows, kv_layout),
+            host_head_desc(v, kv_rows, kv_layout), host_head_desc(grad_out, q_rows, qo_layout))
+
+
+@gluon.jit
 def _one_shot_barrier():
     """An mbarrier completed by one arrival (with its expected bytes): a tile loaded once
     (or once per item of a persistent program, one phase each)."""

@@ -36,8 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._device import sm_count
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
-from .attention_ws_base import (LOG2E, DkdvWsConfig, _head_desc, _layouts, _one_shot_barrier, _probabilities,
-                                _qkv_descs, host_head_desc)
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _backward_descs, _layouts, _one_shot_barrier, _probabilities,
+                                host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _dkdv_ws_load, _walk_position
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
@@ -329,12 +329,9 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
-    if HOST_DESCS:
-        q_desc, k_desc, v_desc, do_desc = q_ptr, k_ptr, v_ptr, do_ptr
-    else:
-        q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
-                                            (svb, svh, svs), BLOCK_M, BS, qo_layout, kv_layout)
-        do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
+                                                      (skb, skh, sks), (svb, svh, svs), (sdb, sdh, sds), BLOCK_M, BS,
+                                                      qo_layout, kv_layout, HOST_DESCS)
     dtype: gl.constexpr = q_desc.dtype
     k_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, BS, D], kv_layout)
@@ -440,8 +437,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     operands = (q, k, v, grad_out, delta if dq_acc is None else dq_acc)
     if cfg.host_descs:  # (dQ's boxes: the staging tile's shape)
         dq_box = dq_tile_cols(D, cfg.shared_ds)
-        operands = (host_head_desc(q, cfg.block_m, qo_layout), host_head_desc(k, block_size, kv_layout),
-                    host_head_desc(v, block_size, kv_layout), host_head_desc(grad_out, cfg.block_m, qo_layout),
+        operands = (*host_backward_descs(q, k, v, grad_out, cfg.block_m, block_size, qo_layout, kv_layout),
                     delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
     # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
     grid = (max(1, min(nb * (end - first), sm_count(q.device))),) if cfg.persistent else (nb, end - first)

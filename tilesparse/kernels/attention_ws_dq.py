@@ -12,8 +12,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from ._launch import launch
-from .attention_ws_base import (LOG2E, DqWsConfig, _head_desc, _layouts, _needs_mask, _one_shot_barrier, _qkv_descs,
-                                _row_keep, _row_ws_load, host_head_desc)
+from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _layouts, _needs_mask, _one_shot_barrier,
+                                _row_keep, _row_ws_load, host_backward_descs)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -112,12 +112,9 @@ def _bwd_dq_ws_kernel(
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device (HOST_DESCS:
     q_ptr, k_ptr, v_ptr and do_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
-    if HOST_DESCS:
-        q_desc, k_desc, v_desc, do_desc = q_ptr, k_ptr, v_ptr, do_ptr
-    else:
-        q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
-                                            (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
-        do_desc = _head_desc(do_ptr, B, H, S, D, sdb, sdh, sds, BLOCK_M, qo_layout)
+    q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
+                                                      (skb, skh, sks), (svb, svh, svs), (sdb, sdh, sds), BLOCK_M,
+                                                      BLOCK_N, qo_layout, kv_layout, HOST_DESCS)
     dtype: gl.constexpr = q_desc.dtype
     q_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
     do_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
@@ -154,10 +151,8 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
-    operands = (q, k, v, grad_out)
-    if cfg.host_descs:
-        operands = (host_head_desc(q, cfg.block_m, qo_layout), host_head_desc(k, cfg.block_n, kv_layout),
-                    host_head_desc(v, cfg.block_n, kv_layout), host_head_desc(grad_out, cfg.block_m, qo_layout))
+    operands = (host_backward_descs(q, k, v, grad_out, cfg.block_m, cfg.block_n, qo_layout, kv_layout)
+                if cfg.host_descs else (q, k, v, grad_out))
     launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
         *operands, lse, delta, dq, kpm, row_ptr, row_cols,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
