@@ -80,16 +80,31 @@ def attention_cases(quick: bool):
                    fn, _attention_signature(fn, "bf16", const), const, warps, 2)
 
 
-def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
+def _desc_type(dtype: str, rows: int, cols: int, layout) -> str:
+    """A host-built descriptor's signature type, as the runtime writes it: dtype, [1, 1,
+    rows, cols] box, shared-memory layout."""
+    return f"tensordesc<{dtype}[1, 1, {rows}, {cols}],{layout!r}>"
+
+
+def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv) -> None:
+    """A backward kernel's q, k, v and do arguments typed as host-built descriptors
+    (``host_descs``), bf16."""
+    for name, rows, layout in (("q_ptr", q_rows, qo), ("k_ptr", kv_rows, kv), ("v_ptr", kv_rows, kv),
+                               ("do_ptr", q_rows, qo)):
+        sig[name] = _desc_type("bf16", rows, head_dim, layout)
+
+
+def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
                     host: bool = False, persistent: bool = False):
-    """One compile case of the dK/dV kernel adding dQ by TMA reductions (ATOMIC_DQ ``mode``
-    1: each consumer's share; 2: shared dSᵀ tiles, half of D per consumer), block_m 64;
+    """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
+    ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
+    consumer; 0: deterministic, no dQ);
     ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
     stored through the staging tiles (``staged_stores``); ``host``: host-built descriptors
-    (``host_descs``) in place of q, k, v, dO and dQ's buffer."""
+    (``host_descs``) in place of q, k, v, dO and dQ's buffer; ``persistent``: items in turn."""
     from tilesparse.kernels import attention_ws_base
-    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout
+    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
     const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,
@@ -102,13 +117,9 @@ def _atomic_dq_case(fn, mode: int, block: int, head_dim: int, stages: int, causa
                  HOST_DESCS=host, PERSISTENT=persistent)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
-        dq_cols = head_dim // 2 if mode == 2 else min(64, head_dim)
-        descs = [("q_ptr", "bf16", 64, head_dim, qo), ("k_ptr", "bf16", block, head_dim, kv),
-                 ("v_ptr", "bf16", block, head_dim, kv), ("do_ptr", "bf16", 64, head_dim, qo)]
+        _host_desc_types(sig, 64, block, head_dim, qo, kv)
         if mode:  # (mode 0: no dQ buffer; the pointer argument stays)
-            descs.append(("dq_acc_ptr", "fp32", 64, dq_cols, const["dq_layout"]))
-        for name, dtype, rows, cols, layout in descs:
-            sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, {cols}],{layout!r}>"
+            sig["dq_acc_ptr"] = _desc_type("fp32", 64, dq_tile_cols(head_dim, mode == 2), const["dq_layout"])
     label = (f"ws attention dK/dV{' atomic_dq' if mode else ''}{' shared_ds' if mode == 2 else ''} b{block} D{head_dim} "
              f"causal={causal} "
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
@@ -169,27 +180,27 @@ def attention_ws_cases(quick: bool):
          (128, 64, 2, True, True, 2, True, True))
     for mode, cases in ((1, atomic), (2, shared)):
         for block, head_dim, stages, causal, kpm, consumers, overlap, stats in cases:
-            yield _atomic_dq_case(fn, mode, block, head_dim, stages, causal, kpm, consumers, overlap, stats)
+            yield _dkdv_case(fn, mode, block, head_dim, stages, causal, kpm, consumers, overlap, stats)
     # fa3_order (shared dS, every wgmma asynchronous) at FlashAttention-3's register split 240 / 24
     fa3 = ((128, 128, True, False, True),) if quick else \
         ((128, 128, True, False, True), (128, 128, False, True, True), (128, 128, False, False, False),
          (128, 64, True, True, True))
     for block, head_dim, causal, kpm, stats in fa3:
-        yield _atomic_dq_case(fn, 2, block, head_dim, 2, causal, kpm, 2, 2, stats, mma_regs=240, load_regs=24)
+        yield _dkdv_case(fn, 2, block, head_dim, 2, causal, kpm, 2, 2, stats, mma_regs=240, load_regs=24)
     # staged_stores: dK and dV through the idle staging tiles (both modes, both head dims, one consumer at b 64)
     staged = ((2, 128, 128, True, False, 2, 2, True, 240, 24),) if quick else \
         ((2, 128, 128, True, False, 2, 2, True, 240, 24), (2, 128, 128, False, True, 2, False, True, 232, 40),
          (2, 128, 64, True, True, 2, False, True, 232, 40), (1, 128, 64, False, False, 2, False, True, 232, 40),
          (1, 64, 128, True, True, 1, False, False, 232, 40), (1, 64, 64, False, False, 1, False, True, 232, 40))
     for mode, block, head_dim, causal, kpm, consumers, overlap, stats, mma_regs, load_regs in staged:
-        yield _atomic_dq_case(fn, mode, block, head_dim, 2, causal, kpm, consumers, overlap, stats, mma_regs=mma_regs,
+        yield _dkdv_case(fn, mode, block, head_dim, 2, causal, kpm, consumers, overlap, stats, mma_regs=mma_regs,
                               load_regs=load_regs, staged=True)
     # host_descs: the descriptors built on the host (shared dS at D 128 / 64, the plain mode at D 64)
     # (mode 0: the deterministic kernel, no dQ buffer)
     host = ((2, 128, True, True),) if quick else ((2, 128, True, True), (2, 64, False, False), (1, 64, True, False),
                                                   (0, 128, True, False))
     for mode, head_dim, causal, fa3 in host:
-        yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, False, 2, 2 if fa3 else False, True,
+        yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, False, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=True)
     # persistent: items of (key block, batch * kv head) in turn (mode 0: deterministic; per case: mode, D, causal,
     # key padding, FlashAttention-3's order with staged stores and host descriptors)
@@ -197,11 +208,11 @@ def attention_ws_cases(quick: bool):
         ((2, 128, True, False, False), (0, 128, False, True, False), (2, 128, True, False, True),
          (1, 64, False, True, False), (2, 64, True, False, True))
     for mode, head_dim, causal, kpm, fa3 in persistent:
-        yield _atomic_dq_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
+        yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3,
                               persistent=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
-        label, fn, sig, const, warps, stages, *extra = _atomic_dq_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
+        label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)
         yield ("ws attention dK/dV atomic_dq H=1 S=1 (constants)", fn, _attention_signature(fn, "bf16", const), const,
                warps, stages, *extra)
@@ -260,9 +271,7 @@ def attention_ws_cases(quick: bool):
                 if kind.startswith("persistent"):
                     const["OVERLAP"] = True
             sig = _attention_signature(fn, "bf16", const)
-            if const.get("HOST_DESCS"):  # the descriptors' types, as the runtime writes them
-                for name, rows, layout in (("q_ptr", block_m, qo), ("k_ptr", block_n, kv), ("v_ptr", block_n, kv),
-                                           ("do_ptr", block_m, qo)):
-                    sig[name] = f"tensordesc<bf16[1, 1, {rows}, {head_dim}],{layout!r}>"
+            if const.get("HOST_DESCS"):
+                _host_desc_types(sig, block_m, block_n, head_dim, qo, kv)
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
                    sig, const, const["num_warps"], stages, None, GluonASTSource)
