@@ -37,6 +37,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTen
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 _INT32 = (-(1 << 31), 1 << 31)
+_DESCRIPTORS = (TensorDescriptor, GluonTensorDescriptor)  # host-built TMA descriptors (Triton's, Gluon's)
 _COMPILED: dict = {}  # key -> CompiledKernel
 _TAIL: dict = {}  # (kernel, n positional, keyword names) -> constexpr names in order, or None
 _OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"))
@@ -71,12 +72,10 @@ def arg_spec(arg) -> object:
         return float
     if arg is None:
         return None
-    if kind is TensorDescriptor:  # a host-built TMA descriptor: its sizes by class, the rest by value
-        return (TensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
-                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), arg.padding)
-    if kind is GluonTensorDescriptor:  # the same, with the shared-memory layout its boxes land in
-        return (GluonTensorDescriptor, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
-                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), arg.layout, arg.padding)
+    if kind in _DESCRIPTORS:  # a host-built TMA descriptor: its sizes by class, the rest by value (a Gluon
+        # one also by the shared-memory layout its boxes land in)
+        return (kind, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
+                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding)
     raise _Unhandled(kind)
 
 
@@ -105,7 +104,7 @@ def _compile_knobs() -> tuple:
 
 def _cuda_index(arg) -> int | None:
     """The CUDA device index of a tensor or host TMA descriptor; None for anything else."""
-    tensor = arg.base if type(arg) in (TensorDescriptor, GluonTensorDescriptor) else arg
+    tensor = arg.base if type(arg) in _DESCRIPTORS else arg
     if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
         return tensor.get_device()  # no torch.device object: this runs on every launch
     return None
