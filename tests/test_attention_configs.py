@@ -318,13 +318,19 @@ def test_atomic_dq_defaults_only_where_listed(monkeypatch):
 
 
 def test_shipped_atomic_dq_defaults(monkeypatch):
-    # the measured modes: shared dS at D 128; at D 64 the plain mode, stats in shared memory
+    # the measured modes: at D 128 shared dS in FlashAttention-3's order, staged stores and
+    # host descriptors; at D 64 the plain mode, stats in shared memory
     from tilesparse.kernels import attention_ws
 
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
     q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
     assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem and cfg.consumers == 2
+    assert cfg.fa3_order and cfg.staged_stores and cfg.host_descs and (cfg.mma_regs, cfg.load_regs) == (240, 24)
+    assert not cfg.persistent
+    # deterministic: both backward kernels with host-built descriptors at D 128
+    assert attention_ws.default_config("dkdv", q, q, q, q, 128).host_descs
+    assert attention_ws.default_config("dq", q, q, q, q, 128).host_descs
     q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False)
     assert cfg.atomic_dq and not cfg.shared_ds and cfg.stats_in_smem and not cfg.overlap and cfg.consumers == 2

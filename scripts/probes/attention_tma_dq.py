@@ -45,7 +45,12 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_shared_fa3_staged_host": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
                                                           host_descs=True),
             "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
-                                                staged_stores=True)}
+                                                staged_stores=True),
+            # D 64's plain mode (its default) with host descriptors, and staged too
+            "ws_tma_stats_host": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                              host_descs=True),
+            "ws_tma_stats_staged_host": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                                     staged_stores=True, host_descs=True)}
 
 
 if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time

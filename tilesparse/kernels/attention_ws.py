@@ -208,10 +208,14 @@ def _fwd_ws_kernel(
 # delta read from the ring stage (stats_in_smem) take the synchronous dK/dV consumer's spills
 # from 220 B to none and the backward from 2.222 to 2.059 ms (overlapped too: 2.683 -> 2.088;
 # bitwise the same gradients): the D 128 default. At D 64 (no spills either way) not measured.
+# Twenty-third session (...-attention-tma-dq-modes-d773be5.json, D 128): TMA descriptors built
+# on the host (host_descs) for both backward kernels instead of by every program: backward
+# 2.057 -> 1.919 ms on local 1024, strided 2.557 -> 2.400, causal 6.430 -> 6.240, bitwise the
+# same gradients. The persistent dK/dV kernel lost (2.073, 2.607, 6.733): opt-in.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
-    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True),
+    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
+    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True),
@@ -229,7 +233,13 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # D 64 (...-attention-tma-dq-d64-042cf62.json): the plain atomic mode with the stats in shared
 # memory, not overlapped, wins there (local 1024 1.528 -> 1.357 ms, causal 4.301 -> 4.016;
 # shared dS 1.416 / 4.216; the Triton kernel's atomics 1.951 / 6.913).
-_ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True},
+# Twenty-third session (...-attention-tma-dq-modes-d773be5.json, D 128): shared dS with
+# FlashAttention-3's asynchronous order (fa3_order, 240 / 24 registers), dK / dV stored through
+# the idle dQ staging tiles (staged_stores) and host-built descriptors: local 1024 1.958 ->
+# 1.669 ms, strided 2.492 -> 2.180, causal 6.021 -> 5.781 (each alone: 1.889 / 1.885 / 1.844
+# on local 1024; persistent 2.058, lost).
+_ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order": True, "mma_regs": 240,
+                                                  "load_regs": 24, "staged_stores": True, "host_descs": True},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True}}
 
 
