@@ -334,5 +334,7 @@ def test_shipped_atomic_dq_defaults(monkeypatch):
     q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False)
     assert cfg.atomic_dq and not cfg.shared_ds and cfg.stats_in_smem and not cfg.overlap and cfg.consumers == 2
+    assert cfg.staged_stores and cfg.host_descs and not cfg.fa3_order
+    assert all(attention_ws.default_config(kind, q64, q64, q64, q64, 128).host_descs for kind in ("dkdv", "dq"))
     assert not attention_ws.default_config("dkdv", q64, q64, q64, q64, 128).atomic_dq  # deterministic: unchanged
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None

@@ -211,14 +211,16 @@ def _fwd_ws_kernel(
 # Twenty-third session (...-attention-tma-dq-modes-d773be5.json, D 128): TMA descriptors built
 # on the host (host_descs) for both backward kernels instead of by every program: backward
 # 2.057 -> 1.919 ms on local 1024, strided 2.557 -> 2.400, causal 6.430 -> 6.240, bitwise the
-# same gradients. The persistent dK/dV kernel lost (2.073, 2.607, 6.733): opt-in.
+# same gradients. The persistent dK/dV kernel lost (2.073, 2.607, 6.733): opt-in. At D 64
+# (...-attention-tma-dq-d64-3130ffc.json) host descriptors for both: local 1024 1.530 -> 1.248
+# ms, causal 4.322 -> 4.092 (persistent dK/dV 1.388 / 4.409).
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True),
-    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True),
+    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
+    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True),
 }
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
@@ -237,10 +239,13 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # FlashAttention-3's asynchronous order (fa3_order, 240 / 24 registers), dK / dV stored through
 # the idle dQ staging tiles (staged_stores) and host-built descriptors: local 1024 1.958 ->
 # 1.669 ms, strided 2.492 -> 2.180, causal 6.021 -> 5.781 (each alone: 1.889 / 1.885 / 1.844
-# on local 1024; persistent 2.058, lost).
+# on local 1024; persistent 2.058, lost). D 64 (...-attention-tma-dq-d64-3130ffc.json): the
+# plain mode with staged stores and host descriptors, local 1024 1.358 -> 1.144 ms, causal
+# 4.006 -> 3.864 (D 128's mode 1.155 / 3.835: within noise, the plain one kept).
 _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order": True, "mma_regs": 240,
                                                   "load_regs": 24, "staged_stores": True, "host_descs": True},
-                             ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True}}
+                             ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
+                                                 "host_descs": True}}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
