@@ -1,0 +1,116 @@
+"""Why attention forward + backward times slower in the suite (do_bench: L2 flushed before
+each call, the host's launches inside the timed span) than its kernels' sum: one pattern,
+each method timed four ways in one process, plus the host's own time per call and a
+cProfile of our Python.
+
+Twenty-third session, H200, local 1024: the suite timed tilesparse's forward + backward at
+2.62 ms (deterministic=False 2.46) while the profiler summed its kernels to 2.34 (2.20);
+FlexAttention's 3.11 against 3.02. This separates host gaps from slower kernels:
+
+  eager     triton.testing.do_bench (the suite's timing)
+  graph     triton.testing.do_bench_cudagraph (no host in the timed span)
+  hot       back-to-back calls, events around the batch (no flush)
+  host      wall time per call of back-to-back calls (the host's cost where it exceeds the GPU's)
+  kernels   the kernels' own device time per call (torch.profiler)
+
+    python scripts/probes/attention_gap.py --pattern local1024 --out gap.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+
+import torch
+import triton.testing
+from torch.profiler import ProfilerActivity, profile
+
+from tilesparse.attention import layouts
+from tilesparse.bench.attention import _make_fns
+from tilesparse.bench.timing import host_us
+
+BUILDERS = {"local1024": lambda S, b: (layouts.local(S, b, 1024, causal=True), True),
+            "causal": lambda S, b: (layouts.causal(S, b), True),
+            "strided": lambda S, b: (layouts.strided(S, b, 1024), True)}
+
+
+def hot_ms(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def kernels_ms(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA) / reps / 1e3
+
+
+def python_profile(fn, reps: int = 20, top: int = 25) -> str:
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pattern", default="local1024", choices=sorted(BUILDERS))
+    parser.add_argument("--shape", type=int, nargs=4, default=[4, 16, 8192, 128])
+    parser.add_argument("--methods", nargs="+", default=["tilesparse", "tilesparse_atomic", "flex"])
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    B, H, S, D = args.shape
+    q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    layout, causal = BUILDERS[args.pattern](S, 128)
+    rows = []
+    for method in args.methods:
+        fns, why = _make_fns(method, q, k, v, layout, causal, args.pattern, g)
+        if fns is None:
+            print(f"{method}: {why}")
+            continue
+        for op, fn in zip(("fwd", "fwd_bwd"), fns):
+            row = {"method": method, "op": op, "pattern": args.pattern}
+            row["eager_ms"] = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            try:
+                row["graph_ms"] = float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+            except Exception as exc:  # noqa: BLE001 (a probe: record and go on)
+                row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            row["hot_ms"] = hot_ms(fn)
+            row["host_ms"] = host_us(fn, n=50) / 1e3
+            row["kernels_ms"] = kernels_ms(fn)
+            rows.append(row)
+            print("  ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
+                            for key, value in row.items()), flush=True)
+            if method != "flex" and op == "fwd_bwd":
+                print(python_profile(fn), flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
