@@ -22,7 +22,7 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
-        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr")):
+        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr", "order_ptr")):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{dtype}"
@@ -96,13 +96,14 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
-                    host: bool = False, persistent: bool = False):
+                    host: bool = False, persistent: bool = False, ordered: bool = False):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
     ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
     stored through the staging tiles (``staged_stores``); ``host``: host-built descriptors
-    (``host_descs``) in place of q, k, v, dO and dQ's buffer; ``persistent``: items in turn."""
+    (``host_descs``) in place of q, k, v, dO and dQ's buffer; ``persistent``: items in turn;
+    ``ordered``: a 1-D grid in the launch-order table's order (``balanced``)."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
@@ -114,7 +115,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
-                 HOST_DESCS=host, PERSISTENT=persistent)
+                 HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         _host_desc_types(sig, 64, block, head_dim, qo, kv)
@@ -126,7 +127,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
              + (" staged_stores" if staged else "") + (" host_descs" if host else "")
-             + (" persistent" if persistent else ""))
+             + (" persistent" if persistent else "") + (" ordered" if ordered else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -162,7 +163,7 @@ def attention_ws_cases(quick: bool):
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
                      dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
-                     HOST_DESCS=False, PERSISTENT=False)
+                     HOST_DESCS=False, PERSISTENT=False, ORDERED=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -211,6 +212,15 @@ def attention_ws_cases(quick: bool):
         yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3,
                               persistent=True)
+    # balanced: the programs in the launch-order table's order (the shipped modes: deterministic with host
+    # descriptors; shared dS in FlashAttention-3's order, staged, host; D 64's plain mode staged, host)
+    # (per case: mode, D, causal, overlap, stats in smem, registers, staged stores)
+    ordered = ((2, 128, True, 2, True, (240, 24), True),) if quick else \
+        ((0, 128, True, False, True, (232, 40), False), (2, 128, False, 2, True, (240, 24), True),
+         (1, 64, True, False, True, (232, 40), True), (0, 64, False, True, False, (232, 40), False))
+    for mode, head_dim, causal, overlap, stats, (mma_regs, load_regs), staged in ordered:
+        yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, False, 2, overlap, stats, mma_regs=mma_regs,
+                         load_regs=load_regs, staged=staged, host=True, ordered=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)
@@ -246,6 +256,11 @@ def attention_ws_cases(quick: bool):
                                                         ((128, 128, 128, 128, 2, True, False),) if quick else
                                                         ((128, 128, 128, 128, 2, True, False),
                                                          (128, 64, 128, 128, 2, False, True)))
+    # launched in the launch-order table's order (DqWsConfig.balanced), as the default
+    row_cases["dQ overlap two consumers host_descs ordered"] = (attention_ws_dq._bwd_dq_ws_kernel,
+                                                                ((128, 128, 128, 128, 2, True, False),) if quick else
+                                                                ((128, 128, 128, 128, 2, True, False),
+                                                                 (128, 64, 128, 128, 2, False, True)))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -259,14 +274,14 @@ def attention_ws_cases(quick: bool):
             if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
                 const.update(CONSUMERS=1, MMA_REGS=232)
             if kind.startswith("dQ"):
-                const.update(OVERLAP="overlap" in kind, HOST_DESCS=kind.endswith("host_descs"))
+                const.update(OVERLAP="overlap" in kind, HOST_DESCS="host_descs" in kind, ORDERED=kind.endswith("ordered"))
             if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
                 # synchronous b 128 one
                 const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
                              (kind == "persistent fwd" and block == 128 and block_n == 64))
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
-            if kind.endswith(("two consumers", "two consumers host_descs")):  # a warpgroup each, half the rows
+            if "two consumers" in kind:  # a warpgroup each, half the rows
                 const.update(CONSUMERS=2, num_warps=block_m // 32)
                 if kind.startswith("persistent"):
                     const["OVERLAP"] = True

@@ -46,11 +46,16 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
                                                           host_descs=True),
             "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                                 staged_stores=True),
+            # the shipped D 128 mode launched in the balanced order (attention_launch_order)
+            "ws_tma_shared_fa3_staged_host_balanced": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
+                                                                   host_descs=True, balanced=True),
             # D 64's plain mode (its default) with host descriptors, and staged too
             "ws_tma_stats_host": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                               host_descs=True),
             "ws_tma_stats_staged_host": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
-                                                     staged_stores=True, host_descs=True)}
+                                                     staged_stores=True, host_descs=True),
+            "ws_tma_stats_staged_host_balanced": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                                              staged_stores=True, host_descs=True, balanced=True)}
 
 
 if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time
@@ -83,12 +88,14 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     want = bwd()
     row["bwd_default_ms"] = _time(bwd)
     # the deterministic default with host-built descriptors for its dK/dV kernel, then for
-    # its dQ kernel too, then with the persistent dK/dV kernel (bitwise the same gradients)
+    # its dQ kernel too, then with the persistent dK/dV kernel, then both kernels launched in
+    # the balanced order (bitwise the same gradients; the twenty-third session shipped host)
     defaults = [attention_ws.default_config(kind, q, k, v, dout, block, layout.layout_heads) for kind in ("dkdv", "dq")]
     if None not in defaults:
         for name, host in (("dkdv", (dataclasses.replace(defaults[0], host_descs=True), defaults[1])),
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
-                           ("persistent", (dataclasses.replace(defaults[0], persistent=True), defaults[1]))):
+                           ("persistent", (dataclasses.replace(defaults[0], persistent=True), defaults[1])),
+                           ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults))):
             row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
             row[f"bwd_default_host_{name}_ms"] = _time(lambda host=host: bwd(host))
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))

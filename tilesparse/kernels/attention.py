@@ -117,7 +117,7 @@ def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_siz
 
 
 def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
-          scale, cfg_kv, ws: bool, tma_kv: bool, has_kpm: bool, strides, common) -> None:
+          scale, cfg_kv, ws: bool, tma_kv: bool, has_kpm: bool, strides, common, meta=None) -> None:
     """One launch of a dK/dV kernel (the warp-specialized one where ``ws``): over every
     (batch, kv head), or over ``chunk``'s with its workspace rows (stored dS)."""
     B, H, S, _ = q.shape
@@ -127,7 +127,7 @@ def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc,
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
                                     block_size, causal, has_kpm, scale, cfg_kv, ds=ds, kv_heads=(first, end),
-                                    ds_row_offset=row_first, dq_acc=dq_acc)
+                                    ds_row_offset=row_first, dq_acc=dq_acc, meta=meta)
         return
     launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
@@ -204,7 +204,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     dq = None if dq_acc is not None else new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     for chunk in chunks:
         _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
-              scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common)
+              scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common, meta)
         if chunk is not None:
             launch(attention_stored_ds._bwd_dq_from_ds_kernel,
                 (nb * (block_size // cfg_q.block_m), chunk.q_end - chunk.q_first),
@@ -220,7 +220,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         return dq, dk, dv
     if ws_q:
         attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
-                                  block_size, causal, key_padding_mask is not None, scale, cfg_q)
+                                  block_size, causal, key_padding_mask is not None, scale, cfg_q, meta)
         return dq, dk, dv
     launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,

@@ -23,8 +23,8 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["persistent_schedule", "tile_costs", "tile_order", "round_robin_imbalance", "MAX_SCHEDULED_TILES",
-           "ROUND_ROBIN_SLACK"]
+__all__ = ["persistent_schedule", "tile_costs", "tile_order", "balanced_order", "round_robin_imbalance",
+           "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
 
 _SCHEDULES = "_persistent_schedules"
 # above this many tiles the host's one-time simulation (~0.5 µs a tile) is skipped: round-robin
@@ -55,16 +55,24 @@ def round_robin_imbalance(costs: list[float], programs: int) -> float:
     return max(sum(costs[p::programs]) for p in range(programs)) / mean if mean > 0 else 1.0
 
 
-def tile_order(costs: list[float], programs: int) -> list[list[int]]:
-    """Each program's tiles (indices into ``costs``, in the order it runs them): the
-    tiles handed out in order to whichever program is free first, with the long ones
-    first and the last ``_TAIL_ROUNDS`` rounds longest first."""
+def balanced_order(costs: list[float], programs: int, long_factor: float = _LONG,
+                   tail_rounds: int = _TAIL_ROUNDS) -> list[int]:
+    """The tiles (indices into ``costs``) in the order to hand them out: those longer than
+    ``long_factor`` times the mean first (longest first), then the rest in order, the last
+    ``tail_rounds`` rounds of ``programs`` longest first; the order otherwise kept, so
+    that tiles running at once still share operands in L2."""
     n = len(costs)
     mean = sum(costs) / max(1, n)
-    long = sorted((t for t in range(n) if costs[t] > _LONG * mean), key=lambda t: -costs[t])
-    rest = [t for t in range(n) if costs[t] <= _LONG * mean]
-    cut = max(0, len(rest) - _TAIL_ROUNDS * programs)
-    order = long + rest[:cut] + sorted(rest[cut:], key=lambda t: -costs[t])
+    long = sorted((t for t in range(n) if costs[t] > long_factor * mean), key=lambda t: -costs[t])
+    rest = [t for t in range(n) if costs[t] <= long_factor * mean]
+    cut = max(0, len(rest) - tail_rounds * programs)
+    return long + rest[:cut] + sorted(rest[cut:], key=lambda t: -costs[t])
+
+
+def tile_order(costs: list[float], programs: int) -> list[list[int]]:
+    """Each program's tiles (indices into ``costs``, in the order it runs them): the
+    tiles of :func:`balanced_order` handed out to whichever program is free first."""
+    order = balanced_order(costs, programs)
     busy = [(0.0, p) for p in range(programs)]  # (finish time, program); ties: the lower program
     lists: list[list[int]] = [[] for _ in range(programs)]
     for t in order:

@@ -160,7 +160,9 @@ class DkdvWsConfig:
     passed in, instead of by every program on the device before its first load;
     ``persistent``: a program per SM at most, taking (key block, batch * kv head) items in
     turn, its descriptors built once and the next item's K and V loaded while the consumers
-    store the last one's dK and dV."""
+    store the last one's dK and dV; ``balanced`` (not persistent): the programs launch in
+    the order of :mod:`tilesparse.kernels.attention_launch_order` (long columns first) where
+    the layout's column lengths make the grid's order end on a few long programs."""
 
     block_m: int = 64
     stages: int = 2
@@ -175,12 +177,15 @@ class DkdvWsConfig:
     staged_stores: bool = False
     host_descs: bool = False
     persistent: bool = False
+    balanced: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
-                    "host_descs", "persistent")
+                    "host_descs", "persistent", "balanced")
+        if self.balanced and self.persistent:
+            raise ValueError("DkdvWsConfig.balanced orders a grid of a program per key block: not with persistent")
         if self.staged_stores and not self.atomic_dq:
             raise ValueError("DkdvWsConfig.staged_stores needs atomic_dq=True (it reuses the dQ staging tiles)")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):
@@ -255,15 +260,18 @@ class DqWsConfig(_RowWalkConfig):
     """The warp-specialized dQ kernel's launch parameters (see ``_RowWalkConfig``);
     ``overlap``: S and dP as asynchronous wgmma, P computed under dP's; ``host_descs``: the
     TMA descriptors (Q, K, V, dO) built on the host and passed in, instead of by every
-    program on the device before its first load."""
+    program on the device before its first load; ``balanced``: the programs launch in the
+    order of :mod:`tilesparse.kernels.attention_launch_order` (long rows first) where the
+    layout's row lengths make the grid's order end on a few long programs."""
 
     overlap: bool = False
     host_descs: bool = False
+    balanced: bool = False
     _QUERY_TILES = 2
 
     def __post_init__(self):
         super().__post_init__()
-        check_bools(self, "overlap", "host_descs")
+        check_bools(self, "overlap", "host_descs", "balanced")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,18 +314,35 @@ def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 @gluon.jit
+def _grid_item(order_ptr, extent, ORDERED: gl.constexpr):
+    """A program's (first, second) grid coordinates: its own, or (ORDERED: a 1-D grid) those
+    of entry program_id(0) of the launch-order table, numbered second * ``extent`` + first
+    (:mod:`tilesparse.kernels.attention_launch_order`)."""
+    if ORDERED:
+        item = gl.load(order_ptr + gl.program_id(0))
+        return item % extent, item // extent
+    else:
+        return gl.program_id(0), gl.program_id(1)
+
+
+@gluon.jit
 def _row_ws_load(descs, bufs, bars, tables, sizes,
-                 BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr):
+                 BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr,
+                 ORDERED: gl.constexpr = False):
     """Producer (one warp) of the row walks (forward, dQ): the query tile's Q (and dO)
-    once, then for each key block of the query block's CSR row, its K and V tiles."""
+    once, then for each key block of the query block's CSR row, its K and V tiles.
+    ORDERED (dQ): the program's tile from the launch-order table, ``tables[6]``."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs = bufs
     q_bar, ready_bars, empty_bars = bars
     row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
     H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
-    pid = gl.program_id(0)
-    bh = gl.program_id(1)
+    if ORDERED:
+        pid, bh = _grid_item(tables[6], NB * M_SPLIT, True)
+    else:
+        pid = gl.program_id(0)
+        bh = gl.program_id(1)
     qblk = pid // M_SPLIT
     bz = bh // H
     h = bh % H

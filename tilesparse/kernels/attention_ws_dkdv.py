@@ -36,8 +36,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._device import sm_count
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
-from .attention_ws_base import (LOG2E, DkdvWsConfig, _backward_descs, _layouts, _one_shot_barrier, _probabilities,
-                                host_backward_descs, host_head_desc)
+from .attention_launch_order import launch_order
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _backward_descs, _grid_item, _layouts, _one_shot_barrier,
+                                _probabilities, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _dkdv_ws_load, _walk_position
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
@@ -62,9 +63,11 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                  ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr = False,
-                 out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False):
-    """A consumer partition: :func:`_dkdv_ws_item` for the program's key block, or
-    (PERSISTENT) for each item of its share in turn, the ring and staging positions carried."""
+                 out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False,
+                 ORDERED: gl.constexpr = False):
+    """A consumer partition: :func:`_dkdv_ws_item` for the program's key block (ORDERED:
+    the launch-order table's entry), or (PERSISTENT) for each item of its share in turn,
+    the ring and staging positions carried."""
     NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
     if PERSISTENT:
         step = gl.to_tensor(0)
@@ -77,7 +80,8 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                                           out_smem_layout, PERSISTENT)
             it += 1
     else:
-        _dkdv_ws_item(descs, bufs, bars, tables, sizes, gl.program_id(0), gl.program_id(1) + BHK_OFFSET, 0, 0, 0,
+        kblk, bhk = _grid_item(tables[9], NB, ORDERED)
+        _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk + BHK_OFFSET, 0, 0, 0,
                       BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ,
                       num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)
 
@@ -117,7 +121,7 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
     kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, _ = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
@@ -312,7 +316,7 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
+    dq_acc_ptr, order_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
@@ -320,10 +324,11 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
-    HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False,
+    HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
-    such items in turn, key-block major. Q and dO are read through descriptors over
+    such items in turn, key-block major; ORDERED: a 1-D grid, program p taking the item of
+    entry p of ``order_ptr`` (the launch-order table). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
@@ -368,21 +373,26 @@ def _bwd_dkdv_ws_kernel(
     else:
         kv_free = kv_bar  # not used
     bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
+                            ORDERED)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
+                            ORDERED)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
+                             ORDERED)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
-                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)),
-            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)),
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
+                            ORDERED)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
+                             ORDERED)),
         ], [1], [LOAD_REGS])
 
 
@@ -413,13 +423,14 @@ def _out_smem_layout(keys: int, head_dim: int, dtype: torch.dtype):
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
                    ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0,
-                   dq_acc=None) -> None:
+                   dq_acc=None, meta=None) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
     STORE_DS workspace, whose row 0 is row ``ds_row_offset``), or scale · dS K added into
     ``dq_acc`` (zeroed, contiguous fp32 [B, H, S, D]) where given, which needs
     ``cfg.atomic_dq``. ``kv_heads``: only the flat (batch, kv head) range [first, end)
-    (default all)."""
+    (default all). ``cfg.balanced`` with the packed tables ``meta`` (whose views col_ptr and
+    col_rows are), over all of them: the programs launch in the order remembered on ``meta``."""
     if (dq_acc is not None) != cfg.atomic_dq:
         raise ValueError(f"cfg={cfg}: dq_acc must be given exactly when atomic_dq is set")
     if dq_acc is not None and ds is not None:
@@ -440,9 +451,15 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         operands = (*host_backward_descs(q, k, v, grad_out, cfg.block_m, block_size, qo_layout, kv_layout),
                     delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
     # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
-    grid = (max(1, min(nb * (end - first), sm_count(q.device))),) if cfg.persistent else (nb, end - first)
+    order = None if meta is None or not cfg.balanced or (first, end) != (0, B * hkv) else launch_order(
+        meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device))
+    if cfg.persistent:
+        grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
+    else:
+        grid = (nb, end - first) if order is None else (order.numel(),)
     launch(_bwd_dkdv_ws_kernel, grid,
-        *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4], B, S, H, hkv,
+        *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4],
+        col_ptr if order is None else order, B, S, H, hkv,
         H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale, end - first,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
@@ -454,5 +471,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
+        ORDERED=order is not None,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

@@ -10,6 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 
+from .attention_ws_base import _grid_item
 from .bsmm_ws import _fill_stage
 
 
@@ -29,7 +30,7 @@ def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.con
 @gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
-                  PERSISTENT: gl.constexpr = False):
+                  PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False):
     """Producer (one warp): per key block (PERSISTENT: per item of this program's share,
     (key block, batch * kv head), key-block major), the key tile's K and V once (PERSISTENT:
     once the consumers have released the last item's, ``kv_free``), then for each query
@@ -44,8 +45,9 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
             step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
                                       step, it, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)
             it += 1
-    else:
-        _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, gl.program_id(0), gl.program_id(1) + BHK_OFFSET, 0, 0,
+    else:  # (ORDERED: the launch-order table's entry)
+        kblk, bhk = _grid_item(tables[9], NB, ORDERED)
+        _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk + BHK_OFFSET, 0, 0,
                            BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)
 
 
@@ -59,7 +61,7 @@ def _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, it,
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
     kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr = tables
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, _ = tables
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loops carry a tensor

@@ -11,9 +11,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
+from ._device import sm_count
 from ._launch import launch
-from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _layouts, _needs_mask, _one_shot_barrier,
-                                _row_keep, _row_ws_load, host_backward_descs)
+from .attention_launch_order import launch_order
+from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _grid_item, _layouts, _needs_mask,
+                                _one_shot_barrier, _row_keep, _row_ws_load, host_backward_descs)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -24,18 +26,19 @@ __all__ = ["launch_dq_ws"]
 def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
-               OVERLAP: gl.constexpr, num_warps: gl.constexpr):
+               OVERLAP: gl.constexpr, num_warps: gl.constexpr, ORDERED: gl.constexpr = False):
     """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
     dS, dQ += dS K (dS from registers), synchronous wgmma (OVERLAP: S and dP asynchronous,
     below); then dQ * scale stored with
     masks (rows past S are not written). With CONSUMERS = 2, consumer ROLE takes rows
     ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals.
     OVERLAP: S and dP are issued together as asynchronous wgmma and P is computed under
-    dP's (the same products in the same order: bitwise the synchronous consumer's)."""
+    dP's (the same products in the same order: bitwise the synchronous consumer's).
+    ORDERED: the program's tile from the launch-order table (``tables[6]``)."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs = bufs
     q_bar, ready_bars, empty_bars = bars
-    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr = tables
+    row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr, order_ptr = tables
     S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
@@ -47,8 +50,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, D, 16])
     ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pid = gl.program_id(0)
-    bh = gl.program_id(1)
+    pid, bh = _grid_item(order_ptr, NB * M_SPLIT, ORDERED)
     qblk = pid // M_SPLIT
     bz = bh // H
     row0 = qblk * BS + (pid % M_SPLIT) * BLOCK_M + ROLE * ROWS
@@ -99,16 +101,18 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
 
 @gluon.jit
 def _bwd_dq_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr, order_ptr,
     B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
-    HOST_DESCS: gl.constexpr = False,
+    HOST_DESCS: gl.constexpr = False, ORDERED: gl.constexpr = False,
 ):
-    """Program (query tile, batch * head), as ``_bwd_dq_kernel``; descriptors over
+    """Program (query tile, batch * head), as ``_bwd_dq_kernel`` (ORDERED: a 1-D grid, each
+    program's (query tile, batch * head) from entry program_id(0) of ``order_ptr``, the
+    launch-order table); descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device (HOST_DESCS:
     q_ptr, k_ptr, v_ptr and do_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
@@ -125,40 +129,45 @@ def _bwd_dq_ws_kernel(
     descs = (q_desc, k_desc, v_desc, do_desc)
     bufs = (q_smem, do_smem, k_bufs, v_bufs)
     bars = (q_bar, ready_bars, empty_bars)
-    tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr)
+    tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr, order_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps)),
+                          OVERLAP, num_warps, ORDERED)),
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
-                          OVERLAP, num_warps)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
+                          OVERLAP, num_warps, ORDERED)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True)),
+                          OVERLAP, num_warps, ORDERED)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED)),
         ], [1], [LOAD_REGS])
 
 
 def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
-                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig) -> None:
+                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig, meta=None) -> None:
     """dq (contiguous [B, H, S, D]) of the block-sparse attention, as ``_bwd_dq_kernel``
-    computes it."""
+    computes it; with ``cfg.balanced`` and the packed tables ``meta`` (whose views row_ptr
+    and row_cols are), the programs launch in the order remembered on ``meta``."""
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
     ensure_allocator()
     operands = (host_backward_descs(q, k, v, grad_out, cfg.block_m, cfg.block_n, qo_layout, kv_layout)
                 if cfg.host_descs else (q, k, v, grad_out))
-    launch(_bwd_dq_ws_kernel, (nb * (block_size // cfg.block_m), B * H),
-        *operands, lse, delta, dq, kpm, row_ptr, row_cols,
+    m_split = block_size // cfg.block_m
+    order = None if meta is None or not cfg.balanced else launch_order(
+        meta, layout_heads, nb, "dq", B, H, hkv, m_split, sm_count(q.device))
+    grid = (nb * m_split, B * H) if order is None else (order.numel(),)
+    launch(_bwd_dq_ws_kernel, grid,
+        *operands, lse, delta, dq, kpm, row_ptr, row_cols, row_ptr if order is None else order,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        HOST_DESCS=cfg.host_descs,
+        HOST_DESCS=cfg.host_descs, ORDERED=order is not None,
     )

@@ -1,0 +1,77 @@
+"""The backward kernels' launch order (tilesparse.kernels.attention_launch_order): every
+program exactly once, long programs first, used only where the model gains, remembered per
+key, and costs that follow the layout's columns / rows. CPU only (the kernels' use of it is
+in tests/test_attention_ws_gpu.py)."""
+
+import pytest
+import torch
+
+from tilesparse.attention import AttentionLayout, layouts
+from tilesparse.kernels import attention_launch_order as order_mod
+
+
+def _order(layout, kind, batch, heads, kv_heads, m_split=1, programs=132, causal=False):
+    meta = layout.meta_on("cpu", causal)
+    return meta, order_mod.launch_order(meta, layout.layout_heads, layout.num_blocks, kind, batch, heads, kv_heads,
+                                        m_split, programs)
+
+
+@pytest.mark.parametrize("kind,m_split", [("dkdv", 1), ("dq", 1), ("dq", 2)])
+@pytest.mark.parametrize("programs", [3, 132])
+def test_order_is_a_permutation_with_long_programs_first(kind, m_split, programs, monkeypatch):
+    monkeypatch.setattr(order_mod, "MIN_MODELLED_GAIN", 0.0)  # always a table
+    S, b, B, H, Hkv = 4096, 128, 2, 4, 2
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2,
+                             seed=int(torch.randint(0, 1 << 30, ())), num_heads=H)
+    meta, order = _order(layout, kind, B, H, Hkv, m_split, programs)
+    n = B * (Hkv if kind == "dkdv" else H) * layout.num_blocks * m_split
+    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(n))
+    costs = order_mod.backward_costs(meta, layout.layout_heads, layout.num_blocks, kind, B, H, Hkv, m_split)
+    mean = sum(costs) / len(costs)
+    first = [costs[t] for t in order.tolist()]
+    long = [c for c in first if c > 2 * mean]
+    assert long and first[:len(long)] == sorted(long, reverse=True)  # the long ones first, longest first
+    # remembered on meta: the same tensor again
+    assert order_mod.launch_order(meta, layout.layout_heads, layout.num_blocks, kind, B, H, Hkv, m_split,
+                                  programs) is order
+
+
+def test_costs_follow_columns_and_rows_per_group():
+    # dK/dV: a kv head's cost sums its query heads' column lengths; dQ: the row lengths
+    b = 128
+    mask = torch.zeros(2, 8, 8, dtype=torch.bool)
+    mask[0, :, 0] = True  # head 0: key block 0's column is full, every row has one block
+    mask[1] = torch.eye(8, dtype=torch.bool)
+    layout = AttentionLayout(mask, b)
+    meta = layout.meta_on("cpu", False)
+    fixed = order_mod.PROGRAM_FIXED_COST
+    dkdv = order_mod.backward_costs(meta, 2, 8, "dkdv", 1, 2, 1)  # one kv head serving both query heads
+    assert dkdv == [8 + 1 + fixed] + [1 + fixed] * 7
+    dq = order_mod.backward_costs(meta, 2, 8, "dq", 1, 2, 2, m_split=2)
+    assert dq == [1 + fixed] * 32
+
+
+def test_no_table_where_the_grid_order_is_already_balanced():
+    # local windows: columns of (near-)equal length, the model gains nothing
+    layout = layouts.local(8192, 128, 1024, causal=True)
+    assert _order(layout, "dkdv", 4, 16, 16, causal=True)[1] is None
+    assert _order(layout, "dq", 4, 16, 16, causal=True)[1] is None
+    # BigBird (global blocks: whole-sequence columns and rows) gets one, and it gains
+    bigbird = layouts.bigbird(8192, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=0)
+    meta, order = _order(bigbird, "dkdv", 4, 16, 16)
+    assert order is not None
+    costs = order_mod.backward_costs(meta, 1, 64, "dkdv", 4, 16, 16)
+    natural = order_mod.modelled_makespan(costs, range(len(costs)), 132)
+    assert order_mod.modelled_makespan(costs, order.tolist(), 132) * order_mod.MIN_MODELLED_GAIN <= natural
+
+
+def test_above_the_limit_no_table(monkeypatch):
+    monkeypatch.setattr(order_mod, "MAX_SCHEDULED_TILES", 10)
+    layout = layouts.bigbird(2048, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=0)
+    assert _order(layout, "dq", 1, 1, 1)[1] is None
+
+
+def test_modelled_makespan_is_greedy_list_scheduling():
+    # two SMs: 3 then 1, 1, 1 -> SM0 3, SM1 1 + 1 + 1 = 3; the long one last: 1 + 1 | 1 + 3 -> 4
+    assert order_mod.modelled_makespan([3.0, 1.0, 1.0, 1.0], [0, 1, 2, 3], 2) == 3.0
+    assert order_mod.modelled_makespan([3.0, 1.0, 1.0, 1.0], [1, 2, 3, 0], 2) == 4.0
