@@ -327,10 +327,11 @@ def test_shipped_atomic_dq_defaults(monkeypatch):
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
     assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem and cfg.consumers == 2
     assert cfg.fa3_order and cfg.staged_stores and cfg.host_descs and (cfg.mma_regs, cfg.load_regs) == (240, 24)
-    assert not cfg.persistent
-    # deterministic: both backward kernels with host-built descriptors at D 128
-    assert attention_ws.default_config("dkdv", q, q, q, q, 128).host_descs
-    assert attention_ws.default_config("dq", q, q, q, q, 128).host_descs
+    assert not cfg.persistent and not cfg.balanced
+    # deterministic: both backward kernels with host-built descriptors, launched balanced, at D 128
+    for kind in ("dkdv", "dq"):
+        cfg = attention_ws.default_config(kind, q, q, q, q, 128)
+        assert cfg.host_descs and cfg.balanced
     q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False)
     assert cfg.atomic_dq and not cfg.shared_ds and cfg.stats_in_smem and not cfg.overlap and cfg.consumers == 2

@@ -213,11 +213,18 @@ def _fwd_ws_kernel(
 # 2.057 -> 1.919 ms on local 1024, strided 2.557 -> 2.400, causal 6.430 -> 6.240, bitwise the
 # same gradients. The persistent dK/dV kernel lost (2.073, 2.607, 6.733): opt-in. At D 64
 # (...-attention-tma-dq-d64-3130ffc.json) host descriptors for both: local 1024 1.530 -> 1.248
-# ms, causal 4.322 -> 4.092 (persistent dK/dV 1.388 / 4.409).
+# ms, causal 4.322 -> 4.092 (persistent dK/dV 1.388 / 4.409). Then both kernels launched
+# long columns / rows first (balanced, attention_launch_order; ...-attention-balanced-bwd-560fb7d.json,
+# D 128, bitwise the same gradients): BigBird 1.973 -> 1.807 ms, random 10 % 1.567 -> 1.505,
+# fixed 1.906 -> 1.857, causal 6.179 -> 6.090; local windows and strided get no table (their
+# columns are near-equal). With deterministic=False the dK/dV kernel's order was mixed (BigBird
+# 1.766 -> 1.652, fixed 1.777 -> 1.860, random 10 % 1.359 -> 1.376): not there. D 64: not measured.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
-    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True),
+    ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
+                                 balanced=True),
+    ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
+                                     balanced=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True),
@@ -243,7 +250,8 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # plain mode with staged stores and host descriptors, local 1024 1.358 -> 1.144 ms, causal
 # 4.006 -> 3.864 (D 128's mode 1.155 / 3.835: within noise, the plain one kept).
 _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order": True, "mma_regs": 240,
-                                                  "load_regs": 24, "staged_stores": True, "host_descs": True},
+                                                  "load_regs": 24, "staged_stores": True, "host_descs": True,
+                                                  "balanced": False},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
                                                  "host_descs": True}}
 
