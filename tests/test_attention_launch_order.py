@@ -75,3 +75,19 @@ def test_modelled_makespan_is_greedy_list_scheduling():
     # two SMs: 3 then 1, 1, 1 -> SM0 3, SM1 1 + 1 + 1 = 3; the long one last: 1 + 1 | 1 + 3 -> 4
     assert order_mod.modelled_makespan([3.0, 1.0, 1.0, 1.0], [0, 1, 2, 3], 2) == 3.0
     assert order_mod.modelled_makespan([3.0, 1.0, 1.0, 1.0], [1, 2, 3, 0], 2) == 4.0
+
+
+def test_head_major_long_keeps_the_long_programs_in_grid_order(monkeypatch):
+    # deterministic=False's dK/dV order: the long columns first but in grid order (each
+    # head's together), the rest as longest-first; a different table, remembered apart
+    monkeypatch.setattr(order_mod, "MIN_MODELLED_GAIN", 0.0)
+    layout = layouts.fixed(4096, 128, 1024)
+    meta = layout.meta_on("cpu", True)
+    args = (meta, layout.layout_heads, layout.num_blocks, "dkdv", 2, 4, 4, 1, 16)
+    sorted_first, head_major = order_mod.launch_order(*args), order_mod.launch_order(*args, head_major_long=True)
+    costs = order_mod.backward_costs(*args[:-2], 1)
+    mean = sum(costs) / len(costs)
+    long = [t for t in head_major.tolist() if costs[t] > 2 * mean]
+    assert long and long == sorted(long) and head_major.tolist()[:len(long)] == long
+    assert sorted(head_major.tolist()) == sorted(sorted_first.tolist()) == list(range(len(costs)))
+    assert not torch.equal(head_major, sorted_first)

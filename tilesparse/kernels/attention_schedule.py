@@ -56,14 +56,17 @@ def round_robin_imbalance(costs: list[float], programs: int) -> float:
 
 
 def balanced_order(costs: list[float], programs: int, long_factor: float = _LONG,
-                   tail_rounds: int = _TAIL_ROUNDS) -> list[int]:
+                   tail_rounds: int = _TAIL_ROUNDS, longest_first: bool = True) -> list[int]:
     """The tiles (indices into ``costs``) in the order to hand them out: those longer than
-    ``long_factor`` times the mean first (longest first), then the rest in order, the last
-    ``tail_rounds`` rounds of ``programs`` longest first; the order otherwise kept, so
-    that tiles running at once still share operands in L2."""
+    ``long_factor`` times the mean first (longest first; ``longest_first=False``: in their
+    own order, so that long tiles starting together stay neighbours), then the rest in
+    order, the last ``tail_rounds`` rounds of ``programs`` longest first; the order
+    otherwise kept, so that tiles running at once still share operands in L2."""
     n = len(costs)
     mean = sum(costs) / max(1, n)
-    long = sorted((t for t in range(n) if costs[t] > long_factor * mean), key=lambda t: -costs[t])
+    long = [t for t in range(n) if costs[t] > long_factor * mean]
+    if longest_first:
+        long.sort(key=lambda t: -costs[t])
     rest = [t for t in range(n) if costs[t] <= long_factor * mean]
     cut = max(0, len(rest) - tail_rounds * programs)
     return long + rest[:cut] + sorted(rest[cut:], key=lambda t: -costs[t])

@@ -452,7 +452,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
                     delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
     # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
     order = None if meta is None or not cfg.balanced or (first, end) != (0, B * hkv) else launch_order(
-        meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device))
+        meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device), head_major_long=cfg.atomic_dq)
     if cfg.persistent:
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:
