@@ -47,7 +47,7 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_stats_staged": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                                 staged_stores=True),
             # the shipped D 128 mode launched in the balanced order (attention_launch_order; with
-            # atomic_dq the long columns in grid order since 3b18a11's successor, longest first before)
+            # atomic_dq the long columns in grid order since e57f52a, longest first before)
             "ws_tma_shared_fa3_staged_host_balanced": DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
                                                                    host_descs=True, balanced=True),
             # D 64's plain mode (its default) with host descriptors, and staged too
