@@ -96,20 +96,21 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
-                    host: bool = False, persistent: bool = False, ordered: bool = False):
+                    host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
     ``overlap`` 2: FlashAttention-3's order (``DkdvWsConfig.fa3_order``); ``staged``: dK and dV
     stored through the staging tiles (``staged_stores``); ``host``: host-built descriptors
     (``host_descs``) in place of q, k, v, dO and dQ's buffer; ``persistent``: items in turn;
-    ``ordered``: a 1-D grid in the launch-order table's order (``balanced``)."""
+    ``ordered``: a 1-D grid in the launch-order table's order (``balanced``); ``store_ds``
+    (mode 0): each dSᵀ tile also stored to the workspace."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
     const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,
-                 STORE_DS=False, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
+                 STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                  CONSUMERS=consumers, MMA_REGS=mma_regs, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=mode,
                  dq_layout=_dq_layout(64, head_dim, mode == 2),
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
@@ -127,7 +128,8 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
              + (" staged_stores" if staged else "") + (" host_descs" if host else "")
-             + (" persistent" if persistent else "") + (" ordered" if ordered else ""))
+             + (" persistent" if persistent else "") + (" ordered" if ordered else "")
+             + (" store_ds" if store_ds else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -214,13 +216,19 @@ def attention_ws_cases(quick: bool):
                               persistent=True)
     # balanced: the programs in the launch-order table's order (the shipped modes: deterministic with host
     # descriptors; shared dS in FlashAttention-3's order, staged, host; D 64's plain mode staged, host)
-    # (per case: mode, D, causal, overlap, stats in smem, registers, staged stores)
-    ordered = ((2, 128, True, 2, True, (240, 24), True),) if quick else \
-        ((0, 128, True, False, True, (232, 40), False), (2, 128, False, 2, True, (240, 24), True),
-         (1, 64, True, False, True, (232, 40), True), (0, 64, False, True, False, (232, 40), False))
-    for mode, head_dim, causal, overlap, stats, (mma_regs, load_regs), staged in ordered:
-        yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, False, 2, overlap, stats, mma_regs=mma_regs,
-                         load_regs=load_regs, staged=staged, host=True, ordered=True)
+    # (per case: mode, D, causal, key padding, overlap, stats in smem, registers, staged stores, host
+    # descriptors, dS stored)
+    ordered = ((2, 128, True, False, 2, True, (240, 24), True, True, False),) if quick else \
+        ((0, 128, True, False, False, True, (232, 40), False, True, False),
+         (2, 128, False, False, 2, True, (240, 24), True, True, False),
+         (1, 64, True, False, False, True, (232, 40), True, True, False),
+         (0, 64, False, False, True, False, (232, 40), False, True, False),
+         (0, 128, False, True, False, True, (232, 40), False, True, False),  # key padding
+         (2, 128, True, True, 2, True, (240, 24), True, False, False),  # device-built descriptors
+         (0, 128, True, False, False, True, (232, 40), False, False, True))  # dS stored
+    for mode, head_dim, causal, kpm, overlap, stats, (mma_regs, load_regs), staged, host, store_ds in ordered:
+        yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, overlap, stats, mma_regs=mma_regs,
+                         load_regs=load_regs, staged=staged, host=host, ordered=True, store_ds=store_ds)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

@@ -36,19 +36,32 @@ def test_order_is_a_permutation_with_long_programs_first(kind, m_split, programs
                                   programs) is order
 
 
-def test_costs_follow_columns_and_rows_per_group():
-    # dK/dV: a kv head's cost sums its query heads' column lengths; dQ: the row lengths
-    b = 128
-    mask = torch.zeros(2, 8, 8, dtype=torch.bool)
-    mask[0, :, 0] = True  # head 0: key block 0's column is full, every row has one block
-    mask[1] = torch.eye(8, dtype=torch.bool)
-    layout = AttentionLayout(mask, b)
-    meta = layout.meta_on("cpu", False)
+@pytest.mark.parametrize("trial", range(20))
+def test_costs_follow_the_kernels_numbering(trial):
+    # each program's cost, in the order the kernels decode a table entry: dK/dV item =
+    # (batch * kv head) * NB + key block, the sum over the kv head's query heads of the key
+    # block's column length; dQ item = (batch * head) * NB * m_split + query tile, the row
+    # length; per-head layouts (head h uses layout h % layout_heads), GQA, batches
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ())))
+    nb, B, Hkv, group = (int(torch.randint(1, hi, (), generator=gen)) for hi in (10, 4, 4, 4))
+    H = Hkv * group
+    lanes = [d for d in range(1, H + 1) if H % d == 0]
+    L = lanes[int(torch.randint(0, len(lanes), (), generator=gen))]
+    mask = torch.rand(L, nb, nb, generator=gen) < 0.4
+    meta = AttentionLayout(mask, 64).meta_on("cpu", False)
     fixed = order_mod.PROGRAM_FIXED_COST
-    dkdv = order_mod.backward_costs(meta, 2, 8, "dkdv", 1, 2, 1)  # one kv head serving both query heads
-    assert dkdv == [8 + 1 + fixed] + [1 + fixed] * 7
-    dq = order_mod.backward_costs(meta, 2, 8, "dq", 1, 2, 2, m_split=2)
-    assert dq == [1 + fixed] * 32
+    dkdv = order_mod.backward_costs(meta, L, nb, "dkdv", B, H, Hkv)
+    assert len(dkdv) == B * Hkv * nb
+    for item, cost in enumerate(dkdv):
+        kblk, hkv = item % nb, item // nb % Hkv
+        column = sum(int(mask[(hkv * group + g) % L, :, kblk].sum()) for g in range(group))
+        assert cost == column + fixed, item
+    m_split = int(torch.randint(1, 3, (), generator=gen))
+    dq = order_mod.backward_costs(meta, L, nb, "dq", B, H, Hkv, m_split)
+    assert len(dq) == B * H * nb * m_split
+    for item, cost in enumerate(dq):
+        qblk, h = item % (nb * m_split) // m_split, item // (nb * m_split) % H
+        assert cost == int(mask[h % L, qblk].sum()) + fixed, item
 
 
 def test_no_table_where_the_grid_order_is_already_balanced():
@@ -66,6 +79,9 @@ def test_no_table_where_the_grid_order_is_already_balanced():
 
 
 def test_above_the_limit_no_table(monkeypatch):
+    monkeypatch.setattr(order_mod, "MIN_MODELLED_GAIN", 0.0)  # a table wherever one is allowed
+    layout = layouts.bigbird(2048, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=0)
+    assert _order(layout, "dq", 1, 1, 1)[1] is not None  # 16 programs
     monkeypatch.setattr(order_mod, "MAX_SCHEDULED_TILES", 10)
     layout = layouts.bigbird(2048, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=0)
     assert _order(layout, "dq", 1, 1, 1)[1] is None
@@ -79,7 +95,8 @@ def test_modelled_makespan_is_greedy_list_scheduling():
 
 def test_head_major_long_keeps_the_long_programs_in_grid_order(monkeypatch):
     # deterministic=False's dK/dV order: the long columns first but in grid order (each
-    # head's together), the rest as longest-first; a different table, remembered apart
+    # head's together), then as balanced_order (grid order, the last rounds longest first);
+    # a different table, remembered apart
     monkeypatch.setattr(order_mod, "MIN_MODELLED_GAIN", 0.0)
     layout = layouts.fixed(4096, 128, 1024)
     meta = layout.meta_on("cpu", True)

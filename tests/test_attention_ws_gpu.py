@@ -335,30 +335,35 @@ def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, monkeypatc
 def test_balanced_launch_order_is_bitwise_the_same(D, S, causal, monkeypatch):
     # balanced: the dK/dV and dQ programs launch in the host's order (long columns / rows
     # first), each computing what its grid position would: bitwise the same deterministic
-    # gradients, and with deterministic=False bitwise the same dK / dV (dQ's adds land in
-    # any order: close). The shipped configs; the table forced (MIN_MODELLED_GAIN 0) and
-    # checked to be used. BigBird with GQA, odd S, key padding.
+    # gradients as the grid order, and with deterministic=False bitwise the same dK / dV
+    # (dQ's adds land in any order: close). The shipped configs, with balanced off for the
+    # reference; the table forced (MIN_MODELLED_GAIN 0) and checked to be used.
+    # BigBird with GQA, odd S, key padding.
     from tilesparse.kernels import attention_launch_order, attention_ws_dkdv, attention_ws_dq
 
     monkeypatch.setattr(attention_launch_order, "MIN_MODELLED_GAIN", 0.0)
     used = []
     for module in (attention_ws_dkdv, attention_ws_dq):
         monkeypatch.setattr(module, "launch_order",
-                            lambda *a, real=module.launch_order: used.append(real(*a)) or used[-1])
+                            lambda *a, real=module.launch_order, **kw: used.append(real(*a, **kw)) or used[-1])
     dtype, b = torch.bfloat16, 128
     layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, "tail")
     fwd = kernels.attention_config("fwd", b, D, dtype)
-    dkdv, dq_ws = (attention_ws._WS_DEFAULTS[(kind, b, D)] for kind in ("dkdv", "dq"))
+    dkdv, dq_ws = (dataclasses.replace(attention_ws._WS_DEFAULTS[(kind, b, D)], balanced=False)
+                   for kind in ("dkdv", "dq"))
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, dkdv, dq_ws))[2]
+    assert not used
     balanced = (fwd, dataclasses.replace(dkdv, balanced=True), dataclasses.replace(dq_ws, balanced=True))
     got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=balanced)[2]
     for name, a, b_ in zip(("dq", "dk", "dv"), got, want):
         assert torch.equal(a, b_), name
     assert len(used) == 2 and all(order is not None for order in used)
-    atomic = dataclasses.replace(dkdv, atomic_dq=True, **attention_ws._ATOMIC_DQ_DEFAULTS[("dkdv", b, D)])
+    atomic = dataclasses.replace(dkdv, atomic_dq=True,
+                                 **dict(attention_ws._ATOMIC_DQ_DEFAULTS[("dkdv", b, D)], balanced=False))
     dq_triton = kernels.attention_config("dq", b, D, dtype)
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, atomic, dq_triton),
                        deterministic=False)[2]
+    assert len(used) == 2
     for _ in range(3):
         got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
                           configs=(fwd, dataclasses.replace(atomic, balanced=True), dq_triton), deterministic=False)[2]

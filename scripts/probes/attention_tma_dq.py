@@ -90,13 +90,15 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     row["bwd_default_ms"] = _time(bwd)
     # the deterministic default with host-built descriptors for its dK/dV kernel, then for
     # its dQ kernel too, then with the persistent dK/dV kernel, then both kernels launched in
-    # the balanced order (bitwise the same gradients; the twenty-third session shipped host)
+    # the balanced order, then both in grid order (bitwise the same gradients; the twenty-third
+    # session shipped host descriptors, and the balanced order at D 128)
     defaults = [attention_ws.default_config(kind, q, k, v, dout, block, layout.layout_heads) for kind in ("dkdv", "dq")]
     if None not in defaults:
         for name, host in (("dkdv", (dataclasses.replace(defaults[0], host_descs=True), defaults[1])),
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
                            ("persistent", (dataclasses.replace(defaults[0], persistent=True), defaults[1])),
-                           ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults))):
+                           ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
+                           ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults))):
             row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
             row[f"bwd_default_host_{name}_ms"] = _time(lambda host=host: bwd(host))
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
