@@ -108,3 +108,22 @@ def test_head_major_long_keeps_the_long_programs_in_grid_order(monkeypatch):
     assert long and long == sorted(long) and head_major.tolist()[:len(long)] == long
     assert sorted(head_major.tolist()) == sorted(sorted_first.tolist()) == list(range(len(costs)))
     assert not torch.equal(head_major, sorted_first)
+
+
+def test_while_capturing_a_table_is_only_looked_up(monkeypatch):
+    # the launch order reads the table pointers to the host, which a CUDA-graph capture
+    # forbids: during one, cached_table(build_while_capturing=False) returns what is
+    # remembered or None, never building (the default builds in place, unremembered)
+    from types import SimpleNamespace
+
+    from tilesparse.kernels._device import cached_table
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    owner = SimpleNamespace(is_cuda=True, device=torch.device("cuda"))
+    built = []
+    build = lambda: built.append(1) or torch.ones(1)  # noqa: E731
+    assert cached_table(owner, "_t", "k", build, build_while_capturing=False) is None and not built
+    assert torch.equal(cached_table(owner, "_t", "k", build), torch.ones(1)) and built == [1]
+    assert "_t" not in owner.__dict__
+    owner.__dict__["_t"] = {"k": torch.zeros(1)}
+    assert torch.equal(cached_table(owner, "_t", "k", build, build_while_capturing=False), torch.zeros(1))

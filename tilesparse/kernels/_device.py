@@ -66,15 +66,16 @@ def build_outside_graph_pools(device: torch.device, build):
     return out
 
 
-def cached_table(owner: torch.Tensor, name: str, key, build):
+def cached_table(owner: torch.Tensor, name: str, key, build, build_while_capturing: bool = True):
     """``build()`` remembered on ``owner`` (a layout's table tensor, never written after it
     is built) under ``name`` and ``key``: built once by :func:`build_outside_graph_pools`;
-    while a CUDA graph is being captured, built in place and not remembered."""
+    while a CUDA graph is being captured, built in place and not remembered (or, with
+    ``build_while_capturing=False``, for builds that read tables to the host: None)."""
     cache = owner.__dict__.get(name)
     if cache is not None and key in cache:
         return cache[key]
     if owner.is_cuda and torch.cuda.is_current_stream_capturing():
-        return build()
+        return build() if build_while_capturing else None
     table = build_outside_graph_pools(owner.device, build)
     owner.__dict__.setdefault(name, {})[key] = table
     return table

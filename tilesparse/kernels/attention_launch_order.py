@@ -29,13 +29,14 @@ import torch
 
 from ..attention.layout import attention_table_views
 from ._device import cached_table
-from .attention_schedule import MAX_SCHEDULED_TILES, balanced_order
+from .attention_schedule import MAX_SCHEDULED_TILES, TILE_FIXED_COST, balanced_order, tile_costs
 
 __all__ = ["backward_costs", "modelled_makespan", "launch_order", "MIN_MODELLED_GAIN", "PROGRAM_FIXED_COST"]
 
 _ORDERS = "_backward_launch_orders"
-# a program's own cost (descriptors, K / V or Q / dO loads, the epilogue) in block pairs
-PROGRAM_FIXED_COST = 1.0
+# a program's own cost (descriptors, K / V or Q / dO loads, the epilogue) in block pairs: as
+# the forward's tiles (dQ's programs cost as tile_costs says)
+PROGRAM_FIXED_COST = TILE_FIXED_COST
 # the table is used where the modelled makespan drops by at least this factor
 MIN_MODELLED_GAIN = 1.02
 _LONG_FACTOR = 2.0  # programs longer than this many times the mean start first
@@ -47,17 +48,16 @@ def backward_costs(meta: torch.Tensor, layout_heads: int, num_blocks: int, kind:
     """Each program's modelled cost in grid order (item = second coordinate * first extent
     + first coordinate): ``kind`` "dkdv", program (key block, batch * kv head), its key
     block's column over the kv head's query heads; "dq", program (query tile, batch *
-    head), its query block's row (``m_split`` tiles per block). Reads the table pointers
-    to the host."""
-    row_ptr, col_ptr = (t.cpu().long() for t in attention_table_views(meta, layout_heads, num_blocks)[:2])
-    ptr = col_ptr if kind == "dkdv" else row_ptr
-    lengths = (ptr[1:] - ptr[:-1]).view(layout_heads, num_blocks).double()
-    if kind == "dkdv":
-        group = heads // kv_heads
-        q_heads = torch.arange(batch * kv_heads)[:, None] % kv_heads * group + torch.arange(group)[None, :]
-        per_item = lengths[q_heads % layout_heads].sum(dim=1)  # [B * Hkv, nb]
-    else:
-        per_item = lengths[torch.arange(batch * heads) % heads % layout_heads].repeat_interleave(m_split, dim=1)
+    head), its query block's row (``m_split`` tiles per block): the persistent forward's
+    :func:`attention_schedule.tile_costs`, whose tile order is this grid's. Reads the table
+    pointers to the host."""
+    if kind == "dq":
+        return tile_costs(meta, layout_heads, num_blocks, batch, heads, m_split)
+    col_ptr = attention_table_views(meta, layout_heads, num_blocks)[1].cpu().long()
+    lengths = (col_ptr[1:] - col_ptr[:-1]).view(layout_heads, num_blocks).double()
+    group = heads // kv_heads
+    q_heads = torch.arange(batch * kv_heads)[:, None] % kv_heads * group + torch.arange(group)[None, :]
+    per_item = lengths[q_heads % layout_heads].sum(dim=1)  # [B * Hkv, nb]
     return (per_item.flatten() + PROGRAM_FIXED_COST).tolist()
 
 
@@ -82,10 +82,7 @@ def launch_order(meta: torch.Tensor, layout_heads: int, num_blocks: int, kind: s
     if n > MAX_SCHEDULED_TILES:
         return None
     key = (kind, layout_heads, num_blocks, batch, heads, kv_heads, m_split, programs, bool(head_major_long))
-    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-        order = meta.__dict__.get(_ORDERS, {}).get(key)
-    else:
-        order = cached_table(meta, _ORDERS, key, lambda: _build(meta, *key))
+    order = cached_table(meta, _ORDERS, key, lambda: _build(meta, *key), build_while_capturing=False)
     return None if order is None or order.numel() == 0 else order
 
 

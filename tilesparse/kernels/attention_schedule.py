@@ -36,17 +36,18 @@ _TAIL_ROUNDS = 2  # the last rounds of tiles go longest first
 # (its tiles in lockstep keep K and V in L2), on causal (1.08) 4 % slower, on fixed,
 # BigBird and random 10 % (1.2-1.35) 9-12 % slower
 ROUND_ROBIN_SLACK = 1.06
+TILE_FIXED_COST = 1.0  # a tile's own work beside its row's key blocks, in key blocks
 
 
 def tile_costs(meta: torch.Tensor, layout_heads: int, num_blocks: int, batch: int, heads: int,
                m_split: int) -> list[float]:
     """Each tile's modelled cost, in the persistent kernel's tile order (batch * head major,
     then query block, then its ``m_split`` row tiles): its row's key blocks plus one (the
-    per-tile work: Q's load, O's store). Reads the row pointers to the host."""
+    per-tile work, TILE_FIXED_COST: Q's load, O's store). Reads the row pointers to the host."""
     row_ptr = attention_table_views(meta, layout_heads, num_blocks)[0].cpu().long()
     lengths = (row_ptr[1:] - row_ptr[:-1]).view(layout_heads, num_blocks)
     per_head = lengths[torch.arange(batch * heads) % heads % layout_heads]  # [B * H, nb]
-    return (per_head.repeat_interleave(m_split, dim=1).flatten().double() + 1.0).tolist()
+    return (per_head.repeat_interleave(m_split, dim=1).flatten().double() + TILE_FIXED_COST).tolist()
 
 
 def round_robin_imbalance(costs: list[float], programs: int) -> float:
@@ -101,10 +102,7 @@ def persistent_schedule(meta: torch.Tensor, layout_heads: int, num_blocks: int, 
     if n_tiles > MAX_SCHEDULED_TILES:
         return None
     key = (layout_heads, num_blocks, batch, heads, m_split, programs)
-    if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-        sched = meta.__dict__.get(_SCHEDULES, {}).get(key)
-    else:
-        sched = cached_table(meta, _SCHEDULES, key, lambda: _build(meta, *key))
+    sched = cached_table(meta, _SCHEDULES, key, lambda: _build(meta, *key), build_while_capturing=False)
     return None if sched is None or sched.numel() == 0 else sched
 
 
