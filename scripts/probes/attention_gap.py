@@ -26,38 +26,10 @@ import pstats
 
 import torch
 import triton.testing
-from torch.profiler import ProfilerActivity, profile
+from eager_gap import _hot_ms, _profiled_kernels  # this folder's: the same timings for the bsmm ops
 
-from tilesparse.attention import layouts
-from tilesparse.bench.attention import _make_fns
+from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 from tilesparse.bench.timing import host_us
-
-BUILDERS = {"local1024": lambda S, b: (layouts.local(S, b, 1024, causal=True), True),
-            "causal": lambda S, b: (layouts.causal(S, b), True),
-            "strided": lambda S, b: (layouts.strided(S, b, 1024), True)}
-
-
-def hot_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def kernels_ms(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA) / reps / 1e3
 
 
 def python_profile(fn, reps: int = 20, top: int = 25) -> str:
@@ -76,8 +48,9 @@ def python_profile(fn, reps: int = 20, top: int = 25) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pattern", default="local1024", choices=sorted(BUILDERS))
-    parser.add_argument("--shape", type=int, nargs=4, default=[4, 16, 8192, 128])
+    B, H, S, D, block, specs = suite_patterns()  # the suite's patterns, as it builds them
+    parser.add_argument("--pattern", default="local1024", choices=sorted(specs))
+    parser.add_argument("--shape", type=int, nargs=4, default=[B, H, S, D])
     parser.add_argument("--methods", nargs="+", default=["tilesparse", "tilesparse_atomic", "flex"])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -85,7 +58,8 @@ def main() -> None:
     q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_()
-    layout, causal = BUILDERS[args.pattern](S, 128)
+    spec = specs[args.pattern]
+    layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
     rows = []
     for method in args.methods:
         fns, why = _make_fns(method, q, k, v, layout, causal, args.pattern, g)
@@ -99,9 +73,9 @@ def main() -> None:
                 row["graph_ms"] = float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
             except Exception as exc:  # noqa: BLE001 (a probe: record and go on)
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
-            row["hot_ms"] = hot_ms(fn)
+            row["hot_ms"] = _hot_ms(fn, 20)
             row["host_ms"] = host_us(fn, n=50) / 1e3
-            row["kernels_ms"] = kernels_ms(fn)
+            row["kernels_ms"] = sum(_profiled_kernels(fn, 5).values())
             rows.append(row)
             print("  ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
                             for key, value in row.items()), flush=True)
