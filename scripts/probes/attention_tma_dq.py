@@ -13,6 +13,7 @@ reduction (``kernels/_tma_reduce.py``), which the Triton kernel's 2.75 ms used.
 
     python scripts/probes/attention_tma_dq.py --out attention-tma-dq.json [--flex]
     TMA_DQ_VARIANTS=ws_tma_shared_stats,ws_tma_shared_fa3 python scripts/probes/attention_tma_dq.py ...
+    TMA_DQ_ROUNDS=7 ... (interleaved timing rounds; default 5)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import torch
 
 from tilesparse.bench.attention import probe_flex_times, probe_inputs, probe_main, probe_times
-from tilesparse.bench.timing import bench_ms
+from tilesparse.bench.timing import bench_ms, interleaved_ms
 from tilesparse.kernels import attention as K
 from tilesparse.kernels import attention_ws
 from tilesparse.kernels.attention_ws import DkdvWsConfig
@@ -67,8 +68,10 @@ if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save devic
     VARIANTS = {name: VARIANTS[name] for name in _wanted}
 
 
-def _time(fn) -> float:
-    return bench_ms(fn, cuda=True)
+# TMA_DQ_ROUNDS: each pattern's backward variants are timed in this many interleaved rounds
+# (bench.timing.interleaved_ms; medians), so that the shared GPU's drifts (5-10 % between
+# one variant's timing and the next in the twenty-fourth session) fall on all of them
+ROUNDS = int(os.environ.get("TMA_DQ_ROUNDS", "5"))
 
 
 def _relative_error(got, want) -> float:
@@ -80,14 +83,14 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     layout, causal, (q, k, v, dout), meta, scale, row = probe_inputs(spec, B, H, S, D, block, tensors=4)
     fwd = lambda: K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale)  # noqa: E731
     out, lse = fwd()
-    row["fwd_default_ms"] = _time(fwd)
+    row["fwd_default_ms"] = bench_ms(fwd, cuda=True)
 
     def bwd(configs=None, deterministic=True):
         return K.attention_backward(dout, q, k, v, out, lse, meta, None, layout.layout_heads, block, causal, scale,
                                     configs=configs, deterministic=deterministic)
 
     want = bwd()
-    row["bwd_default_ms"] = _time(bwd)
+    timed = {"bwd_default": bwd}
     # the deterministic default with host-built descriptors for its dK/dV kernel, then for
     # its dQ kernel too, then with the persistent dK/dV kernel, then both kernels launched in
     # the balanced order, then both in grid order (bitwise the same gradients; the twenty-third
@@ -100,9 +103,9 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
                            ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults))):
             row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
-            row[f"bwd_default_host_{name}_ms"] = _time(lambda host=host: bwd(host))
+            timed[f"bwd_default_host_{name}"] = lambda host=host: bwd(host)
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
-    row["bwd_triton_atomic_ms"] = _time(lambda: bwd(triton, False))
+    timed["bwd_triton_atomic"] = lambda: bwd(triton, False)
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)
         try:
             got = bwd((cfg, triton[1]), False)
@@ -110,7 +113,10 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             continue
         row[f"{name}_rel_err"] = _relative_error(got, want)
-        row[f"bwd_{name}_ms"] = _time(lambda cfg=cfg: bwd((cfg, triton[1]), False))
+        timed[f"bwd_{name}"] = lambda cfg=cfg: bwd((cfg, triton[1]), False)
+    for name, ms in interleaved_ms(timed, cuda=True, rounds=ROUNDS).items():
+        row[f"{name}_ms"] = ms
+    row["rounds"] = ROUNDS
     if flex:
         probe_flex_times(row, q, k, v, layout, causal, spec["name"], dout)
     return row

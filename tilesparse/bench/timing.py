@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["bench_ms", "bench_ms_noted", "rotation_copies", "L2_ROTATION_FACTOR", "MAX_ROTATION_COPIES"]
+__all__ = ["bench_ms", "bench_ms_noted", "interleaved_ms", "rotation_copies", "L2_ROTATION_FACTOR", "MAX_ROTATION_COPIES"]
 
 # Operand sets cycled through together span this many L2 caches, so by the time a set comes
 # round again the others have evicted it: its reads go to HBM.
@@ -66,6 +66,22 @@ def bench_ms_noted(fn: Callable[[], object], *, cuda: bool, graph: bool = False)
             raise
         torch.cuda.synchronize()
         return bench_ms(fn, cuda=cuda), f"graph capture failed ({type(exc).__name__}); timed with do_bench"
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], *, cuda: bool, rounds: int = 5,
+                   rep_ms: int = 50) -> dict[str, float]:
+    """Median milliseconds of each of ``fns`` over ``rounds`` rounds of :func:`bench_ms`,
+    the functions taken in turn within a round and in reverse order every other round, so
+    a drift of the (shared) GPU's clocks or load falls on all of them: for A/B choices
+    between variants a few percent apart, where separate timings swing by 5-10 %."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(bench_ms(fns[name], cuda=cuda, rep_ms=rep_ms))
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def host_us(fn: Callable[[], object], n: int = 200, warmup: int = 10) -> float:
