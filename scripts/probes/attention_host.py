@@ -1,0 +1,146 @@
+"""Where the host time of attention forward + backward goes, layer by layer, at sizes where
+the host rather than the GPU sets the pace.
+
+Twenty-fourth session, H200, B 4, H 16, S 2048, D 128, local 1024: forward + backward
+took 1.64 ms per call eagerly (``deterministic=False``) while its kernels summed to 0.52
+ms and FlexAttention's whole call to 0.68 ms: the host's 1.66 ms per call, not the GPU,
+was timed. This times each layer alone (wall time per call of back-to-back calls,
+bench.timing.host_us), checks for host-device synchronizations
+(torch.cuda.set_sync_debug_mode) and profiles the backward op's Python by cumulative time:
+
+  kernel_fwd / kernel_bwd_det / kernel_bwd_atomic   tilesparse.kernels.attention's functions
+  op_fwd / op_bwd_atomic                            the registered custom ops (no autograd)
+  public_fwd                                        block_sparse_attention under no_grad
+  public_fwd_bwd_det / public_fwd_bwd_atomic        forward + backward through autograd
+  function_fwd_bwd_atomic                           the kernels under a plain autograd.Function
+  flex_fwd_bwd                                      FlexAttention compiled, the same mask
+
+    python scripts/probes/attention_host.py --shape 4 16 2048 128 --out attention-host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import warnings
+
+import torch
+
+from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.timing import host_us
+from tilesparse.kernels import attention as K
+from tilesparse.ops import attention as ops
+
+
+def cumulative_profile(fn, reps: int = 20, top: int = 30) -> str:
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(reps):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
+def synchronizations(fn) -> list[str]:
+    """The warnings torch raises for host-device synchronizations during one call."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return [str(w.message)[:300] for w in caught]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    B, H, S, D, block, specs = suite_patterns()
+    parser.add_argument("--pattern", default="local1024", choices=sorted(specs))
+    parser.add_argument("--shape", type=int, nargs=4, default=[B, H, 2048, D])
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--flex", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    B, H, S, D = args.shape
+    q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    spec = specs[args.pattern]
+    layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
+    meta, lh, scale = layout.meta_on(q.device, causal), layout.layout_heads, D ** -0.5
+    out, lse = K.attention_forward(q, k, v, meta, None, lh, block, causal, scale)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def public_fwd_bwd(deterministic):
+        def call():
+            o = ops.block_sparse_attention(qg, kg, vg, layout, causal=causal, deterministic=deterministic)
+            o.backward(g)
+            qg.grad = kg.grad = vg.grad = None
+        return call
+
+    class Direct(torch.autograd.Function):
+        """The kernels under a plain autograd.Function (no custom op): what the ops cost."""
+
+        @staticmethod
+        def forward(ctx, q_, k_, v_, deterministic):
+            o, l = K.attention_forward(q_, k_, v_, meta, None, lh, block, causal, scale)
+            ctx.save_for_backward(q_, k_, v_, o, l)
+            ctx.deterministic = deterministic
+            return o
+
+        @staticmethod
+        def backward(ctx, grad):
+            q_, k_, v_, o, l = ctx.saved_tensors
+            return (*K.attention_backward(grad, q_, k_, v_, o, l, meta, None, lh, block, causal, scale,
+                                          deterministic=ctx.deterministic), None)
+
+    def direct_fwd_bwd():
+        Direct.apply(qg, kg, vg, False).backward(g)
+        qg.grad = kg.grad = vg.grad = None
+
+    def public_fwd():
+        with torch.no_grad():
+            return ops.block_sparse_attention(q, k, v, layout, causal=causal)
+
+    fns = {
+        "kernel_fwd": lambda: K.attention_forward(q, k, v, meta, None, lh, block, causal, scale),
+        "kernel_bwd_det": lambda: K.attention_backward(g, q, k, v, out, lse, meta, None, lh, block, causal, scale),
+        "kernel_bwd_atomic": lambda: K.attention_backward(g, q, k, v, out, lse, meta, None, lh, block, causal, scale,
+                                                          deterministic=False),
+        "op_fwd": lambda: ops._fwd_op(q, k, v, meta, None, lh, block, causal, scale, True),
+        "op_bwd_atomic": lambda: ops._bwd_op(g, q, k, v, out, lse, meta, None, lh, block, causal, scale, False),
+        "public_fwd": public_fwd,
+        "public_fwd_bwd_det": public_fwd_bwd(True),
+        "public_fwd_bwd_atomic": public_fwd_bwd(False),
+        "function_fwd_bwd_atomic": direct_fwd_bwd,
+    }
+    if args.flex:
+        flex = _make_fns("flex", qg, kg, vg, layout, causal, args.pattern, g)[0]
+        if flex is not None:
+            fns["flex_fwd_bwd"] = flex[1]
+    row = {"shape": [B, H, S, D], "pattern": args.pattern}
+    for name, fn in fns.items():
+        row[f"{name}_host_us"] = host_us(fn, n=args.calls)
+        print(f"{name:24} host {row[f'{name}_host_us']:8.1f} us per call", flush=True)
+    for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic", "public_fwd_bwd_det"):
+        row[f"{name}_syncs"] = synchronizations(fns[name])
+        print(f"{name} synchronizations: {row[f'{name}_syncs']}", flush=True)
+    for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic"):
+        print(f"--- {name}, cumulative\n{cumulative_profile(fns[name])}", flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": [row]}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
