@@ -13,6 +13,9 @@ bench.timing.host_us), checks for host-device synchronizations
   public_fwd                                        block_sparse_attention under no_grad
   public_fwd_bwd_det / public_fwd_bwd_atomic        forward + backward through autograd
   function_fwd_bwd_atomic                           the kernels under a plain autograd.Function
+                                                    (and its timeline: host time between marks)
+  kernel_fwd_bwd_atomic                             the kernels' forward then backward, no autograd
+  engine_only                                       an autograd.Function of one tiny kernel each way
   flex_fwd_bwd                                      FlexAttention compiled, the same mask
 
     python scripts/probes/attention_host.py --shape 4 16 2048 128 --out attention-host.json
@@ -25,6 +28,7 @@ import cProfile
 import io
 import json
 import pstats
+import time
 import warnings
 
 import torch
@@ -88,6 +92,8 @@ def main() -> None:
             qg.grad = kg.grad = vg.grad = None
         return call
 
+    marks: list[tuple[str, float]] = []  # (where, perf_counter) of the timeline below
+
     class Direct(torch.autograd.Function):
         """The kernels under a plain autograd.Function (no custom op): what the ops cost."""
 
@@ -100,13 +106,42 @@ def main() -> None:
 
         @staticmethod
         def backward(ctx, grad):
+            marks.append(("backward entered", time.perf_counter()))
             q_, k_, v_, o, l = ctx.saved_tensors
-            return (*K.attention_backward(grad, q_, k_, v_, o, l, meta, None, lh, block, causal, scale,
-                                          deterministic=ctx.deterministic), None)
+            grads = K.attention_backward(grad, q_, k_, v_, o, l, meta, None, lh, block, causal, scale,
+                                         deterministic=ctx.deterministic)
+            marks.append(("kernels launched", time.perf_counter()))
+            return (*grads, None)
 
     def direct_fwd_bwd():
-        Direct.apply(qg, kg, vg, False).backward(g)
+        marks.append(("start", time.perf_counter()))
+        o = Direct.apply(qg, kg, vg, False)
+        marks.append(("forward returned", time.perf_counter()))
+        o.backward(g)
+        marks.append(("backward returned", time.perf_counter()))
         qg.grad = kg.grad = vg.grad = None
+        marks.append(("grads cleared", time.perf_counter()))
+
+    class Scale(torch.autograd.Function):
+        """One elementwise kernel each way: the autograd engine's own cost per call."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    small = torch.randn(1024, device="cuda", requires_grad=True)
+
+    def scale_fwd_bwd():
+        Scale.apply(small).backward(torch.ones_like(small))
+        small.grad = None
+
+    def kernel_fwd_bwd():
+        o, l = K.attention_forward(q, k, v, meta, None, lh, block, causal, scale)
+        return K.attention_backward(g, q, k, v, o, l, meta, None, lh, block, causal, scale, deterministic=False)
 
     def public_fwd():
         with torch.no_grad():
@@ -123,6 +158,8 @@ def main() -> None:
         "public_fwd_bwd_det": public_fwd_bwd(True),
         "public_fwd_bwd_atomic": public_fwd_bwd(False),
         "function_fwd_bwd_atomic": direct_fwd_bwd,
+        "kernel_fwd_bwd_atomic": kernel_fwd_bwd,
+        "engine_only": scale_fwd_bwd,
     }
     if args.flex:
         flex = _make_fns("flex", qg, kg, vg, layout, causal, args.pattern, g)[0]
@@ -132,6 +169,18 @@ def main() -> None:
     for name, fn in fns.items():
         row[f"{name}_host_us"] = host_us(fn, n=args.calls)
         print(f"{name:24} host {row[f'{name}_host_us']:8.1f} us per call", flush=True)
+    # the timeline of function_fwd_bwd_atomic: mean microseconds from each mark to the next
+    marks.clear()
+    for _ in range(args.calls):
+        direct_fwd_bwd()
+    torch.cuda.synchronize()
+    steps: dict[str, list[float]] = {}
+    for (name, t), (next_name, t_next) in zip(marks, marks[1:]):
+        if next_name != "start":
+            steps.setdefault(f"{name} -> {next_name}", []).append((t_next - t) * 1e6)
+    row["timeline_us"] = {step: sum(times) / len(times) for step, times in steps.items()}
+    for step, us in row["timeline_us"].items():
+        print(f"  {step:45} {us:8.1f} us", flush=True)
     for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic", "public_fwd_bwd_det"):
         row[f"{name}_syncs"] = synchronizations(fns[name])
         print(f"{name} synchronizations: {row[f'{name}_syncs']}", flush=True)
