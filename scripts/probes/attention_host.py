@@ -53,6 +53,21 @@ def cumulative_profile(fn, reps: int = 20, top: int = 30) -> str:
     return text.getvalue()
 
 
+def cpu_profile(fn, reps: int = 20, top: int = 25) -> str:
+    """torch.profiler's CPU events (ops and CUDA runtime / driver calls) over ``reps`` calls,
+    by self CPU time: which calls the host spends its time in (the autograd engine's thread
+    included, which cProfile misattributes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+
+
 def synchronizations(fn) -> list[str]:
     """The warnings torch raises for host-device synchronizations during one call."""
     fn()
@@ -181,6 +196,8 @@ def main() -> None:
     row["timeline_us"] = {step: sum(times) / len(times) for step, times in steps.items()}
     for step, us in row["timeline_us"].items():
         print(f"  {step:45} {us:8.1f} us", flush=True)
+    for name in ("kernel_fwd_bwd_atomic", "function_fwd_bwd_atomic", "public_fwd_bwd_atomic"):
+        print(f"--- {name}, torch.profiler by self CPU time\n{cpu_profile(fns[name])}", flush=True)
     for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic", "public_fwd_bwd_det"):
         row[f"{name}_syncs"] = synchronizations(fns[name])
         print(f"{name} synchronizations: {row[f'{name}_syncs']}", flush=True)
