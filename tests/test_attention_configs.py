@@ -319,7 +319,7 @@ def test_atomic_dq_defaults_only_where_listed(monkeypatch):
 
 def test_shipped_atomic_dq_defaults(monkeypatch):
     # the measured modes: at D 128 shared dS in FlashAttention-3's order, staged stores and
-    # host descriptors; at D 64 the plain mode, stats in shared memory
+    # host descriptors; at D 64 the plain mode, stats in shared memory; both launched balanced
     from tilesparse.kernels import attention_ws
 
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
@@ -327,15 +327,17 @@ def test_shipped_atomic_dq_defaults(monkeypatch):
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
     assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem and cfg.consumers == 2
     assert cfg.fa3_order and cfg.staged_stores and cfg.host_descs and (cfg.mma_regs, cfg.load_regs) == (240, 24)
-    assert not cfg.persistent and not cfg.balanced
-    # deterministic: both backward kernels with host-built descriptors, launched balanced, at D 128
+    assert not cfg.persistent and cfg.balanced
+    # deterministic: both backward kernels with host-built descriptors, launched balanced, at D 128 and 64
     for kind in ("dkdv", "dq"):
         cfg = attention_ws.default_config(kind, q, q, q, q, 128)
         assert cfg.host_descs and cfg.balanced
     q64 = torch.randn(1, 2, 256, 64, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q64, q64, q64, q64, 128, deterministic=False)
     assert cfg.atomic_dq and not cfg.shared_ds and cfg.stats_in_smem and not cfg.overlap and cfg.consumers == 2
-    assert cfg.staged_stores and cfg.host_descs and not cfg.fa3_order
-    assert all(attention_ws.default_config(kind, q64, q64, q64, q64, 128).host_descs for kind in ("dkdv", "dq"))
+    assert cfg.staged_stores and cfg.host_descs and cfg.balanced and not cfg.fa3_order
+    for kind in ("dkdv", "dq"):
+        cfg = attention_ws.default_config(kind, q64, q64, q64, q64, 128)
+        assert cfg.host_descs and cfg.balanced
     assert not attention_ws.default_config("dkdv", q64, q64, q64, q64, 128).atomic_dq  # deterministic: unchanged
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None

@@ -218,7 +218,9 @@ def _fwd_ws_kernel(
 # D 128, bitwise the same gradients): BigBird 1.973 -> 1.807 ms, random 10 % 1.567 -> 1.505,
 # fixed 1.906 -> 1.857, causal 6.179 -> 6.090; local windows and strided get no table (their
 # columns are near-equal). With deterministic=False the dK/dV kernel's order was mixed (BigBird
-# 1.766 -> 1.652, fixed 1.777 -> 1.860, random 10 % 1.359 -> 1.376): not there. D 64: not measured.
+# 1.766 -> 1.652, fixed 1.777 -> 1.860, random 10 % 1.359 -> 1.376): not there. Twenty-fourth session
+# (...-attention-balanced-d64-ea17eb4.json): at D 64 too, BigBird 1.359 -> 1.219 ms, fixed 1.303 ->
+# 1.263, random 10 % 1.035 -> 1.031 (local 1024 gets no table), bitwise the same.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
@@ -226,8 +228,9 @@ _WS_DEFAULTS: dict = {
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
                                      balanced=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
-    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True),
-    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True),
+    ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
+                                balanced=True),
+    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True, balanced=True),
 }
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
@@ -249,11 +252,17 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # on local 1024; persistent 2.058, lost). D 64 (...-attention-tma-dq-d64-3130ffc.json): the
 # plain mode with staged stores and host descriptors, local 1024 1.358 -> 1.144 ms, causal
 # 4.006 -> 3.864 (D 128's mode 1.155 / 3.835: within noise, the plain one kept).
+# Twenty-fourth session: launched in the balanced order with each head's long columns together
+# (attention_launch_order's head_major_long), timed in 5 interleaved rounds
+# (...-attention-balanced-d128-rounds-29508d3.json, D 128): BigBird 1.799 -> 1.674 ms, fixed
+# 1.859 -> 1.818, random 10 % 1.413 -> 1.419, causal 5.696 -> 5.684; D 64
+# (...-attention-balanced-d64-ea17eb4.json): BigBird 1.237 -> 1.089, fixed 1.235 -> 1.159, random
+# 10 % 0.940 -> 0.918. Local windows and strided get no table (the same kernel).
 _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order": True, "mma_regs": 240,
                                                   "load_regs": 24, "staged_stores": True, "host_descs": True,
-                                                  "balanced": False},
+                                                  "balanced": True},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
-                                                 "host_descs": True}}
+                                                 "host_descs": True, "balanced": True}}
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
