@@ -298,6 +298,53 @@ def test_compiled_backward_graph_calls_registered_ops():
     torch._dynamo.reset()
 
 
+def _op_path_output_and_grads(q, k, v, layout, causal, kpm, grad, deterministic=True):
+    """Forward + backward through the registered ops (what torch.compile traces)."""
+    from tilesparse.ops import attention as ops
+
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    meta = layout.meta_on(q.device, causal)
+    out = ops._fwd_op(q, k, v, meta, kpm, layout.layout_heads, layout.block_size, causal, q.shape[-1] ** -0.5,
+                      deterministic)[0]
+    return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+
+def _eager_output_and_grads(q, k, v, layout, causal, kpm, grad, deterministic=True):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = block_sparse_attention(q, k, v, layout, causal=causal, key_padding_mask=kpm, deterministic=deterministic)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+
+def test_eager_calls_skip_the_ops_and_give_their_results_bitwise(monkeypatch):
+    # eager calls on plain tensors run the kernels under an autograd.Function (less host time
+    # than the custom ops' dispatch); the same functions: bitwise the same output and gradients
+    from tilesparse.ops import attention as ops
+
+    layout = layouts.bigbird(80, 16, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=4)
+    q, k, v = make_inputs(2, 4, 2, 80, 32, torch.float32)
+    kpm, grad = padding(2, 80, "tail"), torch.randn(2, 4, 80, 32)
+    op_calls = []
+    for name in ("_fwd_op", "_bwd_op"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, name=name: op_calls.append(name) or real(*a))
+    eager = _eager_output_and_grads(q, k, v, layout, True, kpm, grad)
+    assert not op_calls
+    want = _op_path_output_and_grads(q, k, v, layout, True, kpm, grad)
+    assert op_calls == ["_fwd_op", "_bwd_op"]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, want):
+        assert torch.equal(a, b), name
+
+
+def test_eager_attention_refuses_a_second_derivative():
+    layout = layouts.causal(32, 16)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 32, 16, torch.float32))
+    out = block_sparse_attention(q, k, v, layout, causal=True)
+    weight = torch.randn_like(out).requires_grad_()  # a gradient that itself needs gradients
+    (dq,) = torch.autograd.grad(out, q, weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
+        dq.sum().backward()
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -404,6 +451,24 @@ def test_gpu_matches_reference(b, D, S, H, Hkv, causal, dtype):
                                                         deterministic=False), (q, k, v), grad_out)
     for n, got, want in zip(("dq atomic", "dk atomic", "dv atomic"), atomic, ref_grads):
         assert_close(got, want, dtype, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+def test_gpu_eager_calls_give_the_ops_results(deterministic):
+    # the eager autograd.Function and the registered ops run the same kernels: bitwise the
+    # same output, dK and dV (with deterministic=False dQ's adds land in any order: close)
+    layout = layouts.bigbird(1000, 128, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(),
+                             num_heads=4)
+    q, k, v = (t.cuda() for t in make_inputs(2, 4, 2, 1000, 128, torch.bfloat16))
+    kpm, grad = padding(2, 1000, "tail").cuda(), torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    eager = _eager_output_and_grads(q, k, v, layout, False, kpm, grad, deterministic)
+    want = _op_path_output_and_grads(q, k, v, layout, False, kpm, grad, deterministic)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, want):
+        if name == "dq" and not deterministic:
+            assert rel_error(a, b) < 1e-2, name
+        else:
+            assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu

@@ -15,10 +15,10 @@ from tilesparse.ops import attention as ops
 
 @pytest.fixture
 def seen(monkeypatch):
-    """The ``deterministic`` argument of every forward-op call."""
+    """The ``deterministic`` argument of every attention call (eager autograd or the op)."""
     calls = []
-    real = ops._fwd_op
-    monkeypatch.setattr(ops, "_fwd_op", lambda *args: calls.append(args[-1]) or real(*args))
+    real = ops._attend
+    monkeypatch.setattr(ops, "_attend", lambda *args: calls.append(args[-1]) or real(*args))
     return calls
 
 

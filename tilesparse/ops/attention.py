@@ -5,9 +5,11 @@ PyTorch path (:mod:`tilesparse.attention.reference`) on the CPU and for float64 
 ``torch.library`` custom ops ``tilesparse::block_sparse_attention_fwd`` (out, lse) and
 ``tilesparse::block_sparse_attention_bwd`` (dq, dk, dv), with fakes, so
 ``torch.compile(fullgraph=True)`` traces them -> ``register_autograd``, whose backward
-calls the registered backward op (what AOTAutograd traces; see docs/notes.md) -> the
-public :func:`block_sparse_attention`, which checks its input and names the argument in
-every error.
+calls the registered backward op (what AOTAutograd traces; see docs/notes.md). Eager
+calls on plain tensors take :class:`_EagerAttention` instead, an autograd.Function over
+the same functions without the custom-op dispatch (less host time) -> the public
+:func:`block_sparse_attention`, which checks its input and names the argument in every
+error.
 """
 
 from __future__ import annotations
@@ -37,6 +39,26 @@ def _use_triton(t: torch.Tensor) -> bool:
 # --------------------------------------------------------------------------- registered ops
 
 
+def _forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale):
+    """(out, lse): the Triton kernels on CUDA, the block-loop path on the CPU / float64."""
+    if _use_triton(q):
+        from ..kernels import attention as kernels
+
+        return kernels.attention_forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+    return attention_forward_blocks(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+
+
+def _backward_grads(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale,
+                    deterministic):
+    """(dq, dk, dv): the Triton kernels on CUDA, the block-loop path on the CPU / float64."""
+    args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+    if _use_triton(q):
+        from ..kernels import attention as kernels
+
+        return kernels.attention_backward(*args, deterministic=deterministic)
+    return attention_backward_blocks(*args)
+
+
 @torch.library.custom_op("tilesparse::block_sparse_attention_fwd", mutates_args=())
 def _fwd_op(
     q: torch.Tensor,
@@ -52,11 +74,7 @@ def _fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, H, S, D], lse [B, H, S]) of block-sparse attention on the packed tables
     (``deterministic`` is the backward's: carried here for autograd)."""
-    if _use_triton(q):
-        from ..kernels import attention as kernels
-
-        return kernels.attention_forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
-    return attention_forward_blocks(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+    return _forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
 
 
 @_fwd_op.register_fake
@@ -83,12 +101,8 @@ def _bwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of block-sparse attention, FlashAttention-2 style from the saved lse;
     ``deterministic=False`` lets the Triton path accumulate dQ by atomics."""
-    args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal, scale)
-    if _use_triton(q):
-        from ..kernels import attention as kernels
-
-        return kernels.attention_backward(*args, deterministic=deterministic)
-    return attention_backward_blocks(*args)
+    return _backward_grads(grad_out, q, k, v, out, lse, meta, key_padding_mask, layout_heads, block_size, causal,
+                           scale, deterministic)
 
 
 @_bwd_op.register_fake
@@ -114,6 +128,42 @@ def _backward(ctx, grad_out, grad_lse):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------- eager autograd
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The registered ops' forward and backward without the custom-op dispatch, for eager
+    calls on plain tensors: ``torch.library``'s Python layers (dispatch, autograd wrapper,
+    argument checks, aliasing checks) cost the H200 host ~0.4 ms per forward + backward,
+    a quarter of the whole call at B 4, H 16, S 2048 (twenty-fourth session,
+    scripts/probes/attention_host.py). The same functions run: the results are the ops'."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic):
+        out, lse = _forward(q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale)
+        ctx.save_for_backward(q, k, v, out, lse, meta, key_padding_mask)
+        ctx.params = (layout_heads, block_size, causal, scale, deterministic)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, out, lse, meta, key_padding_mask = ctx.saved_tensors
+        dq, dk, dv = _backward_grads(grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _attend(q, k, v, meta, key_padding_mask, layout_heads: int, block_size: int, causal: bool, scale: float,
+            deterministic: bool) -> torch.Tensor:
+    """The attention output through the registered op while torch.compile / export traces
+    (or for tensor subclasses: fake, functional, distributed), else through
+    :class:`_EagerAttention` (the same kernels, less host time)."""
+    args = (q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic)
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v)):
+        return _fwd_op(*args)[0]
+    return _EagerAttention.apply(*args)
 
 
 # --------------------------------------------------------------------------- checks
@@ -252,6 +302,5 @@ def block_sparse_attention(
     if dense_fallback and _runs_as_sdpa(q, k, v, layout, causal, key_padding_mask, deterministic):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(scale))
     meta = layout.meta_on(q.device, causal)
-    out, _ = _fwd_op(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale),
-                     deterministic)
-    return out
+    return _attend(q, k, v, meta, key_padding_mask, layout.layout_heads, layout.block_size, causal, float(scale),
+                   deterministic)
