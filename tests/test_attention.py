@@ -472,6 +472,27 @@ def test_gpu_eager_calls_give_the_ops_results(deterministic):
 
 
 @pytest.mark.gpu
+def test_gpu_remembered_kernel_choice_follows_the_operands_alignment(monkeypatch):
+    # the launchers remember their kernel choice per operand signature: q 16-byte aligned
+    # (on Hopper the warp-specialized forward), then at base + 8 bytes (the Triton kernel's
+    # pointer path); each remembered, each matching the other's output
+    monkeypatch.setattr(kernels, "_PLANS", {})
+    layout = layouts.local(1024, 128, 256, causal=True)
+    q, k, v = make_inputs(2, 4, 2, 1024, 128, torch.bfloat16, device="cuda")
+    buf = torch.empty(q.numel() + 4, dtype=q.dtype, device="cuda")
+    shifted = buf[4:].view(q.shape).copy_(q)
+    assert shifted.data_ptr() % 16 == 8
+    want = block_sparse_attention(q, k, v, layout, causal=True)
+    for _ in range(2):
+        got = block_sparse_attention(shifted, k, v, layout, causal=True)
+        assert rel_error(got, want) < 2e-2
+    plans = [plan for key, plan in kernels._PLANS.items() if key[1] == "fwd"]
+    assert len(plans) == 2
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert sorted(plan[1] for plan in plans) == [False, True]  # (cfg, warp-specialized, tma)
+
+
+@pytest.mark.gpu
 def test_gpu_large_sequence_memory_is_linear():
     # S = 131072 at ~2 % density (b = 128: 1024 x 1024 blocks, ~20 per row). The dense
     # S x S scores would take 64 GiB in fp32; the peak must stay O(S * D + nnz).

@@ -341,3 +341,47 @@ def test_shipped_atomic_dq_defaults(monkeypatch):
         assert cfg.host_descs and cfg.balanced
     assert not attention_ws.default_config("dkdv", q64, q64, q64, q64, 128).atomic_dq  # deterministic: unchanged
     assert attention_ws.default_config("dq", q, q, q, q, 128, deterministic=False) is None
+
+
+def test_plan_signature_tells_apart_what_the_kernel_choice_reads():
+    # the launchers remember their kernel choice per operand signature: dtype, shape, strides
+    # and 16-byte alignment of each operand each give another signature
+    from tilesparse.kernels.attention import _operand_signature
+
+    q = torch.randn(1, 2, 64, 32)
+    buf = torch.randn(1 * 2 * 64 * 32 + 1)
+    shifted = buf[1:].view(1, 2, 64, 32)  # base + 4 bytes
+    base = _operand_signature(q, q)
+    assert base == _operand_signature(torch.randn(1, 2, 64, 32), q)  # other values, same signature
+    for other in (q.half(), q[:, :, :32], q.transpose(1, 2).contiguous().transpose(1, 2), shifted):
+        assert _operand_signature(other, q) != base
+
+
+def test_remembered_plan_chooses_once_per_key_and_stays_bounded(monkeypatch):
+    monkeypatch.setattr(kernels, "_PLANS", {})
+    monkeypatch.setattr(kernels, "_MAX_PLANS", 2)
+    chosen = []
+    choose = lambda key: lambda: chosen.append(key) or f"plan {key}"  # noqa: E731
+    assert kernels._remembered_plan("a", choose("a")) == "plan a"
+    assert kernels._remembered_plan("a", choose("a")) == "plan a"
+    assert chosen == ["a"]
+    kernels._remembered_plan("b", choose("b"))
+    kernels._remembered_plan("c", choose("c"))  # full: forgets the others
+    assert chosen == ["a", "b", "c"] and len(kernels._PLANS) == 1
+
+
+def test_a_config_that_cannot_run_raises_every_time_and_is_not_remembered(monkeypatch):
+    # errors from checking a chosen config propagate (nothing remembered), also when the
+    # launcher would remember plans (CUDA operands; here forced on the CPU)
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(kernels, "_PLANS", {})
+    monkeypatch.setattr(kernels, "_plans_apply", lambda q: True)
+    monkeypatch.setitem(attention_ws._WS_DEFAULTS, ("fwd", 16, 32), attention_ws.FwdWsConfig())
+    monkeypatch.setattr(attention_ws, "default_config", lambda *args, **kwargs: attention_ws.FwdWsConfig())
+    layout = layouts.causal(32, 16)
+    q = torch.randn(1, 2, 32, 32)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="warp-specialized forward kernel"):
+            kernels.attention_forward(q, q, q, layout.meta_on("cpu", True), None, 1, 16, True, 0.1)
+    assert not kernels._PLANS

@@ -74,9 +74,19 @@ def arg_spec(arg) -> object:
         return None
     if kind in _DESCRIPTORS:  # a host-built TMA descriptor: its sizes by class, the rest by value (a Gluon
         # one also by the shared-memory layout its boxes land in)
-        return (kind, arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(map(arg_spec, arg.shape)),
-                tuple(map(arg_spec, arg.strides)), tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding)
+        return (kind, arg.base.dtype, arg.base.data_ptr() % 16 == 0, _int_specs(arg.shape), _int_specs(arg.strides),
+                tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding)
     raise _Unhandled(kind)
+
+
+def _int_specs(values) -> tuple:
+    """:func:`arg_spec` of each of a descriptor's sizes or strides (ints), in one pass: a
+    backward launch has eight descriptors of four of each."""
+    lo, hi = _INT32
+    specs = [(lo <= x < hi, x % 16 == 0, x == 1) for x in values]
+    if not all(type(x) is int for x in values):
+        raise _Unhandled(type(values))
+    return tuple(specs)
 
 
 def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tuple | None:

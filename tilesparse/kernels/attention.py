@@ -48,6 +48,37 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
 
 
 
+# The default kernels and configs chosen for an operand signature, remembered (CUDA only):
+# choosing them (the Hopper checks of every operand, the measured defaults) was a third of
+# the backward launcher's host time (twenty-fourth session). Keyed on all they read: each
+# operand's dtype, shape, strides and 16-byte alignment, the device, the layout's heads,
+# the block size and the mode.
+_PLANS: dict = {}
+_MAX_PLANS = 1024
+
+
+def _plans_apply(q: torch.Tensor) -> bool:
+    """Plans are remembered for CUDA operands (the CPU runs the interpreter in tests, which
+    patch the checks the plans would skip)."""
+    return q.is_cuda
+
+
+def _operand_signature(*tensors: torch.Tensor) -> tuple:
+    return tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
+
+
+def _remembered_plan(key, choose):
+    """``choose()`` for ``key``, remembered (CUDA operands; the first element of ``key`` is
+    the device)."""
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = choose()
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
 def _common(q, k, meta, layout_heads, block_size):
     B, H, S, D = q.shape
     if B * H > MAX_GRID_Y:
@@ -70,15 +101,21 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
     lse = new_output(B, H, S, dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    cfg = config or attention_ws.default_config("fwd", q, k, v, out, block_size, layout_heads) or attention_config(
-        "fwd", block_size, D, q.dtype)
+
+    def choose():
+        cfg = config or attention_ws.default_config("fwd", q, k, v, out, block_size, layout_heads) or \
+            attention_config("fwd", block_size, D, q.dtype)
+        ws = _check_config(cfg, attention_ws.FwdWsConfig, "config", "forward", q, k, v, out, block_size)
+        return cfg, ws, not ws and _tma_ok(cfg, D, d_tile, k, v)
+
+    cfg, ws, tma = choose() if config is not None or not _plans_apply(q) else _remembered_plan(
+        (q.device, "fwd", _operand_signature(q, k, v, out), block_size, layout_heads), choose)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
-    if _check_config(cfg, attention_ws.FwdWsConfig, "config", "forward", q, k, v, out, block_size):
+    if ws:
         attention_ws.launch_fwd_ws(q, k, v, out, lse, kpm, row_ptr, row_cols, nb, layout_heads, block_size, causal,
                                    key_padding_mask is not None, scale, cfg, meta)
         return out, lse
-    tma = _tma_ok(cfg, D, d_tile, k, v)
     if tma:
         ensure_allocator()
     launch(_fwd_kernel, (nb * (block_size // cfg.block_m), B * H),
@@ -174,24 +211,30 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         stored = attention_stored_ds.plan(B, H, Hkv, layout_heads, col_rows.numel(), block_size, q.dtype,
                                           q.numel() * q.element_size(), q.device)
     stored_ds = stored is not None
-    if configs is None:  # a measured warp-specialized default on Hopper (with deterministic=False, the dK/dV
-        # one adding dQ by TMA reductions where measured faster), else Triton's; with stored dS, dQ runs the
-        # Triton dq-from-dS kernel at the dQ config's tiles
-        configs = tuple((not (stored_ds and kind == "dq")
-                         and attention_ws.default_config(kind, q, k, v, grad_out, block_size, layout_heads,
-                                                         deterministic))
-                        or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
-    cfg_kv, cfg_q = configs
-    ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,
-                       deterministic)
-    ws_q = _check_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
-                         deterministic)
+
+    def choose(configs=configs):
+        if configs is None:  # a measured warp-specialized default on Hopper (with deterministic=False, the dK/dV
+            # one adding dQ by TMA reductions where measured faster), else Triton's; with stored dS, dQ runs the
+            # Triton dq-from-dS kernel at the dQ config's tiles
+            configs = tuple((not (stored_ds and kind == "dq")
+                             and attention_ws.default_config(kind, q, k, v, grad_out, block_size, layout_heads,
+                                                             deterministic))
+                            or attention_config(kind, block_size, D, q.dtype) for kind in ("dkdv", "dq"))
+        cfg_kv, cfg_q = configs
+        ws = _check_config(cfg_kv, attention_ws.DkdvWsConfig, "configs[0]", "dK/dV", q, k, v, grad_out, block_size,
+                           deterministic)
+        ws_q = _check_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
+                             deterministic)
+        return (cfg_kv, cfg_q, ws, ws_q, not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out),
+                not ws_q and _tma_ok(cfg_q, D, d_tile, k, v))
+
+    cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q = choose() if configs is not None or not _plans_apply(q) else _remembered_plan(
+        (q.device, "bwd", _operand_signature(q, k, v, grad_out), block_size, layout_heads, deterministic, stored_ds),
+        choose)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
                   INPUT_PRECISION=_input_precision(q.dtype))
-    tma_kv = not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out)
-    tma_q = not ws_q and _tma_ok(cfg_q, D, d_tile, k, v)
     if tma_kv or tma_q:
         ensure_allocator()
     dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
