@@ -28,6 +28,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import time
 import warnings
 
@@ -89,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pattern", default="local1024", choices=sorted(specs))
     parser.add_argument("--shape", type=int, nargs=4, default=[B, H, 2048, D])
     parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--flex", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -181,9 +183,13 @@ def main() -> None:
         if flex is not None:
             fns["flex_fwd_bwd"] = flex[1]
     row = {"shape": [B, H, S, D], "pattern": args.pattern}
-    for name, fn in fns.items():
-        row[f"{name}_host_us"] = host_us(fn, n=args.calls)
-        print(f"{name:24} host {row[f'{name}_host_us']:8.1f} us per call", flush=True)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(args.rounds):  # interleaved rounds (reversed every other one), medians: the host drifts
+        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            samples[name].append(host_us(fns[name], n=args.calls))
+    for name, times in samples.items():
+        row[f"{name}_host_us"] = statistics.median(times)
+        print(f"{name:24} host {row[f'{name}_host_us']:8.1f} us per call (median of {args.rounds})", flush=True)
     # the timeline of function_fwd_bwd_atomic: mean microseconds from each mark to the next
     marks.clear()
     for _ in range(args.calls):
