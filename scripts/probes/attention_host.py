@@ -24,6 +24,7 @@ bench.timing.host_us), checks for host-device synchronizations
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import cProfile
 import io
 import json
@@ -37,6 +38,7 @@ import torch
 from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 from tilesparse.bench.timing import host_us
 from tilesparse.kernels import attention as K
+from tilesparse.kernels import attention_ws
 from tilesparse.ops import attention as ops
 
 
@@ -67,6 +69,45 @@ def cpu_profile(fn, reps: int = 20, top: int = 25) -> str:
             fn()
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+
+
+def launch_costs(fn, reps: int = 50) -> dict[str, float]:
+    """Mean host microseconds per call of ``fn`` inside each kernel launch
+    (tilesparse.kernels._launch.launch: the launch spec, the descriptors' encoding, the
+    driver call), by kernel name, and in the Gluon host descriptors' construction."""
+    import sys as _sys
+
+    from tilesparse.kernels import _launch, attention_ws_base
+
+    spent: dict[str, float] = {}
+
+    def timed(name, real):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[name(args)] = spent.get(name(args), 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    real_launch, real_desc = _launch.launch, attention_ws_base.host_backward_descs
+    patched = [(m, attr, getattr(m, attr)) for m in list(_sys.modules.values())
+               if getattr(m, "__name__", "").startswith("tilesparse.kernels")
+               for attr in ("launch", "host_backward_descs") if getattr(m, attr, None) in (real_launch, real_desc)]
+    for module, attr, real in patched:
+        setattr(module, attr, timed((lambda a: f"launch {getattr(getattr(a[0], 'fn', a[0]), '__name__', '?')}") if attr == "launch"
+                                    else (lambda a: "host_backward_descs"), real))
+    try:
+        fn()
+        torch.cuda.synchronize()
+        spent.clear()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    finally:
+        for module, attr, real in patched:
+            setattr(module, attr, real)
+    return {name: secs / reps * 1e6 for name, secs in spent.items()}
 
 
 def synchronizations(fn) -> list[str]:
@@ -101,6 +142,9 @@ def main() -> None:
     meta, lh, scale = layout.meta_on(q.device, causal), layout.layout_heads, D ** -0.5
     out, lse = K.attention_forward(q, k, v, meta, None, lh, block, causal, scale)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    # the deterministic defaults with descriptors built by the kernels instead of the host
+    device_descs = tuple(dataclasses.replace(attention_ws.default_config(kind, q, k, v, g, block, lh), host_descs=False)
+                         for kind in ("dkdv", "dq"))
 
     def public_fwd_bwd(deterministic):
         def call():
@@ -169,6 +213,8 @@ def main() -> None:
         "kernel_bwd_det": lambda: K.attention_backward(g, q, k, v, out, lse, meta, None, lh, block, causal, scale),
         "kernel_bwd_atomic": lambda: K.attention_backward(g, q, k, v, out, lse, meta, None, lh, block, causal, scale,
                                                           deterministic=False),
+        "kernel_bwd_det_device_descs": lambda: K.attention_backward(g, q, k, v, out, lse, meta, None, lh, block,
+                                                                    causal, scale, configs=device_descs),
         "op_fwd": lambda: ops._fwd_op(q, k, v, meta, None, lh, block, causal, scale, True),
         "op_bwd_atomic": lambda: ops._bwd_op(g, q, k, v, out, lse, meta, None, lh, block, causal, scale, False),
         "public_fwd": public_fwd,
@@ -202,6 +248,11 @@ def main() -> None:
     row["timeline_us"] = {step: sum(times) / len(times) for step, times in steps.items()}
     for step, us in row["timeline_us"].items():
         print(f"  {step:45} {us:8.1f} us", flush=True)
+    for name in ("kernel_fwd", "kernel_bwd_det", "kernel_bwd_det_device_descs", "kernel_bwd_atomic",
+                 "public_fwd_bwd_det"):
+        row[f"{name}_launch_us"] = launch_costs(fns[name])
+        print(f"{name} host us per call in: " + ", ".join(f"{k} {v:.1f}" for k, v in row[f"{name}_launch_us"].items()),
+              flush=True)
     for name in ("kernel_fwd_bwd_atomic", "function_fwd_bwd_atomic", "public_fwd_bwd_atomic"):
         print(f"--- {name}, torch.profiler by self CPU time\n{cpu_profile(fns[name])}", flush=True)
     for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic", "public_fwd_bwd_det"):
