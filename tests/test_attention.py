@@ -493,6 +493,31 @@ def test_gpu_remembered_kernel_choice_follows_the_operands_alignment(monkeypatch
 
 
 @pytest.mark.gpu
+def test_gpu_concurrent_dq_gives_the_same_bits(monkeypatch):
+    # CONCURRENT_DQ: the deterministic backward's dQ kernel on a side stream beside dK/dV;
+    # the same kernels, so bitwise the same gradients, also replayed from a CUDA graph
+    layout = layouts.bigbird(1000, 128, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=4)
+    q, k, v, grad = make_inputs(2, 4, 2, 1000, 128, torch.bfloat16, device="cuda") + (
+        torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.bfloat16),)
+    meta, scale = layout.meta_on(q.device), 128 ** -0.5
+    out, lse = kernels.attention_forward(q, k, v, meta, None, 4, 128, False, scale)
+    backward = lambda: kernels.attention_backward(grad, q, k, v, out, lse, meta, None, 4, 128, False, scale)  # noqa: E731
+    want = backward()
+    monkeypatch.setattr(kernels, "CONCURRENT_DQ", True)
+    for _ in range(3):
+        assert all(map(torch.equal, backward(), want))
+    backward()  # warm (tables built) before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = backward()
+    for t in got:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(map(torch.equal, got, want))
+
+
+@pytest.mark.gpu
 def test_gpu_large_sequence_memory_is_linear():
     # S = 131072 at ~2 % density (b = 128: 1024 x 1024 blocks, ~20 per row). The dense
     # S x S scores would take 64 GiB in fp32; the peak must stay O(S * D + nnz).

@@ -104,6 +104,16 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults))):
             row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
             timed[f"bwd_default_host_{name}"] = lambda host=host: bwd(host)
+    # the deterministic default with its dQ kernel on a side stream beside dK/dV (CONCURRENT_DQ)
+    def concurrent():
+        K.CONCURRENT_DQ = True
+        try:
+            return bwd()
+        finally:
+            K.CONCURRENT_DQ = False
+
+    row["bwd_default_concurrent_same"] = all(map(torch.equal, concurrent(), want))
+    timed["bwd_default_concurrent"] = concurrent
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     timed["bwd_triton_atomic"] = lambda: bwd(triton, False)
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)

@@ -9,6 +9,9 @@ registered ops in :mod:`tilesparse.ops.attention` check user input.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from ..attention.layout import attention_table_views
@@ -46,6 +49,21 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
     return key_padding_mask.contiguous().view(torch.uint8)
 
 
+
+
+# The deterministic backward's warp-specialized dQ kernel reads nothing the dK/dV kernel writes:
+# with CONCURRENT_DQ it runs on a side stream beside it (joined before the backward returns),
+# so the GPU starts dQ's programs as dK/dV's last ones leave SMs free. Off until measured.
+CONCURRENT_DQ = os.environ.get("TILESPARSE_ATTENTION_CONCURRENT_DQ", "0") == "1"
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    """A stream per CUDA device for the dQ kernel run beside the dK/dV kernel."""
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 # The default kernels and configs chosen for an operand signature, remembered (CUDA only):
@@ -245,6 +263,10 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         ds = new_output(rows, col_rows.numel(), block_size, block_size, dtype=q.dtype, device=q.device)
         slots = attention_stored_ds.row_entry_slots(meta, layout_heads, nb)  # (first call: built before the launches)
     dq = None if dq_acc is not None else new_output(B, H, S, D, dtype=q.dtype, device=q.device)
+    side = None
+    if CONCURRENT_DQ and ws_q and not stored_ds and q.is_cuda:  # dQ beside dK/dV, after delta
+        main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
+        side.wait_stream(main)
     for chunk in chunks:
         _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
               scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common, meta)
@@ -262,8 +284,11 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if stored_ds:
         return dq, dk, dv
     if ws_q:
-        attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
-                                  block_size, causal, key_padding_mask is not None, scale, cfg_q, meta)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
+                                      block_size, causal, key_padding_mask is not None, scale, cfg_q, meta)
+        if side is not None:
+            main.wait_stream(side)
         return dq, dk, dv
     launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,
