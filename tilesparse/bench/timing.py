@@ -71,15 +71,18 @@ def bench_ms_noted(fn: Callable[[], object], *, cuda: bool, graph: bool = False)
 def interleaved_ms(fns: dict[str, Callable[[], object]], *, cuda: bool, rounds: int = 5,
                    rep_ms: int = 50) -> dict[str, float]:
     """Median milliseconds of each of ``fns`` over ``rounds`` rounds of :func:`bench_ms`,
-    the functions taken in turn within a round and in reverse order every other round, so
-    a drift of the (shared) GPU's clocks or load falls on all of them: for A/B choices
-    between variants a few percent apart, where separate timings swing by 5-10 %."""
+    the functions taken in turn within a round, each round starting one function later
+    and every other round reversed, so a drift of the (shared) GPU's clocks or load falls
+    on all of them: for A/B choices between variants a few percent apart, where separate
+    timings swing by 5-10 %. (With reversal alone the first-listed function read 3-5 %
+    slower than identical ones on the H200, twenty-fourth session.)"""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
+        turn = names[r % len(names):] + names[:r % len(names)]
+        for name in (turn if r % 2 == 0 else turn[::-1]):
             samples[name].append(bench_ms(fns[name], cuda=cuda, rep_ms=rep_ms))
     return {name: statistics.median(times) for name, times in samples.items()}
 
