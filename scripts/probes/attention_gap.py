@@ -32,7 +32,8 @@ from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 from tilesparse.bench.timing import host_us
 
 
-def python_profile(fn, reps: int = 20, top: int = 25) -> str:
+def python_profile(fn, reps: int = 20, top: int = 25, sort: str = "tottime") -> str:
+    """cProfile of ``reps`` calls of ``fn`` (after one), the ``top`` entries by ``sort``."""
     fn()
     torch.cuda.synchronize()
     prof = cProfile.Profile()
@@ -42,7 +43,7 @@ def python_profile(fn, reps: int = 20, top: int = 25) -> str:
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    pstats.Stats(prof, stream=text).sort_stats(sort).print_stats(top)
     return text.getvalue()
 
 

@@ -25,35 +25,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import cProfile
-import io
 import json
-import pstats
 import statistics
 import time
 import warnings
 
 import torch
+from attention_gap import python_profile  # this folder's
 
 from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 from tilesparse.bench.timing import host_us
 from tilesparse.kernels import attention as K
 from tilesparse.kernels import attention_ws
 from tilesparse.ops import attention as ops
-
-
-def cumulative_profile(fn, reps: int = 20, top: int = 30) -> str:
-    fn()
-    torch.cuda.synchronize()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(reps):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
-    return text.getvalue()
 
 
 def cpu_profile(fn, reps: int = 20, top: int = 25) -> str:
@@ -259,7 +243,7 @@ def main() -> None:
         row[f"{name}_syncs"] = synchronizations(fns[name])
         print(f"{name} synchronizations: {row[f'{name}_syncs']}", flush=True)
     for name in ("kernel_bwd_atomic", "public_fwd_bwd_atomic"):
-        print(f"--- {name}, cumulative\n{cumulative_profile(fns[name])}", flush=True)
+        print(f"--- {name}, cumulative\n{python_profile(fns[name], top=30, sort='cumulative')}", flush=True)
     if args.out:
         with open(args.out, "w") as fh:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": [row]}, fh, indent=1)
