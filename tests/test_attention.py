@@ -336,13 +336,59 @@ def test_eager_calls_skip_the_ops_and_give_their_results_bitwise(monkeypatch):
 
 
 def test_eager_attention_refuses_a_second_derivative():
+    # as the op path: gradients built with create_graph come from the registered backward op,
+    # which has no autograd formula, so differentiating them raises (a gradient penalty must
+    # not silently lose its dependence on q, k, v)
     layout = layouts.causal(32, 16)
     q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 32, 16, torch.float32))
     out = block_sparse_attention(q, k, v, layout, causal=True)
-    weight = torch.randn_like(out).requires_grad_()  # a gradient that itself needs gradients
-    (dq,) = torch.autograd.grad(out, q, weight, create_graph=True)
-    with pytest.raises(RuntimeError, match="twice"):
-        dq.sum().backward()
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    assert dq.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        (out.sum() + dq.pow(2).sum()).backward()
+
+
+def test_traced_and_transformed_calls_see_the_registered_op():
+    # meta tensors, fake tensors from a FakeTensorMode, make_fx, a dispatch mode and vmap see
+    # the op and its fake, as before eager calls skipped the op
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    layout = layouts.causal(32, 16)
+    q, k, v = make_inputs(1, 2, 2, 32, 16, torch.float32)
+    out = block_sparse_attention(*(t.to("meta") for t in (q, k, v)), layout, causal=True)
+    assert out.device.type == "meta" and out.shape == q.shape
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert type(block_sparse_attention(q, k, v, layout, causal=True)).__name__ == "FakeTensor"
+    graph = make_fx(lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True))(q, k, v)
+    assert "tilesparse.block_sparse_attention_fwd" in graph.code
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        block_sparse_attention(q, k, v, layout, causal=True)
+    assert any("tilesparse" in name for name in Seen.ops)
+    batched = torch.func.vmap(lambda q, k, v: block_sparse_attention(q, k, v, layout, causal=True))(
+        *(t.unsqueeze(0).expand(2, *t.shape) for t in (q, k, v)))
+    assert torch.equal(batched[1], block_sparse_attention(q, k, v, layout, causal=True))
+
+
+def test_compiled_autograd_traces_the_registered_backward():
+    torch._dynamo.reset()
+    layout = layouts.causal(32, 16)
+    q, k, v = (t.requires_grad_() for t in make_inputs(1, 2, 2, 32, 16, torch.float32))
+    want = torch.autograd.grad(block_sparse_attention(q, k, v, layout, causal=True).pow(2).sum(), (q, k, v))
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager", fullgraph=True)):
+        block_sparse_attention(q, k, v, layout, causal=True).pow(2).sum().backward()
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------- errors

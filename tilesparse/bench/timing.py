@@ -72,17 +72,17 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], *, cuda: bool, rounds: 
                    rep_ms: int = 50) -> dict[str, float]:
     """Median milliseconds of each of ``fns`` over ``rounds`` rounds of :func:`bench_ms`,
     the functions taken in turn within a round, each round starting one function later
-    and every other round reversed, so a drift of the (shared) GPU's clocks or load falls
-    on all of them: for A/B choices between variants a few percent apart, where separate
-    timings swing by 5-10 %. (With reversal alone the first-listed function read 3-5 %
-    slower than identical ones on the H200, twenty-fourth session.)"""
+    (each leads once every len(fns) rounds), so a drift of the (shared) GPU's clocks or
+    load falls on all of them: for A/B choices between variants a few percent apart, where
+    separate timings swing by 5-10 %. (Reversing every other round instead left the
+    first-listed function 3-5 % slower than identical ones on the H200, twenty-fourth
+    session.)"""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        turn = names[r % len(names):] + names[:r % len(names)]
-        for name in (turn if r % 2 == 0 else turn[::-1]):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(bench_ms(fns[name], cuda=cuda, rep_ms=rep_ms))
     return {name: statistics.median(times) for name, times in samples.items()}
 

@@ -82,11 +82,10 @@ def arg_spec(arg) -> object:
 def _int_specs(values) -> tuple:
     """:func:`arg_spec` of each of a descriptor's sizes or strides (ints), in one pass: a
     backward launch has eight descriptors of four of each."""
-    lo, hi = _INT32
-    specs = [(lo <= x < hi, x % 16 == 0, x == 1) for x in values]
     if not all(type(x) is int for x in values):
         raise _Unhandled(type(values))
-    return tuple(specs)
+    lo, hi = _INT32
+    return tuple([(lo <= x < hi, x % 16 == 0, x == 1) for x in values])
 
 
 def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tuple | None:

@@ -70,7 +70,9 @@ def _side_stream(device: torch.device):
 # choosing them (the Hopper checks of every operand, the measured defaults) was a third of
 # the backward launcher's host time (twenty-fourth session). Keyed on all they read: each
 # operand's dtype, shape, strides and 16-byte alignment, the device, the layout's heads,
-# the block size and the mode.
+# the block size and the mode. Not the module tables behind the choice (attention_ws's
+# _WS_DEFAULTS, _ATOMIC_DQ_DEFAULTS, _SHARED_LAYOUTS_ONLY): whoever edits them at run time
+# on CUDA clears _PLANS.
 _PLANS: dict = {}
 _MAX_PLANS = 1024
 
@@ -264,7 +266,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         slots = attention_stored_ds.row_entry_slots(meta, layout_heads, nb)  # (first call: built before the launches)
     dq = None if dq_acc is not None else new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     side = None
-    if CONCURRENT_DQ and ws_q and not stored_ds and q.is_cuda:  # dQ beside dK/dV, after delta
+    if CONCURRENT_DQ and ws_q and not stored_ds and q.is_cuda and (
+            q.device in _SIDE_STREAMS or not torch.cuda.is_current_stream_capturing()):
+        # dQ beside dK/dV, after delta (the side stream is made outside a CUDA graph capture)
         main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
         side.wait_stream(main)
     for chunk in chunks:
@@ -284,11 +288,14 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if stored_ds:
         return dq, dk, dv
     if ws_q:
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
-                                      block_size, causal, key_padding_mask is not None, scale, cfg_q, meta)
-        if side is not None:
-            main.wait_stream(side)
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb,
+                                          layout_heads, block_size, causal, key_padding_mask is not None, scale, cfg_q,
+                                          meta)
+        finally:
+            if side is not None:  # joined also when the launch raises (an open capture needs it)
+                main.wait_stream(side)
         return dq, dk, dv
     launch(_bwd_dq_kernel, (nb * (block_size // cfg_q.block_m), B * H),
         q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols,

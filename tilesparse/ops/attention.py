@@ -148,22 +148,37 @@ class _EagerAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, meta, key_padding_mask = ctx.saved_tensors
-        dq, dk, dv = _backward_grads(grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
+        args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
+        # with create_graph (a gradient penalty) or under compiled autograd: the registered op, as
+        # the op path: traced by compiled autograd, and its gradients refuse to be differentiated
+        # (no autograd formula) instead of silently dropping the penalty's dependence on q, k, v
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            dq, dk, dv = _bwd_op(*args)
+        else:
+            dq, dk, dv = _backward_grads(*args)
         return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _eager_eligible(q, k, v) -> bool:
+    """Whether a call may skip the registered op: plain CPU / CUDA tensors, run eagerly. Not
+    while torch.compile / export traces, under a dispatch mode (fake tensors, make_fx, a
+    logging mode) or a torch.func transform (vmap, grad), nor for tensor subclasses or meta
+    tensors: those see the op and its fake."""
+    return (not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in (q, k, v))
+            and q.device.type in ("cpu", "cuda") and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active())
 
 
 def _attend(q, k, v, meta, key_padding_mask, layout_heads: int, block_size: int, causal: bool, scale: float,
             deterministic: bool) -> torch.Tensor:
-    """The attention output through the registered op while torch.compile / export traces
-    (or for tensor subclasses: fake, functional, distributed), else through
-    :class:`_EagerAttention` (the same kernels, less host time)."""
+    """The attention output through :class:`_EagerAttention` (the same kernels, less host
+    time) where :func:`_eager_eligible`, else through the registered op."""
     args = (q, k, v, meta, key_padding_mask, layout_heads, block_size, causal, scale, deterministic)
-    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v)):
-        return _fwd_op(*args)[0]
-    return _EagerAttention.apply(*args)
+    if _eager_eligible(q, k, v):
+        return _EagerAttention.apply(*args)
+    return _fwd_op(*args)[0]
 
 
 # --------------------------------------------------------------------------- checks
