@@ -74,13 +74,31 @@ def test_compile_settings_are_part_of_the_key(monkeypatch):
     assert _launch._compile_knobs() != before
 
 
+def _with_default(x_ptr, n, B: tl.constexpr, MODE: tl.constexpr = 3):  # never launched here
+    pass
+
+
+def _names(tail):
+    return None if tail is None else tuple(name for name, _ in tail)
+
+
 def test_constexpr_tail_only_when_keywords_are_exactly_the_trailing_constexprs():
     kernel = JITFunction(_kernel)
     tail = _launch._constexpr_tail
-    assert tail(kernel, 3, ("FLAG", "B", "num_warps")) == ("B", "FLAG")  # the kernel's order
-    assert tail(kernel, 3, ("B",)) is None  # FLAG missing
+    assert _names(tail(kernel, 3, ("FLAG", "B", "num_warps"))) == ("B", "FLAG")  # the kernel's order
+    assert all(value is _launch._GIVEN for _, value in tail(kernel, 3, ("FLAG", "B")))
+    assert tail(kernel, 3, ("B",)) is None  # FLAG missing (no default)
     assert tail(kernel, 2, ("stride", "B", "FLAG")) is None  # a runtime parameter by keyword
     assert tail(kernel, 4, ("FLAG",)) is None  # a constexpr by position: its value would not be keyed
+
+
+def test_constexpr_tail_fills_in_defaults_not_given():
+    # a constexpr with a default the call leaves out (the persistent attention forward's
+    # MMA_REGS) is passed to the compiled launcher at its default, in the kernel's order
+    kernel = JITFunction(_with_default)
+    assert _launch._constexpr_tail(kernel, 2, ("B",)) == (("B", _launch._GIVEN), ("MODE", 3))
+    assert _launch._constexpr_tail(kernel, 2, ("MODE", "B")) == (("B", _launch._GIVEN), ("MODE", _launch._GIVEN))
+    assert _launch._constexpr_tail(kernel, 2, ("MODE",)) is None  # B has no default
 
 
 def test_constexpr_tail_takes_num_warps_when_the_kernel_declares_it():
@@ -92,7 +110,7 @@ def test_constexpr_tail_takes_num_warps_when_the_kernel_declares_it():
     names = tuple(p.name for p in kernel.params if p.is_constexpr)
     n_positional = len(kernel.params) - len(names)
     assert "num_warps" in names
-    assert _launch._constexpr_tail(kernel, n_positional, tuple(reversed(names))) == names
+    assert _names(_launch._constexpr_tail(kernel, n_positional, tuple(reversed(names)))) == names
     assert _launch._constexpr_tail(kernel, n_positional, tuple(n for n in names if n != "num_warps")) is None
 
 
@@ -242,3 +260,27 @@ def test_gpu_layer_on_a_device_that_is_not_current():
     dense = scatter_blocks(layer.weight.detach(), meta, rows, cols)
     assert dense.device == device and torch.equal(gather_blocks(dense, meta, rows, cols, 64), layer.weight.detach())
     torch.cuda.set_device(previous)
+
+
+@pytest.mark.gpu
+def test_gpu_persistent_attention_forward_launches_directly(monkeypatch):
+    # the persistent warp-specialized forward leaves a defaulted constexpr (MMA_REGS) out of
+    # its launch: the direct path fills in the default, gives Triton's bits and skips
+    # Triton's launch once remembered
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the warp-specialized kernel is written for sm90")
+    from tilesparse.attention import layouts
+    from tilesparse.kernels import attention as K
+
+    layout = layouts.local(1024, 128, 256, causal=True)
+    q, k, v = (torch.randn(2, 4, 1024, 128, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    meta = layout.meta_on(q.device, True)
+    forward = lambda: K.attention_forward(q, k, v, meta, None, 1, 128, True, 128 ** -0.5)  # noqa: E731
+    monkeypatch.setattr(_launch, "_ENABLED", False)
+    expected = forward()
+    monkeypatch.setattr(_launch, "_ENABLED", True)
+    for _ in range(2):
+        assert all(map(torch.equal, forward(), expected))
+    seen = _count_triton_runs(monkeypatch)
+    forward()
+    assert seen == []

@@ -88,19 +88,23 @@ def _int_specs(values) -> tuple:
     return tuple([(lo <= x < hi, x % 16 == 0, x == 1) for x in values])
 
 
+_GIVEN = object()  # in a constexpr tail: the value is the call's keyword
+
+
 def _constexpr_tail(kernel: JITFunction, n_positional: int, names: tuple) -> tuple | None:
-    """The keyword arguments' names in the kernel's parameter order when they are exactly
-    the constexpr parameters after the positional ones (the compiled launcher takes every
-    parameter in order), else None."""
+    """The constexpr parameters after the positional ones, in the kernel's order, as (name,
+    default) pairs (default ``_GIVEN`` where a keyword gives the value; the compiled
+    launcher takes every parameter in order), when the keywords are exactly such
+    parameters (and launch options) and every one not given has a default; else None."""
     key = (kernel, n_positional, names)
     if key not in _TAIL:
         params = kernel.params[n_positional:]
-        tail = {p.name for p in params}
+        tail, given = {p.name for p in params}, set(names)
         # every keyword is a constexpr parameter after the positional ones or a launch option;
         # a Gluon kernel also declares its option ``num_warps`` as a constexpr parameter
         fits = (all(p.is_constexpr for p in params) and not any(p.is_constexpr for p in kernel.params[:n_positional])
-                and tail <= set(names) and set(names) - tail <= _OPTIONS)
-        _TAIL[key] = tuple(p.name for p in params) if fits else None
+                and all(p.name in given or p.has_default for p in params) and given - tail <= _OPTIONS)
+        _TAIL[key] = tuple((p.name, _GIVEN if p.name in given else p.default) for p in params) if fits else None
     return _TAIL[key]
 
 
@@ -169,4 +173,5 @@ def _launch_current(kernel, grid: tuple, device: int, args: tuple, kwargs: dict)
         return
     g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
     compiled.run(g0, g1, g2, driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata,
-                 None, None, None, *args, *[kwargs[name] for name in tail_names])
+                 None, None, None, *args,
+                 *[kwargs[name] if default is _GIVEN else default for name, default in tail_names])
