@@ -33,7 +33,7 @@ import warnings
 import torch
 from attention_gap import python_profile  # this folder's
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import _make_fns, probe_inputs, suite_patterns
 from tilesparse.bench.timing import host_us
 from tilesparse.kernels import attention as K
 from tilesparse.kernels import attention_ws
@@ -120,10 +120,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     B, H, S, D = args.shape
-    q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    spec = specs[args.pattern]
-    layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
-    meta, lh, scale = layout.meta_on(q.device, causal), layout.layout_heads, D ** -0.5
+    layout, causal, (q, k, v, g), meta, scale, row = probe_inputs(specs[args.pattern], B, H, S, D, block, tensors=4)
+    lh = layout.layout_heads
     out, lse = K.attention_forward(q, k, v, meta, None, lh, block, causal, scale)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     # the deterministic defaults with descriptors built by the kernels instead of the host
@@ -212,7 +210,7 @@ def main() -> None:
         flex = _make_fns("flex", qg, kg, vg, layout, causal, args.pattern, g)[0]
         if flex is not None:
             fns["flex_fwd_bwd"] = flex[1]
-    row = {"shape": [B, H, S, D], "pattern": args.pattern}
+    row["shape"] = [B, H, S, D]
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(args.rounds):  # interleaved rounds (reversed every other one), medians: the host drifts
         for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):

@@ -87,9 +87,11 @@ def _operand_signature(*tensors: torch.Tensor) -> tuple:
     return tuple((t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors)
 
 
-def _remembered_plan(key, choose):
-    """``choose()`` for ``key``, remembered (CUDA operands; the first element of ``key`` is
-    the device)."""
+def _remembered_plan(key, choose, remember: bool = True):
+    """``choose()`` for ``key``, remembered where ``remember`` (the launchers: no config given
+    and :func:`_plans_apply`; the first element of ``key`` is the device)."""
+    if not remember:
+        return choose()
     plan = _PLANS.get(key)
     if plan is None:
         plan = choose()
@@ -128,8 +130,8 @@ def attention_forward(q, k, v, meta, key_padding_mask, layout_heads: int, block_
         ws = _check_config(cfg, attention_ws.FwdWsConfig, "config", "forward", q, k, v, out, block_size)
         return cfg, ws, not ws and _tma_ok(cfg, D, d_tile, k, v)
 
-    cfg, ws, tma = choose() if config is not None or not _plans_apply(q) else _remembered_plan(
-        (q.device, "fwd", _operand_signature(q, k, v, out), block_size, layout_heads), choose)
+    cfg, ws, tma = _remembered_plan((q.device, "fwd", _operand_signature(q, k, v, out), block_size, layout_heads),
+                                    choose, remember=config is None and _plans_apply(q))
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout_heads, nb)
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     if ws:
@@ -248,9 +250,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         return (cfg_kv, cfg_q, ws, ws_q, not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out),
                 not ws_q and _tma_ok(cfg_q, D, d_tile, k, v))
 
-    cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q = choose() if configs is not None or not _plans_apply(q) else _remembered_plan(
+    cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q = _remembered_plan(
         (q.device, "bwd", _operand_signature(q, k, v, grad_out), block_size, layout_heads, deterministic, stored_ds),
-        choose)
+        choose, remember=configs is None and _plans_apply(q))
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,
