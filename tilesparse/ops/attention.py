@@ -149,15 +149,14 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, meta, key_padding_mask = ctx.saved_tensors
-        args = (grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
-        # with create_graph (a gradient penalty) or under compiled autograd: the registered op, as
-        # the op path: traced by compiled autograd, and its gradients refuse to be differentiated
-        # (no autograd formula) instead of silently dropping the penalty's dependence on q, k, v
+        # with create_graph (a gradient penalty) or under compiled autograd: the op path's backward
+        # (the registered backward op; its ctx is saved the same way): traced by compiled autograd,
+        # and its gradients refuse to be differentiated (no autograd formula) instead of silently
+        # dropping the penalty's dependence on q, k, v
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            dq, dk, dv = _bwd_op(*args)
-        else:
-            dq, dk, dv = _backward_grads(*args)
+            return _backward(ctx, grad_out, None)
+        q, k, v, out, lse, meta, key_padding_mask = ctx.saved_tensors
+        dq, dk, dv = _backward_grads(grad_out, q, k, v, out, lse, meta, key_padding_mask, *ctx.params)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
