@@ -269,6 +269,11 @@ def attention_ws_cases(quick: bool):
                                                                 ((128, 128, 128, 128, 2, True, False),) if quick else
                                                                 ((128, 128, 128, 128, 2, True, False),
                                                                  (128, 64, 128, 128, 2, False, True)))
+    # the default's: delta = rowsum(dO · O) computed in the kernel (DqWsConfig.delta)
+    row_cases["dQ overlap two consumers host_descs ordered delta"] = (
+        attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
+        ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 128, 2, False, True)))
+    row_cases["dQ delta"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -282,7 +287,8 @@ def attention_ws_cases(quick: bool):
             if "CONSUMERS" in fn.arg_names:  # the defaulted constexprs, named (else typed as runtime ints)
                 const.update(CONSUMERS=1, MMA_REGS=232)
             if kind.startswith("dQ"):
-                const.update(OVERLAP="overlap" in kind, HOST_DESCS="host_descs" in kind, ORDERED=kind.endswith("ordered"))
+                const.update(OVERLAP="overlap" in kind, HOST_DESCS="host_descs" in kind,
+                             ORDERED=kind.endswith(("ordered", "ordered delta")), DELTA=kind.endswith("delta"))
             if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
                 # synchronous b 128 one
                 const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
@@ -296,5 +302,7 @@ def attention_ws_cases(quick: bool):
             sig = _attention_signature(fn, "bf16", const)
             if const.get("HOST_DESCS"):
                 _host_desc_types(sig, block_m, block_n, head_dim, qo, kv)
+                if const.get("DELTA"):  # the output's tile too
+                    sig["o_ptr"] = _desc_type("bf16", block_m, head_dim, qo)
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
                    sig, const, const["num_warps"], stages, None, GluonASTSource)

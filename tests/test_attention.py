@@ -393,7 +393,15 @@ def test_gpu_remembered_kernel_choice_follows_the_operands_alignment(monkeypatch
 @pytest.mark.gpu
 def test_gpu_concurrent_dq_gives_the_same_bits(monkeypatch):
     # CONCURRENT_DQ: the deterministic backward's dQ kernel on a side stream beside dK/dV;
-    # the same kernels, so bitwise the same gradients, also replayed from a CUDA graph
+    # the same kernels, so bitwise the same gradients, also replayed from a CUDA graph. (The
+    # dQ kernel there reads the delta kernel's delta: so does the default it is compared
+    # with, not computing delta itself)
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(attention_ws, "_WS_DEFAULTS", {
+        key: dataclasses.replace(cfg, delta=False) if key[0] == "dq" else cfg
+        for key, cfg in attention_ws._WS_DEFAULTS.items()})
+    monkeypatch.setattr(kernels, "_PLANS", {})  # (kernel choices remembered under the shipped defaults)
     layout = layouts.bigbird(1000, 128, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed(), num_heads=4)
     q, k, v, grad = make_inputs(2, 4, 2, 1000, 128, torch.bfloat16, device="cuda") + (
         torch.randn(2, 4, 1000, 128, device="cuda", dtype=torch.bfloat16),)

@@ -385,3 +385,34 @@ def test_a_config_that_cannot_run_raises_every_time_and_is_not_remembered(monkey
         with pytest.raises(ValueError, match="warp-specialized forward kernel"):
             kernels.attention_forward(q, q, q, layout.meta_on("cpu", True), None, 1, 16, True, 0.1)
     assert not kernels._PLANS
+
+
+@pytest.mark.parametrize("delta,out_aligned", [(True, True), (False, True), (True, False)],
+                         ids=["delta", "no-delta", "delta-but-o-unaligned"])
+def test_dq_config_with_delta_runs_first_and_replaces_the_delta_kernel(monkeypatch, delta, out_aligned):
+    # DqWsConfig.delta: the dQ kernel computes delta from O, so it launches first (given O)
+    # and the dK/dV kernel reads what it wrote; the delta kernel is not launched. Without
+    # it, or where O's rows are not 16-byte aligned (no TMA descriptor): the delta kernel,
+    # dK/dV, then dQ reading delta. (Launchers stubbed: CPU tensors.)
+    from tilesparse.kernels import attention_ws
+
+    monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
+    calls = []
+    monkeypatch.setattr(attention_ws, "launch_dq_ws", lambda *a, out=None, **kw: calls.append(("dq", out, a[5])))
+    monkeypatch.setattr(attention_ws, "launch_dkdv_ws", lambda *a, **kw: calls.append(("dkdv", None, a[5])))
+    monkeypatch.setattr(kernels, "launch", lambda fn, *a, **kw: calls.append((fn.__name__, None, None)))
+    layout = layouts.local(512, 128, 256)
+    q, k, v, out, grad = (torch.randn(1, 2, 512, 128, dtype=torch.bfloat16) for _ in range(5))
+    if not out_aligned:
+        out = torch.randn(1, 2, 512, 129, dtype=torch.bfloat16)[..., :128]
+    lse = torch.zeros(1, 2, 512)
+    configs = (attention_ws.DkdvWsConfig(64, 2, consumers=2),
+               attention_ws.DqWsConfig(128, 128, 2, consumers=2, delta=delta))
+    kernels.attention_backward(grad, q, k, v, out, lse, layout.meta_on(q.device), None, 1, 128, False, 0.1,
+                               configs=configs)
+    names = [name for name, _, _ in calls]
+    if delta and out_aligned:
+        assert names == ["dq", "dkdv"]
+        assert calls[0][1] is out and calls[0][2] is calls[1][2]  # O given; dK/dV reads the delta it wrote
+    else:
+        assert names == ["_bwd_preprocess_kernel", "dkdv", "dq"] and calls[2][1] is None

@@ -233,6 +233,61 @@ def test_two_consumer_and_overlapped_backward_kernels_equal_the_one_consumer_one
         assert_close(g, want, dtype, name)
 
 
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D,S", [(128, 2000), (64, 1000)])
+def test_dq_kernel_computing_delta(D, S, causal, kpm_kind):
+    # DqWsConfig.delta: the dQ kernel computes delta = rowsum(dO · O) and writes it for the
+    # dK/dV kernel after it (no delta kernel). Against the reference and the configs that read
+    # the delta kernel's; bitwise deterministic; a row's sum takes the same additions for one
+    # or two consumers and any tile rows, so those configs give the same bits
+    dtype, b = torch.bfloat16, 128
+    layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, kpm_kind)
+    fwd = kernels.attention_config("fwd", b, D, dtype)
+    dkdv = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, host_descs=True, balanced=True)
+    dq = attention_ws.DqWsConfig(128, 128, 2, consumers=2, overlap=True, host_descs=True, balanced=True)
+    got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
+                      configs=(fwd, dkdv, dataclasses.replace(dq, delta=True)))[2]
+    again = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out,
+                        configs=(fwd, dkdv, dataclasses.replace(dq, delta=True)))[2]
+    assert all(map(torch.equal, got, again)), "gradients must be bitwise deterministic"
+    for other in (attention_ws.DqWsConfig(128, 64, 2, delta=True), attention_ws.DqWsConfig(64, 64, 3, delta=True)):
+        got_other = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, dkdv, other))[2]
+        assert all(map(torch.equal, got_other, got)), f"{other}: not the same bits"
+    read = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, dkdv, dq))[2]
+    assert all(rel_error(a, r) < 1e-2 for a, r in zip(got, read))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for name, g, want in zip(("dq", "dk", "dv"), got, ref_grads):
+        assert_close(g, want, dtype, name)
+
+
+def test_dq_kernel_delta_matches_the_delta_kernel():
+    # the delta it writes: rowsum(dO · O) in fp32, as the delta kernel's to rounding; the
+    # buffer poisoned beforehand, nothing written past its end (a row past S of the last
+    # head would land there; one of another head would overwrite the next head's row 0)
+    from tilesparse.kernels.attention_ws_dq import launch_dq_ws
+
+    S, D, b = 1000, 128, 128
+    layout, q, k, v, grad_out, _ = _bigbird_gqa_case(S, D, None)
+    meta = layout.meta_on(q.device)
+    out, lse = kernels.attention_forward(q, k, v, meta, None, layout.layout_heads, b, False, D ** -0.5)
+    want = (out.double() * grad_out.double()).sum(-1)
+    poisoned = torch.full((q.shape[0] * q.shape[1] * S + 256,), float("nan"), device="cuda")
+    delta = poisoned[:-256].view(*q.shape[:2], S)
+    dq = torch.empty_like(q)
+    views = kernels.attention_table_views(meta, layout.layout_heads, layout.num_blocks)
+    with pytest.raises(ValueError, match="out must be given exactly when delta is set"):
+        launch_dq_ws(q, k, v, grad_out, lse, delta, dq, None, views[0], views[2], layout.num_blocks,
+                     layout.layout_heads, b, False, False, D ** -0.5, attention_ws.DqWsConfig(128, 128, 2, delta=True))
+    launch_dq_ws(q, k, v, grad_out, lse, delta, dq, None, views[0], views[2], layout.num_blocks, layout.layout_heads,
+                 b, False, False, D ** -0.5, attention_ws.DqWsConfig(128, 128, 2, delta=True), out=out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(delta).all()
+    assert torch.allclose(delta.double(), want, rtol=1e-5, atol=1e-4)
+    assert torch.isnan(poisoned[-256:]).all(), "rows past S written"
+
+
 @pytest.mark.parametrize("block_m,overlap,consumers", [(128, True, 2), (128, False, 1), (64, False, 1)],
                          ids=["overlap-two-consumers", "sync", "two-row-tiles-per-block"])
 @pytest.mark.parametrize("programs", [5, None], ids=["5-programs", "one-per-sm"])

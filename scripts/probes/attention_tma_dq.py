@@ -14,6 +14,7 @@ reduction (``kernels/_tma_reduce.py``), which the Triton kernel's 2.75 ms used.
     python scripts/probes/attention_tma_dq.py --out attention-tma-dq.json [--flex]
     TMA_DQ_VARIANTS=ws_tma_shared_stats,ws_tma_shared_fa3 python scripts/probes/attention_tma_dq.py ...
     TMA_DQ_ROUNDS=7 ... (interleaved timing rounds; default 5)
+    TMA_DQ_HOST=delta,no_delta TMA_DQ_CONCURRENT=0 ... (a subset of the deterministic rows)
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save devic
     VARIANTS = {name: VARIANTS[name] for name in _wanted}
 
 
+# TMA_DQ_HOST: a comma-separated subset of the deterministic default's variants below (dkdv, both,
+# persistent, balanced, grid_order, delta, no_delta); all where unset
+HOST_VARIANTS = os.environ["TMA_DQ_HOST"].split(",") if os.environ.get("TMA_DQ_HOST") else None
+# TMA_DQ_CONCURRENT=0 skips the CONCURRENT_DQ row
+CONCURRENT = os.environ.get("TMA_DQ_CONCURRENT", "1") != "0"
+
 # TMA_DQ_ROUNDS: each pattern's backward variants are timed in this many interleaved rounds
 # (bench.timing.interleaved_ms; medians), so that the shared GPU's drifts (5-10 % between
 # one variant's timing and the next in the twenty-fourth session) fall on all of them
@@ -101,8 +108,19 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
                            ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False), defaults[1])),
                            ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
-                           ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults))):
-            row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, bwd(host), want))
+                           ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults)),
+                           # delta computed by the dQ kernel, which runs first (no delta kernel; not the same
+                           # bits: delta's sum is another order)
+                           ("delta", (defaults[0], dataclasses.replace(defaults[1], delta=True))),
+                           ("no_delta", (defaults[0], dataclasses.replace(defaults[1], delta=False)))):
+            if HOST_VARIANTS is not None and name not in HOST_VARIANTS:
+                continue
+            got = bwd(host)
+            if "delta" in name:
+                row[f"bwd_default_host_{name}_rel_err"] = _relative_error(got, want)
+                row[f"bwd_default_host_{name}_deterministic"] = all(map(torch.equal, bwd(host), got))
+            else:
+                row[f"bwd_default_host_{name}_same"] = all(map(torch.equal, got, want))
             timed[f"bwd_default_host_{name}"] = lambda host=host: bwd(host)
     # the deterministic default with its dQ kernel on a side stream beside dK/dV (CONCURRENT_DQ)
     def concurrent():
@@ -112,8 +130,9 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
         finally:
             K.CONCURRENT_DQ = False
 
-    row["bwd_default_concurrent_same"] = all(map(torch.equal, concurrent(), want))
-    timed["bwd_default_concurrent"] = concurrent
+    if CONCURRENT:
+        row["bwd_default_concurrent_same"] = all(map(torch.equal, concurrent(), want))
+        timed["bwd_default_concurrent"] = concurrent
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     timed["bwd_triton_atomic"] = lambda: bwd(triton, False)
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)
@@ -134,7 +153,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
 def describe(name: str, row: dict) -> str:
     errs = "  ".join(f"{key}: {value:.2e}" if isinstance(value, float) else f"{key}: {value}"
-                     for key, value in row.items() if key.endswith(("_rel_err", "_error", "_same")))
+                     for key, value in row.items() if key.endswith(("_rel_err", "_error", "_same", "_deterministic")))
     return f"{name:10} d {row['density']:.3f}  {probe_times(row)}  {errs}"
 
 

@@ -10,13 +10,14 @@ registered ops in :mod:`tilesparse.ops.attention` check user input.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 import torch
 
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
-from . import attention_stored_ds, attention_ws
+from . import attention_stored_ds, attention_ws, attention_ws_dq
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .attention_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel, _fwd_kernel
 from .bsmm_tma import ensure_allocator
@@ -206,7 +207,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     """(dq, dk, dv) in the inputs' dtypes: delta = rowsum(dO * O), then the dK/dV kernel
     over the CSC columns and the dQ kernel over the CSR rows (``configs`` = (dkdv, dq); a
     ``attention_ws.DkdvWsConfig`` first / ``DqWsConfig`` second runs the Hopper
-    warp-specialized dK/dV / dQ kernel).
+    warp-specialized dK/dV / dQ kernel). A ``DqWsConfig`` with ``delta`` runs first and
+    computes delta itself, for the dK/dV kernel after it (no delta kernel).
     ``deterministic=False``: the dK/dV kernel (Triton's, or the warp-specialized one with
     ``atomic_dq=True``) also adds each block pair's dQ share into an fp32 buffer by
     atomics or TMA reductions (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
@@ -221,10 +223,6 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     if dk.numel() == 0:
         return new_output(B, H, S, D, dtype=q.dtype, device=q.device), dk, dv
     delta = new_output(B, H, S, dtype=torch.float32, device=q.device)
-    launch(_bwd_preprocess_kernel, (cdiv(S, 64), B * H),
-        out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
-        D=D, D_TILE=d_tile, BLOCK_M=64,
-    )
     row_ptr, col_ptr, row_cols, col_rows = attention_table_views(meta, layout_heads, nb)
     # dQ from dS stored by the dK/dV kernel (attention_stored_ds; either dK/dV kernel stores it),
     # in chunks of heads where the workspace would pass its budget
@@ -268,11 +266,24 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         slots = attention_stored_ds.row_entry_slots(meta, layout_heads, nb)  # (first call: built before the launches)
     dq = None if dq_acc is not None else new_output(B, H, S, D, dtype=q.dtype, device=q.device)
     side = None
-    if CONCURRENT_DQ and ws_q and not stored_ds and q.is_cuda and (
+    dq_ws = ws_q and dq_acc is None and not stored_ds  # the warp-specialized dQ kernel runs
+    if dq_ws and CONCURRENT_DQ and q.is_cuda and (
             q.device in _SIDE_STREAMS or not torch.cuda.is_current_stream_capturing()):
         # dQ beside dK/dV, after delta (the side stream is made outside a CUDA graph capture)
         main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
-        side.wait_stream(main)
+    delta_in_dq = dq_ws and cfg_q.delta and side is None and attention_ws_dq.out_reason(out, q) is None
+    if dq_ws and cfg_q.delta and not delta_in_dq:  # beside dK/dV (or O unreadable by TMA), dQ reads delta
+        cfg_q = dataclasses.replace(cfg_q, delta=False)
+    if delta_in_dq:  # the dQ kernel computes delta and writes it; dK/dV reads it after
+        attention_ws.launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb, layout_heads,
+                                  block_size, causal, key_padding_mask is not None, scale, cfg_q, meta, out=out)
+    else:
+        launch(_bwd_preprocess_kernel, (cdiv(S, 64), B * H),
+            out, grad_out, delta, S, H, *out.stride()[:3], *grad_out.stride()[:3],
+            D=D, D_TILE=d_tile, BLOCK_M=64,
+        )
+        if side is not None:
+            side.wait_stream(main)
     for chunk in chunks:
         _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
               scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common, meta)
@@ -287,7 +298,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
             )
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
-    if stored_ds:
+    if stored_ds or delta_in_dq:
         return dq, dk, dv
     if ws_q:
         try:

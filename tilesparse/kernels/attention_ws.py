@@ -221,15 +221,23 @@ def _fwd_ws_kernel(
 # 1.766 -> 1.652, fixed 1.777 -> 1.860, random 10 % 1.359 -> 1.376): not there. Twenty-fourth session
 # (...-attention-balanced-d64-ea17eb4.json): at D 64 too, BigBird 1.359 -> 1.219 ms, fixed 1.303 ->
 # 1.263, random 10 % 1.035 -> 1.031 (local 1024 gets no table), bitwise the same.
+# Twenty-fifth session (...-attention-delta-smem-d{128,64}-549e36d.json, 7 interleaved rounds; the
+# working tree on 549e36d):
+# the dQ kernel computes delta itself (delta: O's tile loaded after Q and dO, summed before the
+# walk) and runs first, the delta kernel gone: D 128 local 1024 1.945 -> 1.911 ms, BigBird 1.855
+# -> 1.832, random 10 % 1.591 -> 1.586, causal 6.212 -> 6.156; D 64 local 1024 1.251 -> 1.235,
+# BigBird 1.216 -> 1.177, random 10 % 1.027 -> 0.989; bitwise the same gradients (its sums
+# are the delta kernel's). O loaded into registers at the start instead (...-delta-registers-d128-549e36d):
+# -2.4 % to +2.5 %, not kept.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
-                                 balanced=True),
+                                 balanced=True, delta=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
                                      balanced=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
-                                balanced=True),
+                                balanced=True, delta=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True, balanced=True),
 }
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only

@@ -262,16 +262,25 @@ class DqWsConfig(_RowWalkConfig):
     TMA descriptors (Q, K, V, dO) built on the host and passed in, instead of by every
     program on the device before its first load; ``balanced``: the programs launch in the
     order of :mod:`tilesparse.kernels.attention_launch_order` (long rows first) where the
-    layout's row lengths make the grid's order end on a few long programs."""
+    layout's row lengths make the grid's order end on a few long programs; ``delta``: each
+    program computes its rows' delta = rowsum(dO · O) itself from O (its dO tile is in
+    shared memory already) and writes it for the dK/dV kernel, which then runs after this
+    one: the backward's separate delta kernel (a pass over O and dO) is gone."""
 
     overlap: bool = False
     host_descs: bool = False
     balanced: bool = False
+    delta: bool = False
     _QUERY_TILES = 2
 
     def __post_init__(self):
         super().__post_init__()
-        check_bools(self, "overlap", "host_descs", "balanced")
+        check_bools(self, "overlap", "host_descs", "balanced", "delta")
+
+    def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
+        """As ``_RowWalkConfig``'s, plus the output's tile with ``delta``."""
+        extra = self.block_m * head_dim * element_bytes if self.delta else 0
+        return super().shared_bytes(block_size, head_dim, element_bytes) + extra
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,13 +337,15 @@ def _grid_item(order_ptr, extent, ORDERED: gl.constexpr):
 @gluon.jit
 def _row_ws_load(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, LOAD_DO: gl.constexpr,
-                 ORDERED: gl.constexpr = False):
+                 ORDERED: gl.constexpr = False, o_desc=None, LOAD_O: gl.constexpr = False):
     """Producer (one warp) of the row walks (forward, dQ): the query tile's Q (and dO)
     once, then for each key block of the query block's CSR row, its K and V tiles.
-    ORDERED (dQ): the program's tile from the launch-order table, ``tables[6]``."""
+    ORDERED (dQ): the program's tile from the launch-order table, ``tables[6]``. LOAD_O
+    (dQ computing delta): after Q and dO, the output's tile by ``o_desc`` into ``bufs[4]``
+    on barrier ``bars[3]``."""
     q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_bufs, v_bufs = bufs
-    q_bar, ready_bars, empty_bars = bars
+    q_smem, do_smem, k_bufs, v_bufs = bufs[0], bufs[1], bufs[2], bufs[3]
+    q_bar, ready_bars, empty_bars = bars[0], bars[1], bars[2]
     row_ptr_ptr, row_cols_ptr = tables[0], tables[1]
     H, GROUP, NB, L_HEADS = sizes[1], sizes[2], sizes[3], sizes[4]
     M_SPLIT: gl.constexpr = BS // BLOCK_M
@@ -351,6 +362,9 @@ def _row_ws_load(descs, bufs, bars, tables, sizes,
         mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)
         tma.async_copy_global_to_shared(do_desc, [bz, h, row0, 0], q_bar, do_smem)
+        if LOAD_O:
+            mbarrier.expect(bars[3], o_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(o_desc, [bz, h, row0, 0], bars[3], bufs[4])
     else:
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bz, h, row0, 0], q_bar, q_smem)

@@ -14,19 +14,20 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from ._device import sm_count
 from ._launch import launch
 from .attention_launch_order import launch_order
-from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _grid_item, _layouts, _needs_mask,
-                                _one_shot_barrier, _row_keep, _row_ws_load, host_backward_descs)
+from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _grid_item, _head_desc, _layouts, _needs_mask,
+                                _one_shot_barrier, _row_keep, _row_ws_load, host_backward_descs, host_head_desc)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
-__all__ = ["launch_dq_ws"]
+__all__ = ["launch_dq_ws", "out_reason"]
 
 
 @gluon.jit
 def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
-               OVERLAP: gl.constexpr, num_warps: gl.constexpr, ORDERED: gl.constexpr = False):
+               OVERLAP: gl.constexpr, num_warps: gl.constexpr, ORDERED: gl.constexpr = False,
+               DELTA: gl.constexpr = False):
     """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
     dS, dQ += dS K (dS from registers), synchronous wgmma (OVERLAP: S and dP asynchronous,
     below); then dQ * scale stored with
@@ -34,10 +35,14 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     ROLE * BLOCK_M / 2 .. of the tile, on its own warpgroup and barrier arrivals.
     OVERLAP: S and dP are issued together as asynchronous wgmma and P is computed under
     dP's (the same products in the same order: bitwise the synchronous consumer's).
-    ORDERED: the program's tile from the launch-order table (``tables[6]``)."""
+    ORDERED: the program's tile from the launch-order table (``tables[6]``). DELTA: the
+    rows' delta = rowsum(dO · O), from the O tile the producer loads into shared memory
+    after Q and dO (``bufs[4]``, barrier ``bars[3]``) and the dO tile, before the walk (in
+    the walk, with S and dP live, it spilled), written to ``delta_ptr`` for the dK/dV
+    kernel (see :func:`_rows_delta`) instead of read from it."""
     q_desc, k_desc, v_desc, do_desc = descs
-    q_smem, do_smem, k_bufs, v_bufs = bufs
-    q_bar, ready_bars, empty_bars = bars
+    q_smem, do_smem, k_bufs, v_bufs, o_smem = bufs
+    q_bar, ready_bars, empty_bars, o_bar = bars
     row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr, order_ptr = tables
     S, H, GROUP, NB, L_HEADS, qk_scale, scale = sizes
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -58,7 +63,8 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     m_ok = offs_m < S
     lse = gl.load(lse_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
     lse = gl.where(lse == float("-inf"), 0.0, lse) * 1.4426950408889634
-    delta = gl.load(delta_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
+    if not DELTA:
+        delta = gl.load(delta_ptr + bh.to(gl.int64) * S + offs_m, mask=m_ok, other=0.0)
     dq = gl.zeros((ROWS, D), dtype=gl.float32, layout=o_layout)
     s_zero = gl.zeros((ROWS, BLOCK_N), dtype=gl.float32, layout=s_layout)
     lh = (bh % H) % L_HEADS
@@ -67,6 +73,11 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     mbarrier.wait(q_bar, 0)
     q = q_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
     do = do_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
+    if DELTA:  # (while the first K and V tiles land)
+        mbarrier.wait(o_bar, 0)
+        o = o_smem.reshape([BLOCK_M, D]).slice(ROLE * ROWS, ROWS)
+        delta = gl.convert_layout(_rows_delta(o, do, row0, delta_ptr + bh.to(gl.int64) * S, S, ROWS, D, num_warps),
+                                  gl.SliceLayout(1, s_layout))
     step = 0
     for t in range(start * N_STEPS, end * N_STEPS):
         kblk = gl.load(row_cols_ptr + t // N_STEPS)
@@ -99,23 +110,49 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
 
 
+@gluon.constexpr_function
+def _delta_layout(D, num_warps):
+    """[rows, D] with 8 consecutive columns per thread and a row over min(D / 8, 32) lanes:
+    a row's sum then takes the same additions whatever the tile's rows and warps, so every
+    dQ config that computes delta computes the same bits."""
+    lanes = min(D // 8, 32)
+    return gl.BlockedLayout([1, 8], [32 // lanes, lanes], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _rows_delta(o_smem, do_smem, row0, delta_row_ptr, S, ROWS: gl.constexpr, D: gl.constexpr,
+                num_warps: gl.constexpr):
+    """delta = rowsum(dO · O) in fp32 for rows row0 .. row0 + ROWS (the O and dO tiles in
+    shared memory, read in :func:`_delta_layout`), stored at ``delta_row_ptr + row``
+    (rows < S). The delta kernel's layout: the H200 gave its bits (D 128 and 64)."""
+    layout: gl.constexpr = _delta_layout(D, num_warps)
+    o = o_smem.load(layout)
+    do = do_smem.load(layout)
+    delta = gl.sum(o.to(gl.float32) * do.to(gl.float32), axis=1)
+    rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    gl.store(delta_row_ptr + rows, delta, mask=rows < S)
+    return delta
+
+
 @gluon.jit
 def _bwd_dq_ws_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr, order_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, kpm_ptr, row_ptr_ptr, row_cols_ptr, order_ptr, o_ptr,
     B, S, H, HKV, GROUP, NB, L_HEADS, qk_scale, scale,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds,
+    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, sob, soh, sos,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
-    HOST_DESCS: gl.constexpr = False, ORDERED: gl.constexpr = False,
+    HOST_DESCS: gl.constexpr = False, ORDERED: gl.constexpr = False, DELTA: gl.constexpr = False,
 ):
     """Program (query tile, batch * head), as ``_bwd_dq_kernel`` (ORDERED: a 1-D grid, each
     program's (query tile, batch * head) from entry program_id(0) of ``order_ptr``, the
     launch-order table); descriptors over
     [B, H, S, D] and [B, Hkv, S, D] (zero-filled past S), built on the device (HOST_DESCS:
     q_ptr, k_ptr, v_ptr and do_ptr are host-built descriptors).
-    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each."""
+    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each.
+    DELTA: delta = rowsum(dO · O) computed from O (``o_ptr``, strides ``sob, soh, sos``; a
+    host-built descriptor with HOST_DESCS) and written to ``delta_ptr``, not read from it."""
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
                                                       (skb, skh, sks), (svb, svh, svs), (sdb, sdh, sds), BLOCK_M,
                                                       BLOCK_N, qo_layout, kv_layout, HOST_DESCS)
@@ -126,32 +163,56 @@ def _bwd_dq_ws_kernel(
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, BLOCK_N, D], kv_layout)
     q_bar = _one_shot_barrier()
     ready_bars, empty_bars = _alloc_ring(STAGES, CONSUMERS)
+    if DELTA:  # O's tile, loaded after Q and dO
+        o_desc = o_ptr if HOST_DESCS else _head_desc(o_ptr, B, H, S, D, sob, soh, sos, BLOCK_M, qo_layout)
+        o_smem = gl.allocate_shared_memory(dtype, [1, 1, BLOCK_M, D], qo_layout)
+        o_bar = _one_shot_barrier()
+    else:  # (unused)
+        o_desc, o_smem, o_bar = do_desc, do_smem, q_bar
     descs = (q_desc, k_desc, v_desc, do_desc)
-    bufs = (q_smem, do_smem, k_bufs, v_bufs)
-    bars = (q_bar, ready_bars, empty_bars)
+    bufs = (q_smem, do_smem, k_bufs, v_bufs, o_smem)
+    bars = (q_bar, ready_bars, empty_bars, o_bar)
     tables = (row_ptr_ptr, row_cols_ptr, lse_ptr, delta_ptr, kpm_ptr, dq_ptr, order_ptr)
     sizes = (S, H, GROUP, NB, L_HEADS, qk_scale, scale)
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps, ORDERED)),
+                          OVERLAP, num_warps, ORDERED, DELTA)),
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
-                          OVERLAP, num_warps, ORDERED)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED)),
+                          OVERLAP, num_warps, ORDERED, DELTA)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED, o_desc, DELTA)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps, ORDERED)),
-            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED)),
+                          OVERLAP, num_warps, ORDERED, DELTA)),
+            (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED, o_desc, DELTA)),
         ], [1], [LOAD_REGS])
 
 
+def out_reason(out, q) -> str | None:
+    """Why the kernel cannot read ``out`` (the forward's output) to compute delta, or None."""
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        return f"must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device, got {tuple(out.shape)} {out.dtype}"
+    if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st * out.element_size() % 16 or st == 0
+                                                          for st in out.stride()[:3]):
+        return f"needs unit stride along D and 16-byte-aligned strides (a TMA descriptor's), got {out.stride()}"
+    return None
+
+
 def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
-                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig, meta=None) -> None:
+                 block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DqWsConfig, meta=None,
+                 out=None) -> None:
     """dq (contiguous [B, H, S, D]) of the block-sparse attention, as ``_bwd_dq_kernel``
     computes it; with ``cfg.balanced`` and the packed tables ``meta`` (whose views row_ptr
-    and row_cols are), the programs launch in the order remembered on ``meta``."""
+    and row_cols are), the programs launch in the order remembered on ``meta``. ``out``
+    (the forward's output O, rows contiguous) given: the kernel computes delta =
+    rowsum(dO · O) and writes it into ``delta`` (needs ``cfg.delta``); else it reads delta."""
+    if (out is not None) != cfg.delta:
+        raise ValueError(f"cfg={cfg}: out must be given exactly when delta is set (the kernel computes delta from it)")
+    why = None if out is None else out_reason(out, q)
+    if why is not None:
+        raise ValueError(f"out: {why}")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, cfg.block_n, D, q.dtype)
@@ -164,10 +225,12 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
     grid = (nb * m_split, B * H) if order is None else (order.numel(),)
     launch(_bwd_dq_ws_kernel, grid,
         *operands, lse, delta, dq, kpm, row_ptr, row_cols, row_ptr if order is None else order,
+        q if out is None else host_head_desc(out, cfg.block_m, qo_layout) if cfg.host_descs else out,
         B, S, H, hkv, H // hkv, nb, layout_heads, scale * LOG2E, scale,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
+        *(out.stride()[:3] if out is not None else (0, 0, 0)),
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        HOST_DESCS=cfg.host_descs, ORDERED=order is not None,
+        HOST_DESCS=cfg.host_descs, ORDERED=order is not None, DELTA=cfg.delta,
     )
