@@ -35,8 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 
 from ._device import shared_memory_bytes
 from ._launch import launch
-from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load)
+from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _a_operand, _layouts, _needs_mask,
+                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _wgmma_layout)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
@@ -78,11 +78,9 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     N_STEPS: gl.constexpr = BS // BLOCK_N
     dtype: gl.constexpr = k_bufs.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, num_warps)
+    o_layout: gl.constexpr = _wgmma_layout(D, num_warps)
+    p_operand: gl.constexpr = _a_operand(o_layout)
     step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loop carries a tensor
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     m_ok = offs_m < S

@@ -71,6 +71,18 @@ def host_backward_descs(q, k, v, grad_out, q_rows: int, kv_rows: int, qo_layout,
             host_head_desc(v, kv_rows, kv_layout), host_head_desc(grad_out, q_rows, qo_layout))
 
 
+@gluon.constexpr_function
+def _wgmma_layout(n, num_warps):
+    """The wgmma accumulator layout of a [16 * num_warps rows, ``n``] tile (16 rows per warp)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _a_operand(accumulator_layout):
+    """A 16-bit wgmma A operand from registers, for the product accumulating in ``accumulator_layout``."""
+    return gl.DotOperandLayout(operand_index=0, parent=accumulator_layout, k_width=2)
+
+
 @gluon.jit
 def _one_shot_barrier():
     """An mbarrier completed by one arrival (with its expected bytes): a tile loaded once

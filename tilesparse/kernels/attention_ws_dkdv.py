@@ -37,8 +37,8 @@ from ._device import sm_count
 from ._launch import launch
 from ._tma_reduce import async_reduce_add
 from .attention_launch_order import launch_order
-from .attention_ws_base import (LOG2E, DkdvWsConfig, _backward_descs, _grid_item, _layouts, _one_shot_barrier,
-                                _probabilities, host_backward_descs, host_head_desc)
+from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
+                                _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _dkdv_ws_load, _walk_position
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
@@ -128,21 +128,18 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     KEYS: gl.constexpr = BS // CONSUMERS  # this consumer's key rows
     dtype: gl.constexpr = q_desc.dtype
     # sT, pT, dpT: [BS keys, BLOCK_M queries]; dK, dV: [BS keys, D]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M, num_warps)
+    o_layout: gl.constexpr = _wgmma_layout(D, num_warps)
     # pT and dsT as wgmma's A operand from registers
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    p_operand: gl.constexpr = _a_operand(o_layout)
     # STORE_DS's stores: 8 consecutive queries (16 bytes) per thread, BLOCK_M // 8 threads per row
     ds_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (BLOCK_M // 8), BLOCK_M // 8],
                                                warps_per_cta=[num_warps, 1], order=[1, 0])
     # ATOMIC_DQ: dS [BLOCK_M queries, keys] as the A operand of dQ = dS K, the share [BLOCK_M, DQ_N]
     # in the dQ descriptor's boxes (the kernel picks their width)
     DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
-    dq_acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                            instr_shape=[16, DQ_N, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_acc_layout, k_width=2)
+    dq_acc_layout: gl.constexpr = _wgmma_layout(DQ_N, num_warps)
+    ds_operand: gl.constexpr = _a_operand(dq_acc_layout)
     bz = bhk // HKV
     hkv = bhk % HKV
     if ATOMIC_DQ:

@@ -14,8 +14,9 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from ._device import sm_count
 from ._launch import launch
 from .attention_launch_order import launch_order
-from .attention_ws_base import (LOG2E, DqWsConfig, _backward_descs, _grid_item, _head_desc, _layouts, _needs_mask,
-                                _one_shot_barrier, _row_keep, _row_ws_load, host_backward_descs, host_head_desc)
+from .attention_ws_base import (LOG2E, DqWsConfig, _a_operand, _backward_descs, _grid_item, _head_desc, _layouts,
+                                _needs_mask, _one_shot_barrier, _row_keep, _row_ws_load, _wgmma_layout,
+                                host_backward_descs, host_head_desc)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -50,11 +51,9 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     N_STEPS: gl.constexpr = BS // BLOCK_N
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS  # this consumer's query rows
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    ds_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, num_warps)
+    o_layout: gl.constexpr = _wgmma_layout(D, num_warps)
+    ds_operand: gl.constexpr = _a_operand(o_layout)
     pid, bh = _grid_item(order_ptr, NB * M_SPLIT, ORDERED)
     qblk = pid // M_SPLIT
     bz = bh // H

@@ -34,7 +34,7 @@ from ._device import sm_count
 from ._launch import launch
 from .attention_schedule import persistent_schedule
 from .attention_ws import _fwd_row, _softmax_step, _store_row
-from .attention_ws_base import LOG2E, FwdWsConfig, _layouts, _qkv_descs, _row_kv_fill
+from .attention_ws_base import LOG2E, FwdWsConfig, _a_operand, _layouts, _qkv_descs, _row_kv_fill, _wgmma_layout
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
 
@@ -148,11 +148,9 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
     STAGES: gl.constexpr = k_bufs.type.shape[0]
     N_STEPS: gl.constexpr = BS // BLOCK_N
     dtype: gl.constexpr = k_bufs.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, D, 16])
-    p_operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, num_warps)
+    o_layout: gl.constexpr = _wgmma_layout(D, num_warps)
+    p_operand: gl.constexpr = _a_operand(o_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     step = gl.to_tensor(step)
     offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
