@@ -32,3 +32,20 @@ def test_attention_2_4_small_batch_and_ws_kernels_compile_for_sm90():
     # asynchronous (the script fails a grouped case whose ptxas report says C7512)
     grouped = [line for line in ws if line.startswith("ok    ws group")]
     assert {("a_from_registers=True" in line) for line in grouped} == {True, False}
+
+
+def test_ptx_fingerprint_ignores_debug_information_only():
+    # scripts/sm90_ptx_fingerprints.py: a refactor that moves lines or adds helper functions
+    # changes .loc lines, inlined-scope labels and the DWARF sections, not the fingerprint;
+    # a changed instruction changes it
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from sm90_ptx_fingerprints import fingerprint
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    ptx = ("\t.loc\t1 317 0   // k.py:317:0\n$L__tmp9:\n\tadd.s32 \t%r1, %r2, %r3;  // k.py:317\n"
+           "\tbra.uni \t$L__tmp9;\n\t.file\t1 \"/a/k.py\"\n.b8 83  // DW_AT_call_line\n")
+    moved = ("\t.loc\t1 314 0   // k.py:314:0\n$L__tmp12:\n\tadd.s32 \t%r1, %r2, %r3;  // k.py:314\n"
+             "\tbra.uni \t$L__tmp12;\n\t.file\t1 \"/b/k.py\"\n.b8 80  // DW_AT_call_line\n")
+    assert fingerprint(ptx) == fingerprint(moved)
+    assert fingerprint(ptx) != fingerprint(ptx.replace("add.s32", "sub.s32"))

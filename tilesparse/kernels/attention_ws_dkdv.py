@@ -39,7 +39,7 @@ from ._tma_reduce import async_reduce_add
 from .attention_launch_order import launch_order
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
-from .attention_ws_dkdv_load import _dkdv_ws_load, _walk_position
+from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
 
@@ -166,12 +166,9 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
         h = hkv * GROUP + g
         lh = h % L_HEADS
         bh = (bz * H + h).to(gl.int64)
-        start = gl.load(col_ptr_ptr + lh * NB + kblk)
-        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
+        start, end = _column_bounds(col_ptr_ptr, lh, NB, kblk)
         for i in range(start * M_STEPS, end * M_STEPS):
-            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
-            qblk = gl.load(col_rows_ptr + t // M_STEPS)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ATOMIC_DQ)
             offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = offs_m < S
             if not STATS_SMEM:

@@ -28,6 +28,23 @@ def _walk_position(i, start, end, kblk, M_STEPS: gl.constexpr, ATOMIC_DQ: gl.con
 
 
 @gluon.jit
+def _column_bounds(col_ptr_ptr, lh, NB, kblk):
+    """[start, end): key block ``kblk``'s entries in the CSC tables of layout head ``lh``."""
+    return gl.load(col_ptr_ptr + lh * NB + kblk), gl.load(col_ptr_ptr + lh * NB + kblk + 1)
+
+
+@gluon.jit
+def _column_tile(i, start, end, kblk, col_rows_ptr, BS: gl.constexpr, BLOCK_M: gl.constexpr,
+                 ATOMIC_DQ: gl.constexpr):
+    """(walk position t, query block, first row) of the column walk's i-th query tile: the
+    one place the producer and the consumers, which must walk alike, take it from."""
+    M_STEPS: gl.constexpr = BS // BLOCK_M
+    t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
+    qblk = gl.load(col_rows_ptr + t // M_STEPS)
+    return t, qblk, qblk * BS + (t % M_STEPS) * BLOCK_M
+
+
+@gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                   PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False):
@@ -75,12 +92,9 @@ def _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, it,
     for g in range(0, GROUP):
         h = hkv * GROUP + g
         lh = h % L_HEADS
-        start = gl.load(col_ptr_ptr + lh * NB + kblk)
-        end = gl.load(col_ptr_ptr + lh * NB + kblk + 1)
+        start, end = _column_bounds(col_ptr_ptr, lh, NB, kblk)
         for i in range(start * M_STEPS, end * M_STEPS):
-            t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
-            qblk = gl.load(col_rows_ptr + t // M_STEPS)
-            row = qblk * BS + (t % M_STEPS) * BLOCK_M
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ATOMIC_DQ)
             if STATS_SMEM:
                 _copy_stats(step, row, (bz * H + h).to(gl.int64) * S, S, lse_ptr, delta_ptr, stat_bufs, ready_bars,
                             empty_bars, BLOCK_M)
