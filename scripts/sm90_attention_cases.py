@@ -22,7 +22,8 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
-        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr", "order_ptr")):
+        elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr", "order_ptr", "ranks_ptr",
+                            "sem_ptr")):
             sig[name] = "*i32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{dtype}"
@@ -96,7 +97,8 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
-                    host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False):
+                    host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False,
+                    ordered_dq: bool = False):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
@@ -104,7 +106,8 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
     stored through the staging tiles (``staged_stores``); ``host``: host-built descriptors
     (``host_descs``) in place of q, k, v, dO and dQ's buffer; ``persistent``: items in turn;
     ``ordered``: a 1-D grid in the launch-order table's order (``balanced``); ``store_ds``
-    (mode 0): each dSᵀ tile also stored to the workspace."""
+    (mode 0): each dSᵀ tile also stored to the workspace; ``ordered_dq`` (mode 2, ordered): dQ's
+    shares added in a fixed order behind semaphores, by a dQ writer warp."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
@@ -116,7 +119,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
-                 HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered)
+                 HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered, ORDERED_DQ=ordered_dq)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         _host_desc_types(sig, 64, block, head_dim, qo, kv)
@@ -129,7 +132,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
              + (" staged_stores" if staged else "") + (" host_descs" if host else "")
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
-             + (" store_ds" if store_ds else ""))
+             + (" store_ds" if store_ds else "") + (" ordered_dq" if ordered_dq else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -165,7 +168,7 @@ def attention_ws_cases(quick: bool):
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
                      dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
-                     HOST_DESCS=False, PERSISTENT=False, ORDERED=False)
+                     HOST_DESCS=False, PERSISTENT=False, ORDERED=False, ORDERED_DQ=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -229,6 +232,14 @@ def attention_ws_cases(quick: bool):
     for mode, head_dim, causal, kpm, overlap, stats, (mma_regs, load_regs), staged, host, store_ds in ordered:
         yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, overlap, stats, mma_regs=mma_regs,
                          load_regs=load_regs, staged=staged, host=host, ordered=True, store_ds=store_ds)
+    # ordered_dq: the shared-dS shares added in a fixed order by a dQ writer warp (the deterministic 5-product
+    # backward; per case: D, causal, key padding, FlashAttention-3's order)
+    ordered_dq = ((128, True, False, True),) if quick else \
+        ((128, True, False, True), (128, False, True, True), (128, True, False, False), (64, False, False, True))
+    for head_dim, causal, kpm, fa3 in ordered_dq:
+        yield _dkdv_case(fn, 2, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
+                         mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, host=True, ordered=True,
+                         ordered_dq=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

@@ -58,7 +58,11 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_stats_staged_host": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                                      staged_stores=True, host_descs=True),
             "ws_tma_stats_staged_host_balanced": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True,
-                                                              staged_stores=True, host_descs=True, balanced=True)}
+                                                              staged_stores=True, host_descs=True, balanced=True),
+            # the shipped D 128 mode with its shares added in a fixed order by a dQ writer warp (ordered_dq:
+            # deterministic, 5 products; no staged stores; layouts whose order would wait: an error row)
+            "ws_tma_shared_fa3_host_ordered": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
+                                                           ordered_dq=True)}
 
 
 if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time
@@ -142,6 +146,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             continue
         row[f"{name}_rel_err"] = _relative_error(got, want)
+        if cfg.ordered_dq:  # deterministic: the same bits again
+            row[f"{name}_repeat_same"] = all(map(torch.equal, bwd((cfg, triton[1]), False), got))
         timed[f"bwd_{name}"] = lambda cfg=cfg: bwd((cfg, triton[1]), False)
     for name, ms in interleaved_ms(timed, cuda=True, rounds=ROUNDS).items():
         row[f"{name}_ms"] = ms

@@ -165,6 +165,8 @@ def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_siz
         cfg.check(block_size)
         return False
     atomic = getattr(cfg, "atomic_dq", None)  # None: the kernel has no atomic-dQ mode (dQ, forward)
+    if atomic and cfg.ordered_dq:  # its adds in a fixed order: deterministic
+        atomic = not deterministic
     why = attention_ws.ws_supported(q, k, v, third, block_size, cfg)
     if why is None and atomic is None and not deterministic:
         why = "has no atomic-dQ mode (deterministic=False)"
@@ -212,7 +214,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     ``deterministic=False``: the dK/dV kernel (Triton's, or the warp-specialized one with
     ``atomic_dq=True``) also adds each block pair's dQ share into an fp32 buffer by
     atomics or TMA reductions (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
-    then depend on the order the adds land in). A dK/dV config with ``two_pass`` walks
+    then depend on the order the adds land in; a ``DkdvWsConfig`` with ``ordered_dq`` adds them
+    in a fixed order instead: deterministic either way). A dK/dV config with ``two_pass`` walks
     each key tile's column twice (dV, then dK; one fp32 accumulator live at a time).
     With ``attention_stored_ds`` on (and no configs given), the dK/dV kernel stores each
     pair's dS and dQ is one product per pair over the rows (deterministic, 5 matmuls)."""
@@ -257,7 +260,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                   INPUT_PRECISION=_input_precision(q.dtype))
     if tma_kv or tma_q:
         ensure_allocator()
-    dq_acc = None if deterministic else torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
+    # dQ added by reductions (deterministic=False, or in order: DkdvWsConfig.ordered_dq) into fp32
+    adds = not deterministic or (ws and cfg_kv.atomic_dq)
+    dq_acc = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device) if adds else None
     ds = slots = None
     chunks = [None]  # one launch over every head
     if stored_ds:  # every tile of every pair of a chunk is written by the dK/dV kernel

@@ -35,8 +35,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import sm_count
 from ._launch import launch
+from ._ordered_adds import count_done, wait_turn
 from ._tma_reduce import async_reduce_add
 from .attention_launch_order import launch_order
+from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
@@ -58,13 +60,67 @@ def _add_share(dq_desc, stage, share, coord):
 
 
 @gluon.jit
+def _hand_share(stage, share, full, empty, phase):
+    """ORDERED_DQ: ``share`` into the staging tile once the dQ writer has freed it (its
+    use ``phase``), then handed to the writer (``full``)."""
+    mbarrier.wait(empty, phase ^ 1)
+    stage.reshape(share.type.shape).store(share)
+    fence_async_shared()
+    mbarrier.arrive(full, count=1)
+
+
+@gluon.jit
+def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
+    query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
+    added into dQ when its turn comes (the shares ranked before it counted), and counted and
+    freed once it has landed, off the consumers' path."""
+    dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
+    col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
+    H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
+    M_STEPS: gl.constexpr = BS // BLOCK_M
+    DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
+    kblk, bhk = _grid_item(tables[9], NB, True)
+    bhk = bhk + BHK_OFFSET
+    bz = bhk // HKV
+    hkv = bhk % HKV
+    step = gl.to_tensor(0)
+    last_sem = gl.to_tensor(0).to(gl.int64)
+    pending = gl.to_tensor(0)
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        bh = (bz * H + h).to(gl.int64)
+        start, end = _column_bounds(col_ptr_ptr, h % L_HEADS, NB, kblk)
+        for i in range(start * M_STEPS, end * M_STEPS):
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, False)
+            rank = gl.load(ranks_ptr + t // M_STEPS)
+            sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
+            buf = step % 2
+            # the last tile's two shares landed: counted, their staging tiles freed
+            count_done(sem_ptr + last_sem, pending, 1)
+            count_done(sem_ptr + last_sem + 1, pending, 1)
+            if step > 0:
+                mbarrier.arrive(dq_empty.index(1 - buf), count=1)
+                mbarrier.arrive(dq_empty.index(2 + 1 - buf), count=1)
+            for role in gl.static_range(2):
+                mbarrier.wait(dq_full.index(role * 2 + buf), (step // 2) & 1)
+                wait_turn(sem_ptr + sem + role, rank, 1)
+                async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
+            last_sem = sem
+            pending = gl.to_tensor(1)
+            step += 1
+    count_done(sem_ptr + last_sem, pending, 1)
+    count_done(sem_ptr + last_sem + 1, pending, 1)
+
+
+@gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
                  CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                  ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr = False,
                  out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False,
-                 ORDERED: gl.constexpr = False):
+                 ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
     """A consumer partition: :func:`_dkdv_ws_item` for the program's key block (ORDERED:
     the launch-order table's entry), or (PERSISTENT) for each item of its share in turn,
     the ring and staging positions carried."""
@@ -77,13 +133,13 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
             step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
                                           step, reduces, it & 1, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS,
                                           CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES,
-                                          out_smem_layout, PERSISTENT)
+                                          out_smem_layout, PERSISTENT, ORDERED_DQ)
             it += 1
     else:
         kblk, bhk = _grid_item(tables[9], NB, ORDERED)
         _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk + BHK_OFFSET, 0, 0, 0,
                       BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ,
-                      num_warps, STAGED_STORES, out_smem_layout, PERSISTENT)
+                      num_warps, STAGED_STORES, out_smem_layout, PERSISTENT, ORDERED_DQ)
 
 
 @gluon.jit
@@ -92,7 +148,7 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                   CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                   CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                   ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr,
-                  out_smem_layout: gl.constexpr, PERSISTENT: gl.constexpr):
+                  out_smem_layout: gl.constexpr, PERSISTENT: gl.constexpr, ORDERED_DQ: gl.constexpr = False):
     """A consumer partition's work (16 key rows per warp) for key block ``kblk`` of (batch *
     kv head) ``bhk``, its ring position ``step`` on, its ``reduces``-th staging tile on (mode
     1), K and V loaded once ``kv_bar`` completes phase ``kv_phase``; returns (step,
@@ -117,11 +173,16 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     together, Pᵀ under dPᵀ, the dSᵀ exchange under dV, dQ then dK issued, the reduction
     under dK, the stage released after the last wait. STAGED_STORES (with ATOMIC_DQ): dK and
     dV leave through this consumer's two staging tiles, idle once its reductions have read
-    them (``out_smem_layout``), in 16-byte stores instead of the accumulator layout's 4-byte ones."""
+    them (``out_smem_layout``), in 16-byte stores instead of the accumulator layout's 4-byte ones.
+    ORDERED_DQ (ATOMIC_DQ 2): the column walked in the host's order (``col_rows`` is
+    :func:`attention_ordered_dq.ordered_tables`' walk, not rotated), each share handed to
+    the dQ writer (:func:`_dkdv_dq_writer`) through the staging tiles instead of added here."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
-    kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, _ = tables
+    kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
+    dq_full, dq_empty = bars[6], bars[7]  # (ORDERED_DQ: the staging tiles handed to the dQ writer)
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr = tables[0], tables[1], tables[2], tables[3]
+    kpm_ptr, dk_ptr, dv_ptr, ds_ptr = tables[4], tables[5], tables[6], tables[7]
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK = sizes
     STAGES: gl.constexpr = q_bufs.type.shape[0]
     M_STEPS: gl.constexpr = BS // BLOCK_M
@@ -162,13 +223,14 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     k = k_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     v = v_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     step = gl.to_tensor(step)  # (as reduces)
+    ROTATE: gl.constexpr = ATOMIC_DQ != 0 and not ORDERED_DQ  # (the producer and the dQ writer walk alike)
     for g in range(0, GROUP):
         h = hkv * GROUP + g
         lh = h % L_HEADS
         bh = (bz * H + h).to(gl.int64)
         start, end = _column_bounds(col_ptr_ptr, lh, NB, kblk)
         for i in range(start * M_STEPS, end * M_STEPS):
-            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ATOMIC_DQ)
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ROTATE)
             offs_m = row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
             m_ok = offs_m < S
             if not STATS_SMEM:
@@ -208,7 +270,11 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                 dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
                 dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))  # dQ done, dK in flight
                 mbarrier.arrive(ds_free.index(buf), count=1)
-                _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
+                if ORDERED_DQ:
+                    _hand_share(dq_bufs.index(ROLE * 2 + buf), dq_part * scale, dq_full.index(ROLE * 2 + buf),
+                                dq_empty.index(ROLE * 2 + buf), (step // 2) & 1)
+                else:
+                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
                 dk, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsT_op))
                 mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma of the tile has been waited for
             else:
@@ -249,7 +315,12 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                     dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
                                             dq_zero, use_acc=False)
                     mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
-                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
+                    if ORDERED_DQ:
+                        _hand_share(dq_bufs.index(ROLE * 2 + buf), dq_part * scale, dq_full.index(ROLE * 2 + buf),
+                                    dq_empty.index(ROLE * 2 + buf), (step // 2) & 1)
+                    else:
+                        _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale,
+                                   [bz, h, row, ROLE * DQ_N])
                 elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
                     ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
                     for c in gl.static_range(D // DQ_N):
@@ -310,7 +381,7 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, order_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
+    dq_acc_ptr, order_ptr, ranks_ptr, sem_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
@@ -319,13 +390,18 @@ def _bwd_dkdv_ws_kernel(
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
+    ORDERED_DQ: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, key-block major; ORDERED: a 1-D grid, program p taking the item of
     entry p of ``order_ptr`` (the launch-order table). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
-    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each."""
+    CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
+    ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth
+    partition, the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`)."""
+    gl.static_assert(not ORDERED_DQ or (ATOMIC_DQ == 2 and ORDERED and not PERSISTENT),
+                     "ORDERED_DQ: the shared-dS atomic mode, launched in its order table, not persistent")
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
@@ -366,27 +442,45 @@ def _bwd_dkdv_ws_kernel(
         mbarrier.init(kv_free, count=CONSUMERS)
     else:
         kv_free = kv_bar  # not used
-    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free)
-    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr)
+    if ORDERED_DQ:  # each consumer's two staging tiles handed to the dQ writer (full) and back (empty)
+        gl.static_assert(not STAGED_STORES, "ORDERED_DQ: the staging tiles are the dQ writer's until it frees them")
+        dq_full, dq_empty = _alloc_ring(4, 1)
+    else:
+        dq_full, dq_empty = ready_bars, empty_bars  # not used
+    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free, dq_full, dq_empty)
+    tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr,
+              ranks_ptr, sem_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
-    if CONSUMERS == 2:
+    if ORDERED_DQ:  # the consumers, the producer and the dQ writer
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED)),
+                            ORDERED, ORDERED_DQ)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED)),
+                            ORDERED, ORDERED_DQ)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
-                             ORDERED)),
+                             ORDERED, ORDERED_DQ)),
+            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+        ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
+    elif CONSUMERS == 2:
+        gl.warp_specialize([
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
+                            ORDERED, ORDERED_DQ)),
+            (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
+                            OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
+                            ORDERED, ORDERED_DQ)),
+            (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
+                             ORDERED, ORDERED_DQ)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED)),
+                            ORDERED, ORDERED_DQ)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
-                             ORDERED)),
+                             ORDERED, ORDERED_DQ)),
         ], [1], [LOAD_REGS])
 
 
@@ -447,13 +541,26 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
     order = None if meta is None or not cfg.balanced or (first, end) != (0, B * hkv) else launch_order(
         meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device), head_major_long=cfg.atomic_dq)
+    ranks = sems = None
+    if cfg.ordered_dq:  # its walk and ranks, its launch order, a zeroed semaphore per (b * h, tile, consumer)
+        if meta is None or (first, end) != (0, B * hkv):
+            raise ValueError(f"cfg={cfg}: ordered_dq needs the layout's tables (meta) and every kv head")
+        tables = ordered_tables(meta, layout_heads, nb)
+        if tables is None:
+            raise ValueError(f"cfg={cfg}: this layout's shares cannot be ordered cheaply (some would wait on a "
+                             "program that reaches their query tile no earlier), or the order was first asked for "
+                             "inside a CUDA graph capture; use the deterministic two-kernel backward")
+        col_rows, ranks = tables
+        order = launch_table_on(meta, nb, B * hkv)
+        sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
     if cfg.persistent:
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:
         grid = (nb, end - first) if order is None else (order.numel(),)
     launch(_bwd_dkdv_ws_kernel, grid,
         *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4],
-        col_ptr if order is None else order, B, S, H, hkv,
+        col_ptr if order is None else order, col_ptr if ranks is None else ranks, col_ptr if sems is None else sems,
+        B, S, H, hkv,
         H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale, end - first,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
@@ -465,6 +572,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
-        ORDERED=order is not None,
+        ORDERED=order is not None, ORDERED_DQ=cfg.ordered_dq,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

@@ -35,11 +35,12 @@ def _column_bounds(col_ptr_ptr, lh, NB, kblk):
 
 @gluon.jit
 def _column_tile(i, start, end, kblk, col_rows_ptr, BS: gl.constexpr, BLOCK_M: gl.constexpr,
-                 ATOMIC_DQ: gl.constexpr):
+                 ROTATE: gl.constexpr):
     """(walk position t, query block, first row) of the column walk's i-th query tile: the
-    one place the producer and the consumers, which must walk alike, take it from."""
+    one place the producer and the consumers, which must walk alike, take it from.
+    ROTATE: :func:`_walk_position`'s rotated start (the unordered atomic dQ)."""
     M_STEPS: gl.constexpr = BS // BLOCK_M
-    t = _walk_position(i, start, end, kblk, M_STEPS, ATOMIC_DQ)
+    t = _walk_position(i, start, end, kblk, M_STEPS, ROTATE)
     qblk = gl.load(col_rows_ptr + t // M_STEPS)
     return t, qblk, qblk * BS + (t % M_STEPS) * BLOCK_M
 
@@ -47,7 +48,7 @@ def _column_tile(i, start, end, kblk, col_rows_ptr, BS: gl.constexpr, BLOCK_M: g
 @gluon.jit
 def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
-                  PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False):
+                  PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
     """Producer (one warp): per key block (PERSISTENT: per item of this program's share,
     (key block, batch * kv head), key-block major), the key tile's K and V once (PERSISTENT:
     once the consumers have released the last item's, ``kv_free``), then for each query
@@ -55,30 +56,31 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
     copies hold the stage's ready barrier open until they land)."""
     NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
+    ROTATE: gl.constexpr = ATOMIC_DQ != 0 and not ORDERED_DQ  # (the consumers walk alike)
     if PERSISTENT:
         step = gl.to_tensor(0)
         it = 0
         for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
             step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
-                                      step, it, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)
+                                      step, it, BS, BLOCK_M, STATS_SMEM, ROTATE, PERSISTENT)
             it += 1
     else:  # (ORDERED: the launch-order table's entry)
         kblk, bhk = _grid_item(tables[9], NB, ORDERED)
         _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk + BHK_OFFSET, 0, 0,
-                           BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT)
+                           BS, BLOCK_M, STATS_SMEM, ROTATE, PERSISTENT)
 
 
 @gluon.jit
 def _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, it,
-                       BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                       BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ROTATE: gl.constexpr,
                        PERSISTENT: gl.constexpr):
     """The producer's work for key block ``kblk`` of (batch * kv head) ``bhk``, its ring
     position ``step`` on (the ``it``-th item of a persistent program); returns the position
     after it."""
     q_desc, k_desc, v_desc, do_desc, dq_desc = descs
     k_smem, v_smem, q_bufs, do_bufs, stat_bufs, dq_bufs, ds_bufs = bufs
-    kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free = bars
-    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, _ = tables
+    kv_bar, ready_bars, empty_bars, kv_free = bars[0], bars[1], bars[2], bars[5]
+    col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr = tables[0], tables[1], tables[2], tables[3]
     S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK = sizes
     M_STEPS: gl.constexpr = BS // BLOCK_M
     step = gl.to_tensor(step)  # a literal 0 from the caller is a constexpr; the loops carry a tensor
@@ -94,7 +96,7 @@ def _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, it,
         lh = h % L_HEADS
         start, end = _column_bounds(col_ptr_ptr, lh, NB, kblk)
         for i in range(start * M_STEPS, end * M_STEPS):
-            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ATOMIC_DQ)
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, ROTATE)
             if STATS_SMEM:
                 _copy_stats(step, row, (bz * H + h).to(gl.int64) * S, S, lse_ptr, delta_ptr, stat_bufs, ready_bars,
                             empty_bars, BLOCK_M)

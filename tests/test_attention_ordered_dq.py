@@ -1,0 +1,90 @@
+"""The order of the deterministic 5-product backward's dQ adds (CPU:
+tilesparse.kernels.attention_ordered_dq): the walk and ranks it hands the dK/dV kernel,
+the layouts it takes and refuses, and its launch order."""
+
+import pytest
+import torch
+
+from tilesparse.attention import layouts
+from tilesparse.kernels import attention_ordered_dq as ordered
+from tilesparse.kernels import attention_ws
+
+
+def _mask(layout, causal):
+    mask = layout.mask.bool()
+    if causal:
+        mask = mask & torch.ones_like(mask[0]).tril()
+    return mask
+
+
+@pytest.mark.parametrize("name,causal,make", [
+    ("local", False, lambda: layouts.local(2000, 128, 512)),
+    ("local-causal", True, lambda: layouts.local(1050, 128, 512, causal=True)),
+    ("causal", True, lambda: layouts.causal(2000, 128)),
+    ("strided", True, lambda: layouts.strided(1000, 128, 256)),
+    ("fixed", True, lambda: layouts.fixed(1500, 128, 512)),
+    ("fixed-64", True, lambda: layouts.fixed(8192, 64, 1024)),
+    ("one block", False, lambda: layouts.local(128, 128, 128))])
+def test_walk_and_ranks_of_the_layouts_it_takes(name, causal, make):
+    # each key block walks exactly its column's query blocks; in every query block's row the
+    # ranks are 0..n-1 with key blocks descending; every share's predecessor in its row
+    # comes no later in its own walk (a symmetric window's first rows: at the same step, in
+    # short runs; elsewhere at least one step earlier)
+    layout = make()
+    meta = layout.meta_on(torch.device("cpu"), causal)
+    tables = ordered.ordered_tables(meta, layout.layout_heads, layout.num_blocks)
+    assert tables is not None, f"{name}: should be taken"
+    walk, ranks = (t.long() for t in tables)
+    mask = _mask(layout, causal)
+    nb = layout.num_blocks
+    col_ptr = torch.cat([torch.zeros(1, dtype=torch.long), mask.transpose(1, 2).sum(2).flatten().cumsum(0)])
+    position = {}
+    for lh in range(mask.shape[0]):
+        for c in range(nb):
+            seg = slice(int(col_ptr[lh * nb + c]), int(col_ptr[lh * nb + c + 1]))
+            rows = walk[seg].tolist()
+            assert sorted(rows) == mask[lh, :, c].nonzero().flatten().tolist()
+            for p, (r, k) in enumerate(zip(rows, ranks[seg].tolist())):
+                cols = sorted(mask[lh, r].nonzero().flatten().tolist(), reverse=True)
+                assert cols[k] == c, (lh, r, c, k)
+                position[(lh, r, c)] = p
+        for (lh_, r, c), p in list(position.items()):
+            cols = sorted(mask[lh_, r].nonzero().flatten().tolist(), reverse=True)
+            k = cols.index(c)
+            if k:
+                assert position[(lh_, r, cols[k - 1])] <= p
+
+
+@pytest.mark.parametrize("make", [
+    lambda: layouts.bigbird(2048, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=3),
+    lambda: layouts.random(2048, 128, 0.2, seed=1)])
+def test_layouts_whose_order_would_wait_are_refused(make):
+    # a global row (BigBird) or random blocks: some share's predecessor reaches the query
+    # tile no earlier in its own walk; chains of such waits cost 1.3-2x in the model
+    layout = make()
+    meta = layout.meta_on(torch.device("cpu"))
+    assert ordered.ordered_tables(meta, layout.layout_heads, layout.num_blocks) is None
+
+
+def test_longest_tight_chain():
+    assert ordered._longest_tight_chain(torch.tensor([False, True, True, False, True, True, True, False])) == 3
+    assert ordered._longest_tight_chain(torch.tensor([], dtype=torch.bool)) == 0
+    # a symmetric window: runs of its width in the first rows, taken; the layout refused once the
+    # runs pass MAX_TIGHT_CHAIN
+    wide = layouts.local(128 * 80, 128, 128 * (ordered.MAX_TIGHT_CHAIN + 2))
+    assert ordered.ordered_tables(wide.meta_on(torch.device("cpu")), 1, wide.num_blocks) is None
+
+
+def test_launch_order_is_key_block_descending_per_kv_head():
+    got = ordered.launch_table(3, 2, "cpu").tolist()
+    assert got == [2, 1, 0, 5, 4, 3]  # item = kv item * num_blocks + key block
+
+
+def test_ordered_dq_config_checks():
+    with pytest.raises(ValueError, match="ordered_dq needs shared_ds"):
+        attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, ordered_dq=True)
+    with pytest.raises(ValueError, match="ordered_dq needs shared_ds"):
+        attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, balanced=True)
+    with pytest.raises(ValueError, match="ordered_dq"):
+        attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=1)
+    attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True)

@@ -1,0 +1,72 @@
+"""The deterministic 5-product backward (``DkdvWsConfig.ordered_dq``): the warp-specialized
+dK/dV kernel adds each block pair's dQ share by a TMA reduction, each query tile's shares
+in a fixed order behind semaphores. On CUDA: bitwise the same gradients run to run,
+against the float64 reference and the other kernels; refused where the order would make
+programs wait. Marked ``gpu``; skipped on GPUs other than sm90."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from attention_cases import _seed, make_inputs, padding, reference_with_grads, run_kernels
+from tilesparse.attention import layouts
+from tilesparse.kernels import attention as kernels
+from tilesparse.kernels import attention_ws
+from tolerances import assert_close, rel_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+    reason="the Gluon kernel is written for sm90")]
+
+_ORDERED = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True,
+                                     fa3_order=True, mma_regs=240, load_regs=24, host_descs=True, ordered_dq=True)
+
+
+def _layout(name, S):
+    return {"local": lambda: layouts.local(S, 128, 512),
+            "local-causal": lambda: layouts.local(S, 128, 512, causal=True),
+            "causal": lambda: layouts.causal(S, 128),
+            "strided": lambda: layouts.strided(S, 128, 256),
+            "fixed": lambda: layouts.fixed(S, 128, 512)}[name]()
+
+
+@pytest.mark.parametrize("kpm_kind", [None, "tail"])
+@pytest.mark.parametrize("name,causal,D,S,fa3", [
+    ("local", False, 128, 2000, True), ("local-causal", True, 128, 1050, True), ("causal", True, 128, 2000, True),
+    ("strided", True, 128, 1000, False), ("fixed", True, 64, 1500, True), ("local", False, 64, 777, False)])
+def test_ordered_dq_is_bitwise_reproducible_and_matches_the_reference(name, causal, D, S, fa3, kpm_kind):
+    # GQA (4 query heads on 2 kv heads), odd S (at 1050 a whole 64-row query tile lies past
+    # S), key padding; FlashAttention-3's order or the plain shared-dS mode
+    dtype = torch.bfloat16
+    layout = _layout(name, S)
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    cfg = _ORDERED if fa3 else dataclasses.replace(_ORDERED, fa3_order=False, mma_regs=232, load_regs=40)
+    fwd = kernels.attention_config("fwd", 128, D, dtype)
+    dq_cfg = kernels.attention_config("dq", 128, D, dtype)
+    runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, cfg, dq_cfg))[2]
+            for _ in range(4)]
+    for again in runs[1:]:
+        assert all(map(torch.equal, again, runs[0])), "ordered dQ adds must give the same bits every run"
+    two_kernels = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out)[2]
+    assert all(rel_error(a, t) < 1e-2 for a, t in zip(runs[0], two_kernels))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[0], ref_grads):
+        assert_close(g, want, dtype, grad_name)
+
+
+def test_ordered_dq_refuses_layouts_whose_order_would_wait():
+    # BigBird's global rows: every key block adds into them, each after the one before it
+    # in a chain no program reaches early; the launcher says so instead of running slowly
+    S, D = 1024, 128
+    layout = layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=1, seed=_seed())
+    q, k, v = make_inputs(1, 2, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn_like(q)
+    fwd = kernels.attention_config("fwd", 128, D, torch.bfloat16)
+    with pytest.raises(ValueError, match="cannot be ordered cheaply"):
+        run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out,
+                    configs=(fwd, _ORDERED, kernels.attention_config("dq", 128, D, torch.bfloat16)))
