@@ -234,12 +234,14 @@ def attention_ws_cases(quick: bool):
                          load_regs=load_regs, staged=staged, host=host, ordered=True, store_ds=store_ds)
     # ordered_dq: the shared-dS shares added in a fixed order by a dQ writer warp (the deterministic 5-product
     # backward; per case: D, causal, key padding, FlashAttention-3's order)
-    ordered_dq = ((128, True, False, True),) if quick else \
-        ((128, True, False, True), (128, False, True, True), (128, True, False, False), (64, False, False, True))
-    for head_dim, causal, kpm, fa3 in ordered_dq:
-        yield _dkdv_case(fn, 2, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
-                         mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, host=True, ordered=True,
-                         ordered_dq=True)
+    # (per case: D, causal, key padding, overlap: 2 FlashAttention-3's order, host descriptors)
+    ordered_dq = ((128, True, False, 2, True),) if quick else \
+        ((128, True, False, 2, True), (128, False, True, 2, True), (128, True, False, False, True),
+         (64, False, False, 2, True), (128, False, False, 2, False), (128, True, True, True, False))
+    for head_dim, causal, kpm, overlap, host in ordered_dq:
+        yield _dkdv_case(fn, 2, 128, head_dim, 2, causal, kpm, 2, overlap, True,
+                         mma_regs=240 if overlap == 2 else 232, load_regs=24 if overlap == 2 else 40, host=host,
+                         ordered=True, ordered_dq=True)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

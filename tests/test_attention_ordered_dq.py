@@ -10,6 +10,14 @@ from tilesparse.kernels import attention_ordered_dq as ordered
 from tilesparse.kernels import attention_ws
 
 
+def _per_head_windows():
+    """Three heads with windows of 1, 2 and 3 blocks (a per-head layout: each head's own tables)."""
+    from tilesparse.attention import AttentionLayout
+
+    masks = [layouts.local(1000, 128, 128 * w).mask[0] for w in (1, 2, 3)]
+    return AttentionLayout(torch.stack(masks), 128, seq_len=1000)
+
+
 def _mask(layout, causal):
     mask = layout.mask.bool()
     if causal:
@@ -24,7 +32,9 @@ def _mask(layout, causal):
     ("strided", True, lambda: layouts.strided(1000, 128, 256)),
     ("fixed", True, lambda: layouts.fixed(1500, 128, 512)),
     ("fixed-64", True, lambda: layouts.fixed(8192, 64, 1024)),
-    ("one block", False, lambda: layouts.local(128, 128, 128))])
+    ("one block", False, lambda: layouts.local(128, 128, 128)),
+    ("per-head windows", False, lambda: _per_head_windows()),
+    ("widest window taken", False, lambda: layouts.local(128 * 60, 128, 128 * ordered.MAX_TIGHT_CHAIN))])
 def test_walk_and_ranks_of_the_layouts_it_takes(name, causal, make):
     # each key block walks exactly its column's query blocks; in every query block's row the
     # ranks are 0..n-1 with key blocks descending; every share's predecessor in its row
@@ -64,6 +74,14 @@ def test_layouts_whose_order_would_wait_are_refused(make):
     layout = make()
     meta = layout.meta_on(torch.device("cpu"))
     assert ordered.ordered_tables(meta, layout.layout_heads, layout.num_blocks) is None
+
+
+def test_a_layout_without_blocks_has_nothing_to_order():
+    # no key block adds anything: tables that are not the refusal (the launch runs no walk)
+    empty = layouts.local(512, 128, 128)
+    empty.mask.zero_()
+    meta = empty.meta_on(torch.device("cpu"))
+    assert ordered.ordered_tables(meta, 1, empty.num_blocks) is not None
 
 
 def test_longest_tight_chain():

@@ -13,8 +13,10 @@ every bulk operation its thread issued to complete (``cp.async.bulk.wait_group 0
 the ``.read`` form a store's staging reuse needs), fences the proxies and adds with
 release semantics; :func:`wait_turn` reads with acquire semantics until the count is
 reached and fences before the thread's next reduction. Both run in every thread of the
-calling partition; each warp's lane 0 adds, so a contribution counts ``num_warps`` (the
-attention's dQ writer is one warp, whose lane 0 issues its reductions: one each).
+calling partition; each warp's lane 0 adds, after a warp sync that orders it behind the
+elected lane that issued the reductions (Triton elects one lane of warp 0; FlashAttention-3
+syncs the warp the same way), so a contribution counts ``num_warps`` (the attention's dQ
+writer is one warp: one each).
 
 Measured (H200, twenty-fifth session): run in the consumer warpgroups, before each of
 their reductions, the fences and the acquire's round trip cost 20-30 % of the dK/dV
@@ -38,12 +40,13 @@ def _per_thread(num_warps: gl.constexpr):
 @gluon.jit
 def count_done(sem_ptr, inc, num_warps: gl.constexpr):
     """Wait until this thread's bulk asynchronous operations (TMA reductions) are complete,
-    then lane 0 of each warp adds ``inc`` (0 or 1) to ``*sem_ptr`` with release semantics."""
+    fence, sync the warp (the lane that issued them, elected, need not be lane 0), then lane
+    0 of each warp adds ``inc`` (0 or 1) to ``*sem_ptr`` with release semantics."""
     zeros = _per_thread(num_warps)
     gl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .u32 lane; cp.async.bulk.wait_group 0; fence.proxy.async.global; "
-        "mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; @p red.release.gpu.global.add.u32 [$1], $2; "
-        "mov.u32 $0, 0; }",
+        "bar.warp.sync -1; mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; "
+        "@p red.release.gpu.global.add.u32 [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r", [sem_ptr + zeros, zeros + inc], dtype=gl.int32, is_pure=False, pack=1)
 
 

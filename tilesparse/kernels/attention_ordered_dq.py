@@ -84,8 +84,8 @@ def _build(meta: torch.Tensor, layout_heads: int, nb: int):
     _, col_ptr, _, col_rows = (t.cpu().long() for t in attention_table_views(meta, layout_heads, nb))
     nnz = col_rows.numel()
     refused = (torch.empty(0, dtype=torch.int32, device=meta.device),) * 2  # (remembered too)
-    if nnz == 0:
-        return refused
+    if nnz == 0:  # nothing to walk or order (one-entry tables: not the refusal)
+        return (torch.zeros(1, dtype=torch.int32, device=meta.device),) * 2
     segment = torch.repeat_interleave(torch.arange(layout_heads * nb), col_ptr[1:] - col_ptr[:-1])
     head, key, query = segment // nb, segment % nb, col_rows
     # rank: within each (head, query block) row, key blocks descending
