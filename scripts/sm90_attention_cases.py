@@ -109,7 +109,8 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
     (mode 0): each dSᵀ tile also stored to the workspace; ``ordered_dq`` (mode 2, ordered): dQ's
     shares added in a fixed order behind semaphores, by a dQ writer warp."""
     from tilesparse.kernels import attention_ws_base
-    from tilesparse.kernels.attention_ws_dkdv import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
+    from tilesparse.kernels.attention_ws_dkdv import _ds_smem_layout, _out_smem_layout
+    from tilesparse.kernels.attention_ws_dq_adds import _dq_layout, dq_tile_cols
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
     const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,

@@ -13,9 +13,10 @@ deterministic. The default at blocks of 128 and D 128 on Hopper
 (:mod:`tilesparse.kernels.attention_ws`, where its config and support checks live).
 With ``DkdvWsConfig.atomic_dq`` (``deterministic=False``) it also adds each pair's dQ
 share, scale · dS K, into an fp32 buffer by TMA reductions from shared memory
-(:mod:`tilesparse.kernels._tma_reduce`): 5 products per pair and no dQ kernel; dQ's bits
-then depend on the order the adds land in, and dK / dV, reproducible run to run, differ
-in their last bits from the deterministic mode's (the column walk starts elsewhere).
+(:mod:`tilesparse.kernels.attention_ws_dq_adds`): 5 products per pair and no dQ kernel;
+dQ's bits then depend on the order the adds land in (``ordered_dq``: a dQ writer warp
+adds them in a fixed order instead), and dK / dV, reproducible run to run, differ in
+their last bits from the deterministic mode's (the column walk starts elsewhere).
 """
 
 from __future__ import annotations
@@ -35,82 +36,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import sm_count
 from ._launch import launch
-from ._ordered_adds import count_done, wait_turn
-from ._tma_reduce import async_reduce_add
 from .attention_launch_order import launch_order
 from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
+from .attention_ws_dq_adds import _add_share, _dkdv_dq_writer, _dq_layout, _hand_share, dq_tile_cols
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
 
 __all__ = ["launch_dkdv_ws"]
-
-
-@gluon.jit
-def _add_share(dq_desc, stage, share, coord):
-    """Add ``share`` (fp32 registers, the descriptor's box) into dQ through the staging
-    tile ``stage`` by a TMA reduction, once the reduction issued two before (the last one
-    from this tile, as a consumer alternates between two) has read it."""
-    tma.store_wait(pendings=1)
-    stage.reshape(share.type.shape).store(share)
-    fence_async_shared()
-    async_reduce_add(dq_desc, coord, stage)
-
-
-@gluon.jit
-def _hand_share(stage, share, full, empty, phase):
-    """ORDERED_DQ: ``share`` into the staging tile once the dQ writer has freed it (its
-    use ``phase``), then handed to the writer (``full``)."""
-    mbarrier.wait(empty, phase ^ 1)
-    stage.reshape(share.type.shape).store(share)
-    fence_async_shared()
-    mbarrier.arrive(full, count=1)
-
-
-@gluon.jit
-def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr):
-    """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
-    query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
-    added into dQ when its turn comes (the shares ranked before it counted), and counted and
-    freed once it has landed, off the consumers' path."""
-    dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
-    col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
-    H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
-    M_STEPS: gl.constexpr = BS // BLOCK_M
-    DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
-    kblk, bhk = _grid_item(tables[9], NB, True)
-    bhk = bhk + BHK_OFFSET
-    bz = bhk // HKV
-    hkv = bhk % HKV
-    step = gl.to_tensor(0)
-    last_sem = gl.to_tensor(0).to(gl.int64)
-    pending = gl.to_tensor(0)
-    for g in range(0, GROUP):
-        h = hkv * GROUP + g
-        bh = (bz * H + h).to(gl.int64)
-        start, end = _column_bounds(col_ptr_ptr, h % L_HEADS, NB, kblk)
-        for i in range(start * M_STEPS, end * M_STEPS):
-            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, False)
-            rank = gl.load(ranks_ptr + t // M_STEPS)
-            sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
-            buf = step % 2
-            # the last tile's two shares landed: counted, their staging tiles freed
-            count_done(sem_ptr + last_sem, pending, 1)
-            count_done(sem_ptr + last_sem + 1, pending, 1)
-            if step > 0:
-                mbarrier.arrive(dq_empty.index(1 - buf), count=1)
-                mbarrier.arrive(dq_empty.index(2 + 1 - buf), count=1)
-            for role in gl.static_range(2):
-                mbarrier.wait(dq_full.index(role * 2 + buf), (step // 2) & 1)
-                wait_turn(sem_ptr + sem + role, rank, 1)
-                async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
-            last_sem = sem
-            pending = gl.to_tensor(1)
-            step += 1
-    count_done(sem_ptr + last_sem, pending, 1)
-    count_done(sem_ptr + last_sem + 1, pending, 1)
 
 
 @gluon.jit
@@ -482,18 +417,6 @@ def _bwd_dkdv_ws_kernel(
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
         ], [1], [LOAD_REGS])
-
-
-@functools.lru_cache(maxsize=16)
-def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
-    """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]
-    (with ``shared_ds``: half of the head dim)."""
-    return _nvmma([1, 1, block_m, dq_tile_cols(head_dim, shared_ds)], torch.float32)
-
-
-def dq_tile_cols(head_dim: int, shared_ds: bool) -> int:
-    """The columns of an atomic-dQ staging tile (the kernel's DQ_N)."""
-    return head_dim // 2 if shared_ds else min(64, head_dim)
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,0 +1,102 @@
+"""How the warp-specialized dK/dV kernel's dQ shares reach dQ
+(:mod:`tilesparse.kernels.attention_ws_dkdv`, ``DkdvWsConfig.atomic_dq``): each share
+scale · dS K is staged in shared memory and added into the fp32 dQ buffer by a TMA
+reduction (:mod:`tilesparse.kernels._tma_reduce`), either by the consumer that computed
+it, in whatever order the adds land (:func:`_add_share`), or (``ordered_dq``) handed to a
+dQ writer warp that adds each query tile's shares in a fixed order behind semaphores
+(:func:`_hand_share`, :func:`_dkdv_dq_writer`; :mod:`tilesparse.kernels._ordered_adds`).
+Also the staging tiles' shape and layout (host side)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from ._ordered_adds import count_done, wait_turn
+from ._tma_reduce import async_reduce_add
+from .attention_ws_base import _grid_item
+from .attention_ws_dkdv_load import _column_bounds, _column_tile
+from .bsmm_ws import _nvmma
+
+__all__ = ["dq_tile_cols"]
+
+
+@gluon.jit
+def _add_share(dq_desc, stage, share, coord):
+    """Add ``share`` (fp32 registers, the descriptor's box) into dQ through the staging
+    tile ``stage`` by a TMA reduction, once the reduction issued two before (the last one
+    from this tile, as a consumer alternates between two) has read it."""
+    tma.store_wait(pendings=1)
+    stage.reshape(share.type.shape).store(share)
+    fence_async_shared()
+    async_reduce_add(dq_desc, coord, stage)
+
+
+@gluon.jit
+def _hand_share(stage, share, full, empty, phase):
+    """ORDERED_DQ: ``share`` into the staging tile once the dQ writer has freed it (its
+    use ``phase``), then handed to the writer (``full``)."""
+    mbarrier.wait(empty, phase ^ 1)
+    stage.reshape(share.type.shape).store(share)
+    fence_async_shared()
+    mbarrier.arrive(full, count=1)
+
+
+@gluon.jit
+def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr):
+    """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
+    query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
+    added into dQ when its turn comes (the shares ranked before it counted), and counted and
+    freed once it has landed, off the consumers' path."""
+    dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
+    col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
+    H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
+    M_STEPS: gl.constexpr = BS // BLOCK_M
+    DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
+    kblk, bhk = _grid_item(tables[9], NB, True)
+    bhk = bhk + BHK_OFFSET
+    bz = bhk // HKV
+    hkv = bhk % HKV
+    step = gl.to_tensor(0)
+    last_sem = gl.to_tensor(0).to(gl.int64)
+    pending = gl.to_tensor(0)
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        bh = (bz * H + h).to(gl.int64)
+        start, end = _column_bounds(col_ptr_ptr, h % L_HEADS, NB, kblk)
+        for i in range(start * M_STEPS, end * M_STEPS):
+            t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, False)
+            rank = gl.load(ranks_ptr + t // M_STEPS)
+            sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
+            buf = step % 2
+            # the last tile's two shares landed: counted, their staging tiles freed
+            count_done(sem_ptr + last_sem, pending, 1)
+            count_done(sem_ptr + last_sem + 1, pending, 1)
+            if step > 0:
+                mbarrier.arrive(dq_empty.index(1 - buf), count=1)
+                mbarrier.arrive(dq_empty.index(2 + 1 - buf), count=1)
+            for role in gl.static_range(2):
+                mbarrier.wait(dq_full.index(role * 2 + buf), (step // 2) & 1)
+                wait_turn(sem_ptr + sem + role, rank, 1)
+                async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
+            last_sem = sem
+            pending = gl.to_tensor(1)
+            step += 1
+    count_done(sem_ptr + last_sem, pending, 1)
+    count_done(sem_ptr + last_sem + 1, pending, 1)
+
+
+@functools.lru_cache(maxsize=16)
+def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
+    """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]
+    (with ``shared_ds``: half of the head dim)."""
+    return _nvmma([1, 1, block_m, dq_tile_cols(head_dim, shared_ds)], torch.float32)
+
+
+def dq_tile_cols(head_dim: int, shared_ds: bool) -> int:
+    """The columns of an atomic-dQ staging tile (the kernel's DQ_N)."""
+    return head_dim // 2 if shared_ds else min(64, head_dim)
