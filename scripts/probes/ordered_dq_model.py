@@ -44,7 +44,7 @@ def programs_of(layout, batch: int, heads: int, causal: bool):
     return cols
 
 
-def simulate(cols: dict, nb: int, sms: int, tile: float, overhead: float, hop: float, m_steps: int,
+def simulate(cols: dict, sms: int, tile: float, overhead: float, hop: float, m_steps: int,
              ordered: bool) -> float:
     """Makespan (µs) of the programs on ``sms`` SMs, dispatched in launch order as SMs free."""
     keys = sorted(cols, key=lambda k: (k[0], -k[1] if ordered else k[1]))
@@ -129,11 +129,10 @@ def main() -> None:
         spec = specs[name]
         layout = build_layout(spec, S, block, H)
         cols = programs_of(layout, B, H, bool(spec.get("causal", False)))
-        nb = layout.num_blocks
-        base = simulate(cols, nb, args.sms, args.tile, args.overhead, 0.0, block // 64, ordered=False)
+        base = simulate(cols, args.sms, args.tile, args.overhead, 0.0, block // 64, ordered=False)
         row = [f"{name:10} unordered {base / 1e3:.3f} ms"]
         for hop in args.hop:
-            ordered = simulate(cols, nb, args.sms, args.tile, args.overhead, hop, block // 64, ordered=True)
+            ordered = simulate(cols, args.sms, args.tile, args.overhead, hop, block // 64, ordered=True)
             row.append(f"ordered hop {hop:g} µs: {ordered / 1e3:.3f} ms ({ordered / base:.2f}x)")
         print("  ".join(row), flush=True)
 

@@ -36,7 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from ._device import shared_memory_bytes
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _a_operand, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _wgmma_layout)
+                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _wgmma_layout,
+                                tma_operand_reason)
 from .attention_ws_dkdv import launch_dkdv_ws
 from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
@@ -312,12 +313,9 @@ def ws_supported(q, k, v, third, block_size: int, cfg) -> str | None:
         return (f"with atomic_dq needs a warpgroup per consumer (consumers=2 at blocks of {block_size}): "
                 "wider consumers would repeat dQ's product in every warpgroup")
     for name, t in (("q", q), ("k", k), ("v", v), (third_name, third)):
-        if t.dtype != q.dtype:
-            return f"needs one dtype: {name} is {t.dtype}, q is {q.dtype}"
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:3]):
-            return f"needs {name} with unit stride along D and 16-byte-aligned strides"
-        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
-            return f"needs {name} without broadcast (zero-stride) dimensions"
+        why = tma_operand_reason(name, t, q.dtype)
+        if why is not None:
+            return why
     if max(q.shape[2], q.shape[1] * q.shape[0]) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     # each program builds its descriptors in a slot of scratch memory (up to 640 bytes: the

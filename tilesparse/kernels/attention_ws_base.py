@@ -39,6 +39,19 @@ def host_head_desc(t: torch.Tensor, rows: int, layout, cols: int | None = None):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols or t.shape[-1]], layout)
 
 
+def tma_operand_reason(name: str, t: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why a TMA descriptor cannot read ``t`` (a [B, heads, S, D] operand named ``name``) in
+    ``dtype`` (the kernels' one dtype), or None: unit stride along D, a 16-byte-aligned base
+    and strides, no broadcast (zero-stride) dimension."""
+    if t.dtype != dtype:
+        return f"needs one dtype: {name} is {t.dtype}, q is {dtype}"
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * t.element_size()) % 16 for s in t.stride()[:3]):
+        return f"needs {name} with unit stride along D and 16-byte-aligned strides"
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        return f"needs {name} without broadcast (zero-stride) dimensions"
+    return None
+
+
 @gluon.jit
 def _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D: gl.constexpr, q_strides, k_strides, v_strides,
                Q_ROWS: gl.constexpr, KV_ROWS: gl.constexpr, qo_layout: gl.constexpr, kv_layout: gl.constexpr):

@@ -16,7 +16,7 @@ from ._launch import launch
 from .attention_launch_order import launch_order
 from .attention_ws_base import (LOG2E, DqWsConfig, _a_operand, _backward_descs, _grid_item, _head_desc, _layouts,
                                 _needs_mask, _one_shot_barrier, _row_keep, _row_ws_load, _wgmma_layout,
-                                host_backward_descs, host_head_desc)
+                                host_backward_descs, host_head_desc, tma_operand_reason)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -191,12 +191,11 @@ def _bwd_dq_ws_kernel(
 
 def out_reason(out, q) -> str | None:
     """Why the kernel cannot read ``out`` (the forward's output) to compute delta, or None."""
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        return f"must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device, got {tuple(out.shape)} {out.dtype}"
-    if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st * out.element_size() % 16 or st == 0
-                                                          for st in out.stride()[:3]):
-        return f"needs unit stride along D and 16-byte-aligned strides (a TMA descriptor's), got {out.stride()}"
-    return None
+    if out.shape != q.shape or out.device != q.device:
+        return f"must have q's shape {tuple(q.shape)} and device, got {tuple(out.shape)} on {out.device}"
+    if any(st == 0 for st in out.stride()[:3]):  # (stricter than the operands' broadcast rule)
+        return f"needs out without zero strides, got {out.stride()}"
+    return tma_operand_reason("out", out, q.dtype)
 
 
 def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: int, layout_heads: int,
