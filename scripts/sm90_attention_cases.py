@@ -98,7 +98,7 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
                     host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False,
-                    ordered_dq: bool = False):
+                    ordered_dq: int = 0):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
@@ -120,7 +120,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
                  ds_smem_layout=_ds_smem_layout(block, 64, torch.bfloat16) if mode == 2 else None,
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
-                 HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered, ORDERED_DQ=ordered_dq)
+                 HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered, ORDERED_DQ=ordered_dq or False)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         _host_desc_types(sig, 64, block, head_dim, qo, kv)
@@ -133,7 +133,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
              + (" staged_stores" if staged else "") + (" host_descs" if host else "")
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
-             + (" store_ds" if store_ds else "") + (" ordered_dq" if ordered_dq else ""))
+             + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -239,10 +239,14 @@ def attention_ws_cases(quick: bool):
     ordered_dq = ((128, True, False, 2, True),) if quick else \
         ((128, True, False, 2, True), (128, False, True, 2, True), (128, True, False, False, True),
          (64, False, False, 2, True), (128, False, False, 2, False), (128, True, True, True, False))
+    from tilesparse.kernels.attention_ws_dkdv import ORDERED_DQ_WRITER
     for head_dim, causal, kpm, overlap, host in ordered_dq:
         yield _dkdv_case(fn, 2, 128, head_dim, 2, causal, kpm, 2, overlap, True,
                          mma_regs=240 if overlap == 2 else 232, load_regs=24 if overlap == 2 else 40, host=host,
-                         ordered=True, ordered_dq=True)
+                         ordered=True, ordered_dq=ORDERED_DQ_WRITER)
+    if not quick:  # the other dQ writer (ORDERED_DQ 1: the counters read once the shares are handed over)
+        yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         ordered=True, ordered_dq=3 - ORDERED_DQ_WRITER)
     if not quick:  # one head (and S 1): Triton makes such arguments compile-time constants
         label, fn, sig, const, warps, stages, *extra = _dkdv_case(fn, 1, 64, 128, 2, False, False, 1, False, True)
         const = dict(const, H=1, S=1)

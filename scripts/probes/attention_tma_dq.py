@@ -27,7 +27,7 @@ import torch
 from tilesparse.bench.attention import probe_flex_times, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms, interleaved_ms
 from tilesparse.kernels import attention as K
-from tilesparse.kernels import attention_ws
+from tilesparse.kernels import attention_ws, attention_ws_dkdv
 from tilesparse.kernels.attention_ws import DkdvWsConfig
 
 # the shipped modes (D 128: shared dS; D 64: stats in smem) and the candidates against them; the
@@ -62,7 +62,12 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             # the shipped D 128 mode with its shares added in a fixed order by a dQ writer warp (ordered_dq:
             # deterministic, 5 products; no staged stores; layouts whose order would wait: an error row)
             "ws_tma_shared_fa3_host_ordered": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
-                                                           ordered_dq=True)}
+                                                           ordered_dq=True),
+            # the same with the twenty-fifth session's dQ writer (counters read after each hand-over;
+            # attention_ws_dkdv.ORDERED_DQ_WRITER 1), against the look-ahead writer above
+            "ws_tma_shared_fa3_host_ordered_writer1": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
+                                                                   ordered_dq=True)}
+_WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 
 if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time
@@ -140,15 +145,22 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     triton = tuple(K.attention_config(kind, block, D, q.dtype) for kind in ("dkdv", "dq"))
     timed["bwd_triton_atomic"] = lambda: bwd(triton, False)
     for name, cfg in VARIANTS.items():  # (the Triton dQ config is not run with atomics)
+        def variant(cfg=cfg, writer=_WRITERS.get(name, attention_ws_dkdv.ORDERED_DQ_WRITER)):
+            shipped, attention_ws_dkdv.ORDERED_DQ_WRITER = attention_ws_dkdv.ORDERED_DQ_WRITER, writer
+            try:
+                return bwd((cfg, triton[1]), False)
+            finally:
+                attention_ws_dkdv.ORDERED_DQ_WRITER = shipped
+
         try:
-            got = bwd((cfg, triton[1]), False)
+            got = variant()
         except Exception as exc:  # noqa: BLE001 (a probe: record and go on)
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             continue
         row[f"{name}_rel_err"] = _relative_error(got, want)
         if cfg.ordered_dq:  # deterministic: the same bits again
-            row[f"{name}_repeat_same"] = all(map(torch.equal, bwd((cfg, triton[1]), False), got))
-        timed[f"bwd_{name}"] = lambda cfg=cfg: bwd((cfg, triton[1]), False)
+            row[f"{name}_repeat_same"] = all(map(torch.equal, variant(), got))
+        timed[f"bwd_{name}"] = variant
     for name, ms in interleaved_ms(timed, cuda=True, rounds=ROUNDS).items():
         row[f"{name}_ms"] = ms
     row["rounds"] = ROUNDS

@@ -28,7 +28,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["count_done", "wait_turn"]
+__all__ = ["count_done", "count_pair_done", "read_turn", "wait_turn", "wait_turn_from"]
 
 
 @gluon.jit
@@ -59,3 +59,38 @@ def wait_turn(sem_ptr, count, num_warps: gl.constexpr):
         "{ .reg .pred p; .reg .u32 v; WAIT_TURN: ld.acquire.gpu.global.u32 v, [$1]; setp.lt.u32 p, v, $2; "
         "@p bra WAIT_TURN; fence.proxy.async.global; mov.u32 $0, v; }",
         "=r,l,r", [sem_ptr + zeros, zeros + count], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def count_pair_done(sem_ptr, inc, num_warps: gl.constexpr):
+    """:func:`count_done` for the two adjacent counters ``sem_ptr[0]`` and ``sem_ptr[1]``
+    after one completion wait, one fence and one warp sync (the dQ writer counts both
+    consumers' shares of a tile at once)."""
+    zeros = _per_thread(num_warps)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 lane; cp.async.bulk.wait_group 0; fence.proxy.async.global; "
+        "bar.warp.sync -1; mov.u32 lane, %laneid; setp.eq.u32 p, lane, 0; "
+        "@p red.release.gpu.global.add.u32 [$1], $2; @p red.release.gpu.global.add.u32 [$1+4], $2; "
+        "mov.u32 $0, 0; }",
+        "=r,l,r", [sem_ptr + zeros, zeros + inc], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def read_turn(sem_ptr, num_warps: gl.constexpr):
+    """``*sem_ptr`` read once with acquire semantics, no wait: a look ahead, taken while the
+    caller waits for something else, that :func:`wait_turn_from` need not repeat."""
+    zeros = _per_thread(num_warps)
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [sem_ptr + zeros],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def wait_turn_from(sem_ptr, count, seen, num_warps: gl.constexpr):
+    """:func:`wait_turn` that first looks at ``seen`` (:func:`read_turn`'s earlier read of
+    ``*sem_ptr``): where it already reaches ``count`` no read is repeated, only the fence."""
+    zeros = _per_thread(num_warps)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 v; mov.u32 v, $3; setp.lt.u32 p, v, $2; @!p bra TURN_SEEN; "
+        "TURN_SPIN: ld.acquire.gpu.global.u32 v, [$1]; setp.lt.u32 p, v, $2; @p bra TURN_SPIN; "
+        "TURN_SEEN: fence.proxy.async.global; mov.u32 $0, v; }",
+        "=r,l,r,r", [sem_ptr + zeros, zeros + count, seen], dtype=gl.int32, is_pure=False, pack=1)

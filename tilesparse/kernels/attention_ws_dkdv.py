@@ -48,6 +48,11 @@ from .bsmm_ws import _alloc_ring, _nvmma
 __all__ = ["launch_dkdv_ws"]
 
 
+# ordered_dq's dQ writer (attention_ws_dq_adds._dkdv_dq_writer): 2 reads each tile's counters
+# ahead (LOOK_AHEAD), 1 reads them once the shares are handed over (the twenty-fifth session's)
+ORDERED_DQ_WRITER = 2
+
+
 @gluon.jit
 def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -396,7 +401,7 @@ def _bwd_dkdv_ws_kernel(
                             ORDERED, ORDERED_DQ)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
-            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M)),
+            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
@@ -495,6 +500,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
-        ORDERED=order is not None, ORDERED_DQ=cfg.ordered_dq,
+        ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

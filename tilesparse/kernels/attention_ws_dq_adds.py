@@ -16,7 +16,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ._ordered_adds import count_done, wait_turn
+from ._ordered_adds import count_done, count_pair_done, read_turn, wait_turn, wait_turn_from
 from ._tma_reduce import async_reduce_add
 from .attention_ws_base import _grid_item
 from .attention_ws_dkdv_load import _column_bounds, _column_tile
@@ -47,11 +47,17 @@ def _hand_share(stage, share, full, empty, phase):
 
 
 @gluon.jit
-def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr):
+def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
+                    LOOK_AHEAD: gl.constexpr = False):
     """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
     query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
     added into dQ when its turn comes (the shares ranked before it counted), and counted and
-    freed once it has landed, off the consumers' path."""
+    freed once it has landed, off the consumers' path.
+
+    LOOK_AHEAD: the tile's two counters are read at the step's start, while the last tile's
+    reductions complete and the consumers hand over, so where the turn has come by then no
+    round trip to L2 sits between a hand-over and its reduction; the last tile's two shares
+    are counted after one completion wait."""
     dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
     col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
     H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
@@ -73,21 +79,35 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
             rank = gl.load(ranks_ptr + t // M_STEPS)
             sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
             buf = step % 2
-            # the last tile's two shares landed: counted, their staging tiles freed
-            count_done(sem_ptr + last_sem, pending, 1)
-            count_done(sem_ptr + last_sem + 1, pending, 1)
+            if LOOK_AHEAD:
+                seen0 = read_turn(sem_ptr + sem, 1)
+                seen1 = read_turn(sem_ptr + sem + 1, 1)
+                count_pair_done(sem_ptr + last_sem, pending, 1)
+            else:
+                # the last tile's two shares landed: counted, their staging tiles freed
+                count_done(sem_ptr + last_sem, pending, 1)
+                count_done(sem_ptr + last_sem + 1, pending, 1)
             if step > 0:
                 mbarrier.arrive(dq_empty.index(1 - buf), count=1)
                 mbarrier.arrive(dq_empty.index(2 + 1 - buf), count=1)
             for role in gl.static_range(2):
                 mbarrier.wait(dq_full.index(role * 2 + buf), (step // 2) & 1)
-                wait_turn(sem_ptr + sem + role, rank, 1)
+                if LOOK_AHEAD:
+                    if role == 0:
+                        wait_turn_from(sem_ptr + sem, rank, seen0, 1)
+                    else:
+                        wait_turn_from(sem_ptr + sem + 1, rank, seen1, 1)
+                else:
+                    wait_turn(sem_ptr + sem + role, rank, 1)
                 async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
             last_sem = sem
             pending = gl.to_tensor(1)
             step += 1
-    count_done(sem_ptr + last_sem, pending, 1)
-    count_done(sem_ptr + last_sem + 1, pending, 1)
+    if LOOK_AHEAD:
+        count_pair_done(sem_ptr + last_sem, pending, 1)
+    else:
+        count_done(sem_ptr + last_sem, pending, 1)
+        count_done(sem_ptr + last_sem + 1, pending, 1)
 
 
 @functools.lru_cache(maxsize=16)
