@@ -106,3 +106,36 @@ def test_ordered_dq_config_checks():
     with pytest.raises(ValueError, match="ordered_dq"):
         attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=1)
     attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True)
+
+
+def _skew(layout, causal=False):
+    return ordered.column_skew(layout.meta_on(torch.device("cpu"), causal), layout.layout_heads,
+                               -(-layout.seq_len // layout.block_size))
+
+
+def test_column_skew_is_the_longest_column_over_the_mean():
+    # a hand-made mask: key-block columns of 4, 1, 1 and 1 blocks -> 4 / 1.75
+    from tilesparse.attention import AttentionLayout
+
+    mask = torch.eye(4, dtype=torch.bool)
+    mask[1:, 0] = True
+    assert _skew(AttentionLayout(mask[None], 16, seq_len=64)) == pytest.approx(4 / 1.75)
+    assert _skew(layouts.random(64, 16, 0.0)) == 0.0  # no blocks: nothing skewed
+
+
+def test_the_default_skew_cut_separates_the_measured_layouts():
+    # the suite's S 8192 patterns the cut was set on: the ordered mode won on local 1024,
+    # strided and causal, and lost on the fixed pattern (its summary columns)
+    cut = ordered.MAX_DEFAULT_COLUMN_SKEW
+    assert _skew(layouts.local(8192, 128, 1024)) <= cut
+    assert _skew(layouts.strided(8192, 128, 1024), causal=True) <= cut
+    assert _skew(layouts.causal(8192, 128), causal=True) <= cut
+    assert _skew(layouts.fixed(8192, 128, 1024), causal=True) > cut
+
+
+def test_ordered_default_needs_a_hopper_gpu():
+    # CPU tensors (and any device the warp-specialized kernels cannot run): the two kernels
+    layout = layouts.local(1024, 128, 512)
+    q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
+    meta = layout.meta_on(q.device, False)
+    assert attention_ws.ordered_default(q, q, q, q, 128, meta, layout.layout_heads, 8) is None

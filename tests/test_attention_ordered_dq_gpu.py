@@ -87,3 +87,69 @@ def test_ordered_dq_with_more_programs_than_sms():
         assert all(map(torch.equal, again, runs[0]))
     two_kernels = run_kernels(q, k, v, layout, True, None, D ** -0.5, grad_out)[2]
     assert all(rel_error(a, t) < 1e-2 for a, t in zip(runs[0], two_kernels))
+
+
+def _recorded_dkdv_configs(monkeypatch):
+    """The dK/dV configs the backward launches, recorded."""
+    seen = []
+    real = attention_ws.launch_dkdv_ws
+    monkeypatch.setattr(attention_ws, "launch_dkdv_ws", lambda *a, **kw: seen.append(a[17]) or real(*a, **kw))
+    return seen
+
+
+@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None),
+                                                    ("strided", True, 2000, "tail")])
+def test_deterministic_default_orders_dq_where_the_layout_takes_it(name, causal, S, kpm_kind, monkeypatch):
+    # D 128 on Hopper, no configs: the deterministic backward runs the ordered mode (one
+    # dK/dV kernel, no dQ kernel) on local, causal and strided layouts; the same bits every
+    # run, and the reference's gradients (GQA, odd S, key padding)
+    seen = _recorded_dkdv_configs(monkeypatch)
+    D, dtype = 128, torch.bfloat16
+    layout = _layout(name, S)
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = kpm.cuda() if kpm is not None else None
+    runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out)[2] for _ in range(3)]
+    assert seen and all(cfg.ordered_dq for cfg in seen)
+    for again in runs[1:]:
+        assert all(map(torch.equal, again, runs[0]))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[0], ref_grads):
+        assert_close(g, want, dtype, grad_name)
+
+
+@pytest.mark.parametrize("case", ["fixed-skewed", "bigbird", "d64"])
+def test_deterministic_default_keeps_two_kernels_elsewhere(case, monkeypatch):
+    # a column skew above the cut (the fixed pattern's summary columns), an order that would
+    # wait (BigBird), D 64 (measured slower ordered): the two-kernel backward
+    seen = _recorded_dkdv_configs(monkeypatch)
+    D = 64 if case == "d64" else 128
+    S = 4096 if case == "fixed-skewed" else 1024
+    layout = {"fixed-skewed": lambda: layouts.fixed(S, 128, 512),
+              "bigbird": lambda: layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=1,
+                                                 seed=_seed()),
+              "d64": lambda: layouts.local(S, 128, 512)}[case]()
+    q, k, v = make_inputs(1, 2, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn_like(q)
+    run_kernels(q, k, v, layout, case == "fixed-skewed", None, D ** -0.5, grad_out)
+    assert seen and not any(cfg.ordered_dq for cfg in seen)
+
+
+def test_deterministic_default_ordered_in_a_cuda_graph():
+    # warmed eagerly (the order's tables built), then captured: the graph runs the ordered
+    # mode too and replays the eager bits
+    S, D = 2000, 128
+    layout = layouts.local(S, 128, 512)
+    q, k, v = make_inputs(1, 4, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn_like(q)
+    want = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out)[2]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out)[2]
+    for t in got:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(map(torch.equal, got, want))

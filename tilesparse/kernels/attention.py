@@ -215,7 +215,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     ``atomic_dq=True``) also adds each block pair's dQ share into an fp32 buffer by
     atomics or TMA reductions (5 matmuls per pair instead of 7, no dQ kernel; dQ's bits
     then depend on the order the adds land in; a ``DkdvWsConfig`` with ``ordered_dq`` adds them
-    in a fixed order instead: deterministic either way). A dK/dV config with ``two_pass`` walks
+    in a fixed order instead: deterministic either way; without ``configs`` the deterministic
+    backward runs that mode where ``attention_ws.ordered_default`` says this layout takes it
+    cheaply, D 128 on Hopper). A dK/dV config with ``two_pass`` walks
     each key tile's column twice (dV, then dK; one fp32 accumulator live at a time).
     With ``attention_stored_ds`` on (and no configs given), the dK/dV kernel stores each
     pair's dS and dQ is one product per pair over the rows (deterministic, 5 matmuls)."""
@@ -254,6 +256,12 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q = _remembered_plan(
         (q.device, "bwd", _operand_signature(q, k, v, grad_out), block_size, layout_heads, deterministic, stored_ds),
         choose, remember=configs is None and _plans_apply(q))
+    if configs is None and deterministic and ws and not stored_ds and not cfg_kv.atomic_dq:
+        # where this layout's dQ shares can be ordered cheaply: one dK/dV kernel adding them in a
+        # fixed order (5 products per block pair, no dQ kernel), per layout (not in the plan)
+        ordered = attention_ws.ordered_default(q, k, v, grad_out, block_size, meta, layout_heads, nb)
+        if ordered is not None:
+            cfg_kv = ordered
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,

@@ -21,8 +21,13 @@ Measured (H200, twenty-fifth session, S 8192, D 128, backward alone; the dQ writ
 against the deterministic two-kernel backward, local 1024 equal (1.93), the fixed pattern
 slower (1.92 -> 2.17); the unordered adds (``deterministic=False``) 1.76 / 2.21 / 1.84 /
 5.82. The same walk and launch order without the semaphores: within 1 % of the unordered
-kernel, so the order's waits cost the rest, more than the model's ~1 %. Opt-in
-(``DkdvWsConfig(ordered_dq=True)``), not a default.
+kernel, so the order's waits cost the rest, more than the model's ~1 %. Twenty-sixth
+session: the writer reads each tile's counters ahead of the hand-over (LOOK_AHEAD), 5 %
+faster: local 1024 1.818, strided 2.254, fixed 2.057, causal 5.719 ms against the two-kernel
+1.878 / 2.417 / 1.882 / 6.403 and the unordered 1.728 / 2.176 / 1.847 / 5.740; the
+deterministic backward's default at D 128 where :func:`column_skew` is at most
+``MAX_DEFAULT_COLUMN_SKEW`` (``attention_ws.ordered_default``). At D 64 (shared dS) it lost
+to the two-kernel backward on all four (1.34 vs 1.23 ms on local 1024): opt-in there.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["ordered_tables", "launch_table", "launch_table_on"]
+__all__ = ["ordered_tables", "launch_table", "launch_table_on", "column_skew", "MAX_DEFAULT_COLUMN_SKEW"]
 
 _TABLES = "_ordered_dq_tables"
 
@@ -62,6 +67,28 @@ def launch_table_on(meta: torch.Tensor, num_blocks: int, kv_items: int) -> torch
     graph capture's memory pool; inside one, built without a host copy)."""
     return cached_table(meta, "_ordered_dq_launch", (num_blocks, kv_items),
                         lambda: launch_table(num_blocks, kv_items, meta.device))
+
+
+# The deterministic backward takes the ordered mode by default (attention_ws.ordered_default)
+# only where the longest key-block column is at most this many times the mean: the fixed
+# pattern (longest 7.1x the mean: its summary columns) ran 9 % slower ordered than the
+# two-kernel backward, local 1024 (1.07x), strided (1.36x) and causal (1.97x) 3-11 % faster
+# (twenty-sixth session, ...-attention-ordered-writer-d128-*.json). The cut between 2 and 7
+# is not measured more finely.
+MAX_DEFAULT_COLUMN_SKEW = 4.0
+
+
+def column_skew(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> float:
+    """The longest key-block column (blocks in it) over the mean column, over every head's
+    layout (0 for a layout without blocks); remembered on ``meta`` (None while a CUDA graph
+    is captured before it was)."""
+    def build():
+        _, col_ptr, _, _ = attention_table_views(meta, layout_heads, num_blocks)
+        lengths = (col_ptr[1:] - col_ptr[:-1]).float()
+        mean = float(lengths.mean()) if lengths.numel() else 0.0
+        return float(lengths.max()) / mean if mean > 0 else 0.0
+
+    return cached_table(meta, "_ordered_dq_skew", (layout_heads, num_blocks), build, build_while_capturing=False)
 
 
 # a share whose predecessor in its row reaches the row at the same step of its own walk waits

@@ -38,12 +38,13 @@ from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _a_operand, _layouts, _needs_mask,
                                 _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _wgmma_layout,
                                 tma_operand_reason)
+from .attention_ordered_dq import MAX_DEFAULT_COLUMN_SKEW, column_skew, ordered_tables
 from .attention_ws_dkdv import launch_dkdv_ws
 from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, hopper_reason
 
-__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ws_supported", "launch_dkdv_ws",
+__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ordered_default", "ws_supported", "launch_dkdv_ws",
            "launch_dq_ws", "launch_fwd_ws"]
 
 
@@ -270,6 +271,35 @@ _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order"
                                                   "balanced": True},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
                                                  "host_descs": True, "balanced": True}}
+
+
+# (block, D) -> the dK/dV config the deterministic backward runs instead of its two kernels
+# where the layout's dQ shares can be ordered cheaply (ordered_default): the shipped
+# deterministic=False mode at D 128 without staged stores (the dQ writer owns the staging
+# tiles) and with its shares added in a fixed order by the dQ writer warp. Twenty-sixth
+# session (...-attention-ordered-writer-d128-*.json, B 4, H 16, S 8192, 7 interleaved
+# rounds), backward ms, two kernels -> ordered: local 1024 1.878 -> 1.818, strided 2.417 ->
+# 2.254, causal 6.403 -> 5.719; the fixed pattern 1.882 -> 2.057 (refused by its column
+# skew). D 64: slower on every pattern timed (not listed).
+_ORDERED_DQ_DEFAULTS: dict = {(128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True,
+                                                       atomic_dq=True, shared_ds=True, fa3_order=True, mma_regs=240,
+                                                       load_regs=24, host_descs=True, ordered_dq=True)}
+
+
+def ordered_default(q, k, v, grad_out, block_size: int, meta, layout_heads: int, num_blocks: int):
+    """The ordered-dQ dK/dV config (``_ORDERED_DQ_DEFAULTS``) that the deterministic
+    backward runs in place of its two kernels where these inputs and this layout qualify:
+    listed for (block, D), supported by the kernel, the layout's shares ordered without
+    long waits (``attention_ordered_dq.ordered_tables``) and its columns not too skewed
+    (``column_skew``); else None. Both are deterministic; their dQ bits differ (another
+    order of the sums)."""
+    cfg = _ORDERED_DQ_DEFAULTS.get((block_size, q.shape[-1]))
+    if cfg is None or meta is None or ws_supported(q, k, v, grad_out, block_size, cfg) is not None:
+        return None
+    skew = column_skew(meta, layout_heads, num_blocks)
+    if skew is None or skew > MAX_DEFAULT_COLUMN_SKEW or ordered_tables(meta, layout_heads, num_blocks) is None:
+        return None
+    return cfg
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):
