@@ -78,17 +78,20 @@ def launch_table_on(meta: torch.Tensor, num_blocks: int, kv_items: int) -> torch
 MAX_DEFAULT_COLUMN_SKEW = 4.0
 
 
-def column_skew(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> float:
+def column_skew(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> float | None:
     """The longest key-block column (blocks in it) over the mean column, over every head's
     layout (0 for a layout without blocks); remembered on ``meta`` (None while a CUDA graph
-    is captured before it was)."""
-    def build():
+    is captured before it was: it reads the tables to the host)."""
+    cache = meta.__dict__.setdefault("_ordered_dq_skew", {})
+    key = (layout_heads, num_blocks)
+    if key not in cache:
+        if meta.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
         _, col_ptr, _, _ = attention_table_views(meta, layout_heads, num_blocks)
-        lengths = (col_ptr[1:] - col_ptr[:-1]).float()
+        lengths = (col_ptr[1:] - col_ptr[:-1]).cpu().float()
         mean = float(lengths.mean()) if lengths.numel() else 0.0
-        return float(lengths.max()) / mean if mean > 0 else 0.0
-
-    return cached_table(meta, "_ordered_dq_skew", (layout_heads, num_blocks), build, build_while_capturing=False)
+        cache[key] = float(lengths.max()) / mean if mean > 0 else 0.0
+    return cache[key]
 
 
 # a share whose predecessor in its row reaches the row at the same step of its own walk waits
