@@ -244,6 +244,9 @@ def attention_ws_cases(quick: bool):
         yield _dkdv_case(fn, 2, 128, head_dim, 2, causal, kpm, 2, overlap, True,
                          mma_regs=240 if overlap == 2 else 232, load_regs=24 if overlap == 2 else 40, host=host,
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER)
+    if not quick:  # dK and dV stored through the staging tiles once the dQ writer frees them (staged_stores)
+        yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         staged=True, ordered=True, ordered_dq=ORDERED_DQ_WRITER)
     if not quick:  # the other dQ writer (ORDERED_DQ 1: the counters read once the shares are handed over)
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=3 - ORDERED_DQ_WRITER)

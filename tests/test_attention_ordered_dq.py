@@ -106,6 +106,7 @@ def test_ordered_dq_config_checks():
     with pytest.raises(ValueError, match="ordered_dq"):
         attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=1)
     attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True)
+    attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, staged_stores=True)
 
 
 def _skew(layout, causal=False):
@@ -139,3 +140,58 @@ def test_ordered_default_needs_a_hopper_gpu():
     q = torch.zeros(1, 2, 1024, 128, dtype=torch.bfloat16)
     meta = layout.meta_on(q.device, False)
     assert attention_ws.ordered_default(q, q, q, q, 128, meta, layout.layout_heads, 8) is None
+
+
+@pytest.mark.parametrize("case,want", [("local", True), ("causal", True), ("fixed-skewed", False), ("bigbird", False),
+                                       ("d64", False), ("fp16", False), ("per-head", False), ("no-meta", False)])
+def test_which_inputs_take_the_ordered_default(case, want, monkeypatch):
+    # the kernel's own operand check passed by hand (no Hopper GPU here): the gates of the
+    # default itself, by layout (order, skew), head dim, dtype and per-head layouts
+    monkeypatch.setattr(attention_ws, "ws_supported", lambda *a: None)
+    S = 4096 if case == "fixed-skewed" else 1024
+    layout = {"causal": lambda: layouts.causal(S, 128),
+              "fixed-skewed": lambda: layouts.fixed(S, 128, 512),
+              "bigbird": lambda: layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=1, seed=3),
+              "per-head": _per_head_windows}.get(case, lambda: layouts.local(S, 128, 512))()
+    causal = case in ("causal", "fixed-skewed")
+    D = 64 if case == "d64" else 128
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    q = torch.zeros(1, layout.layout_heads if layout.layout_heads > 1 else 2, layout.seq_len, D, dtype=dtype)
+    meta = None if case == "no-meta" else layout.meta_on(q.device, causal)
+    nb = -(-layout.seq_len // 128)
+    got = attention_ws.ordered_default(q, q, q, q, 128, meta, layout.layout_heads, nb)
+    assert (got is not None) == want
+    if want:
+        assert got.ordered_dq and got.atomic_dq and got.shared_ds
+
+
+@pytest.mark.parametrize("case,ordered_dq", [("local", True), ("fixed-skewed", False)])
+def test_the_backward_launches_the_ordered_default(case, ordered_dq, monkeypatch):
+    # the dispatch on the CPU: the warp-specialized defaults forced (no Hopper here), the
+    # dK/dV launch recorded and stopped; the plan remembers the candidate, the layout decides
+    from tilesparse.kernels import attention as kernels
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(args[17])
+        raise Stop
+
+    monkeypatch.setattr(kernels, "_PLANS", {})
+    monkeypatch.setattr(attention_ws, "ws_supported", lambda *a: None)
+    monkeypatch.setattr(attention_ws, "default_config",
+                        lambda kind, *a, **kw: attention_ws._WS_DEFAULTS[(kind, 128, 128)])
+    monkeypatch.setattr(attention_ws, "launch_dq_ws", lambda *a, **kw: None)
+    monkeypatch.setattr(attention_ws, "launch_dkdv_ws", stop)
+    S = 4096 if case == "fixed-skewed" else 1024
+    layout = layouts.fixed(S, 128, 512) if case == "fixed-skewed" else layouts.local(S, 128, 512)
+    causal = case == "fixed-skewed"
+    q, k, v, out, grad = (torch.randn(1, 2, S, 128).to(torch.bfloat16) for _ in range(5))
+    lse = torch.zeros(1, 2, S)
+    meta = layout.meta_on(q.device, causal)
+    with pytest.raises(Stop):
+        kernels.attention_backward(grad, q, k, v, out, lse, meta, None, 1, 128, causal, 128 ** -0.5)
+    assert len(seen) == 1 and seen[0].ordered_dq == ordered_dq

@@ -31,6 +31,14 @@ def _layout(name, S):
             "fixed": lambda: layouts.fixed(S, 128, 512)}[name]()
 
 
+def _gqa_case(name, S, D, kpm_kind):
+    """(layout, q, k, v, grad_out, key padding): 2 batches, 4 query heads on 2 kv heads, bf16."""
+    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(torch.bfloat16)
+    kpm = padding(2, S, kpm_kind)
+    return _layout(name, S), q, k, v, grad_out, kpm.cuda() if kpm is not None else None
+
+
 @pytest.mark.parametrize("kpm_kind", [None, "tail"])
 @pytest.mark.parametrize("name,causal,D,S,fa3", [
     ("local", False, 128, 2000, True), ("local-causal", True, 128, 1050, True), ("causal", True, 128, 2000, True),
@@ -39,11 +47,7 @@ def test_ordered_dq_is_bitwise_reproducible_and_matches_the_reference(name, caus
     # GQA (4 query heads on 2 kv heads), odd S (at 1050 a whole 64-row query tile lies past
     # S), key padding; FlashAttention-3's order or the plain shared-dS mode
     dtype = torch.bfloat16
-    layout = _layout(name, S)
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = kpm.cuda() if kpm is not None else None
+    layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
     cfg = _ORDERED if fa3 else dataclasses.replace(_ORDERED, fa3_order=False, mma_regs=232, load_regs=40)
     fwd = kernels.attention_config("fwd", 128, D, dtype)
     dq_cfg = kernels.attention_config("dq", 128, D, dtype)
@@ -105,11 +109,7 @@ def test_deterministic_default_orders_dq_where_the_layout_takes_it(name, causal,
     # run, and the reference's gradients (GQA, odd S, key padding)
     seen = _recorded_dkdv_configs(monkeypatch)
     D, dtype = 128, torch.bfloat16
-    layout = _layout(name, S)
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = kpm.cuda() if kpm is not None else None
+    layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
     runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out)[2] for _ in range(3)]
     assert seen and all(cfg.ordered_dq for cfg in seen)
     for again in runs[1:]:
@@ -137,9 +137,10 @@ def test_deterministic_default_keeps_two_kernels_elsewhere(case, monkeypatch):
     assert seen and not any(cfg.ordered_dq for cfg in seen)
 
 
-def test_deterministic_default_ordered_in_a_cuda_graph():
+def test_deterministic_default_ordered_in_a_cuda_graph(monkeypatch):
     # warmed eagerly (the order's tables built), then captured: the graph runs the ordered
     # mode too and replays the eager bits
+    seen = _recorded_dkdv_configs(monkeypatch)
     S, D = 2000, 128
     layout = layouts.local(S, 128, 512)
     q, k, v = make_inputs(1, 4, 2, S, D, torch.bfloat16, device="cuda")
@@ -153,3 +154,58 @@ def test_deterministic_default_ordered_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert all(map(torch.equal, got, want))
+    assert len(seen) == 2 and all(cfg.ordered_dq for cfg in seen)
+
+
+def test_deterministic_default_ordered_on_seq_major_inputs(monkeypatch):
+    # q, k, v and dO as [B, S, H, D] memory seen as [B, H, S, D] (a GPT block's views): the
+    # same descriptors' strides as the two kernels'; the same bits as contiguous copies
+    seen = _recorded_dkdv_configs(monkeypatch)
+    S, D = 1000, 128
+    layout = layouts.local(S, 128, 512)
+    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, seq_major=True, device="cuda")
+    grad_out = torch.randn(2, S, 4, D, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    got = run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out)[2]
+    want = run_kernels(*(t.contiguous() for t in (q, k, v)), layout, False, None, D ** -0.5,
+                       grad_out.contiguous())[2]
+    assert seen and all(cfg.ordered_dq for cfg in seen)
+    assert all(map(torch.equal, got, want))
+
+
+@pytest.mark.parametrize("case", ["per-head", "fp16"])
+def test_ordered_dq_on_per_head_layouts_and_fp16(case):
+    # the cases the default does not take yet (explicit config here): per-head windows of
+    # 1-3 blocks with GQA, and fp16; bitwise reproducible and the reference's gradients
+    from tilesparse.attention import AttentionLayout
+
+    S, D = 1000, 128
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    if case == "per-head":
+        layout = AttentionLayout(torch.stack([layouts.local(S, 128, 128 * w).mask[0] for w in (1, 2, 3, 2)]), 128,
+                                 seq_len=S)
+    else:
+        layout = layouts.local(S, 128, 512)
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    configs = (kernels.attention_config("fwd", 128, D, dtype), _ORDERED, kernels.attention_config("dq", 128, D, dtype))
+    runs = [run_kernels(q, k, v, layout, False, None, D ** -0.5, grad_out, configs=configs)[2] for _ in range(3)]
+    for again in runs[1:]:
+        assert all(map(torch.equal, again, runs[0]))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), scale=D ** -0.5)
+    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[0], ref_grads):
+        assert_close(g, want, dtype, grad_name)
+
+
+@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None)])
+def test_ordered_dq_with_staged_stores_gives_the_same_bits(name, causal, S, kpm_kind):
+    # staged_stores: dK and dV leave through the staging tiles once the dQ writer has freed
+    # them; the same values as the direct stores, the same ordered dQ (GQA, odd S, padding)
+    D, dtype = 128, torch.bfloat16
+    layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
+    fwd = kernels.attention_config("fwd", 128, D, dtype)
+    dq_cfg = kernels.attention_config("dq", 128, D, dtype)
+    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
+    staged = dataclasses.replace(_ORDERED, staged_stores=True)
+    for _ in range(3):
+        got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, staged, dq_cfg))[2]
+        assert all(map(torch.equal, got, want))

@@ -67,6 +67,8 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             # attention_ws_dkdv.ORDERED_DQ_WRITER 1), against the look-ahead writer above
             "ws_tma_shared_fa3_host_ordered_writer1": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
                                                                    ordered_dq=True)}
+VARIANTS["ws_tma_shared_fa3_staged_host_ordered"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
+                                                                 host_descs=True, ordered_dq=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 

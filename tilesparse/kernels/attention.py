@@ -238,7 +238,8 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     stored_ds = stored is not None
 
     def choose(configs=configs):
-        if configs is None:  # a measured warp-specialized default on Hopper (with deterministic=False, the dK/dV
+        defaults = configs is None
+        if defaults:  # a measured warp-specialized default on Hopper (with deterministic=False, the dK/dV
             # one adding dQ by TMA reductions where measured faster), else Triton's; with stored dS, dQ runs the
             # Triton dq-from-dS kernel at the dQ config's tiles
             configs = tuple((not (stored_ds and kind == "dq")
@@ -250,18 +251,19 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                            deterministic)
         ws_q = _check_config(cfg_q, attention_ws.DqWsConfig, "configs[1]", "dQ", q, k, v, grad_out, block_size,
                              deterministic)
+        # deterministic, on operands the ordered mode takes: its config, used where the layout does
+        ordered = (attention_ws.ordered_candidate(q, k, v, grad_out, block_size, layout_heads)
+                   if defaults and deterministic and ws and not stored_ds else None)
         return (cfg_kv, cfg_q, ws, ws_q, not ws and _tma_ok(cfg_kv, D, d_tile, q, grad_out),
-                not ws_q and _tma_ok(cfg_q, D, d_tile, k, v))
+                not ws_q and _tma_ok(cfg_q, D, d_tile, k, v), ordered)
 
-    cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q = _remembered_plan(
+    cfg_kv, cfg_q, ws, ws_q, tma_kv, tma_q, ordered = _remembered_plan(
         (q.device, "bwd", _operand_signature(q, k, v, grad_out), block_size, layout_heads, deterministic, stored_ds),
         choose, remember=configs is None and _plans_apply(q))
-    if configs is None and deterministic and ws and not stored_ds and not cfg_kv.atomic_dq:
-        # where this layout's dQ shares can be ordered cheaply: one dK/dV kernel adding them in a
-        # fixed order (5 products per block pair, no dQ kernel), per layout (not in the plan)
-        ordered = attention_ws.ordered_default(q, k, v, grad_out, block_size, meta, layout_heads, nb)
-        if ordered is not None:
-            cfg_kv = ordered
+    if ordered is not None and attention_ws.ordered_layout_ok(meta, layout_heads, nb):
+        # this layout's dQ shares ordered cheaply: one dK/dV kernel adds them in a fixed order
+        # (5 products per block pair, no dQ kernel); decided per layout, not in the plan
+        cfg_kv = ordered
     kpm = _kpm_bytes(key_padding_mask, row_ptr)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3])
     common = dict(BS=block_size, D=D, D_TILE=d_tile, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,

@@ -74,7 +74,8 @@ def launch_table_on(meta: torch.Tensor, num_blocks: int, kv_items: int) -> torch
 # pattern (longest 7.1x the mean: its summary columns) ran 9 % slower ordered than the
 # two-kernel backward, local 1024 (1.07x), strided (1.36x) and causal (1.97x) 3-11 % faster
 # (twenty-sixth session, ...-attention-ordered-writer-d128-*.json). The cut between 2 and 7
-# is not measured more finely.
+# is not measured more finely, nor at other lengths: the fixed pattern's skew grows with S
+# (S 2048: 3.25, taken; S 4096: 4.2-4.8 for strides 1024 / 512; S 8192: 7.1).
 MAX_DEFAULT_COLUMN_SKEW = 4.0
 
 

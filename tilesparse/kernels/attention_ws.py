@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma
@@ -44,7 +46,7 @@ from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, hopper_reason
 
-__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ordered_default", "ws_supported", "launch_dkdv_ws",
+__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ordered_candidate", "ordered_layout_ok", "ordered_default", "ws_supported", "launch_dkdv_ws",
            "launch_dq_ws", "launch_fwd_ws"]
 
 
@@ -273,33 +275,52 @@ _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order"
                                                  "host_descs": True, "balanced": True}}
 
 
-# (block, D) -> the dK/dV config the deterministic backward runs instead of its two kernels
-# where the layout's dQ shares can be ordered cheaply (ordered_default): the shipped
-# deterministic=False mode at D 128 without staged stores (the dQ writer owns the staging
-# tiles) and with its shares added in a fixed order by the dQ writer warp. Twenty-sixth
-# session (...-attention-ordered-writer-d128-*.json, B 4, H 16, S 8192, 7 interleaved
-# rounds), backward ms, two kernels -> ordered: local 1024 1.878 -> 1.818, strided 2.417 ->
-# 2.254, causal 6.403 -> 5.719; the fixed pattern 1.882 -> 2.057 (refused by its column
-# skew). D 64: slower on every pattern timed (not listed).
-_ORDERED_DQ_DEFAULTS: dict = {(128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True,
-                                                       atomic_dq=True, shared_ds=True, fa3_order=True, mma_regs=240,
-                                                       load_regs=24, host_descs=True, ordered_dq=True)}
+# (block, D, dtype) -> the dK/dV config the deterministic backward runs instead of its two
+# kernels where the layout's dQ shares can be ordered cheaply (ordered_candidate, then
+# ordered_layout_ok): the shipped deterministic=False mode at D 128 with its shares added in
+# a fixed order by the dQ writer warp (no staged stores: with the ordered mode they are
+# compiled, not yet run on a GPU). Twenty-sixth session (...-attention-ordered-writer-d128-*.json,
+# bf16, B 4, H 16, S 8192, 7 interleaved rounds), backward ms, two kernels -> ordered: local
+# 1024 1.878 -> 1.818, strided 2.417 -> 2.254, causal 6.403 -> 5.719; the fixed pattern 1.882
+# -> 2.057 (refused by its column skew). D 64: slower on every pattern timed (not listed).
+# bf16 only and layouts shared by all heads only: the cases run on the GPU (fp16 and
+# per-head layouts keep the two kernels until their GPU tests have run).
+_ORDERED_DQ_DEFAULTS: dict = {(128, 128, torch.bfloat16): DkdvWsConfig(
+    block_m=64, stages=2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True, fa3_order=True,
+    mma_regs=240, load_regs=24, host_descs=True, ordered_dq=True)}
+
+
+def ordered_candidate(q, k, v, grad_out, block_size: int, layout_heads: int):
+    """The ordered-dQ dK/dV config (``_ORDERED_DQ_DEFAULTS``) these operands could run in
+    place of the deterministic backward's two kernels: listed for (block, D, dtype), a
+    layout shared by all heads, and supported by the kernel; else None. Depends on the
+    operands only (the launcher remembers it with its plan); :func:`ordered_layout_ok`
+    then decides per layout."""
+    cfg = _ORDERED_DQ_DEFAULTS.get((block_size, q.shape[-1], q.dtype))
+    if cfg is None or layout_heads != 1 or ws_supported(q, k, v, grad_out, block_size, cfg) is not None:
+        return None
+    return cfg
+
+
+def ordered_layout_ok(meta, layout_heads: int, num_blocks: int) -> bool:
+    """Whether this layout takes the ordered mode by default: its shares can be ordered
+    without long waits (``attention_ordered_dq.ordered_tables``) and its longest key-block
+    column is at most ``MAX_DEFAULT_COLUMN_SKEW`` times the mean (``column_skew``). False
+    while a CUDA graph is captured before either was computed for this layout (both read
+    the tables to the host): such a capture runs the two kernels, whose bits differ from
+    the ordered mode's."""
+    if meta is None:
+        return False
+    skew = column_skew(meta, layout_heads, num_blocks)
+    return (skew is not None and skew <= MAX_DEFAULT_COLUMN_SKEW
+            and ordered_tables(meta, layout_heads, num_blocks) is not None)
 
 
 def ordered_default(q, k, v, grad_out, block_size: int, meta, layout_heads: int, num_blocks: int):
-    """The ordered-dQ dK/dV config (``_ORDERED_DQ_DEFAULTS``) that the deterministic
-    backward runs in place of its two kernels where these inputs and this layout qualify:
-    listed for (block, D), supported by the kernel, the layout's shares ordered without
-    long waits (``attention_ordered_dq.ordered_tables``) and its columns not too skewed
-    (``column_skew``); else None. Both are deterministic; their dQ bits differ (another
-    order of the sums)."""
-    cfg = _ORDERED_DQ_DEFAULTS.get((block_size, q.shape[-1]))
-    if cfg is None or meta is None or ws_supported(q, k, v, grad_out, block_size, cfg) is not None:
-        return None
-    skew = column_skew(meta, layout_heads, num_blocks)
-    if skew is None or skew > MAX_DEFAULT_COLUMN_SKEW or ordered_tables(meta, layout_heads, num_blocks) is None:
-        return None
-    return cfg
+    """:func:`ordered_candidate` where :func:`ordered_layout_ok`, else None: the dK/dV
+    config the deterministic backward runs for these operands and this layout."""
+    cfg = ordered_candidate(q, k, v, grad_out, block_size, layout_heads)
+    return cfg if cfg is not None and ordered_layout_ok(meta, layout_heads, num_blocks) else None
 
 
 def default_config(kind: str, q, k, v, third, block_size: int, layout_heads: int = 1, deterministic: bool = True):

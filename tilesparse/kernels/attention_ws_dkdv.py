@@ -113,7 +113,8 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     together, Pᵀ under dPᵀ, the dSᵀ exchange under dV, dQ then dK issued, the reduction
     under dK, the stage released after the last wait. STAGED_STORES (with ATOMIC_DQ): dK and
     dV leave through this consumer's two staging tiles, idle once its reductions have read
-    them (``out_smem_layout``), in 16-byte stores instead of the accumulator layout's 4-byte ones.
+    them (ORDERED_DQ: once the dQ writer has freed them; ``out_smem_layout``), in 16-byte
+    stores instead of the accumulator layout's 4-byte ones.
     ORDERED_DQ (ATOMIC_DQ 2): the column walked in the host's order (``col_rows`` is
     :func:`attention_ordered_dq.ordered_tables`' walk, not rotated), each share handed to
     the dQ writer (:func:`_dkdv_dq_writer`) through the staging tiles instead of added here."""
@@ -282,7 +283,10 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     if STAGED_STORES:
         gl.static_assert(ATOMIC_DQ != 0, "STAGED_STORES reuses the atomic-dQ staging tiles")
         gl.static_assert(BLOCK_M * DQ_N * 4 >= KEYS * D * 2, "a staging tile holds a 16-bit [KEYS, D] tile")
-        tma.store_wait(pendings=0)  # this consumer's reductions have read its staging tiles
+        if ORDERED_DQ:  # the dQ writer has returned both staging tiles (their last shares landed)
+            _staging_returned(dq_empty, ROLE, step)
+        else:
+            tma.store_wait(pendings=0)  # this consumer's reductions have read its staging tiles
         row0 = bhk.to(gl.int64) * S
         _store_staged(dk_ptr, (dk * scale).to(dtype), dq_bufs.index(ROLE * 2), row0, key0, S, D, KEYS,
                       out_smem_layout, num_warps)
@@ -298,6 +302,17 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
         if ATOMIC_DQ:
             tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
     return step, reduces
+
+
+@gluon.jit
+def _staging_returned(dq_empty, ROLE: gl.constexpr, step):
+    """ORDERED_DQ with STAGED_STORES: wait until the dQ writer has freed this consumer's two
+    staging tiles after the last of the ``step`` shares handed through them (tile b took
+    shares b, b + 2, ...; the writer frees each use once it has landed)."""
+    for b in gl.static_range(2):
+        uses = (step - b + 1) // 2
+        if uses > 0:
+            mbarrier.wait(dq_empty.index(ROLE * 2 + b), (uses - 1) & 1)
 
 
 @gluon.jit
@@ -383,7 +398,6 @@ def _bwd_dkdv_ws_kernel(
     else:
         kv_free = kv_bar  # not used
     if ORDERED_DQ:  # each consumer's two staging tiles handed to the dQ writer (full) and back (empty)
-        gl.static_assert(not STAGED_STORES, "ORDERED_DQ: the staging tiles are the dQ writer's until it frees them")
         dq_full, dq_empty = _alloc_ring(4, 1)
     else:
         dq_full, dq_empty = ready_bars, empty_bars  # not used
@@ -401,7 +415,7 @@ def _bwd_dkdv_ws_kernel(
                             ORDERED, ORDERED_DQ)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
-            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2)),
+            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([

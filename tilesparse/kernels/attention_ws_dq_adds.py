@@ -48,7 +48,7 @@ def _hand_share(stage, share, full, empty, phase):
 
 @gluon.jit
 def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    LOOK_AHEAD: gl.constexpr = False):
+                    LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False):
     """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
     query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
     added into dQ when its turn comes (the shares ranked before it counted), and counted and
@@ -57,7 +57,8 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     LOOK_AHEAD: the tile's two counters are read at the step's start, while the last tile's
     reductions complete and the consumers hand over, so where the turn has come by then no
     round trip to L2 sits between a hand-over and its reduction; the last tile's two shares
-    are counted after one completion wait."""
+    are counted after one completion wait. STAGED_STORES: the last two staging tiles are freed
+    too, once their shares have landed (the consumers store dK and dV through them)."""
     dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
     col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
     H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
@@ -108,6 +109,9 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     else:
         count_done(sem_ptr + last_sem, pending, 1)
         count_done(sem_ptr + last_sem + 1, pending, 1)
+    if STAGED_STORES and step > 0:
+        mbarrier.arrive(dq_empty.index((step - 1) % 2), count=1)
+        mbarrier.arrive(dq_empty.index(2 + (step - 1) % 2), count=1)
 
 
 @functools.lru_cache(maxsize=16)
