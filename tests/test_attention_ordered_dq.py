@@ -107,6 +107,10 @@ def test_ordered_dq_config_checks():
         attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=1)
     attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True)
     attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, staged_stores=True)
+    with pytest.raises(ValueError, match="first_share_stored needs ordered_dq"):
+        attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, first_share_stored=True)
+    attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True,
+                              first_share_stored=True)
 
 
 def _skew(layout, causal=False):
@@ -195,3 +199,18 @@ def test_the_backward_launches_the_ordered_default(case, ordered_dq, monkeypatch
     with pytest.raises(Stop):
         kernels.attention_backward(grad, q, k, v, out, lse, meta, None, 1, 128, causal, 128 ** -0.5)
     assert len(seen) == 1 and seen[0].ordered_dq == ordered_dq
+
+
+def test_every_row_has_shares():
+    # a query block without blocks (here row 2 of 4) means dQ rows no share writes: zeroed
+    from tilesparse.attention import AttentionLayout
+
+    def full_rows(layout, causal=False):
+        return ordered.every_row_has_shares(layout.meta_on(torch.device("cpu"), causal), layout.layout_heads,
+                                            -(-layout.seq_len // layout.block_size))
+
+    assert full_rows(layouts.local(1000, 128, 512)) and full_rows(layouts.causal(1000, 128), True)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False
+    assert not full_rows(AttentionLayout(mask[None], 16, seq_len=64))
+    assert not full_rows(layouts.random(64, 16, 0.0))

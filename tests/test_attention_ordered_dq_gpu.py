@@ -209,3 +209,30 @@ def test_ordered_dq_with_staged_stores_gives_the_same_bits(name, causal, S, kpm_
     for _ in range(3):
         got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, staged, dq_cfg))[2]
         assert all(map(torch.equal, got, want))
+
+
+@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None),
+                                                    ("empty-row", False, 1000, None)])
+def test_ordered_dq_with_the_first_share_stored_gives_the_same_values(name, causal, S, kpm_kind):
+    # first_share_stored: each query tile's rank-0 share stored by a TMA copy into an unzeroed
+    # (under the tests' poison: NaN) buffer, the rest added after it; the same values as the
+    # ordered adds onto zeros (0 + x = x). A layout with an empty query block keeps the zeroed
+    # buffer (its rows get no share)
+    from tilesparse.attention import AttentionLayout
+
+    D, dtype = 128, torch.bfloat16
+    if name == "empty-row":
+        mask = layouts.local(S, 128, 512).mask[0].clone()
+        mask[3] = False
+        layout = AttentionLayout(mask[None], 128, seq_len=S)
+        q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+        grad_out, kpm = torch.randn(2, 4, S, D, device="cuda").to(dtype), None
+    else:
+        layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
+    fwd = kernels.attention_config("fwd", 128, D, dtype)
+    dq_cfg = kernels.attention_config("dq", 128, D, dtype)
+    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
+    stored = dataclasses.replace(_ORDERED, first_share_stored=True)
+    for _ in range(3):
+        got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, stored, dq_cfg))[2]
+        assert all(map(torch.equal, got, want))

@@ -69,6 +69,10 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
                                                                    ordered_dq=True)}
 VARIANTS["ws_tma_shared_fa3_staged_host_ordered"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
                                                                  host_descs=True, ordered_dq=True)
+# each query tile's first share stored, not added: dQ's fp32 buffer not zeroed first (where every
+# query block has a share; the probe's layouts all do)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
+                                                                      ordered_dq=True, first_share_stored=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 

@@ -19,6 +19,7 @@ from ..attention.layout import attention_table_views
 from ._alloc import new_output
 from . import attention_stored_ds, attention_ws, attention_ws_dq
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
+from .attention_ordered_dq import every_row_has_shares
 from .attention_kernels import _bwd_dkdv_kernel, _bwd_dq_kernel, _bwd_preprocess_kernel, _fwd_kernel
 from .bsmm_tma import ensure_allocator
 from ._launch import launch
@@ -272,7 +273,11 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         ensure_allocator()
     # dQ added by reductions (deterministic=False, or in order: DkdvWsConfig.ordered_dq) into fp32
     adds = not deterministic or (ws and cfg_kv.atomic_dq)
-    dq_acc = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device) if adds else None
+    dq_acc = None
+    if adds and ws and cfg_kv.first_share_stored and every_row_has_shares(meta, layout_heads, nb):
+        dq_acc = new_output(B, H, S, D, dtype=torch.float32, device=q.device)  # every row's first share stored
+    elif adds:
+        dq_acc = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
     ds = slots = None
     chunks = [None]  # one launch over every head
     if stored_ds:  # every tile of every pair of a chunk is written by the dK/dV kernel

@@ -37,7 +37,8 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["ordered_tables", "launch_table", "launch_table_on", "column_skew", "MAX_DEFAULT_COLUMN_SKEW"]
+__all__ = ["ordered_tables", "launch_table", "launch_table_on", "column_skew", "MAX_DEFAULT_COLUMN_SKEW",
+           "every_row_has_shares"]
 
 _TABLES = "_ordered_dq_tables"
 
@@ -92,6 +93,21 @@ def column_skew(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> float
         lengths = (col_ptr[1:] - col_ptr[:-1]).cpu().float()
         mean = float(lengths.mean()) if lengths.numel() else 0.0
         cache[key] = float(lengths.max()) / mean if mean > 0 else 0.0
+    return cache[key]
+
+
+def every_row_has_shares(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> bool:
+    """Whether every query block of every head's layout has at least one block (so with
+    ``DkdvWsConfig.first_share_stored`` every dQ row is written by a store before any add,
+    and dQ's buffer needs no zeros); remembered on ``meta``. False while a CUDA graph is
+    captured before it was computed (it reads the tables to the host)."""
+    cache = meta.__dict__.setdefault("_ordered_dq_full_rows", {})
+    key = (layout_heads, num_blocks)
+    if key not in cache:
+        if meta.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        row_ptr = attention_table_views(meta, layout_heads, num_blocks)[0]
+        cache[key] = bool(((row_ptr[1:] - row_ptr[:-1]) > 0).all())
     return cache[key]
 
 

@@ -196,7 +196,11 @@ class DkdvWsConfig:
     free the staging tiles: compiled for sm_90, its GPU test written, not yet run). The
     deterministic backward's default at D 128 where the layout takes it
     (``attention_ws.ordered_default``): on the H200 3-11 % faster than the two-kernel
-    backward on local windows, strided and causal layouts, 9 % slower on the fixed pattern."""
+    backward on local windows, strided and causal layouts, 9 % slower on the fixed pattern.
+    ``first_share_stored`` (with ``ordered_dq``): the share ranked first in its query tile is
+    stored by a TMA copy instead of added, so dQ's fp32 buffer needs no zeros beforehand
+    where every query block has a share (the launcher zeroes it otherwise): one pass over
+    4 bytes x B H S D less (compiled for sm_90, its GPU test written, not yet run)."""
 
     block_m: int = 64
     stages: int = 2
@@ -213,12 +217,16 @@ class DkdvWsConfig:
     persistent: bool = False
     balanced: bool = False
     ordered_dq: bool = False
+    first_share_stored: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
-                    "host_descs", "persistent", "balanced", "ordered_dq")
+                    "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored")
+        if self.first_share_stored and not self.ordered_dq:
+            raise ValueError("DkdvWsConfig.first_share_stored needs ordered_dq=True (the share ranked first in its "
+                             "query tile is known only in the ordered mode)")
         if self.ordered_dq and not (self.shared_ds and not self.persistent and not self.balanced):
             raise ValueError("DkdvWsConfig.ordered_dq needs shared_ds=True (the adds it orders), and neither "
                              "persistent nor balanced (it launches in its own order)")

@@ -345,7 +345,7 @@ def _bwd_dkdv_ws_kernel(
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
-    ORDERED_DQ: gl.constexpr = False,
+    ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, key-block major; ORDERED: a 1-D grid, program p taking the item of
@@ -354,9 +354,11 @@ def _bwd_dkdv_ws_kernel(
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
     ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth
-    partition, the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`)."""
+    partition, the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`); FIRST_STORE
+    (with ORDERED_DQ): each query tile's first share stored, not added (no zeroed buffer)."""
     gl.static_assert(not ORDERED_DQ or (ATOMIC_DQ == 2 and ORDERED and not PERSISTENT),
                      "ORDERED_DQ: the shared-dS atomic mode, launched in its order table, not persistent")
+    gl.static_assert(not FIRST_STORE or ORDERED_DQ != 0, "FIRST_STORE: the first share is known in the ordered mode only")
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
@@ -415,7 +417,8 @@ def _bwd_dkdv_ws_kernel(
                             ORDERED, ORDERED_DQ)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
-            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES)),
+            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES,
+                               FIRST_STORE)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
@@ -515,5 +518,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
+        FIRST_STORE=cfg.first_share_stored,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

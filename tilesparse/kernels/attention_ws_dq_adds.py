@@ -48,7 +48,8 @@ def _hand_share(stage, share, full, empty, phase):
 
 @gluon.jit
 def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
-                    LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False):
+                    LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False,
+                    FIRST_STORE: gl.constexpr = False):
     """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
     query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
     added into dQ when its turn comes (the shares ranked before it counted), and counted and
@@ -58,7 +59,9 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     reductions complete and the consumers hand over, so where the turn has come by then no
     round trip to L2 sits between a hand-over and its reduction; the last tile's two shares
     are counted after one completion wait. STAGED_STORES: the last two staging tiles are freed
-    too, once their shares have landed (the consumers store dK and dV through them)."""
+    too, once their shares have landed (the consumers store dK and dV through them).
+    FIRST_STORE: a tile's share of rank 0 is stored (a TMA copy), not added, so dQ's buffer
+    need not be zeroed first; the count and the order are the same."""
     dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
     col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
     H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
@@ -100,7 +103,14 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
                         wait_turn_from(sem_ptr + sem + 1, rank, seen1, 1)
                 else:
                     wait_turn(sem_ptr + sem + role, rank, 1)
-                async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
+                if FIRST_STORE:
+                    if rank == 0:
+                        tma.async_copy_shared_to_global(dq_desc, [bz, h, row, role * DQ_N],
+                                                        dq_bufs.index(role * 2 + buf))
+                    else:
+                        async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
+                else:
+                    async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
             last_sem = sem
             pending = gl.to_tensor(1)
             step += 1
