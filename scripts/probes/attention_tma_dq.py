@@ -90,6 +90,9 @@ HOST_VARIANTS = os.environ["TMA_DQ_HOST"].split(",") if os.environ.get("TMA_DQ_H
 # TMA_DQ_CONCURRENT=0 skips the CONCURRENT_DQ row
 CONCURRENT = os.environ.get("TMA_DQ_CONCURRENT", "1") != "0"
 
+# TMA_DQ_PASSES=0 skips the rows timing the memory passes around the 5-product kernel
+PASSES = os.environ.get("TMA_DQ_PASSES", "1") != "0"
+
 # TMA_DQ_ROUNDS: each pattern's backward variants are timed in this many interleaved rounds
 # (bench.timing.interleaved_ms; medians), so that the shared GPU's drifts (5-10 % between
 # one variant's timing and the next in the twenty-fourth session) fall on all of them
@@ -167,6 +170,18 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
         if cfg.ordered_dq:  # deterministic: the same bits again
             row[f"{name}_repeat_same"] = all(map(torch.equal, variant(), got))
         timed[f"bwd_{name}"] = variant
+    # the passes over memory around the 5-product kernel (its dQ buffer's zero fill, the delta
+    # kernel, the fp32 -> bf16 conversion), each alone: what first_share_stored and a converting
+    # last share could save (TMA_DQ_PASSES=0 skips them)
+    if PASSES:
+        acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        B_, H_, S_, D_ = q.shape
+        timed["pass_zero_fill"] = lambda: torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        timed["pass_convert"] = lambda: acc.to(q.dtype)
+        timed["pass_delta"] = lambda: K.launch(K._bwd_preprocess_kernel, (K.cdiv(S_, 64), B_ * H_),
+                                               out, dout, delta, S_, H_, *out.stride()[:3], *dout.stride()[:3],
+                                               D=D_, D_TILE=max(16, K.next_power_of_2(D_)), BLOCK_M=64)
     for name, ms in interleaved_ms(timed, cuda=True, rounds=ROUNDS).items():
         row[f"{name}_ms"] = ms
     row["rounds"] = ROUNDS
