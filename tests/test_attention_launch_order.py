@@ -127,3 +127,18 @@ def test_while_capturing_a_table_is_only_looked_up(monkeypatch):
     assert "_t" not in owner.__dict__
     owner.__dict__["_t"] = {"k": torch.zeros(1)}
     assert torch.equal(cached_table(owner, "_t", "k", build, build_while_capturing=False), torch.zeros(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cached_table_remembers_host_values_on_cuda():
+    # a value read from the tables to the host (a skew, a flag) is built on the side stream
+    # like a table and remembered; only tensors are recorded on the current stream
+    from tilesparse.kernels._device import cached_table
+
+    owner = torch.zeros(4, device="cuda")
+    built = []
+    build = lambda: built.append(1) or float(owner.sum()) + 2.5  # noqa: E731
+    assert cached_table(owner, "_host", "k", build) == 2.5
+    assert cached_table(owner, "_host", "k", build) == 2.5 and built == [1]
+    assert cached_table(owner, "_flag", "k", lambda: False) is False

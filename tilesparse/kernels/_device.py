@@ -48,7 +48,8 @@ def build_outside_graph_pools(device: torch.device, build):
     where the current stream allocates into a CUDA graph's private pool (torch.compile's
     reduce-overhead warm-up, whose blocks later replays overwrite), and they are finished
     before any other stream can read them. For tables cached on a layout for its life.
-    ``build`` returns a tensor or a tuple of tensors; on other devices it just runs. Not
+    ``build`` returns a tensor, a tuple of tensors, or a host value (a number or flag read
+    from the tables, which needs no stream); on other devices it just runs. Not
     during a CUDA-graph capture (the side stream's sync would break it): callers build in
     place there, uncached."""
     if device.type != "cuda":
@@ -61,7 +62,8 @@ def build_outside_graph_pools(device: torch.device, build):
     with torch.cuda.stream(side):
         out = build()
     for t in out if isinstance(out, tuple) else (out,):
-        t.record_stream(current)  # the kernels that read it run on the current stream
+        if isinstance(t, torch.Tensor):
+            t.record_stream(current)  # the kernels that read it run on the current stream
     side.synchronize()  # complete (and any pinned host source no longer needed)
     return out
 

@@ -84,16 +84,13 @@ def column_skew(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> float
     """The longest key-block column (blocks in it) over the mean column, over every head's
     layout (0 for a layout without blocks); remembered on ``meta`` (None while a CUDA graph
     is captured before it was: it reads the tables to the host)."""
-    cache = meta.__dict__.setdefault("_ordered_dq_skew", {})
-    key = (layout_heads, num_blocks)
-    if key not in cache:
-        if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
+    def build():
         _, col_ptr, _, _ = attention_table_views(meta, layout_heads, num_blocks)
         lengths = (col_ptr[1:] - col_ptr[:-1]).cpu().float()
         mean = float(lengths.mean()) if lengths.numel() else 0.0
-        cache[key] = float(lengths.max()) / mean if mean > 0 else 0.0
-    return cache[key]
+        return float(lengths.max()) / mean if mean > 0 else 0.0
+
+    return cached_table(meta, "_ordered_dq_skew", (layout_heads, num_blocks), build, build_while_capturing=False)
 
 
 def every_row_has_shares(meta: torch.Tensor, layout_heads: int, num_blocks: int) -> bool:
@@ -101,14 +98,12 @@ def every_row_has_shares(meta: torch.Tensor, layout_heads: int, num_blocks: int)
     ``DkdvWsConfig.first_share_stored`` every dQ row is written by a store before any add,
     and dQ's buffer needs no zeros); remembered on ``meta``. False while a CUDA graph is
     captured before it was computed (it reads the tables to the host)."""
-    cache = meta.__dict__.setdefault("_ordered_dq_full_rows", {})
-    key = (layout_heads, num_blocks)
-    if key not in cache:
-        if meta.is_cuda and torch.cuda.is_current_stream_capturing():
-            return False
+    def build():
         row_ptr = attention_table_views(meta, layout_heads, num_blocks)[0]
-        cache[key] = bool(((row_ptr[1:] - row_ptr[:-1]) > 0).all())
-    return cache[key]
+        return bool(((row_ptr[1:] - row_ptr[:-1]) > 0).all())
+
+    return cached_table(meta, "_ordered_dq_full_rows", (layout_heads, num_blocks), build,
+                        build_while_capturing=False) is True
 
 
 # a share whose predecessor in its row reaches the row at the same step of its own walk waits
