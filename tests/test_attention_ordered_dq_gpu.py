@@ -23,8 +23,18 @@ _ORDERED = attention_ws.DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, ato
                                      fa3_order=True, mma_regs=240, load_regs=24, host_descs=True, ordered_dq=True)
 
 
+def _empty_row_layout(S):
+    """A 512-wide window with query block 3 emptied."""
+    from tilesparse.attention import AttentionLayout
+
+    mask = layouts.local(S, 128, 512).mask[0].clone()
+    mask[3] = False
+    return AttentionLayout(mask[None], 128, seq_len=S)
+
+
 def _layout(name, S):
     return {"local": lambda: layouts.local(S, 128, 512),
+            "empty-row": lambda: _empty_row_layout(S),
             "local-causal": lambda: layouts.local(S, 128, 512, causal=True),
             "causal": lambda: layouts.causal(S, 128),
             "strided": lambda: layouts.strided(S, 128, 256),
@@ -196,43 +206,23 @@ def test_ordered_dq_on_per_head_layouts_and_fp16(case):
         assert_close(g, want, dtype, grad_name)
 
 
-@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None)])
-def test_ordered_dq_with_staged_stores_gives_the_same_bits(name, causal, S, kpm_kind):
+@pytest.mark.parametrize("option,name,causal,S,kpm_kind", [
+    ("staged_stores", "local", False, 2000, "tail"), ("staged_stores", "causal", True, 1050, None),
+    ("first_share_stored", "local", False, 2000, "tail"), ("first_share_stored", "causal", True, 1050, None),
+    ("first_share_stored", "empty-row", False, 1000, None)])
+def test_ordered_dq_options_give_the_same_bits(option, name, causal, S, kpm_kind):
     # staged_stores: dK and dV leave through the staging tiles once the dQ writer has freed
-    # them; the same values as the direct stores, the same ordered dQ (GQA, odd S, padding)
+    # them, the same values as the direct stores. first_share_stored: each query tile's
+    # rank-0 share stored by a TMA copy into an unzeroed (under the tests' poison: NaN)
+    # buffer, the rest added after it, the same values as the adds onto zeros (0 + x = x); a
+    # layout with an empty query block keeps the zeroed buffer (its rows get no share).
+    # Against the plain ordered mode, every run (GQA, odd S, padding)
     D, dtype = 128, torch.bfloat16
     layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
     fwd = kernels.attention_config("fwd", 128, D, dtype)
     dq_cfg = kernels.attention_config("dq", 128, D, dtype)
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
-    staged = dataclasses.replace(_ORDERED, staged_stores=True)
+    cfg = dataclasses.replace(_ORDERED, **{option: True})
     for _ in range(3):
-        got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, staged, dq_cfg))[2]
-        assert all(map(torch.equal, got, want))
-
-
-@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None),
-                                                    ("empty-row", False, 1000, None)])
-def test_ordered_dq_with_the_first_share_stored_gives_the_same_values(name, causal, S, kpm_kind):
-    # first_share_stored: each query tile's rank-0 share stored by a TMA copy into an unzeroed
-    # (under the tests' poison: NaN) buffer, the rest added after it; the same values as the
-    # ordered adds onto zeros (0 + x = x). A layout with an empty query block keeps the zeroed
-    # buffer (its rows get no share)
-    from tilesparse.attention import AttentionLayout
-
-    D, dtype = 128, torch.bfloat16
-    if name == "empty-row":
-        mask = layouts.local(S, 128, 512).mask[0].clone()
-        mask[3] = False
-        layout = AttentionLayout(mask[None], 128, seq_len=S)
-        q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-        grad_out, kpm = torch.randn(2, 4, S, D, device="cuda").to(dtype), None
-    else:
-        layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
-    fwd = kernels.attention_config("fwd", 128, D, dtype)
-    dq_cfg = kernels.attention_config("dq", 128, D, dtype)
-    want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
-    stored = dataclasses.replace(_ORDERED, first_share_stored=True)
-    for _ in range(3):
-        got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, stored, dq_cfg))[2]
+        got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, cfg, dq_cfg))[2]
         assert all(map(torch.equal, got, want))
