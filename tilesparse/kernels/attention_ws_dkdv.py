@@ -41,7 +41,8 @@ from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
-from .attention_ws_dq_adds import _add_share, _dkdv_dq_writer, _dq_layout, _hand_share, dq_tile_cols
+from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dq_layout, _hand_share, _staging_returned,
+                                   _store_staged, dq_tile_cols)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, _nvmma
 
@@ -302,35 +303,6 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
         if ATOMIC_DQ:
             tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
     return step, reduces
-
-
-@gluon.jit
-def _staging_returned(dq_empty, ROLE: gl.constexpr, step):
-    """ORDERED_DQ with STAGED_STORES: wait until the dQ writer has freed this consumer's two
-    staging tiles after the last of the ``step`` shares handed through them (tile b took
-    shares b, b + 2, ...; the writer frees each use once it has landed)."""
-    for b in gl.static_range(2):
-        uses = (step - b + 1) // 2
-        if uses > 0:
-            mbarrier.wait(dq_empty.index(ROLE * 2 + b), (uses - 1) & 1)
-
-
-@gluon.jit
-def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
-                  out_smem_layout: gl.constexpr, num_warps: gl.constexpr):
-    """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;
-    rows past S dropped) through the shared-memory tile ``stage`` (at least KEYS * D * 2
-    bytes, idle): written in the accumulator's layout, read back as 8 consecutive columns
-    (16 bytes) per thread, whole rows per warp, and stored from there."""
-    buf = stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout)
-    buf.store(tile)
-    rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
-                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
-    vals = buf.load(rows_layout)
-    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
-    off = (row0 + offs_n.to(gl.int64))[:, None] * D + offs_d[None, :]
-    gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.jit

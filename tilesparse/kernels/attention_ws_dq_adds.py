@@ -5,7 +5,8 @@ reduction (:mod:`tilesparse.kernels._tma_reduce`), either by the consumer that c
 it, in whatever order the adds land (:func:`_add_share`), or (``ordered_dq``) handed to a
 dQ writer warp that adds each query tile's shares in a fixed order behind semaphores
 (:func:`_hand_share`, :func:`_dkdv_dq_writer`; :mod:`tilesparse.kernels._ordered_adds`).
-Also the staging tiles' shape and layout (host side)."""
+Also the staging tiles' reuse for dK and dV's stores (``staged_stores``: :func:`_store_staged`,
+after :func:`_staging_returned` in the ordered mode) and their shape and layout (host side)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,35 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     if STAGED_STORES and step > 0:
         mbarrier.arrive(dq_empty.index((step - 1) % 2), count=1)
         mbarrier.arrive(dq_empty.index(2 + (step - 1) % 2), count=1)
+
+
+@gluon.jit
+def _staging_returned(dq_empty, ROLE: gl.constexpr, step):
+    """ORDERED_DQ with STAGED_STORES: wait until the dQ writer has freed this consumer's two
+    staging tiles after the last of the ``step`` shares handed through them (tile b took
+    shares b, b + 2, ...; the writer frees each use once it has landed)."""
+    for b in gl.static_range(2):
+        uses = (step - b + 1) // 2
+        if uses > 0:
+            mbarrier.wait(dq_empty.index(ROLE * 2 + b), (uses - 1) & 1)
+
+
+@gluon.jit
+def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
+                  out_smem_layout: gl.constexpr, num_warps: gl.constexpr):
+    """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;
+    rows past S dropped) through the shared-memory tile ``stage`` (at least KEYS * D * 2
+    bytes, idle): written in the accumulator's layout, read back as 8 consecutive columns
+    (16 bytes) per thread, whole rows per warp, and stored from there."""
+    buf = stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout)
+    buf.store(tile)
+    rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
+                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+    vals = buf.load(rows_layout)
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
+    off = (row0 + offs_n.to(gl.int64))[:, None] * D + offs_d[None, :]
+    gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 
 @functools.lru_cache(maxsize=16)
