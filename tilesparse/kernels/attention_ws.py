@@ -46,8 +46,8 @@ from .attention_ws_dq import launch_dq_ws
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring, hopper_reason
 
-__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ordered_candidate", "ordered_layout_ok", "ordered_default", "ws_supported", "launch_dkdv_ws",
-           "launch_dq_ws", "launch_fwd_ws"]
+__all__ = ["DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "default_config", "ordered_candidate", "ordered_layout_ok",
+           "ordered_default", "ws_supported", "launch_dkdv_ws", "launch_dq_ws", "launch_fwd_ws"]
 
 
 @gluon.jit
