@@ -147,7 +147,7 @@ def test_ordered_default_needs_a_hopper_gpu():
 
 
 @pytest.mark.parametrize("case,want", [("local", True), ("causal", True), ("fixed-skewed", False), ("bigbird", False),
-                                       ("d64", False), ("fp16", False), ("per-head", False), ("no-meta", False)])
+                                       ("d64", False), ("fp16", True), ("per-head", False), ("no-meta", False)])
 def test_which_inputs_take_the_ordered_default(case, want, monkeypatch):
     # the kernel's own operand check passed by hand (no Hopper GPU here): the gates of the
     # default itself, by layout (order, skew), head dim, dtype and per-head layouts
@@ -166,7 +166,7 @@ def test_which_inputs_take_the_ordered_default(case, want, monkeypatch):
     got = attention_ws.ordered_default(q, q, q, q, 128, meta, layout.layout_heads, nb)
     assert (got is not None) == want
     if want:
-        assert got.ordered_dq and got.atomic_dq and got.shared_ds
+        assert got.ordered_dq and got.atomic_dq and got.shared_ds and got.first_share_stored
 
 
 @pytest.mark.parametrize("case,ordered_dq", [("local", True), ("fixed-skewed", False)])

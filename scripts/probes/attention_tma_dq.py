@@ -73,6 +73,9 @@ VARIANTS["ws_tma_shared_fa3_staged_host_ordered"] = DkdvWsConfig(64, 2, **_SHARE
 # query block has a share; the probe's layouts all do)
 VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
                                                                       ordered_dq=True, first_share_stored=True)
+# both options together (the default candidate once each alone was timed)
+VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = DkdvWsConfig(
+    64, 2, **_SHARED, **_FA3, staged_stores=True, host_descs=True, ordered_dq=True, first_share_stored=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 
@@ -97,6 +100,8 @@ PASSES = os.environ.get("TMA_DQ_PASSES", "1") != "0"
 # (bench.timing.interleaved_ms; medians), so that the shared GPU's drifts (5-10 % between
 # one variant's timing and the next in the twenty-fourth session) fall on all of them
 ROUNDS = int(os.environ.get("TMA_DQ_ROUNDS", "5"))
+# TMA_DQ_DTYPE=float16: the inputs in fp16 instead of bf16
+DTYPE = getattr(torch, os.environ.get("TMA_DQ_DTYPE", "bfloat16"))
 
 
 def _relative_error(got, want) -> float:
@@ -105,7 +110,9 @@ def _relative_error(got, want) -> float:
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
-    layout, causal, (q, k, v, dout), meta, scale, row = probe_inputs(spec, B, H, S, D, block, tensors=4)
+    layout, causal, inputs, meta, scale, row = probe_inputs(spec, B, H, S, D, block, tensors=4)
+    q, k, v, dout = (t.to(DTYPE) for t in inputs)
+    row["dtype"] = str(DTYPE)
     fwd = lambda: K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal, scale)  # noqa: E731
     out, lse = fwd()
     row["fwd_default_ms"] = bench_ms(fwd, cuda=True)

@@ -278,16 +278,20 @@ _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order"
 # (block, D, dtype) -> the dK/dV config the deterministic backward runs instead of its two
 # kernels where the layout's dQ shares can be ordered cheaply (ordered_candidate, then
 # ordered_layout_ok): the shipped deterministic=False mode at D 128 with its shares added in
-# a fixed order by the dQ writer warp (no staged stores: with the ordered mode they are
-# compiled, not yet run on a GPU). Twenty-sixth session (...-attention-ordered-writer-d128-*.json,
-# bf16, B 4, H 16, S 8192, 7 interleaved rounds), backward ms, two kernels -> ordered: local
-# 1024 1.878 -> 1.818, strided 2.417 -> 2.254, causal 6.403 -> 5.719; the fixed pattern 1.882
-# -> 2.057 (refused by its column skew). D 64: slower on every pattern timed (not listed).
-# bf16 only and layouts shared by all heads only: the cases run on the GPU (fp16 and
-# per-head layouts keep the two kernels until their GPU tests have run).
-_ORDERED_DQ_DEFAULTS: dict = {(128, 128, torch.bfloat16): DkdvWsConfig(
-    block_m=64, stages=2, consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True, fa3_order=True,
-    mma_regs=240, load_regs=24, host_descs=True, ordered_dq=True)}
+# a fixed order by the dQ writer warp. Twenty-sixth session (...-attention-ordered-writer-
+# d128-*.json, bf16, B 4, H 16, S 8192, 7 interleaved rounds), backward ms, two kernels ->
+# ordered: local 1024 1.878 -> 1.818, strided 2.417 -> 2.254, causal 6.403 -> 5.719; the
+# fixed pattern 1.882 -> 2.057 (refused by its column skew). D 64: slower on every pattern
+# timed (not listed). Twenty-seventh session (...-attention-ordered-options-d128-c869ce3.json):
+# each query tile's first share stored (first_share_stored: no zero fill of dQ's fp32
+# buffer) 1.820 -> 1.770 local, 2.256 -> 2.192 strided, 5.763 -> 5.711 causal; staged
+# stores (not taken) 1.788 / 2.212 / 5.800. fp16: the same kernel (its GPU tests pass);
+# layouts shared by all heads only (per-head layouts keep the two kernels: not timed).
+_ORDERED_DQ_CONFIG = DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, atomic_dq=True,
+                                  shared_ds=True, fa3_order=True, mma_regs=240, load_regs=24, host_descs=True,
+                                  ordered_dq=True, first_share_stored=True)
+_ORDERED_DQ_DEFAULTS: dict = {(128, 128, torch.bfloat16): _ORDERED_DQ_CONFIG,
+                              (128, 128, torch.float16): _ORDERED_DQ_CONFIG}
 
 
 def ordered_candidate(q, k, v, grad_out, block_size: int, layout_heads: int):
