@@ -3,7 +3,6 @@ every config fits its block, the H200-measured ones apply where they were measur
 tensor-descriptor (TMA) loads are refused where a descriptor cannot address the tensors,
 and the forward's split-off last block computes what the plain walk does."""
 
-import dataclasses
 import functools
 
 import pytest
@@ -294,15 +293,6 @@ def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
     with pytest.raises(ValueError, match="contiguous float32 tensor of q's shape"):
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True), dq_acc=torch.zeros(1, 2, 256, 128,
                                                                                                 dtype=torch.bfloat16))
-    ordered = DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True)
-    acc = torch.zeros(1, 2, 256, 128)
-    with pytest.raises(ValueError, match="dq_out must be given exactly when last_share_converts is set"):
-        attention_ws_dkdv.launch_dkdv_ws(*args, dataclasses.replace(ordered, last_share_converts=True), dq_acc=acc)
-    with pytest.raises(ValueError, match="dq_out must be given exactly when last_share_converts is set"):
-        attention_ws_dkdv.launch_dkdv_ws(*args, ordered, dq_acc=acc, dq_out=torch.zeros_like(q))
-    with pytest.raises(ValueError, match="dq_out must be a contiguous torch.bfloat16 tensor of q's shape"):
-        attention_ws_dkdv.launch_dkdv_ws(*args, dataclasses.replace(ordered, last_share_converts=True), dq_acc=acc,
-                                         dq_out=torch.zeros(1, 2, 256, 128))
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

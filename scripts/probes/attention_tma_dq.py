@@ -76,12 +76,6 @@ VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = DkdvWsConfig(64, 2, **_
 # both options together (the default candidate once each alone was timed)
 VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = DkdvWsConfig(
     64, 2, **_SHARED, **_FA3, staged_stores=True, host_descs=True, ordered_dq=True, first_share_stored=True)
-# each finished query tile converted to dQ's dtype by the dQ writer (no conversion pass), with
-# the first share stored (the default's) and alone
-VARIANTS["ws_tma_shared_fa3_host_ordered_first_last"] = DkdvWsConfig(
-    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, last_share_converts=True)
-VARIANTS["ws_tma_shared_fa3_host_ordered_last"] = DkdvWsConfig(
-    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, last_share_converts=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 

@@ -180,10 +180,9 @@ def _check_config(cfg, ws_kind, where: str, what: str, q, k, v, third, block_siz
 
 
 def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
-          scale, cfg_kv, ws: bool, tma_kv: bool, has_kpm: bool, strides, common, meta=None, dq_out=None) -> None:
+          scale, cfg_kv, ws: bool, tma_kv: bool, has_kpm: bool, strides, common, meta=None) -> None:
     """One launch of a dK/dV kernel (the warp-specialized one where ``ws``): over every
-    (batch, kv head), or over ``chunk``'s with its workspace rows (stored dS); ``dq_out``:
-    dQ itself, written by it (``DkdvWsConfig.last_share_converts``)."""
+    (batch, kv head), or over ``chunk``'s with its workspace rows (stored dS)."""
     B, H, S, _ = q.shape
     Hkv = k.shape[1]
     first, end, row_first = (0, B * Hkv, 0) if chunk is None else (chunk.kv_first, chunk.kv_end, chunk.row_first)
@@ -191,7 +190,7 @@ def _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc,
     if ws:
         attention_ws.launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb, layout_heads,
                                     block_size, causal, has_kpm, scale, cfg_kv, ds=ds, kv_heads=(first, end),
-                                    ds_row_offset=row_first, dq_acc=dq_acc, meta=meta, dq_out=dq_out)
+                                    ds_row_offset=row_first, dq_acc=dq_acc, meta=meta)
         return
     launch(_bwd_dkdv_kernel, (nb * (block_size // cfg_kv.block_n), end - first),
         q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, delta if dq_acc is None else dq_acc,
@@ -274,16 +273,11 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
         ensure_allocator()
     # dQ added by reductions (deterministic=False, or in order: DkdvWsConfig.ordered_dq) into fp32
     adds = not deterministic or (ws and cfg_kv.atomic_dq)
-    dq_acc = dq_out = None
-    full_rows = adds and ws and (cfg_kv.first_share_stored or cfg_kv.last_share_converts) and every_row_has_shares(
-        meta, layout_heads, nb)
-    if adds and ws and cfg_kv.first_share_stored and (full_rows or cfg_kv.last_share_converts):
-        # every row's first share stored (converted rows: a row without shares is never read)
-        dq_acc = new_output(B, H, S, D, dtype=torch.float32, device=q.device)
+    dq_acc = None
+    if adds and ws and cfg_kv.first_share_stored and every_row_has_shares(meta, layout_heads, nb):
+        dq_acc = new_output(B, H, S, D, dtype=torch.float32, device=q.device)  # every row's first share stored
     elif adds:
         dq_acc = torch.zeros(B, H, S, D, dtype=torch.float32, device=q.device)
-    if adds and ws and cfg_kv.last_share_converts:  # dQ written by the dK/dV kernel's dQ writer
-        dq_out = (new_output if full_rows else torch.zeros)(B, H, S, D, dtype=q.dtype, device=q.device)
     ds = slots = None
     chunks = [None]  # one launch over every head
     if stored_ds:  # every tile of every pair of a chunk is written by the dK/dV kernel
@@ -312,7 +306,7 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
             side.wait_stream(main)
     for chunk in chunks:
         _dkdv(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, dq_acc, ds, chunk, nb, layout_heads,
-              scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common, meta, dq_out)
+              scale, cfg_kv, ws, tma_kv, key_padding_mask is not None, strides, common, meta)
         if chunk is not None:
             launch(attention_stored_ds._bwd_dq_from_ds_kernel,
                 (nb * (block_size // cfg_q.block_m), chunk.q_end - chunk.q_first),
@@ -322,8 +316,6 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
                 BS=block_size, D=D, D_TILE=d_tile, BLOCK_M=cfg_q.block_m, BLOCK_N=cfg_q.block_n,
                 INPUT_PRECISION=common["INPUT_PRECISION"], **cfg_q.launch_options(),
             )
-    if dq_out is not None:
-        return dq_out, dk, dv
     if dq_acc is not None:
         return dq_acc.to(q.dtype), dk, dv
     if stored_ds or delta_in_dq:

@@ -193,20 +193,14 @@ class DkdvWsConfig:
     dQ's bits are reproducible: a deterministic 5-product backward, for the layouts whose
     order costs little (the launcher refuses the others), launched in its own order (not
     ``balanced`` or ``persistent``; with ``staged_stores`` dK and dV wait for the dQ writer to
-    free the staging tiles: the same bits, -2 % on local and strided, +1 % on causal on the
-    H200: not in the default). The
+    free the staging tiles: compiled for sm_90, its GPU test written, not yet run). The
     deterministic backward's default at D 128 where the layout takes it
     (``attention_ws.ordered_default``): on the H200 3-11 % faster than the two-kernel
     backward on local windows, strided and causal layouts, 9 % slower on the fixed pattern.
     ``first_share_stored`` (with ``ordered_dq``): the share ranked first in its query tile is
     stored by a TMA copy instead of added, so dQ's fp32 buffer needs no zeros beforehand
     where every query block has a share (the launcher zeroes it otherwise): one pass over
-    4 bytes x B H S D less (H200: the ordered backward -0.05-0.06 ms at S 8192; in the
-    default). ``last_share_converts`` (with ``ordered_dq``): the dQ writer, after adding the
-    share ranked last in its query tile, reads the finished fp32 tile back (a TMA load into
-    the staging tile) and writes it to dQ in the inputs' dtype, so the pass converting the
-    fp32 buffer afterwards goes (the same bits: the same adds in the same order, then the
-    same rounding)."""
+    4 bytes x B H S D less (compiled for sm_90, its GPU test written, not yet run)."""
 
     block_m: int = 64
     stages: int = 2
@@ -224,17 +218,15 @@ class DkdvWsConfig:
     balanced: bool = False
     ordered_dq: bool = False
     first_share_stored: bool = False
-    last_share_converts: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
-                    "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored", "last_share_converts")
-        for option, which in (("first_share_stored", "first"), ("last_share_converts", "last")):
-            if getattr(self, option) and not self.ordered_dq:
-                raise ValueError(f"DkdvWsConfig.{option} needs ordered_dq=True (the share ranked {which} in its "
-                                 "query tile is known only in the ordered mode)")
+                    "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored")
+        if self.first_share_stored and not self.ordered_dq:
+            raise ValueError("DkdvWsConfig.first_share_stored needs ordered_dq=True (the share ranked first in its "
+                             "query tile is known only in the ordered mode)")
         if self.ordered_dq and not (self.shared_ds and not self.persistent and not self.balanced):
             raise ValueError("DkdvWsConfig.ordered_dq needs shared_ds=True (the adds it orders), and neither "
                              "persistent nor balanced (it launches in its own order)")

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._device import sm_count
 from ._launch import launch
 from .attention_launch_order import launch_order
-from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables
+from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
@@ -308,7 +308,7 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, order_ptr, ranks_ptr, sem_ptr, dq_out_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
+    dq_acc_ptr, order_ptr, ranks_ptr, sem_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
@@ -317,7 +317,7 @@ def _bwd_dkdv_ws_kernel(
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
-    ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False, LAST_CONVERTS: gl.constexpr = False,
+    ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, key-block major; ORDERED: a 1-D grid, program p taking the item of
@@ -327,13 +327,10 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
     ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth
     partition, the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`); FIRST_STORE
-    (with ORDERED_DQ): each query tile's first share stored, not added (no zeroed buffer);
-    LAST_CONVERTS (with ORDERED_DQ): each finished query tile written to ``dq_out_ptr`` in the
-    inputs' dtype by the dQ writer (``ranks_ptr`` with the last shares flagged)."""
+    (with ORDERED_DQ): each query tile's first share stored, not added (no zeroed buffer)."""
     gl.static_assert(not ORDERED_DQ or (ATOMIC_DQ == 2 and ORDERED and not PERSISTENT),
                      "ORDERED_DQ: the shared-dS atomic mode, launched in its order table, not persistent")
     gl.static_assert(not FIRST_STORE or ORDERED_DQ != 0, "FIRST_STORE: the first share is known in the ordered mode only")
-    gl.static_assert(not LAST_CONVERTS or ORDERED_DQ != 0, "LAST_CONVERTS: the last share is known in the ordered mode only")
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
@@ -378,11 +375,9 @@ def _bwd_dkdv_ws_kernel(
         dq_full, dq_empty = _alloc_ring(4, 1)
     else:
         dq_full, dq_empty = ready_bars, empty_bars  # not used
-    # LAST_CONVERTS: the dQ writer's loads of finished tiles (one phase per tile)
-    acc_bar = _one_shot_barrier() if LAST_CONVERTS else kv_bar
-    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free, dq_full, dq_empty, acc_bar)
+    bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free, dq_full, dq_empty)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr,
-              ranks_ptr, sem_ptr, dq_out_ptr)
+              ranks_ptr, sem_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
     if ORDERED_DQ:  # the consumers, the producer and the dQ writer
         gl.warp_specialize([
@@ -395,7 +390,7 @@ def _bwd_dkdv_ws_kernel(
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
             (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES,
-                               FIRST_STORE, LAST_CONVERTS)),
+                               FIRST_STORE)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
@@ -433,14 +428,12 @@ def _out_smem_layout(keys: int, head_dim: int, dtype: torch.dtype):
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
                    ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0,
-                   dq_acc=None, meta=None, dq_out=None) -> None:
+                   dq_acc=None, meta=None) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
     STORE_DS workspace, whose row 0 is row ``ds_row_offset``), or scale · dS K added into
     ``dq_acc`` (zeroed, contiguous fp32 [B, H, S, D]) where given, which needs
-    ``cfg.atomic_dq``; with ``cfg.last_share_converts`` dQ itself is written to ``dq_out``
-    (contiguous, q's shape and dtype; rows of query blocks without blocks untouched), and
-    ``dq_acc`` is scratch (not zeroed where ``cfg.first_share_stored``). ``kv_heads``: only the flat (batch, kv head) range [first, end)
+    ``cfg.atomic_dq``. ``kv_heads``: only the flat (batch, kv head) range [first, end)
     (default all). ``cfg.balanced`` with the packed tables ``meta`` (whose views col_ptr and
     col_rows are), over all of them: the programs launch in the order remembered on ``meta``."""
     if (dq_acc is not None) != cfg.atomic_dq:
@@ -451,11 +444,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
                                    and dq_acc.shape == q.shape):
         raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
                          f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
-    if (dq_out is not None) != cfg.last_share_converts:
-        raise ValueError(f"cfg={cfg}: dq_out must be given exactly when last_share_converts is set")
-    if dq_out is not None and not (dq_out.dtype == q.dtype and dq_out.is_contiguous() and dq_out.shape == q.shape):
-        raise ValueError(f"dq_out must be a contiguous {q.dtype} tensor of q's shape {tuple(q.shape)}, got "
-                         f"{dq_out.dtype} {tuple(dq_out.shape)}")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
@@ -480,8 +468,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
                              "program that reaches their query tile no earlier), or the order was first asked for "
                              "inside a CUDA graph capture; use the deterministic two-kernel backward")
         col_rows, ranks = tables
-        if cfg.last_share_converts:  # (the same walk; each row's last share flagged)
-            ranks = last_flagged_ranks(meta, layout_heads, nb)
         order = launch_table_on(meta, nb, B * hkv)
         sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
     if cfg.persistent:
@@ -491,7 +477,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     launch(_bwd_dkdv_ws_kernel, grid,
         *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4],
         col_ptr if order is None else order, col_ptr if ranks is None else ranks, col_ptr if sems is None else sems,
-        dk if dq_out is None else dq_out, B, S, H, hkv,
+        B, S, H, hkv,
         H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale, end - first,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
@@ -504,6 +490,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
-        FIRST_STORE=cfg.first_share_stored, LAST_CONVERTS=cfg.last_share_converts,
+        FIRST_STORE=cfg.first_share_stored,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

@@ -19,14 +19,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._ordered_adds import count_done, count_pair_done, read_turn, wait_turn, wait_turn_from
 from ._tma_reduce import async_reduce_add
-from .attention_ordered_dq import LAST_SHARE_FLAG
 from .attention_ws_base import _grid_item
 from .attention_ws_dkdv_load import _column_bounds, _column_tile
 from .bsmm_ws import _nvmma
 
 __all__ = ["dq_tile_cols"]
-
-_LAST_FLAG = gl.constexpr(LAST_SHARE_FLAG)
 
 
 @gluon.jit
@@ -51,37 +48,9 @@ def _hand_share(stage, share, full, empty, phase):
 
 
 @gluon.jit
-def _convert_finished_tile(dq_desc, dq_bufs, acc_bar, dq_out_ptr, sem_ptr, sem, buf, conversions, bz, h, bh, row, S,
-                           BLOCK_M: gl.constexpr, DQ_N: gl.constexpr):
-    """LAST_CONVERTS: the query tile's last two shares (``buf``'s staging tiles) have been
-    issued: once they have landed (counted, as the writer counts every share), the finished
-    fp32 tile is loaded back into the same staging tiles and written to dQ (``dq_out_ptr``,
-    contiguous [B, H, S, 2 DQ_N] in the inputs' dtype; rows past S dropped) in chunks of 8
-    rows. ``conversions``: the tiles converted before (the load barrier's phase)."""
-    count_pair_done(sem_ptr + sem, 1, 1)  # (completion waited: the loads below see the adds)
-    mbarrier.expect(acc_bar, 2 * BLOCK_M * DQ_N * 4)
-    for role in gl.static_range(2):
-        tma.async_copy_global_to_shared(dq_desc, [bz, h, row, role * DQ_N], acc_bar, dq_bufs.index(role * 2 + buf))
-    mbarrier.wait(acc_bar, conversions & 1)
-    CHUNK: gl.constexpr = 8  # rows (the 128-byte swizzle's period: the smallest slice)
-    chunk_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 * 4 // DQ_N, DQ_N // 4], [1, 1], [1, 0])
-    out_dtype: gl.constexpr = dq_out_ptr.dtype.element_ty
-    offs_r = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, chunk_layout))
-    offs_c = gl.arange(0, DQ_N, layout=gl.SliceLayout(0, chunk_layout))
-    for role in gl.static_range(2):
-        stage = dq_bufs.index(role * 2 + buf).reshape([BLOCK_M, DQ_N])
-        for c in gl.static_range(BLOCK_M // CHUNK):
-            vals = stage.slice(c * CHUNK, CHUNK).load(chunk_layout)
-            rows = row + c * CHUNK + offs_r
-            off = (bh * S + rows.to(gl.int64))[:, None] * (2 * DQ_N) + (role * DQ_N + offs_c)[None, :]
-            gl.store(dq_out_ptr + off, vals.to(out_dtype), mask=(rows < S)[:, None] & (offs_c < DQ_N)[None, :])
-    return conversions + 1
-
-
-@gluon.jit
 def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
                     LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False,
-                    FIRST_STORE: gl.constexpr = False, LAST_CONVERTS: gl.constexpr = False):
+                    FIRST_STORE: gl.constexpr = False):
     """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
     query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
     added into dQ when its turn comes (the shares ranked before it counted), and counted and
@@ -93,13 +62,10 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     are counted after one completion wait. STAGED_STORES: the last two staging tiles are freed
     too, once their shares have landed (the consumers store dK and dV through them).
     FIRST_STORE: a tile's share of rank 0 is stored (a TMA copy), not added, so dQ's buffer
-    need not be zeroed first; the count and the order are the same. LAST_CONVERTS (the ranks
-    table with ``attention_ordered_dq.LAST_SHARE_FLAG`` on each row's last share): after a
-    tile's last shares, the finished tile goes to dQ in the inputs' dtype
-    (:func:`_convert_finished_tile`)."""
+    need not be zeroed first; the count and the order are the same."""
     dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
-    col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr, dq_out_ptr = tables[0], tables[1], tables[10], tables[11], tables[12]
-    S, H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
+    col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
+    H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
     M_STEPS: gl.constexpr = BS // BLOCK_M
     DQ_N: gl.constexpr = dq_desc.block_type.shape[3]
     kblk, bhk = _grid_item(tables[9], NB, True)
@@ -109,7 +75,6 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     step = gl.to_tensor(0)
     last_sem = gl.to_tensor(0).to(gl.int64)
     pending = gl.to_tensor(0)
-    conversions = gl.to_tensor(0)
     for g in range(0, GROUP):
         h = hkv * GROUP + g
         bh = (bz * H + h).to(gl.int64)
@@ -117,9 +82,6 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
         for i in range(start * M_STEPS, end * M_STEPS):
             t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, False)
             rank = gl.load(ranks_ptr + t // M_STEPS)
-            if LAST_CONVERTS:  # (the table's flag on each row's last share)
-                last = rank >= _LAST_FLAG
-                rank = rank % _LAST_FLAG
             sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
             buf = step % 2
             if LOOK_AHEAD:
@@ -152,11 +114,6 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
                     async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
             last_sem = sem
             pending = gl.to_tensor(1)
-            if LAST_CONVERTS:
-                if last:
-                    conversions = _convert_finished_tile(dq_desc, dq_bufs, bars[8], dq_out_ptr, sem_ptr, sem, buf,
-                                                         conversions, bz, h, bh, row, S, BLOCK_M, DQ_N)
-                    pending = gl.to_tensor(0)  # (counted there)
             step += 1
     if LOOK_AHEAD:
         count_pair_done(sem_ptr + last_sem, pending, 1)
