@@ -76,6 +76,10 @@ VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = DkdvWsConfig(64, 2, **_
 # both options together (the default candidate once each alone was timed)
 VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = DkdvWsConfig(
     64, 2, **_SHARED, **_FA3, staged_stores=True, host_descs=True, ordered_dq=True, first_share_stored=True)
+# the shipped deterministic=False mode with a program per SM taking items in turn (head major)
+# instead of the balanced grid
+VARIANTS["ws_tma_shared_fa3_staged_host_persistent"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
+                                                                    host_descs=True, persistent=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 

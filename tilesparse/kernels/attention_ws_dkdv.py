@@ -71,7 +71,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         reduces = gl.to_tensor(0)
         it = 0
         for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
-            step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
+            step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                           step, reduces, it & 1, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS,
                                           CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES,
                                           out_smem_layout, PERSISTENT, ORDERED_DQ)
@@ -320,8 +320,8 @@ def _bwd_dkdv_ws_kernel(
     ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
-    such items in turn, key-block major; ORDERED: a 1-D grid, program p taking the item of
-    entry p of ``order_ptr`` (the launch-order table). Q and dO are read through descriptors over
+    such items in turn, head major (items running at once share Q and dO in L2); ORDERED: a
+    1-D grid, program p taking the item of entry p of ``order_ptr`` (the launch-order table). Q and dO are read through descriptors over
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.

@@ -50,7 +50,7 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                   PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
     """Producer (one warp): per key block (PERSISTENT: per item of this program's share,
-    (key block, batch * kv head), key-block major), the key tile's K and V once (PERSISTENT:
+    (key block, batch * kv head), head major), the key tile's K and V once (PERSISTENT:
     once the consumers have released the last item's, ``kv_free``), then for each query
     head of the group and each query tile of the key block's CSC column, the Q and dO tiles
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
@@ -61,7 +61,7 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
         step = gl.to_tensor(0)
         it = 0
         for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
-            step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item // N_BHK, item % N_BHK + BHK_OFFSET,
+            step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                       step, it, BS, BLOCK_M, STATS_SMEM, ROTATE, PERSISTENT)
             it += 1
     else:  # (ORDERED: the launch-order table's entry)
