@@ -22,6 +22,8 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
             sig[name] = "*fp32"
         elif name == "kpm_ptr":
             sig[name] = "*u8"
+        elif name == "stamp_ptr":
+            sig[name] = "*i64"
         elif name.endswith(("ptr_ptr", "cols_ptr", "rows_ptr", "slots_ptr", "sched_ptr", "order_ptr", "ranks_ptr",
                             "sem_ptr")):
             sig[name] = "*i32"
@@ -98,7 +100,7 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
                     host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False,
-                    ordered_dq: int = 0, first_store: bool = False):
+                    ordered_dq: int = 0, first_store: bool = False, stamps: bool = False):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
@@ -108,10 +110,10 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
     ``ordered``: a 1-D grid in the launch-order table's order (``balanced``); ``store_ds``
     (mode 0): each dSᵀ tile also stored to the workspace; ``ordered_dq`` (mode 2, ordered): dQ's
     shares added in a fixed order behind semaphores, by a dQ writer warp (1 or 2: which writer);
-    ``first_store``: each query tile's first share stored, not added."""
+    ``first_store``: each query tile's first share stored, not added; ``stamps``: each
+    program's SM and time stamps written (a probe's)."""
     from tilesparse.kernels import attention_ws_base
-    from tilesparse.kernels.attention_ws_dkdv import _ds_smem_layout, _out_smem_layout
-    from tilesparse.kernels.attention_ws_dq_adds import _dq_layout, dq_tile_cols
+    from tilesparse.kernels.attention_ws_dq_adds import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
     qo, kv = attention_ws_base._layouts(64, block, head_dim, torch.bfloat16)
     const = dict(BS=block, D=head_dim, BLOCK_M=64, STAGES=stages, CAUSAL=causal, HAS_KPM=kpm, LOAD_REGS=load_regs,
@@ -122,7 +124,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
                  HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered, ORDERED_DQ=ordered_dq or False,
-                 FIRST_STORE=first_store)
+                 FIRST_STORE=first_store, STAMPS=stamps)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         _host_desc_types(sig, 64, block, head_dim, qo, kv)
@@ -135,7 +137,8 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
              + (" staged_stores" if staged else "") + (" host_descs" if host else "")
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
-             + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else "") + (" first_store" if first_store else ""))
+             + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else "") + (" first_store" if first_store else "")
+             + (" stamps" if stamps else ""))
     return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
 
 
@@ -171,7 +174,8 @@ def attention_ws_cases(quick: bool):
                      STORE_DS=store_ds, qo_layout=qo, kv_layout=kv, num_warps=block // 16 // consumers,
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
                      dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
-                     HOST_DESCS=False, PERSISTENT=False, ORDERED=False, ORDERED_DQ=False, FIRST_STORE=False)
+                     HOST_DESCS=False, PERSISTENT=False, ORDERED=False, ORDERED_DQ=False, FIRST_STORE=False,
+                     STAMPS=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -252,6 +256,9 @@ def attention_ws_cases(quick: bool):
     if not quick:  # each query tile's first share stored, not added (first_share_stored)
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True)
+    if not quick:  # a probe's time stamps per program, in the shipped deterministic=False mode at D 128
+        yield _dkdv_case(fn, 2, 128, 128, 2, False, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         staged=True, ordered=True, stamps=True)
     if not quick:  # the other dQ writer (ORDERED_DQ 1: the counters read once the shares are handed over)
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=3 - ORDERED_DQ_WRITER)

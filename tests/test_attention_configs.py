@@ -293,6 +293,10 @@ def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
     with pytest.raises(ValueError, match="contiguous float32 tensor of q's shape"):
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(atomic_dq=True), dq_acc=torch.zeros(1, 2, 256, 128,
                                                                                                 dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="stamps: a contiguous int64 tensor of 8 per program"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), stamps=torch.zeros(4, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="stamps: a contiguous int64 tensor of 8 per program"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), stamps=torch.zeros(3, 8, dtype=torch.int64))
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

@@ -16,7 +16,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from .bsmm_ws import _fill_stage, _nvmma
 from ._tiles import check_bools
 
-__all__ = ["LOG2E", "DkdvWsConfig", "DqWsConfig", "FwdWsConfig"]
+__all__ = ["LOG2E", "DkdvWsConfig", "DqWsConfig", "FwdWsConfig", "check_dq_acc"]
 
 LOG2E = 1.4426950408889634
 
@@ -435,3 +435,16 @@ def _row_kv_fill(step, qblk, bz, h, k_desc, v_desc, k_bufs, v_bufs, ready_bars, 
                     ready_bars, empty_bars)
         step += 1
     return step
+
+
+def check_dq_acc(q, cfg: DkdvWsConfig, dq_acc, ds) -> None:
+    """The dK/dV launcher's dQ buffer: given exactly with ``cfg.atomic_dq``, not with a
+    stored-dS workspace ``ds``, and a contiguous float32 tensor of q's shape."""
+    if (dq_acc is not None) != cfg.atomic_dq:
+        raise ValueError(f"cfg={cfg}: dq_acc must be given exactly when atomic_dq is set")
+    if dq_acc is not None and ds is not None:
+        raise ValueError("dq_acc and ds: dQ either added by reductions or read back from stored dS, not both")
+    if dq_acc is not None and not (dq_acc.dtype == torch.float32 and dq_acc.is_contiguous()
+                                   and dq_acc.shape == q.shape):
+        raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
+                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")

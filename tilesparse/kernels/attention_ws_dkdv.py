@@ -1,9 +1,8 @@
 """Hopper (sm90) warp-specialized dK/dV kernel of the fused block-sparse attention, in
 Gluon: FlashAttention-3's split on Hopper. One producer warp reads the layout's CSC
 column and streams the query and output-gradient tiles through a ring of TMA stages
-(:mod:`tilesparse.kernels.attention_ws_dkdv_load`);
-the consumer warpgroups only wait on mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to
-the next wgmma from registers (no shared-memory round trip).
+(:mod:`tilesparse.kernels.attention_ws_dkdv_load`); the consumer warpgroups only wait on
+mbarriers and issue wgmma, with Pᵀ and dSᵀ fed to the next wgmma from registers.
 
 Same math, tables and order as ``_bwd_dkdv_kernel`` (:mod:`tilesparse.kernels.attention_kernels`):
 per key tile of one kv head, for each query head of its group and each query tile of
@@ -21,8 +20,6 @@ their last bits from the deterministic mode's (the column walk starts elsewhere)
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -36,15 +33,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import sm_count
 from ._launch import launch
+from ._stamps import check_stamps, now_ns, sm_id, store_stamp
 from .attention_launch_order import launch_order
 from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
-                                _one_shot_barrier, _probabilities, _wgmma_layout, host_backward_descs, host_head_desc)
+                                _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
+                                host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
-from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dq_layout, _hand_share, _staging_returned,
-                                   _store_staged, dq_tile_cols)
+from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dq_layout, _ds_smem_layout, _hand_share,
+                                   _out_smem_layout, _staging_returned, _store_staged, dq_tile_cols)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
-from .bsmm_ws import _alloc_ring, _nvmma
+from .bsmm_ws import _alloc_ring
 
 __all__ = ["launch_dkdv_ws"]
 
@@ -61,10 +60,11 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                  ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr = False,
                  out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False,
-                 ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
+                 ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False, STAMPS: gl.constexpr = False):
     """A consumer partition: :func:`_dkdv_ws_item` for the program's key block (ORDERED:
     the launch-order table's entry), or (PERSISTENT) for each item of its share in turn,
-    the ring and staging positions carried."""
+    the ring and staging positions carried. STAMPS: consumer 0 writes the program's row of
+    ``tables[12]``: SM, time at start, K and V in, walk done, stores issued."""
     NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
     if PERSISTENT:
         step = gl.to_tensor(0)
@@ -80,7 +80,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         kblk, bhk = _grid_item(tables[9], NB, ORDERED)
         _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk + BHK_OFFSET, 0, 0, 0,
                       BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ,
-                      num_warps, STAGED_STORES, out_smem_layout, PERSISTENT, ORDERED_DQ)
+                      num_warps, STAGED_STORES, out_smem_layout, PERSISTENT, ORDERED_DQ, STAMPS and ROLE == 0)
 
 
 @gluon.jit
@@ -89,7 +89,8 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                   CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, STORE_DS: gl.constexpr,
                   CONSUMERS: gl.constexpr, ROLE: gl.constexpr, OVERLAP: gl.constexpr, STATS_SMEM: gl.constexpr,
                   ATOMIC_DQ: gl.constexpr, num_warps: gl.constexpr, STAGED_STORES: gl.constexpr,
-                  out_smem_layout: gl.constexpr, PERSISTENT: gl.constexpr, ORDERED_DQ: gl.constexpr = False):
+                  out_smem_layout: gl.constexpr, PERSISTENT: gl.constexpr, ORDERED_DQ: gl.constexpr = False,
+                  STAMPS: gl.constexpr = False):
     """A consumer partition's work (16 key rows per warp) for key block ``kblk`` of (batch *
     kv head) ``bhk``, its ring position ``step`` on, its ``reduces``-th staging tile on (mode
     1), K and V loaded once ``kv_bar`` completes phase ``kv_phase``; returns (step,
@@ -161,7 +162,13 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     dv = gl.zeros((KEYS, D), dtype=gl.float32, layout=o_layout)
     s_zero = gl.zeros((KEYS, BLOCK_M), dtype=gl.float32, layout=s_layout)
 
+    if STAMPS:
+        stamp_row = tables[12] + (gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)).to(gl.int64) * 8
+        store_stamp(stamp_row, 0, sm_id(num_warps), num_warps)
+        store_stamp(stamp_row, 1, now_ns(num_warps), num_warps)
     mbarrier.wait(kv_bar, kv_phase)
+    if STAMPS:  # (K and V in)
+        store_stamp(stamp_row, 2, now_ns(num_warps), num_warps)
     k = k_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     v = v_smem.reshape([BS, D]).slice(ROLE * KEYS, KEYS)
     step = gl.to_tensor(step)  # (as reduces)
@@ -280,6 +287,8 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
             step += 1
     if PERSISTENT:  # every wgmma that read K or V has been waited for: the producer may load the next item's
         mbarrier.arrive(kv_free, count=1)
+    if STAMPS:
+        store_stamp(stamp_row, 3, now_ns(num_warps), num_warps)
 
     if STAGED_STORES:
         gl.static_assert(ATOMIC_DQ != 0, "STAGED_STORES reuses the atomic-dQ staging tiles")
@@ -302,14 +311,16 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
         gl.store(dv_ptr + out_off, dv.to(dtype), mask=out_mask)
         if ATOMIC_DQ:
             tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
+    if STAMPS:
+        store_stamp(stamp_row, 4, now_ns(num_warps), num_warps)
     return step, reduces
 
 
 @gluon.jit
 def _bwd_dkdv_ws_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, kpm_ptr, col_ptr_ptr, col_rows_ptr, ds_ptr,
-    dq_acc_ptr, order_ptr, ranks_ptr, sem_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK,
-    sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
+    dq_acc_ptr, order_ptr, ranks_ptr, sem_ptr, stamp_ptr, B, S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET,
+    DS_ROW_OFFSET, qk_scale, scale, N_BHK, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sdb, sdh, sds, dqb, dqh, dqs,
     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr, STORE_DS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
@@ -317,7 +328,7 @@ def _bwd_dkdv_ws_kernel(
     STATS_SMEM: gl.constexpr = False, ATOMIC_DQ: gl.constexpr = 0, dq_layout: gl.constexpr = None,
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
-    ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False,
+    ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False, STAMPS: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, head major (items running at once share Q and dO in L2); ORDERED: a
@@ -325,12 +336,14 @@ def _bwd_dkdv_ws_kernel(
     [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
-    ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth
-    partition, the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`); FIRST_STORE
-    (with ORDERED_DQ): each query tile's first share stored, not added (no zeroed buffer)."""
+    ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth partition,
+    the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`); FIRST_STORE: each
+    query tile's first share stored, not added (no zeroed buffer). STAMPS (a probe's): each
+    program's row of ``stamp_ptr`` (int64 [programs, 8]) gets its SM and times."""
     gl.static_assert(not ORDERED_DQ or (ATOMIC_DQ == 2 and ORDERED and not PERSISTENT),
                      "ORDERED_DQ: the shared-dS atomic mode, launched in its order table, not persistent")
     gl.static_assert(not FIRST_STORE or ORDERED_DQ != 0, "FIRST_STORE: the first share is known in the ordered mode only")
+    gl.static_assert(not (STAMPS and PERSISTENT), "STAMPS: a row per program, one item each")
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
@@ -377,16 +390,16 @@ def _bwd_dkdv_ws_kernel(
         dq_full, dq_empty = ready_bars, empty_bars  # not used
     bars = (kv_bar, ready_bars, empty_bars, ds_ready, ds_free, kv_free, dq_full, dq_empty)
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr,
-              ranks_ptr, sem_ptr)
+              ranks_ptr, sem_ptr, stamp_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
     if ORDERED_DQ:  # the consumers, the producer and the dQ writer
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED, ORDERED_DQ)),
+                            ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED, ORDERED_DQ)),
+                            ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
             (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES,
@@ -396,10 +409,10 @@ def _bwd_dkdv_ws_kernel(
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED, ORDERED_DQ)),
+                            ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 1,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED, ORDERED_DQ)),
+                            ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
@@ -407,43 +420,26 @@ def _bwd_dkdv_ws_kernel(
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
                             OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES, out_smem_layout, PERSISTENT,
-                            ORDERED, ORDERED_DQ)),
+                            ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
         ], [1], [LOAD_REGS])
 
 
-@functools.lru_cache(maxsize=16)
-def _ds_smem_layout(block_size: int, block_m: int, dtype: torch.dtype):
-    """The shared-memory layout of a ``shared_ds`` dSᵀ tile [block_size keys, block_m queries]."""
-    return _nvmma([block_size, block_m], dtype)
-
-
-@functools.lru_cache(maxsize=16)
-def _out_smem_layout(keys: int, head_dim: int, dtype: torch.dtype):
-    """The shared-memory layout of a ``staged_stores`` dK or dV tile [keys, head_dim], 16-bit."""
-    return _nvmma([keys, head_dim], dtype)
-
-
 def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows, nb: int, layout_heads: int,
                    block_size: int, causal: bool, has_kpm: bool, scale: float, cfg: DkdvWsConfig,
                    ds=None, kv_heads: tuple[int, int] | None = None, ds_row_offset: int = 0,
-                   dq_acc=None, meta=None) -> None:
+                   dq_acc=None, meta=None, stamps=None) -> None:
     """dk, dv (contiguous [B, Hkv, S, D]) of the block-sparse attention, as
     ``_bwd_dkdv_kernel`` computes them; and each pair's dS into ``ds`` where given (its
     STORE_DS workspace, whose row 0 is row ``ds_row_offset``), or scale · dS K added into
     ``dq_acc`` (zeroed, contiguous fp32 [B, H, S, D]) where given, which needs
     ``cfg.atomic_dq``. ``kv_heads``: only the flat (batch, kv head) range [first, end)
     (default all). ``cfg.balanced`` with the packed tables ``meta`` (whose views col_ptr and
-    col_rows are), over all of them: the programs launch in the order remembered on ``meta``."""
-    if (dq_acc is not None) != cfg.atomic_dq:
-        raise ValueError(f"cfg={cfg}: dq_acc must be given exactly when atomic_dq is set")
-    if dq_acc is not None and ds is not None:
-        raise ValueError("dq_acc and ds: dQ either added by reductions or read back from stored dS, not both")
-    if dq_acc is not None and not (dq_acc.dtype == torch.float32 and dq_acc.is_contiguous()
-                                   and dq_acc.shape == q.shape):
-        raise ValueError(f"dq_acc must be a contiguous float32 tensor of q's shape {tuple(q.shape)}, got "
-                         f"{dq_acc.dtype} {tuple(dq_acc.shape)}")
+    col_rows are), over all of them: the programs launch in the order remembered on ``meta``.
+    ``stamps`` (a probe's: contiguous int64 [programs, 8], not with ``cfg.persistent``): each
+    program's SM and time stamps, in launch order (``STAMPS``)."""
+    check_dq_acc(q, cfg, dq_acc, ds)
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
@@ -474,10 +470,12 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:
         grid = (nb, end - first) if order is None else (order.numel(),)
+    if stamps is not None:
+        check_stamps(stamps, grid, cfg.persistent)
     launch(_bwd_dkdv_ws_kernel, grid,
         *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4],
         col_ptr if order is None else order, col_ptr if ranks is None else ranks, col_ptr if sems is None else sems,
-        B, S, H, hkv,
+        col_ptr if stamps is None else stamps, B, S, H, hkv,
         H // hkv, nb, layout_heads, col_rows.numel(), first, ds_row_offset, scale * LOG2E, scale, end - first,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3],
         *(dq_acc.stride()[:3] if dq_acc is not None else (0, 0, 0)),
@@ -490,6 +488,6 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
-        FIRST_STORE=cfg.first_share_stored,
+        FIRST_STORE=cfg.first_share_stored, STAMPS=stamps is not None,
         out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
     )

@@ -155,6 +155,18 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
 
 
 @functools.lru_cache(maxsize=16)
+def _ds_smem_layout(block_size: int, block_m: int, dtype: torch.dtype):
+    """The shared-memory layout of a ``shared_ds`` dSᵀ tile [block_size keys, block_m queries]."""
+    return _nvmma([block_size, block_m], dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _out_smem_layout(keys: int, head_dim: int, dtype: torch.dtype):
+    """The shared-memory layout of a ``staged_stores`` dK or dV tile [keys, head_dim], 16-bit."""
+    return _nvmma([keys, head_dim], dtype)
+
+
+@functools.lru_cache(maxsize=16)
 def _dq_layout(block_m: int, head_dim: int, shared_ds: bool = False):
     """The shared-memory layout of an atomic-dQ staging tile, fp32 [1, 1, block_m, <= 64]
     (with ``shared_ds``: half of the head dim)."""
