@@ -135,7 +135,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              f"kpm={kpm}" + (" two consumers" if consumers == 2 else "")
              + {0: "", 1: " overlap", 2: " fa3_order"}[int(overlap)] + (" stats_in_smem" if stats else "")
              + (f" regs {mma_regs}/{load_regs}" if (mma_regs, load_regs) != (232, 40) else "")
-             + (" staged_stores" if staged else "") + (" host_descs" if host else "")
+             + {0: "", 1: " staged_stores", 2: " ring_stores"}[int(staged)] + (" host_descs" if host else "")
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
              + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else "") + (" first_store" if first_store else "")
              + (" stamps" if stamps else ""))
@@ -256,6 +256,14 @@ def attention_ws_cases(quick: bool):
     if not quick:  # each query tile's first share stored, not added (first_share_stored)
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True)
+    if not quick:  # dK and dV stored through the drained Q / dO ring (ring_stores, STAGED_STORES 2): the
+        # deterministic D 128 default, the shipped deterministic=False mode, the ordered one, D 64's
+        yield _dkdv_case(fn, 0, 128, 128, 2, True, True, 2, False, True, host=True, ordered=True, staged=2)
+        yield _dkdv_case(fn, 2, 128, 128, 2, False, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         ordered=True, staged=2)
+        yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True, staged=2)
+        yield _dkdv_case(fn, 0, 128, 64, 2, False, False, 2, True, False, host=True, ordered=True, staged=2)
     if not quick:  # a probe's time stamps per program, in the shipped deterministic=False mode at D 128
         yield _dkdv_case(fn, 2, 128, 128, 2, False, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          staged=True, ordered=True, stamps=True)

@@ -297,6 +297,20 @@ def test_launch_dkdv_ws_wants_dq_acc_exactly_with_atomic_dq():
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), stamps=torch.zeros(4, 8, dtype=torch.int32))
     with pytest.raises(ValueError, match="stamps: a contiguous int64 tensor of 8 per program"):
         attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(), stamps=torch.zeros(3, 8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="ring_stores needs block_m >= block_size / consumers"):
+        attention_ws_dkdv.launch_dkdv_ws(*args, DkdvWsConfig(consumers=1, ring_stores=True))
+
+
+def test_ring_stores_config_checks():
+    from tilesparse.kernels.attention_ws_base import DkdvWsConfig
+
+    with pytest.raises(ValueError, match="ring_stores: not with staged_stores"):
+        DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, staged_stores=True, ring_stores=True)
+    with pytest.raises(ValueError, match="ring_stores: not with staged_stores"):
+        DkdvWsConfig(64, 2, consumers=2, persistent=True, ring_stores=True)
+    with pytest.raises(ValueError, match="ring_stores must be a bool"):
+        DkdvWsConfig(ring_stores=1)
+    assert DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, ring_stores=True).ring_stores
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

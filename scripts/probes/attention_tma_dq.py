@@ -80,6 +80,12 @@ VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = DkdvWsConfig(
 # instead of the balanced grid
 VARIANTS["ws_tma_shared_fa3_staged_host_persistent"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
                                                                     host_descs=True, persistent=True)
+# dK and dV stored through the drained Q / dO ring instead of the dQ staging tiles: the shipped
+# deterministic=False mode and the ordered default
+VARIANTS["ws_tma_shared_fa3_ring_host_balanced"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, ring_stores=True,
+                                                                host_descs=True, balanced=True)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring"] = DkdvWsConfig(
+    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, ring_stores=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 
@@ -141,7 +147,9 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            # delta computed by the dQ kernel, which runs first (no delta kernel; not the same
                            # bits: delta's sum is another order)
                            ("delta", (defaults[0], dataclasses.replace(defaults[1], delta=True))),
-                           ("no_delta", (defaults[0], dataclasses.replace(defaults[1], delta=False)))):
+                           ("no_delta", (defaults[0], dataclasses.replace(defaults[1], delta=False))),
+                           # dK and dV stored through the drained Q / dO ring (the same bits)
+                           ("ring", (dataclasses.replace(defaults[0], ring_stores=True), defaults[1]))):
             if HOST_VARIANTS is not None and name not in HOST_VARIANTS:
                 continue
             got = bwd(host)

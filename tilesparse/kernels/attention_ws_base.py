@@ -193,14 +193,18 @@ class DkdvWsConfig:
     dQ's bits are reproducible: a deterministic 5-product backward, for the layouts whose
     order costs little (the launcher refuses the others), launched in its own order (not
     ``balanced`` or ``persistent``; with ``staged_stores`` dK and dV wait for the dQ writer to
-    free the staging tiles: compiled for sm_90, its GPU test written, not yet run). The
+    free the staging tiles: the same bits, mixed timings, not in the default). The
     deterministic backward's default at D 128 where the layout takes it
     (``attention_ws.ordered_default``): on the H200 3-11 % faster than the two-kernel
     backward on local windows, strided and causal layouts, 9 % slower on the fixed pattern.
     ``first_share_stored`` (with ``ordered_dq``): the share ranked first in its query tile is
     stored by a TMA copy instead of added, so dQ's fp32 buffer needs no zeros beforehand
     where every query block has a share (the launcher zeroes it otherwise): one pass over
-    4 bytes x B H S D less (compiled for sm_90, its GPU test written, not yet run)."""
+    4 bytes x B H S D less (H200: the ordered backward 0.05-0.06 ms faster at S 8192; in the
+    default). ``ring_stores``: dK and dV leave through the Q / dO ring's buffers once both
+    consumers have released them (16-byte stores, as ``staged_stores``, but waiting on no dQ
+    add; any mode but persistent; a stage holds a consumer's [block / consumers, D] tile:
+    block_m >= block / consumers, which the launcher checks)."""
 
     block_m: int = 64
     stages: int = 2
@@ -218,18 +222,23 @@ class DkdvWsConfig:
     balanced: bool = False
     ordered_dq: bool = False
     first_share_stored: bool = False
+    ring_stores: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
-                    "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored")
+                    "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored",
+                    "ring_stores")
         if self.first_share_stored and not self.ordered_dq:
             raise ValueError("DkdvWsConfig.first_share_stored needs ordered_dq=True (the share ranked first in its "
                              "query tile is known only in the ordered mode)")
         if self.ordered_dq and not (self.shared_ds and not self.persistent and not self.balanced):
             raise ValueError("DkdvWsConfig.ordered_dq needs shared_ds=True (the adds it orders), and neither "
                              "persistent nor balanced (it launches in its own order)")
+        if self.ring_stores and (self.staged_stores or self.persistent or self.stages < self.consumers):
+            raise ValueError("DkdvWsConfig.ring_stores: not with staged_stores (another way to stage dK / dV) nor "
+                             "persistent (the ring takes the next item), and stages >= consumers")
         if self.balanced and self.persistent:
             raise ValueError("DkdvWsConfig.balanced orders a grid of a program per key block: not with persistent")
         if self.staged_stores and not self.atomic_dq:

@@ -41,7 +41,7 @@ from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs
                                 host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
 from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dq_layout, _ds_smem_layout, _hand_share,
-                                   _out_smem_layout, _staging_returned, _store_staged, dq_tile_cols)
+                                   _dkdv_staging, _out_smem_layout, _store_staged, dq_tile_cols)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -113,10 +113,11 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     and no register transpose; ``ds_free`` holds a tile until both have read it. OVERLAP 2
     (ATOMIC_DQ 2 only): FlashAttention-3's order, every wgmma asynchronous: Sᵀ and dPᵀ
     together, Pᵀ under dPᵀ, the dSᵀ exchange under dV, dQ then dK issued, the reduction
-    under dK, the stage released after the last wait. STAGED_STORES (with ATOMIC_DQ): dK and
+    under dK, the stage released after the last wait. STAGED_STORES 1 (with ATOMIC_DQ): dK and
     dV leave through this consumer's two staging tiles, idle once its reductions have read
     them (ORDERED_DQ: once the dQ writer has freed them; ``out_smem_layout``), in 16-byte
-    stores instead of the accumulator layout's 4-byte ones.
+    stores instead of the accumulator layout's 4-byte ones; 2: through stage ROLE of the Q
+    and dO ring, once both consumers have released every stage (no wait on any dQ add).
     ORDERED_DQ (ATOMIC_DQ 2): the column walked in the host's order (``col_rows`` is
     :func:`attention_ordered_dq.ordered_tables`' walk, not rotated), each share handed to
     the dQ writer (:func:`_dkdv_dq_writer`) through the staging tiles instead of added here."""
@@ -290,18 +291,17 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     if STAMPS:
         store_stamp(stamp_row, 3, now_ns(num_warps), num_warps)
 
-    if STAGED_STORES:
-        gl.static_assert(ATOMIC_DQ != 0, "STAGED_STORES reuses the atomic-dQ staging tiles")
-        gl.static_assert(BLOCK_M * DQ_N * 4 >= KEYS * D * 2, "a staging tile holds a 16-bit [KEYS, D] tile")
-        if ORDERED_DQ:  # the dQ writer has returned both staging tiles (their last shares landed)
-            _staging_returned(dq_empty, ROLE, step)
-        else:
-            tma.store_wait(pendings=0)  # this consumer's reductions have read its staging tiles
+    if STAGED_STORES:  # 1: through this consumer's dQ staging tiles; 2: through the drained Q / dO ring
+        gl.static_assert(STAGED_STORES == 1 or (not PERSISTENT and BLOCK_M >= KEYS and STAGES >= CONSUMERS),
+                         "STAGED_STORES 2: a ring stage holds a [KEYS, D] tile, one per consumer, no next item")
+        gl.static_assert(STAGED_STORES == 2 or (ATOMIC_DQ != 0 and BLOCK_M * DQ_N * 4 >= KEYS * D * 2),
+                         "STAGED_STORES 1: an atomic-dQ staging tile holds a 16-bit [KEYS, D] tile")
+        dk_stage, dv_stage = _dkdv_staging(bufs, bars, step, ROLE, STAGED_STORES, ORDERED_DQ)
         row0 = bhk.to(gl.int64) * S
-        _store_staged(dk_ptr, (dk * scale).to(dtype), dq_bufs.index(ROLE * 2), row0, key0, S, D, KEYS,
-                      out_smem_layout, num_warps)
-        _store_staged(dv_ptr, dv.to(dtype), dq_bufs.index(ROLE * 2 + 1), row0, key0, S, D, KEYS, out_smem_layout,
-                      num_warps)
+        _store_staged(dk_ptr, (dk * scale).to(dtype), dk_stage, row0, key0, S, D, KEYS, out_smem_layout, num_warps)
+        _store_staged(dv_ptr, dv.to(dtype), dv_stage, row0, key0, S, D, KEYS, out_smem_layout, num_warps)
+        if STAGED_STORES == 2 and ATOMIC_DQ and not ORDERED_DQ:
+            tma.store_wait(pendings=0)  # the staging tiles are read before the program ends
     else:
         offs_on = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, o_layout))
         offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
@@ -402,7 +402,7 @@ def _bwd_dkdv_ws_kernel(
                             ORDERED, ORDERED_DQ, STAMPS)),
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
-            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES,
+            (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES == 1,
                                FIRST_STORE)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
@@ -466,6 +466,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         col_rows, ranks = tables
         order = launch_table_on(meta, nb, B * hkv)
         sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
+    if cfg.ring_stores and cfg.block_m < block_size // cfg.consumers:
+        raise ValueError(f"cfg={cfg}: ring_stores needs block_m >= block_size / consumers ({block_size // cfg.consumers})")
     if cfg.persistent:
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:
@@ -486,8 +488,9 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         STATS_SMEM=cfg.stats_in_smem, ATOMIC_DQ=(2 if cfg.shared_ds else 1) if cfg.atomic_dq else 0,
         dq_layout=dq_layout if cfg.atomic_dq else None,
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
-        STAGED_STORES=cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
+        STAGED_STORES=2 if cfg.ring_stores else cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
         FIRST_STORE=cfg.first_share_stored, STAMPS=stamps is not None,
-        out_smem_layout=_out_smem_layout(block_size // cfg.consumers, D, q.dtype) if cfg.staged_stores else None,
+        out_smem_layout=(_out_smem_layout(block_size // cfg.consumers, D, q.dtype)
+                         if cfg.staged_stores or cfg.ring_stores else None),
     )

@@ -137,6 +137,35 @@ def _staging_returned(dq_empty, ROLE: gl.constexpr, step):
 
 
 @gluon.jit
+def _dkdv_staging(bufs, bars, step, ROLE: gl.constexpr, STAGED_STORES: gl.constexpr, ORDERED_DQ: gl.constexpr):
+    """The two shared-memory tiles consumer ROLE stores dK and dV through once its walk of
+    ``step`` tiles is done, once they are idle: STAGED_STORES 1, its dQ staging tiles (after
+    its reductions have read them; ORDERED_DQ: after the dQ writer has returned them); 2,
+    stage ROLE of the Q and dO ring (after every stage's last readers, :func:`_ring_drained`)."""
+    q_bufs, do_bufs, dq_bufs = bufs[2], bufs[3], bufs[5]
+    if STAGED_STORES == 2:
+        _ring_drained(bars[2], step, q_bufs.type.shape[0])
+        return q_bufs.index(ROLE), do_bufs.index(ROLE)
+    else:
+        if ORDERED_DQ:
+            _staging_returned(bars[7], ROLE, step)
+        else:
+            tma.store_wait(pendings=0)
+        return dq_bufs.index(ROLE * 2), dq_bufs.index(ROLE * 2 + 1)
+
+
+@gluon.jit
+def _ring_drained(empty_bars, step, STAGES: gl.constexpr):
+    """STAGED_STORES 2: wait until every stage of the Q / dO ring has been released by all its
+    readers after its last use of the ``step`` tiles walked (stage s took tiles s, s + STAGES,
+    ...; no load follows in a program of one item), so its buffers may take dK and dV."""
+    for s in gl.static_range(STAGES):
+        uses = (step - s + STAGES - 1) // STAGES
+        if uses > 0:
+            mbarrier.wait(empty_bars.index(s), (uses - 1) & 1)
+
+
+@gluon.jit
 def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
                   out_smem_layout: gl.constexpr, num_warps: gl.constexpr):
     """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;

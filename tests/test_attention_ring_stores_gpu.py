@@ -1,0 +1,66 @@
+"""dK and dV stored through the drained Q / dO ring (``DkdvWsConfig.ring_stores``) on
+CUDA: the bits of each shipped dK/dV mode's own stores (the deterministic two-kernel
+backward's, ``deterministic=False``'s and the ordered one's), with GQA, odd S and key
+padding, and the float64 reference's gradients. Marked ``gpu``; skipped off sm90."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from attention_cases import _seed, make_inputs, padding, reference_with_grads, run_kernels
+from tilesparse.attention import layouts
+from tilesparse.kernels import attention as kernels
+from tilesparse.kernels import attention_ws
+from tolerances import assert_close
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+    reason="the Gluon kernel is written for sm90")]
+
+
+def _shipped(mode, q, layout, causal):
+    """The dK/dV config the backward runs in ``mode`` for these inputs (D 128 or 64)."""
+    v = q
+    nb = -(-layout.seq_len // layout.block_size)
+    if mode == "ordered":
+        meta = layout.meta_on(q.device, causal)
+        return attention_ws.ordered_default(q, v, v, v, layout.block_size, meta, layout.layout_heads, nb)
+    return attention_ws.default_config("dkdv", q, v, v, v, layout.block_size, layout.layout_heads,
+                                       deterministic=mode == "deterministic")
+
+
+@pytest.mark.parametrize("mode,name,causal,S,D,kpm_kind", [
+    ("deterministic", "bigbird", False, 1000, 128, "tail"), ("deterministic", "local", True, 1050, 128, None),
+    ("deterministic", "local", False, 2000, 64, "tail"),
+    ("atomic", "bigbird", False, 1000, 128, "tail"), ("atomic", "local", True, 1050, 128, None),
+    ("atomic", "local", False, 2000, 64, None),
+    ("ordered", "local", False, 2000, 128, "tail"), ("ordered", "causal", True, 1050, 128, None)])
+def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
+    dtype = torch.bfloat16
+    layout = {"bigbird": lambda: layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2,
+                                                  seed=_seed()),
+              "local": lambda: layouts.local(S, 128, 512, causal=causal),
+              "causal": lambda: layouts.causal(S, 128)}[name]()
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = None if kpm is None else kpm.cuda()
+    cfg = _shipped(mode, q, layout, causal)
+    assert cfg is not None and not cfg.persistent
+    ring = dataclasses.replace(cfg, staged_stores=False, ring_stores=True)
+    fwd = kernels.attention_config("fwd", 128, D, dtype)
+    dq_cfg = attention_ws.default_config("dq", q, k, v, grad_out, 128, layout.layout_heads) or \
+        kernels.attention_config("dq", 128, D, dtype)
+    deterministic = mode != "atomic"
+    runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, c, dq_cfg),
+                        deterministic=deterministic)[2] for c in (cfg, ring, ring)]
+    for got in runs[1:]:  # dK and dV always; dQ where its adds are ordered or made by the dQ kernel
+        assert torch.equal(got[1], runs[0][1]) and torch.equal(got[2], runs[0][2])
+        if deterministic:
+            assert torch.equal(got[0], runs[0][0])
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
+        assert_close(g, want, dtype, grad_name)
+
