@@ -336,15 +336,16 @@ def test_atomic_dq_defaults_only_where_listed(monkeypatch):
 
 
 def test_shipped_atomic_dq_defaults(monkeypatch):
-    # the measured modes: at D 128 shared dS in FlashAttention-3's order, staged stores and
-    # host descriptors; at D 64 the plain mode, stats in shared memory; both launched balanced
+    # the measured modes: at D 128 shared dS in FlashAttention-3's order, dK / dV through the
+    # Q / dO ring and host descriptors; at D 64 the plain mode, stats in shared memory, staged
+    # stores; both launched balanced
     from tilesparse.kernels import attention_ws
 
     monkeypatch.setattr(attention_ws, "hopper_reason", lambda t: None)
     q = torch.randn(1, 2, 256, 128, dtype=torch.bfloat16)
     cfg = attention_ws.default_config("dkdv", q, q, q, q, 128, deterministic=False)
     assert cfg.atomic_dq and cfg.shared_ds and cfg.stats_in_smem and cfg.consumers == 2
-    assert cfg.fa3_order and cfg.staged_stores and cfg.host_descs and (cfg.mma_regs, cfg.load_regs) == (240, 24)
+    assert cfg.fa3_order and cfg.ring_stores and cfg.host_descs and (cfg.mma_regs, cfg.load_regs) == (240, 24)
     assert not cfg.persistent and cfg.balanced
     # deterministic: both backward kernels with host-built descriptors, launched balanced, at D 128 and 64
     for kind in ("dkdv", "dq"):

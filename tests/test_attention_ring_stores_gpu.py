@@ -49,10 +49,11 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
     cfg = _shipped(mode, q, layout, causal)
     assert cfg is not None and not cfg.persistent
     ring = dataclasses.replace(cfg, staged_stores=False, ring_stores=True)
+    cfg = dataclasses.replace(cfg, ring_stores=False)  # (the stores ring_stores replaced)
     fwd = kernels.attention_config("fwd", 128, D, dtype)
-    dq_cfg = attention_ws.default_config("dq", q, k, v, grad_out, 128, layout.layout_heads) or \
-        kernels.attention_config("dq", 128, D, dtype)
-    deterministic = mode != "atomic"
+    deterministic = mode != "atomic"  # (deterministic=False: no dQ kernel; the Triton config stands in)
+    dq_cfg = (attention_ws.default_config("dq", q, k, v, grad_out, 128, layout.layout_heads) if deterministic
+              else None) or kernels.attention_config("dq", 128, D, dtype)
     runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, c, dq_cfg),
                         deterministic=deterministic)[2] for c in (cfg, ring, ring)]
     for got in runs[1:]:  # dK and dV always; dQ where its adds are ordered or made by the dQ kernel

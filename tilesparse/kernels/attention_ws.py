@@ -230,13 +230,17 @@ def _fwd_ws_kernel(
 # -> 1.832, random 10 % 1.591 -> 1.586, causal 6.212 -> 6.156; D 64 local 1024 1.251 -> 1.235,
 # BigBird 1.216 -> 1.177, random 10 % 1.027 -> 0.989; bitwise the same gradients (its sums
 # are the delta kernel's). O loaded into registers at the start instead (...-delta-registers-d128-549e36d):
-# -2.4 % to +2.5 %, not kept.
+# -2.4 % to +2.5 %, not kept. Twenty-seventh session (...-attention-ring-stores-d128-f413e94.json,
+# 5 rounds): D 128 dK / dV through the drained Q / dO ring (ring_stores; the stamps had the
+# epilogue at 4 us per program, 1.5 with staged stores), the two kernels' backward: local 1024
+# 1.917 -> 1.815 ms, random 10 % 1.514 -> 1.450, BigBird 1.792 -> 1.740, causal 6.151 -> 6.013,
+# bitwise the same. D 64: not timed.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
                                  balanced=True, delta=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
-                                     balanced=True),
+                                     balanced=True, ring_stores=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
                                 balanced=True, delta=True),
@@ -268,8 +272,11 @@ _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts
 # 1.859 -> 1.818, random 10 % 1.413 -> 1.419, causal 5.696 -> 5.684; D 64
 # (...-attention-balanced-d64-ea17eb4.json): BigBird 1.237 -> 1.089, fixed 1.235 -> 1.159, random
 # 10 % 0.940 -> 0.918. Local windows and strided get no table (the same kernel).
+# Twenty-seventh session (...-attention-ring-stores-d128-f413e94.json, 5 rounds): dK / dV
+# through the drained Q / dO ring (ring_stores) instead of the staging tiles, local 1024 1.743
+# -> 1.727 ms, random 10 % 1.415 -> 1.424, BigBird 1.721 -> 1.677, causal 5.833 -> 5.662.
 _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order": True, "mma_regs": 240,
-                                                  "load_regs": 24, "staged_stores": True, "host_descs": True,
+                                                  "load_regs": 24, "ring_stores": True, "host_descs": True,
                                                   "balanced": True},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
                                                  "host_descs": True, "balanced": True}}
@@ -285,11 +292,13 @@ _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order"
 # timed (not listed). Twenty-seventh session (...-attention-ordered-options-d128-c869ce3.json):
 # each query tile's first share stored (first_share_stored: no zero fill of dQ's fp32
 # buffer) 1.820 -> 1.770 local, 2.256 -> 2.192 strided, 5.763 -> 5.711 causal; staged
-# stores (not taken) 1.788 / 2.212 / 5.800. fp16: the same kernel (its GPU tests pass);
+# stores (not taken) 1.788 / 2.212 / 5.800; dK / dV through the drained Q / dO ring
+# (ring_stores, ...-attention-ring-stores-d128-f413e94.json, 5 rounds) local 1024 1.876 -> 1.751
+# (the shipped default in the same rounds: 1.783), causal 5.730 -> 5.644. fp16: the same kernel (its GPU tests pass);
 # layouts shared by all heads only (per-head layouts keep the two kernels: not timed).
 _ORDERED_DQ_CONFIG = DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, atomic_dq=True,
                                   shared_ds=True, fa3_order=True, mma_regs=240, load_regs=24, host_descs=True,
-                                  ordered_dq=True, first_share_stored=True)
+                                  ordered_dq=True, first_share_stored=True, ring_stores=True)
 _ORDERED_DQ_DEFAULTS: dict = {(128, 128, torch.bfloat16): _ORDERED_DQ_CONFIG,
                               (128, 128, torch.float16): _ORDERED_DQ_CONFIG}
 
