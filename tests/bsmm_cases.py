@@ -176,6 +176,29 @@ def sdd_against_reference(kind: str, dtype: torch.dtype, m: int, config, block_r
     return got, expected, (dy, x, meta, layout)
 
 
+def assert_sdd_matches_reference(kind: str, dtype: torch.dtype, config, ms, name: str, block_rows: int = 7,
+                                 block_cols: int = 11) -> None:
+    """sdd forced by ``config`` matches its float64 reference (:func:`sdd_against_reference`)
+    at each M of ``ms``; ``name`` (the kernel) labels a failure."""
+    for m in ms:
+        got, expected, _ = sdd_against_reference(kind, dtype, m, config, block_rows, block_cols)
+        if expected.numel():
+            assert_close(got, expected, dtype, f"{name} {kind} m{m} {block_rows} x {block_cols} blocks {config}")
+
+
+def assert_sdd_refuses_the_config_off_hopper(config, kernel_name: str) -> None:
+    """Off sm90, sdd forced by ``config`` raises a ValueError that the ``kernel_name`` needs
+    an sm90 GPU (skips on one)."""
+    from tilesparse.kernels import bsmm as kernels
+
+    if hopper():
+        pytest.skip("runs on sm90")
+    layout = make_layout("random", 2, 2, 64)
+    dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=f"{kernel_name} needs an sm90"):
+        kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 64, 2, 2, config=config)
+
+
 def assert_sdd_is_deterministic_and_captures(config) -> None:
     """Two runs of sdd under ``config`` agree bitwise, and so does a CUDA-graph replay."""
     from tilesparse.kernels import bsmm as kernels

@@ -213,25 +213,27 @@ class TestBanded:
         layout = layouts.banded(rows * 2, cols * 2, 2, bandwidth=bandwidth, wrap=wrap, diagonal=diagonal)
         assert torch.equal(layout.mask, brute_band(rows, cols, bandwidth, wrap, diagonal))
 
-    def test_square_band_written_out(self):
-        layout = layouts.banded(6 * B, 6 * B, B, bandwidth=1)
-        assert layout.mask.int().tolist() == [
+    @pytest.mark.parametrize("kwargs, expected", [
+        (dict(), [
             [1, 1, 0, 0, 0, 0],
             [1, 1, 1, 0, 0, 0],
             [0, 1, 1, 1, 0, 0],
             [0, 0, 1, 1, 1, 0],
             [0, 0, 0, 1, 1, 1],
             [0, 0, 0, 0, 1, 1],
-        ]
-        ring = layouts.banded(6 * B, 6 * B, B, bandwidth=1, wrap=True, diagonal=False)
-        assert ring.mask.int().tolist() == [
+        ]),
+        (dict(wrap=True, diagonal=False), [
             [0, 1, 0, 0, 0, 1],
             [1, 0, 1, 0, 0, 0],
             [0, 1, 0, 1, 0, 0],
             [0, 0, 1, 0, 1, 0],
             [0, 0, 0, 1, 0, 1],
             [1, 0, 0, 0, 1, 0],
-        ]
+        ]),
+    ], ids=["band", "ring"])
+    def test_square_band_written_out(self, kwargs, expected):
+        layout = layouts.banded(6 * B, 6 * B, B, bandwidth=1, **kwargs)
+        assert layout.mask.int().tolist() == expected
 
     def test_square_band_is_abs_difference(self):
         n, w = 20, 3

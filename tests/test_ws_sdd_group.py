@@ -8,13 +8,11 @@ import pytest
 import torch
 
 from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures,
-                        assert_tuned_entry_runs_only_from_its_density, hopper,
-                        make_layout, needs_hopper, sdd_against_reference)
-from tilesparse.kernels import bsmm as kernels
+                        assert_sdd_matches_reference, assert_sdd_refuses_the_config_off_hopper,
+                        assert_tuned_entry_runs_only_from_its_density, make_layout, needs_hopper)
 from tilesparse.kernels import bsmm_ws_sdd, bsmm_ws_sdd_group, tuned
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from tilesparse.layout import table_views
-from tolerances import assert_close
 
 
 # --------------------------------------------------------------------------- CPU
@@ -80,12 +78,7 @@ def test_support_check_refuses_tile_indices_past_32_bits(monkeypatch):
 
 
 def test_sdd_refuses_the_config_off_hopper():
-    if hopper():
-        pytest.skip("runs on sm90")
-    layout = make_layout("random", 2, 2, 64)
-    dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="grouped warp-specialized sdd needs an sm90"):
-        kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 64, 2, 2, config=WsSddGroupConfig())
+    assert_sdd_refuses_the_config_off_hopper(WsSddGroupConfig(), "grouped warp-specialized sdd")
 
 
 # --------------------------------------------------------------------------- GPU
@@ -95,20 +88,14 @@ CONFIGS = [WsSddGroupConfig(), WsSddGroupConfig(2, 64, 4, overlap=True), WsSddGr
            WsSddGroupConfig(1, 64, 4, overlap=True), WsSddGroupConfig(2, 64, 4)]
 
 
-def _run(kind, dtype, m, cfg, block_rows=7, block_cols=11):
-    return sdd_against_reference(kind, dtype, m, cfg, block_rows, block_cols)
-
-
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
 def test_matches_reference_gpu(kind, dtype, cfg):
-    for m in (1000, 64, 8192 + 40):  # a short last slice, one slice, many
-        got, expected, _ = _run(kind, dtype, m, cfg)
-        if expected.numel():
-            assert_close(got, expected, dtype, f"grouped ws sdd {kind} m{m} {cfg}")
+    # M: a short last slice, one slice, many
+    assert_sdd_matches_reference(kind, dtype, cfg, (1000, 64, 8192 + 40), "grouped ws sdd")
 
 
 @pytest.mark.gpu
@@ -118,8 +105,7 @@ def test_matches_reference_gpu(kind, dtype, cfg):
 def test_even_block_rows_and_many_tiles_per_program_gpu(kind, cfg):
     # 40 x 48 blocks: 20 pairs x 48 / G groups = 240-960 tiles over the SMs (several per
     # program: stages and output buffers reused across tiles, half-empty and empty tiles between)
-    got, expected, _ = _run(kind, torch.bfloat16, 3000, cfg, 40, 48)
-    assert_close(got, expected, torch.bfloat16, f"grouped ws sdd, 40 x 48 blocks, {kind}, {cfg}")
+    assert_sdd_matches_reference(kind, torch.bfloat16, cfg, (3000,), "grouped ws sdd", 40, 48)
 
 
 @pytest.mark.gpu

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from bsmm_cases import (assert_sdd_falls_back_to_the_heuristic, assert_sdd_is_deterministic_and_captures,
-                        assert_tuned_entry_runs_only_from_its_density, hopper,
-                        make_layout, needs_hopper, sdd_against_reference)
+                        assert_sdd_matches_reference, assert_sdd_refuses_the_config_off_hopper,
+                        assert_tuned_entry_runs_only_from_its_density, make_layout, needs_hopper)
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_ws_sdd_rows, tuned
 from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig, unit_count, unit_table
@@ -133,12 +133,7 @@ def test_operand_checks_name_what_is_wrong(monkeypatch):
 
 
 def test_sdd_refuses_the_config_off_hopper():
-    if hopper():
-        pytest.skip("runs on sm90")
-    layout = make_layout("random", 2, 2, 64)
-    dy, x = torch.randn(64, 128).to(torch.bfloat16), torch.randn(64, 128).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="row-run warp-specialized sdd needs an sm90"):
-        kernels.sdd(dy.t(), x, layout.meta_on("cpu"), 64, 2, 2, config=WsSddRowsConfig())
+    assert_sdd_refuses_the_config_off_hopper(WsSddRowsConfig(), "row-run warp-specialized sdd")
 
 
 # --------------------------------------------------------------------------- GPU
@@ -154,10 +149,8 @@ CONFIGS = [WsSddRowsConfig(), WsSddRowsConfig(4, 32, 4, a_from_registers=True), 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("kind", ["random", "full", "empty_rows_cols", "empty"])
 def test_matches_reference_gpu(kind, dtype, cfg):
-    for m in (1000, 32, 8192 + 40):  # a short last slice, one slice, many
-        got, expected, _ = sdd_against_reference(kind, dtype, m, cfg, 7, 11)
-        if expected.numel():
-            assert_close(got, expected, dtype, f"row-run ws sdd {kind} m{m} {cfg}")
+    # M: a short last slice, one slice, many
+    assert_sdd_matches_reference(kind, dtype, cfg, (1000, 32, 8192 + 40), "row-run ws sdd")
 
 
 @pytest.mark.gpu
@@ -167,8 +160,7 @@ def test_matches_reference_gpu(kind, dtype, cfg):
 def test_many_units_per_program_gpu(kind, cfg):
     # 40 x 48 blocks: 40 rows x 48 / 2G runs = 240-960 units over the SMs (stages and output
     # buffers reused across units, short and empty runs between)
-    got, expected, _ = sdd_against_reference(kind, torch.bfloat16, 3000, cfg, 40, 48)
-    assert_close(got, expected, torch.bfloat16, f"row-run ws sdd, 40 x 48 blocks, {kind}, {cfg}")
+    assert_sdd_matches_reference(kind, torch.bfloat16, cfg, (3000,), "row-run ws sdd", 40, 48)
 
 
 @pytest.mark.gpu

@@ -26,6 +26,7 @@ import pstats
 
 import torch
 import triton.testing
+from attention_inputs import qkv_and_grad  # this folder's
 from eager_gap import _hot_ms, _profiled_kernels  # this folder's: the same timings for the bsmm ops
 
 from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
@@ -56,9 +57,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     B, H, S, D = args.shape
-    q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_()
+    q, k, v, g = qkv_and_grad((B, H, S, D))
     spec = specs[args.pattern]
     layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
     rows = []

@@ -6,6 +6,7 @@ next to FlexAttention's on the identical mask: where the backward's time goes.
 import argparse
 
 import torch
+from attention_inputs import qkv_and_grad  # this folder's
 from torch.profiler import ProfilerActivity, profile
 
 from tilesparse.attention import layouts
@@ -17,9 +18,7 @@ parser.add_argument("--shape", type=int, nargs=4, default=[4, 16, 8192, 128])
 args = parser.parse_args()
 B, H, S, D = args.shape
 b = 128
-q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-for t in (q, k, v):
-    t.requires_grad_()
+q, k, v, g = qkv_and_grad((B, H, S, D))
 builders = {"local1024": lambda: (layouts.local(S, b, 1024, causal=True), True),
             "causal": lambda: (layouts.causal(S, b), True),
             "strided": lambda: (layouts.strided(S, b, 1024), True)}

@@ -16,6 +16,7 @@ import json
 import torch
 import torch.nn.functional as F
 import triton.testing
+from attention_inputs import qkv_and_grad  # this folder's
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 parser = argparse.ArgumentParser()
@@ -24,9 +25,7 @@ parser.add_argument("--repeats", type=int, default=4, help="backward passes comp
 parser.add_argument("--out", default=None)
 args = parser.parse_args()
 B, H, S, D = args.shape
-q, k, v, g = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-for t in (q, k, v):
-    t.requires_grad_()
+q, k, v, g = qkv_and_grad((B, H, S, D))
 
 
 def fwd_bwd():

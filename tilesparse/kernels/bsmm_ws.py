@@ -149,13 +149,22 @@ def _alloc_ring(STAGES: gl.constexpr, READERS: gl.constexpr = 1, WRITES: gl.cons
 
 
 @gluon.jit
+def _claim_stage(step, ready_bars, empty_bars):
+    """Producer side of the ring: wait until stage ``step % STAGES`` is free. A stage's
+    empty barrier completes once per reuse; the first pass finds it free. Returns (the
+    stage, its ready barrier)."""
+    STAGES: gl.constexpr = empty_bars.type.shape[0]
+    s = step % STAGES
+    ready = ready_bars.index(s)
+    mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+    return s, ready
+
+
+@gluon.jit
 def _fill_stage(step, a_desc, a_coord, b_desc, b_coord, a_bufs, b_bufs, ready_bars, empty_bars):
     """Producer side of the ring: wait until stage ``step % STAGES`` is free, then
     TMA-load one tile of each operand into it (both complete its ready barrier)."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    s = step % STAGES
-    # a stage's empty barrier completes once per reuse; the first pass finds it free
-    mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+    s, _ = _claim_stage(step, ready_bars, empty_bars)
     mbarrier.expect(ready_bars.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(a_desc, a_coord, ready_bars.index(s), a_bufs.index(s))
     tma.async_copy_global_to_shared(b_desc, b_coord, ready_bars.index(s), b_bufs.index(s))

@@ -45,7 +45,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, check_register_budgets
 from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import WS_MIN_M, _alloc_ring, _Layouts, _nvmma, _tile_coords, hopper_reason
+from .bsmm_ws import WS_MIN_M, _alloc_ring, _claim_stage, _Layouts, _nvmma, _tile_coords, hopper_reason
 
 __all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "group_tables", "tables_ready",
            "launch_dds_ws_group"]
@@ -143,7 +143,6 @@ def _group_load(descs, bufs, bars, tables, sizes,
     ready_bars, empty_bars = bars
     pptr_ptr, pk_ptr, pslots_ptr = tables[0], tables[1], tables[2]
     num_pid_m, n_groups, num_tiles = sizes
-    STAGES: gl.constexpr = a_bufs.type.shape[0] // E
     A_BYTES: gl.constexpr = a_desc.block_type.nbytes
     V_BYTES: gl.constexpr = v_desc.block_type.nbytes
     pid = gl.program_id(0)
@@ -157,10 +156,7 @@ def _group_load(descs, bufs, bars, tables, sizes,
         entries = _stage_tables(pk_ptr, pslots_ptr, start, end, G, E)
         for u in range(start, end, E):
             entries_next = _stage_tables(pk_ptr, pslots_ptr, u + E, end, G, E)
-            s = step % STAGES
-            ready = ready_bars.index(s)
-            # a stage's empty barrier completes once per reuse; the first pass finds it free
-            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+            s, ready = _claim_stage(step, ready_bars, empty_bars)
             for e in gl.static_range(E):
                 k, slots = entries[e]
                 present = u + e < end

@@ -36,7 +36,7 @@ from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, check_register_budgets
 from ..layout import table_views
 from .bsmm_tma import ensure_allocator
-from .bsmm_ws import _alloc_ring, _tile_coords
+from .bsmm_ws import _alloc_ring, _claim_stage, _tile_coords
 from .bsmm_ws_sdd import _sdd_layouts, density_floor_reason, operand_reason, shared_memory_reason
 from .bsmm_ws_group import _entry_mmas, _popcount, _wait_all, _wait_for_previous
 
@@ -161,7 +161,6 @@ def _sdd_group_load(at_desc, x_desc, a_bufs, x_bufs, ready_bars, empty_bars, slo
     block, wait for a free stage, then TMA-load the two block-rows' dY slices and the X
     slices of the columns stored in either row. One arrival expecting exactly those bytes."""
     num_row_pairs, n_groups, num_tiles, k_steps = sizes
-    STAGES: gl.constexpr = empty_bars.type.shape[0]
     A_BYTES: gl.constexpr = at_desc.block_type.nbytes
     X_BYTES: gl.constexpr = x_desc.block_type.nbytes
     B: gl.constexpr = x_desc.block_type.shape[1]
@@ -176,10 +175,7 @@ def _sdd_group_load(at_desc, x_desc, a_bufs, x_bufs, ready_bars, empty_bars, slo
         union = mask0 | mask1
         n_union = _popcount(union, G)
         for ks in range(0, gl.where(union != 0, k_steps, 0)):
-            s = step % STAGES
-            ready = ready_bars.index(s)
-            # a stage's empty barrier completes once per reuse; the first pass finds it free
-            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+            s, ready = _claim_stage(step, ready_bars, empty_bars)
             for n in gl.static_range(1, G + 1):
                 mbarrier.expect(ready, 2 * A_BYTES + n * X_BYTES, pred=n_union == n)
             m0 = ks * BLOCK_K

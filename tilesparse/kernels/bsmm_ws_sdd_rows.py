@@ -41,7 +41,7 @@ from ._device import cached_table, sm_count
 from ._launch import launch
 from ._tiles import cdiv, check_bools
 from .bsmm_tma import ensure_allocator
-from .bsmm_ws import _alloc_ring
+from .bsmm_ws import _alloc_ring, _claim_stage
 from .bsmm_ws_sdd import _sdd_layouts, density_floor_reason, operand_reason, shared_memory_reason
 from .bsmm_ws_sdd_group import _consume_slices, check_slice_fields
 
@@ -155,7 +155,6 @@ def _rows_load(at_desc, x_desc, a_bufs, x_bufs, ready_bars, empty_bars, units_pt
     a free stage, then TMA-load the row's dY slice and the X slices of the unit's blocks,
     one arrival expecting exactly those bytes. The unit's columns are read once."""
     num_units, k_steps = sizes
-    STAGES: gl.constexpr = empty_bars.type.shape[0]
     A_BYTES: gl.constexpr = at_desc.block_type.nbytes
     X_BYTES: gl.constexpr = x_desc.block_type.nbytes
     B: gl.constexpr = x_desc.block_type.shape[1]
@@ -168,10 +167,7 @@ def _rows_load(at_desc, x_desc, a_bufs, x_bufs, ready_bars, empty_bars, units_pt
         for i in gl.static_range(1, W):
             cols = cols + (gl.load(row_cols_ptr + lo + i, mask=i < n, other=0),)
         for ks in range(0, gl.where(n > 0, k_steps, 0)):
-            s = step % STAGES
-            ready = ready_bars.index(s)
-            # a stage's empty barrier completes once per reuse; the first pass finds it free
-            mbarrier.wait(empty_bars.index(s), ((step // STAGES) & 1) ^ 1)
+            s, ready = _claim_stage(step, ready_bars, empty_bars)
             for c in gl.static_range(1, W + 1):
                 mbarrier.expect(ready, A_BYTES + c * X_BYTES, pred=n == c)
             m0 = ks * BLOCK_K

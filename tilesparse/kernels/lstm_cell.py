@@ -74,6 +74,37 @@ def _tanh(x):
 
 
 @triton.jit
+def _tile(B, H, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (pid_b, pid_h)'s tile of both kernels: (its rows [BLOCK_B, 1] as int64, its
+    hidden units [1, BLOCK_H], the mask of those inside [B, H])."""
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = (rows < B)[:, None] & (cols < H)[None, :]
+    return rows.to(tl.int64)[:, None], cols[None, :], mask
+
+
+@triton.jit
+def _load_gates(ptr, H, mask):
+    """The four gates at ``ptr`` (gate k at column offset k*H) as fp32, masked loads."""
+    return (tl.load(ptr, mask=mask, other=0.0).to(tl.float32),
+            tl.load(ptr + H, mask=mask, other=0.0).to(tl.float32),
+            tl.load(ptr + 2 * H, mask=mask, other=0.0).to(tl.float32),
+            tl.load(ptr + 3 * H, mask=mask, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _store_gates(ptr, H, mask, i, f, g, o):
+    """Store the four gates at ``ptr`` (gate k at column offset k*H) in ``ptr``'s dtype."""
+    ty = ptr.dtype.element_ty
+    tl.store(ptr, i.to(ty), mask=mask)
+    tl.store(ptr + H, f.to(ty), mask=mask)
+    tl.store(ptr + 2 * H, g.to(ty), mask=mask)
+    tl.store(ptr + 3 * H, o.to(ty), mask=mask)
+
+
+@triton.jit
 def _lstm_cell_fwd_kernel(
     g_ptr, g2_ptr, cp_ptr, h_ptr, c_ptr, acts_ptr,
     B, H,
@@ -87,20 +118,10 @@ def _lstm_cell_fwd_kernel(
     programmatic-dependent-launch mode (``tilesparse.kernels._pdl``; no main loop here,
     so mode 2 never signals early)."""
     wait_for_previous_kernel(PDL)
-    pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = (rows < B)[:, None] & (cols < H)[None, :]
-    r = rows.to(tl.int64)[:, None]
-    j = cols[None, :]
+    r, j, mask = _tile(B, H, BLOCK_B, BLOCK_H)
 
-    g = g_ptr + r * stride_g + j
-    pi = tl.load(g, mask=mask, other=0.0).to(tl.float32)
-    pf = tl.load(g + H, mask=mask, other=0.0).to(tl.float32)
-    pg = tl.load(g + 2 * H, mask=mask, other=0.0).to(tl.float32)
-    po = tl.load(g + 3 * H, mask=mask, other=0.0).to(tl.float32)
-    if HAS_G2:
+    pi, pf, pg, po = _load_gates(g_ptr + r * stride_g + j, H, mask)
+    if HAS_G2:  # each add right after its load (through _load_gates the adds move in the PTX)
         g2 = g2_ptr + r * stride_g2 + j
         pi += tl.load(g2, mask=mask, other=0.0).to(tl.float32)
         pf += tl.load(g2 + H, mask=mask, other=0.0).to(tl.float32)
@@ -120,12 +141,7 @@ def _lstm_cell_fwd_kernel(
     tl.store(c_ptr + r * stride_c + j, c.to(c_ptr.dtype.element_ty), mask=mask)
     tl.store(h_ptr + r * stride_h + j, h.to(h_ptr.dtype.element_ty), mask=mask)
     if SAVE_ACTS:
-        a = acts_ptr + r * stride_acts + j
-        ty = acts_ptr.dtype.element_ty
-        tl.store(a, i.to(ty), mask=mask)
-        tl.store(a + H, f.to(ty), mask=mask)
-        tl.store(a + 2 * H, gg.to(ty), mask=mask)
-        tl.store(a + 3 * H, o.to(ty), mask=mask)
+        _store_gates(acts_ptr + r * stride_acts + j, H, mask, i, f, gg, o)
 
 
 @triton.jit
@@ -139,22 +155,12 @@ def _lstm_cell_bwd_kernel(
     """Backward of one step over the same tiles as the forward kernel: writes
     dgates [B, 4H] (pre-activation gradients, all four gates) and dc_prev [B, H]."""
     wait_for_previous_kernel(PDL)
-    pid_b = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = (rows < B)[:, None] & (cols < H)[None, :]
-    r = rows.to(tl.int64)[:, None]
-    j = cols[None, :]
+    r, j, mask = _tile(B, H, BLOCK_B, BLOCK_H)
 
     dh = tl.load(dh_ptr + r * stride_dh + j, mask=mask, other=0.0).to(tl.float32)
     if HAS_DH2:
         dh += tl.load(dh2_ptr + r * stride_dh2 + j, mask=mask, other=0.0).to(tl.float32)
-    a = acts_ptr + r * stride_acts + j
-    i = tl.load(a, mask=mask, other=0.0).to(tl.float32)
-    f = tl.load(a + H, mask=mask, other=0.0).to(tl.float32)
-    gg = tl.load(a + 2 * H, mask=mask, other=0.0).to(tl.float32)
-    o = tl.load(a + 3 * H, mask=mask, other=0.0).to(tl.float32)
+    i, f, gg, o = _load_gates(acts_ptr + r * stride_acts + j, H, mask)
     c = tl.load(c_ptr + r * stride_c + j, mask=mask, other=0.0).to(tl.float32)
     tc = _tanh(c)
 
@@ -170,12 +176,7 @@ def _lstm_cell_bwd_kernel(
     else:
         d_f = tl.zeros_like(dc)
 
-    dg = dg_ptr + r * stride_dg + j
-    ty = dg_ptr.dtype.element_ty
-    tl.store(dg, d_i.to(ty), mask=mask)
-    tl.store(dg + H, d_f.to(ty), mask=mask)
-    tl.store(dg + 2 * H, d_g.to(ty), mask=mask)
-    tl.store(dg + 3 * H, d_o.to(ty), mask=mask)
+    _store_gates(dg_ptr + r * stride_dg + j, H, mask, d_i, d_f, d_g, d_o)
     if WRITE_DC_PREV:
         tl.store(dcp_ptr + r * stride_dcp + j, (dc * f).to(dcp_ptr.dtype.element_ty), mask=mask)
 
