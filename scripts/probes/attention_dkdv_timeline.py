@@ -9,7 +9,9 @@ Why: a model fitted to three layouts' kernel times (twenty-seventh session: loca
 strided, causal) gives ~2.7 µs per 64-row step and ~9 µs per program besides, 17 % of
 local 1024's programs and 22 % of random 10 %'s; the persistent kernel meant to hide it
 lost. The stamps say which part is the fixed cost: the loads before the first product, the
-epilogue, or the gap before the SM's next program.
+epilogue, or the gap before the SM's next program. Their answer (f6b8622): ~5 µs of ~45 on
+local 1024, the epilogue 4 µs where dK / dV left in 4-byte stores (then ``ring_stores``). The
+CUDA-event ``kernel_ms`` includes the launcher's host work; the stamps' span is the kernel's.
 
     python scripts/probes/attention_dkdv_timeline.py --patterns local1024 random10 --out timeline.json
 """
