@@ -315,6 +315,11 @@ def attention_ws_cases(quick: bool):
         attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
         ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 128, 2, False, True)))
     row_cases["dQ delta"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
+    # dQ stored through each consumer's rows of the Q tile (DqWsConfig.staged_stores), on the default
+    row_cases["dQ overlap two consumers host_descs ordered delta staged"] = (
+        attention_ws_dq._bwd_dq_ws_kernel, () if quick else
+        ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 128, 2, False, True)))
+    row_cases["dQ staged"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,
                                                          ((128, 128, 128, 128, 2, True, False),) if quick else
                                                          ((128, 128, 128, 128, 2, True, False),
@@ -329,7 +334,7 @@ def attention_ws_cases(quick: bool):
                 const.update(CONSUMERS=1, MMA_REGS=232)
             if kind.startswith("dQ"):
                 const.update(OVERLAP="overlap" in kind, HOST_DESCS="host_descs" in kind,
-                             ORDERED=kind.endswith(("ordered", "ordered delta")), DELTA=kind.endswith("delta"))
+                             ORDERED=" ordered" in kind, DELTA=" delta" in kind, STAGED_STORES=kind.endswith("staged"))
             if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
                 # synchronous b 128 one
                 const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or

@@ -311,6 +311,11 @@ def test_ring_stores_config_checks():
     with pytest.raises(ValueError, match="ring_stores must be a bool"):
         DkdvWsConfig(ring_stores=1)
     assert DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, ring_stores=True).ring_stores
+    from tilesparse.kernels.attention_ws_base import DqWsConfig
+
+    assert DqWsConfig(128, 128, 2, consumers=2, staged_stores=True).staged_stores
+    with pytest.raises(ValueError, match="staged_stores must be a bool"):
+        DqWsConfig(128, 128, 2, staged_stores=1)
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

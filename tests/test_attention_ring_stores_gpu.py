@@ -1,7 +1,9 @@
-"""dK and dV stored through the drained Q / dO ring (``DkdvWsConfig.ring_stores``) on
-CUDA: the bits of each shipped dK/dV mode's own stores (the deterministic two-kernel
-backward's, ``deterministic=False``'s and the ordered one's), with GQA, odd S and key
-padding, and the float64 reference's gradients. Marked ``gpu``; skipped off sm90."""
+"""Outputs stored through idle shared memory on CUDA: dK and dV through the drained Q / dO
+ring (``DkdvWsConfig.ring_stores``), the bits of each shipped dK/dV mode's own stores (the
+deterministic two-kernel backward's, ``deterministic=False``'s and the ordered one's); dQ
+through the consumers' rows of the Q tile (``DqWsConfig.staged_stores``), the bits of the
+dQ kernel's own stores. With GQA, odd S and key padding, and the float64 reference's
+gradients. Marked ``gpu``; skipped off sm90."""
 
 import dataclasses
 
@@ -65,3 +67,28 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
     for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
         assert_close(g, want, dtype, grad_name)
 
+
+
+@pytest.mark.parametrize("name,causal,S,D,kpm_kind", [("bigbird", False, 1000, 128, "tail"),
+                                                     ("local", True, 1050, 128, None), ("local", False, 2000, 64, "tail")])
+def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
+    dtype = torch.bfloat16
+    layout = (layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+              if name == "bigbird" else layouts.local(S, 128, 512, causal=causal))
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
+    kpm = padding(2, S, kpm_kind)
+    kpm = None if kpm is None else kpm.cuda()
+    fwd = kernels.attention_config("fwd", 128, D, dtype)
+    dkdv = attention_ws.default_config("dkdv", q, k, v, grad_out, 128, layout.layout_heads)
+    dq_cfg = attention_ws.default_config("dq", q, k, v, grad_out, 128, layout.layout_heads)
+    assert dkdv is not None and dq_cfg is not None
+    staged = dataclasses.replace(dq_cfg, staged_stores=True)
+    runs = [run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, dkdv, c))[2]
+            for c in (dq_cfg, staged, staged)]
+    for got in runs[1:]:
+        assert all(map(torch.equal, got, runs[0]))
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
+        assert_close(g, want, dtype, grad_name)

@@ -320,17 +320,21 @@ class DqWsConfig(_RowWalkConfig):
     layout's row lengths make the grid's order end on a few long programs; ``delta``: each
     program computes its rows' delta = rowsum(dO · O) itself from O (its dO tile is in
     shared memory already) and writes it for the dK/dV kernel, which then runs after this
-    one: the backward's separate delta kernel (a pass over O and dO) is gone."""
+    one: the backward's separate delta kernel (a pass over O and dO) is gone;
+    ``staged_stores``: dQ leaves through each consumer's own rows of the Q tile, idle once its
+    walk is done, in 16-byte stores instead of the accumulator layout's 4-byte ones (the dK/dV
+    kernel's epilogue took 4 µs that way against 1.5 staged)."""
 
     overlap: bool = False
     host_descs: bool = False
     balanced: bool = False
     delta: bool = False
+    staged_stores: bool = False
     _QUERY_TILES = 2
 
     def __post_init__(self):
         super().__post_init__()
-        check_bools(self, "overlap", "host_descs", "balanced", "delta")
+        check_bools(self, "overlap", "host_descs", "balanced", "delta", "staged_stores")
 
     def shared_bytes(self, block_size: int, head_dim: int, element_bytes: int = 2) -> int:
         """As ``_RowWalkConfig``'s, plus the output's tile with ``delta``."""

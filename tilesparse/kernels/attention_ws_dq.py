@@ -17,6 +17,7 @@ from .attention_launch_order import launch_order
 from .attention_ws_base import (LOG2E, DqWsConfig, _a_operand, _backward_descs, _grid_item, _head_desc, _layouts,
                                 _needs_mask, _one_shot_barrier, _row_keep, _row_ws_load, _wgmma_layout,
                                 host_backward_descs, host_head_desc, tma_operand_reason)
+from .attention_ws_dq_adds import _store_through
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -28,7 +29,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
                BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, CONSUMERS: gl.constexpr, ROLE: gl.constexpr,
                OVERLAP: gl.constexpr, num_warps: gl.constexpr, ORDERED: gl.constexpr = False,
-               DELTA: gl.constexpr = False):
+               DELTA: gl.constexpr = False, STAGED_STORES: gl.constexpr = False):
     """A consumer partition (16 query rows per warp): per key tile S = Q Kᵀ, P, dP = dO Vᵀ,
     dS, dQ += dS K (dS from registers), synchronous wgmma (OVERLAP: S and dP asynchronous,
     below); then dQ * scale stored with
@@ -40,7 +41,8 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
     rows' delta = rowsum(dO · O), from the O tile the producer loads into shared memory
     after Q and dO (``bufs[4]``, barrier ``bars[3]``) and the dO tile, before the walk (in
     the walk, with S and dP live, it spilled), written to ``delta_ptr`` for the dK/dV
-    kernel (see :func:`_rows_delta`) instead of read from it."""
+    kernel (see :func:`_rows_delta`) instead of read from it. STAGED_STORES: dQ leaves through
+    this consumer's own rows of the Q tile, idle after its last wgmma, in 16-byte stores."""
     q_desc, k_desc, v_desc, do_desc = descs
     q_smem, do_smem, k_bufs, v_bufs, o_smem = bufs
     q_bar, ready_bars, empty_bars, o_bar = bars
@@ -103,10 +105,13 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
         mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma above has been waited for
         step += 1
 
-    offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bh.to(gl.int64) * S * D + offs_om.to(gl.int64)[:, None] * D + offs_d[None, :]
-    gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+    if STAGED_STORES:  # (q: this consumer's rows only, read by its own wgmma, all waited for)
+        _store_through(dq_ptr, (dq * scale).to(dtype), q, bh.to(gl.int64) * S, row0, S, D, ROWS, num_warps)
+    else:
+        offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        out_off = bh.to(gl.int64) * S * D + offs_om.to(gl.int64)[:, None] * D + offs_d[None, :]
+        gl.store(dq_ptr + out_off, (dq * scale).to(dtype), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.constexpr_function
@@ -143,6 +148,7 @@ def _bwd_dq_ws_kernel(
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, OVERLAP: gl.constexpr = False,
     HOST_DESCS: gl.constexpr = False, ORDERED: gl.constexpr = False, DELTA: gl.constexpr = False,
+    STAGED_STORES: gl.constexpr = False,
 ):
     """Program (query tile, batch * head), as ``_bwd_dq_kernel`` (ORDERED: a 1-D grid, each
     program's (query tile, batch * head) from entry program_id(0) of ``order_ptr``, the
@@ -151,7 +157,8 @@ def _bwd_dq_ws_kernel(
     q_ptr, k_ptr, v_ptr and do_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the rows each.
     DELTA: delta = rowsum(dO · O) computed from O (``o_ptr``, strides ``sob, soh, sos``; a
-    host-built descriptor with HOST_DESCS) and written to ``delta_ptr``, not read from it."""
+    host-built descriptor with HOST_DESCS) and written to ``delta_ptr``, not read from it.
+    STAGED_STORES: dQ stored through the consumers' rows of the Q tile (:func:`_dq_ws_mma`)."""
     q_desc, k_desc, v_desc, do_desc = _backward_descs(q_ptr, k_ptr, v_ptr, do_ptr, B, S, H, HKV, D, (sqb, sqh, sqs),
                                                       (skb, skh, sks), (svb, svh, svs), (sdb, sdh, sds), BLOCK_M,
                                                       BLOCK_N, qo_layout, kv_layout, HOST_DESCS)
@@ -176,15 +183,15 @@ def _bwd_dq_ws_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps, ORDERED, DELTA)),
+                          OVERLAP, num_warps, ORDERED, DELTA, STAGED_STORES)),
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 1,
-                          OVERLAP, num_warps, ORDERED, DELTA)),
+                          OVERLAP, num_warps, ORDERED, DELTA, STAGED_STORES)),
             (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED, o_desc, DELTA)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_dq_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM, CONSUMERS, 0,
-                          OVERLAP, num_warps, ORDERED, DELTA)),
+                          OVERLAP, num_warps, ORDERED, DELTA, STAGED_STORES)),
             (_row_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, BLOCK_N, True, ORDERED, o_desc, DELTA)),
         ], [1], [LOAD_REGS])
 
@@ -230,5 +237,5 @@ def launch_dq_ws(q, k, v, grad_out, lse, delta, dq, kpm, row_ptr, row_cols, nb: 
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, CONSUMERS=cfg.consumers, OVERLAP=cfg.overlap,
-        HOST_DESCS=cfg.host_descs, ORDERED=order is not None, DELTA=cfg.delta,
+        HOST_DESCS=cfg.host_descs, ORDERED=order is not None, DELTA=cfg.delta, STAGED_STORES=cfg.staged_stores,
     )

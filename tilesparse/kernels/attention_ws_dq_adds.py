@@ -170,9 +170,18 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
                   out_smem_layout: gl.constexpr, num_warps: gl.constexpr):
     """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;
     rows past S dropped) through the shared-memory tile ``stage`` (at least KEYS * D * 2
-    bytes, idle): written in the accumulator's layout, read back as 8 consecutive columns
-    (16 bytes) per thread, whole rows per warp, and stored from there."""
-    buf = stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout)
+    bytes, idle), seen as ``out_smem_layout``: :func:`_store_through`."""
+    _store_through(out_ptr, tile, stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout), row0, key0, S, D,
+                   KEYS, num_warps)
+
+
+@gluon.jit
+def _store_through(out_ptr, tile, buf, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Store ``tile`` ([KEYS, D], rows key0.. of the head whose first row is ``row0``; rows
+    past S dropped) through ``buf`` (idle shared memory of its shape and dtype): written in the
+    tile's own layout, read back as 8 consecutive columns (16 bytes) per thread, whole rows per
+    warp, and stored from there (the accumulator layout would store 4-byte pieces)."""
     buf.store(tile)
     rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
                                                  warps_per_cta=[num_warps, 1], order=[1, 0])
