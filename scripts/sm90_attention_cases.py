@@ -325,6 +325,10 @@ def attention_ws_cases(quick: bool):
                                                          ((128, 128, 128, 128, 2, True, False),
                                                           (128, 64, 128, 64, 3, False, True),
                                                           (128, 64, 128, 128, 2, True, False)))
+    # the default persistent forward with O stored through the consumers' Q rows (FwdWsConfig.staged_stores)
+    row_cases["persistent fwd overlap two consumers staged"] = (
+        attention_ws_persistent._fwd_ws_persistent_kernel, () if quick else
+        ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 64, 3, False, True)))
     for kind, (fn, cases) in row_cases.items():
         for block, head_dim, block_m, block_n, stages, causal, kpm in cases:
             qo, kv = attention_ws_base._layouts(block_m, block_n, head_dim, torch.bfloat16)
@@ -337,8 +341,9 @@ def attention_ws_cases(quick: bool):
                              ORDERED=" ordered" in kind, DELTA=" delta" in kind, STAGED_STORES=kind.endswith("staged"))
             if kind.startswith("persistent"):  # with the balanced schedule: the two-consumer ones and the
                 # synchronous b 128 one
-                const.update(OVERLAP=False, SCHEDULED=kind.endswith("two consumers") or
-                             (kind == "persistent fwd" and block == 128 and block_n == 64))
+                const.update(OVERLAP=False, SCHEDULED=kind.endswith(("two consumers", "staged")) or
+                             (kind == "persistent fwd" and block == 128 and block_n == 64),
+                             STAGED_STORES=kind.endswith("staged"))
             if kind.endswith("overlap"):
                 const["OVERLAP"] = True
             if "two consumers" in kind:  # a warpgroup each, half the rows

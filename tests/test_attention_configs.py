@@ -316,6 +316,11 @@ def test_ring_stores_config_checks():
     assert DqWsConfig(128, 128, 2, consumers=2, staged_stores=True).staged_stores
     with pytest.raises(ValueError, match="staged_stores must be a bool"):
         DqWsConfig(128, 128, 2, staged_stores=1)
+    from tilesparse.kernels.attention_ws_base import FwdWsConfig
+
+    assert FwdWsConfig(128, 128, 2, persistent=True, staged_stores=True).staged_stores
+    with pytest.raises(ValueError, match="staged_stores needs persistent=True"):
+        FwdWsConfig(128, 128, 2, staged_stores=True)
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

@@ -1,8 +1,8 @@
 """Outputs stored through idle shared memory on CUDA: dK and dV through the drained Q / dO
 ring (``DkdvWsConfig.ring_stores``), the bits of each shipped dK/dV mode's own stores (the
 deterministic two-kernel backward's, ``deterministic=False``'s and the ordered one's); dQ
-through the consumers' rows of the Q tile (``DqWsConfig.staged_stores``), the bits of the
-dQ kernel's own stores. With GQA, odd S and key padding, and the float64 reference's
+through the consumers' rows of the Q tile (``DqWsConfig.staged_stores``) and the forward's
+O through its Q buffers (``FwdWsConfig.staged_stores``), the bits of their own stores. With GQA, odd S and key padding, and the float64 reference's
 gradients. Marked ``gpu``; skipped off sm90."""
 
 import dataclasses
@@ -92,3 +92,24 @@ def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
                                            scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
     for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
         assert_close(g, want, dtype, grad_name)
+
+
+@pytest.mark.parametrize("name,causal,S,D,kpm_kind,seq_major", [
+    ("bigbird", False, 1000, 128, "tail", False), ("local", True, 1050, 128, None, True),
+    ("local", False, 2000, 64, "tail", False)])
+def test_forward_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, seq_major):
+    # the persistent forward with each tile's O through the consumers' Q rows: O and lse of
+    # its own stores (also into [B, S, H, D] memory seen as [B, H, S, D])
+    dtype = torch.bfloat16
+    layout = (layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
+              if name == "bigbird" else layouts.local(S, 128, 512, causal=causal))
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, seq_major=seq_major, device="cuda")
+    kpm = padding(2, S, kpm_kind)
+    kpm = None if kpm is None else kpm.cuda()
+    meta = layout.meta_on(q.device, causal)
+    cfg = attention_ws._WS_DEFAULTS[("fwd", 128, D)]
+    assert cfg.persistent
+    runs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, 128, causal, D ** -0.5, config=c)
+            for c in (cfg, dataclasses.replace(cfg, staged_stores=True), dataclasses.replace(cfg, staged_stores=True))]
+    for out, lse in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])

@@ -133,6 +133,16 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
 
     want = bwd()
     timed = {"bwd_default": bwd}
+    # the forward with each tile's O through the consumers' Q rows (FwdWsConfig.staged_stores), against
+    # its shipped config, in the same rounds (bitwise the same O and lse)
+    fwd_cfg = attention_ws._WS_DEFAULTS.get(("fwd", block, D))
+    if fwd_cfg is not None and fwd_cfg.persistent:
+        staged = dataclasses.replace(fwd_cfg, staged_stores=True)
+        fwd_with = {name: (lambda c=c: K.attention_forward(q, k, v, meta, None, layout.layout_heads, block, causal,
+                                                           scale, config=c))
+                    for name, c in (("fwd_shipped", fwd_cfg), ("fwd_staged", staged))}
+        row["fwd_staged_same"] = all(map(torch.equal, fwd_with["fwd_staged"](), fwd_with["fwd_shipped"]()))
+        timed.update(fwd_with)
     # the deterministic default with host-built descriptors for its dK/dV kernel, then for
     # its dQ kernel too, then with the persistent dK/dV kernel, then both kernels launched in
     # the balanced order, then both in grid order (bitwise the same gradients; the twenty-third

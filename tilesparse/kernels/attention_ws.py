@@ -38,8 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from ._device import shared_memory_bytes
 from ._launch import launch
 from .attention_ws_base import (LOG2E, DkdvWsConfig, DqWsConfig, FwdWsConfig, _a_operand, _layouts, _needs_mask,
-                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _wgmma_layout,
-                                tma_operand_reason)
+                                _one_shot_barrier, _qkv_descs, _row_keep, _row_ws_load, _store_through,
+                                _wgmma_layout, tma_operand_reason)
 from .attention_ordered_dq import MAX_DEFAULT_COLUMN_SKEW, column_skew, ordered_tables
 from .attention_ws_dkdv import launch_dkdv_ws
 from .attention_ws_dq import launch_dq_ws
@@ -71,12 +71,13 @@ def _fwd_ws_mma(descs, bufs, bars, tables, sizes,
 @gluon.jit
 def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, ready_bars, empty_bars, tables, sizes,
              BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+             CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr, STAGED: gl.constexpr = False):
     """One query tile (rows row0 .. row0 + BLOCK_M of block ``qblk``, head ``h`` of batch
     ``bz``), once ``q_bar`` completes phase ``q_phase`` (Q has landed in ``q``): the online
     softmax over its key tiles, taken from the ring from position ``step`` on, S = Q Kᵀ and
     O += P V (P from registers) as synchronous wgmma; then O / l and lse stored (rows past S are not written; empty rows give O = 0 and lse =
-    -inf), as ``_fwd_kernel`` does. Returns the ring position after its tiles."""
+    -inf), as ``_fwd_kernel`` does (STAGED: O through ``q``, this consumer's own Q rows, idle
+    by then; :func:`_store_row`). Returns the ring position after its tiles."""
     row_ptr_ptr, row_cols_ptr, kpm_ptr = tables[0], tables[1], tables[3]
     S, NB, L_HEADS, qk_scale = sizes[0], sizes[3], sizes[4], sizes[5]
     STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -110,7 +111,7 @@ def _fwd_row(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, rea
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_operand), v, acc)
         mbarrier.arrive(empty_bars.index(st), count=1)  # the wgmma above were synchronous
         step += 1
-    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M)
+    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M, STAGED, q, num_warps)
     return step
 
 
@@ -131,9 +132,11 @@ def _softmax_step(s, m_i, l_i, kblk, qblk, offs_m, offs_n, m_ok, kpm_ptr, bz, S,
 
 
 @gluon.jit
-def _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D: gl.constexpr, BLOCK_M: gl.constexpr):
+def _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D: gl.constexpr, BLOCK_M: gl.constexpr,
+               STAGED: gl.constexpr = False, stage=None, num_warps: gl.constexpr = 4):
     """A query tile's end: lse, and O / l stored (rows past S are not written; rows with
-    nothing kept give O = 0 and lse = -inf)."""
+    nothing kept give O = 0 and lse = -inf); STAGED: through ``stage`` (idle shared memory
+    of the tile's shape, the rows' Q) in 16-byte stores (``FwdWsConfig.staged_stores``)."""
     lse_ptr, o_ptr = tables[2], tables[4]
     S, sob, soh, sos = sizes[0], sizes[6], sizes[7], sizes[8]
     o_layout: gl.constexpr = acc.type.layout
@@ -141,10 +144,14 @@ def _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D: g
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(gl.where(empty, 1.0, l_i))) / 1.4426950408889634)
     gl.store(lse_ptr + bh.to(gl.int64) * S + offs_m, lse, mask=m_ok)
     acc = acc / gl.convert_layout(gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))[:, None]
-    offs_om = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
-    gl.store(o_ptr + out_off, acc.to(o_ptr.dtype.element_ty), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
+    if STAGED:
+        _store_through(o_ptr + bz.to(gl.int64) * sob + h.to(gl.int64) * soh, acc.to(o_ptr.dtype.element_ty), stage, 0,
+                       row0, S, sos, D, BLOCK_M, num_warps)
+    else:
+        offs_om = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        out_off = bz.to(gl.int64) * sob + h.to(gl.int64) * soh + offs_om.to(gl.int64)[:, None] * sos + offs_d[None, :]
+        gl.store(o_ptr + out_off, acc.to(o_ptr.dtype.element_ty), mask=(offs_om < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.jit

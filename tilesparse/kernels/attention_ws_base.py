@@ -353,16 +353,21 @@ class FwdWsConfig(_RowWalkConfig):
     in step with each other; ``balanced`` (persistent; ignored by the one-tile kernel): the
     programs take the tiles of a schedule balanced by row length
     (:mod:`tilesparse.kernels.attention_schedule`) where the round-robin's rows differ
-    enough, not a round-robin."""
+    enough, not a round-robin; ``staged_stores`` (persistent): each tile's O leaves through the
+    consumer's rows of its Q buffer, idle after the tile's last S wgmma, in 16-byte stores
+    instead of the accumulator layout's 4-byte ones, before the buffer is released."""
 
     block_n: int = 128
     persistent: bool = False
     overlap: bool = False
     balanced: bool = True
+    staged_stores: bool = False
 
     def __post_init__(self):
         super().__post_init__()
-        check_bools(self, "persistent", "overlap", "balanced")
+        check_bools(self, "persistent", "overlap", "balanced", "staged_stores")
+        if self.staged_stores and not self.persistent:
+            raise ValueError("FwdWsConfig.staged_stores needs persistent=True (only the persistent kernel has it)")
         if self.overlap and not self.persistent:
             raise ValueError("FwdWsConfig.overlap needs persistent=True (only the persistent kernel has it)")
         if self.consumers == 2 and not self.persistent:
@@ -379,6 +384,23 @@ def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
     """(query-side, key-side) shared-memory layouts of [1, 1, rows, D] tiles (remembered:
     a launch asks every call)."""
     return _nvmma([1, 1, query_rows, head_dim], dtype), _nvmma([1, 1, key_rows, head_dim], dtype)
+
+
+@gluon.jit
+def _store_through(out_ptr, tile, buf, row0, key0, S, row_stride, D: gl.constexpr, KEYS: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """Store ``tile`` ([KEYS, D], rows key0.. after ``row0`` rows of ``row_stride`` elements;
+    rows past S dropped) through ``buf`` (idle shared memory of its shape and dtype): written in
+    the tile's own layout, read back as 8 consecutive columns (16 bytes) per thread, whole rows
+    per warp, and stored from there (the accumulator layout would store 4-byte pieces)."""
+    buf.store(tile)
+    rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
+                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
+    vals = buf.load(rows_layout)
+    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
+    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
+    off = (row0 + offs_n.to(gl.int64))[:, None] * row_stride + offs_d[None, :]
+    gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 
 @gluon.jit

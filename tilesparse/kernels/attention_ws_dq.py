@@ -16,8 +16,7 @@ from ._launch import launch
 from .attention_launch_order import launch_order
 from .attention_ws_base import (LOG2E, DqWsConfig, _a_operand, _backward_descs, _grid_item, _head_desc, _layouts,
                                 _needs_mask, _one_shot_barrier, _row_keep, _row_ws_load, _wgmma_layout,
-                                host_backward_descs, host_head_desc, tma_operand_reason)
-from .attention_ws_dq_adds import _store_through
+                                _store_through, host_backward_descs, host_head_desc, tma_operand_reason)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -106,7 +105,7 @@ def _dq_ws_mma(descs, bufs, bars, tables, sizes,
         step += 1
 
     if STAGED_STORES:  # (q: this consumer's rows only, read by its own wgmma, all waited for)
-        _store_through(dq_ptr, (dq * scale).to(dtype), q, bh.to(gl.int64) * S, row0, S, D, ROWS, num_warps)
+        _store_through(dq_ptr, (dq * scale).to(dtype), q, bh.to(gl.int64) * S, row0, S, D, D, ROWS, num_warps)
     else:
         offs_om = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))

@@ -19,7 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._ordered_adds import count_done, count_pair_done, read_turn, wait_turn, wait_turn_from
 from ._tma_reduce import async_reduce_add
-from .attention_ws_base import _grid_item
+from .attention_ws_base import _grid_item, _store_through
 from .attention_ws_dkdv_load import _column_bounds, _column_tile
 from .bsmm_ws import _nvmma
 
@@ -171,25 +171,8 @@ def _store_staged(out_ptr, tile, stage, row0, key0, S, D: gl.constexpr, KEYS: gl
     """Store ``tile`` (16-bit [KEYS, D], rows key0.. of the head whose first row is ``row0``;
     rows past S dropped) through the shared-memory tile ``stage`` (at least KEYS * D * 2
     bytes, idle), seen as ``out_smem_layout``: :func:`_store_through`."""
-    _store_through(out_ptr, tile, stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout), row0, key0, S, D,
+    _store_through(out_ptr, tile, stage._reinterpret(tile.dtype, [KEYS, D], out_smem_layout), row0, key0, S, D, D,
                    KEYS, num_warps)
-
-
-@gluon.jit
-def _store_through(out_ptr, tile, buf, row0, key0, S, D: gl.constexpr, KEYS: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """Store ``tile`` ([KEYS, D], rows key0.. of the head whose first row is ``row0``; rows
-    past S dropped) through ``buf`` (idle shared memory of its shape and dtype): written in the
-    tile's own layout, read back as 8 consecutive columns (16 bytes) per thread, whole rows per
-    warp, and stored from there (the accumulator layout would store 4-byte pieces)."""
-    buf.store(tile)
-    rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
-                                                 warps_per_cta=[num_warps, 1], order=[1, 0])
-    vals = buf.load(rows_layout)
-    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
-    offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
-    off = (row0 + offs_n.to(gl.int64))[:, None] * D + offs_d[None, :]
-    gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 
 @functools.lru_cache(maxsize=16)

@@ -137,7 +137,8 @@ def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
 @gluon.jit
 def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_bufs, kv_bars, tables, sizes,
                      BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr):
+                     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, num_warps: gl.constexpr,
+                     STAGED: gl.constexpr = False):
     """``_fwd_row`` with the softmax of key tile t under the wgmma of O += P_{t-1} V_{t-1}:
     the first tile's S is computed alone, then each step issues S_t and the previous tile's
     P V asynchronously, waits for S_t, runs its softmax, waits for P V and rescales O; the
@@ -201,7 +202,7 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
         mbarrier.arrive(v_empty.index(st), count=1)
         step += 1
 
-    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M)
+    _store_row(acc, m_i, l_i, offs_m, m_ok, row0, bz, h, bh, tables, sizes, D, BLOCK_M, STAGED, q, num_warps)
     return step
 
 
@@ -209,12 +210,14 @@ def _fwd_row_overlap(q, q_bar, q_phase, step, qblk, row0, bz, h, bh, k_bufs, v_b
 def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
                     BS: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, OVERLAP: gl.constexpr,
-                    CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr):
+                    CONSUMERS: gl.constexpr, ROLE: gl.constexpr, num_warps: gl.constexpr,
+                    STAGED: gl.constexpr = False):
     """A consumer partition: each of the program's tiles in turn (:func:`_fwd_row`, or
     :func:`_fwd_row_overlap` with OVERLAP), releasing its Q buffer after the tile's last
     wgmma. With CONSUMERS = 2, consumer ROLE computes rows ROLE * BLOCK_M / 2 .. of each
     tile on its own (its own warpgroup, its own barrier arrivals), so that the two are not
-    held in step by the partition-wide sync that precedes each arrival."""
+    held in step by the partition-wide sync that precedes each arrival. STAGED: each tile's O
+    leaves through this consumer's rows of its Q buffer before the buffer is released."""
     PART: gl.constexpr = BLOCK_M // CONSUMERS
     q_bufs, k_bufs, v_bufs = bufs
     q_ready, q_empty, ready_bars, empty_bars, kv_bars = bars
@@ -230,11 +233,11 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
         row0 = row0 + ROLE * PART
         if OVERLAP:
             step = _fwd_row_overlap(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
-                                    kv_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM, num_warps)
+                                    kv_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM, num_warps, STAGED)
         else:
             step = _fwd_row(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
                             ready_bars, empty_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM,
-                            num_warps)
+                            num_warps, STAGED)
         mbarrier.arrive(q_empty.index(qi), count=1)  # the row's S wgmma have all been waited for: Q is read
         i += 1
 
@@ -248,12 +251,14 @@ def _fwd_ws_persistent_kernel(
     CAUSAL: gl.constexpr, HAS_KPM: gl.constexpr, LOAD_REGS: gl.constexpr,
     qo_layout: gl.constexpr, kv_layout: gl.constexpr, num_warps: gl.constexpr, OVERLAP: gl.constexpr = False,
     CONSUMERS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 232, SCHEDULED: gl.constexpr = False,
+    STAGED_STORES: gl.constexpr = False,
 ):
     """Program p takes tiles p, p + P, p + 2P, ... of the n_tiles = B * H * q_tiles query
     tiles, or with SCHEDULED its segment of ``sched_ptr``'s lists (``attention_schedule``);
     descriptors as ``_fwd_ws_kernel``'s. OVERLAP: softmax under the P V wgmma, K and
     V through separate rings. CONSUMERS = 2: two consumer partitions of ``num_warps`` warps
-    each take half of every tile's rows (the second with MMA_REGS registers)."""
+    each take half of every tile's rows (the second with MMA_REGS registers). STAGED_STORES:
+    O through the consumers' rows of the Q buffer (``FwdWsConfig.staged_stores``)."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     q_desc, k_desc, v_desc = _qkv_descs(q_ptr, k_ptr, v_ptr, B, S, H, HKV, D, (sqb, sqh, sqs), (skb, skh, sks),
                                         (svb, svh, svs), BLOCK_M, BLOCK_N, qo_layout, kv_layout)
@@ -273,15 +278,15 @@ def _fwd_ws_persistent_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
-                               OVERLAP, CONSUMERS, 0, num_warps)),
+                               OVERLAP, CONSUMERS, 0, num_warps, STAGED_STORES)),
             (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
-                               OVERLAP, CONSUMERS, 1, num_warps)),
+                               OVERLAP, CONSUMERS, 1, num_warps, STAGED_STORES)),
             (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
         ], [num_warps, 1], [MMA_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
             (_persistent_mma, (descs, bufs, bars, tables, sizes, tiles, BS, D, BLOCK_M, BLOCK_N, CAUSAL, HAS_KPM,
-                               OVERLAP, CONSUMERS, 0, num_warps)),
+                               OVERLAP, CONSUMERS, 0, num_warps, STAGED_STORES)),
             (_persistent_load, (descs, bufs, bars, tables, sizes, tiles, BS, BLOCK_M, BLOCK_N, OVERLAP)),
         ], [1], [LOAD_REGS])
 
@@ -315,5 +320,5 @@ def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int,
         BS=block_size, D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
         HAS_KPM=has_kpm, LOAD_REGS=cfg.load_regs, qo_layout=qo_layout, kv_layout=kv_layout,
         num_warps=cfg.block_m // 16 // cfg.consumers, OVERLAP=cfg.overlap, CONSUMERS=cfg.consumers,
-        SCHEDULED=sched is not None,
+        SCHEDULED=sched is not None, STAGED_STORES=cfg.staged_stores,
     )
