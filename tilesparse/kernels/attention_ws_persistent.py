@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                            warpgroup_mma_wait)
 
 from ._device import sm_count
 from ._launch import launch
@@ -238,6 +239,8 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
             step = _fwd_row(q, q_ready.index(qi), (i // 2) & 1, step, qblk, row0, bz, h, bh, k_bufs, v_bufs,
                             ready_bars, empty_bars, tables, sizes, BS, D, PART, BLOCK_N, CAUSAL, HAS_KPM,
                             num_warps, STAGED)
+        if STAGED:  # O went through the buffer: its generic stores ordered before the next Q's TMA write
+            fence_async_shared()
         mbarrier.arrive(q_empty.index(qi), count=1)  # the row's S wgmma have all been waited for: Q is read
         i += 1
 
