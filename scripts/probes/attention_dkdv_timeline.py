@@ -78,13 +78,17 @@ def _timeline(stamps: torch.Tensor, steps: list[int]) -> dict:
         gaps += [start[b] - stored[a] for a, b in zip(programs, programs[1:])]
     span = max(stored) - min(start)
     busy = sum(stored[p] - start[p] for p in range(n)) / (len(by_sm) * span)
+    # the tail: from the first SM to run out of programs to the kernel's last store, and the share
+    # of SM time idle after each SM's last program
+    sm_done = [max(stored[p] for p in programs) for programs in by_sm.values()]
     return {"programs": n, "sms": len(by_sm), "span_us": round(span, 2), "busy_share": round(busy, 4),
             "kv_wait_us": _quantiles([b - a for a, b in zip(start, kv_in)]),
             "walk_us": _quantiles(walk), "epilogue_us": _quantiles([b - a for a, b in zip(walked, stored)]),
             "gap_us": _quantiles(gaps) if gaps else None,
             "walk_fit": {"us_per_step": round(per_step, 4), "us_fixed": round(mean_w - per_step * mean_s, 3)},
             "steps": _quantiles([float(s) for s in steps]),
-            "tail_us": round(max(stored) - sorted(stored)[int(0.9 * n)], 2)}
+            "drain_us": round(max(stored) - min(sm_done), 2),
+            "tail_idle_share": round(sum(max(stored) - d for d in sm_done) / (len(by_sm) * span), 4)}
 
 
 def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bool) -> dict:
@@ -134,7 +138,7 @@ def describe(name: str, row: dict) -> str:
                          f"kv {t['kv_wait_us']['median']} walk {t['walk_us']['median']} "
                          f"({t['walk_fit']['us_per_step']}/step + {t['walk_fit']['us_fixed']}) "
                          f"epi {t['epilogue_us']['median']} gap {t['gap_us']['median'] if t['gap_us'] else '-'}"
-                         f" tail {t['tail_us']}")
+                         f" drain {t['drain_us']} tail idle {t['tail_idle_share']}")
     return "\n  ".join(parts)
 
 
