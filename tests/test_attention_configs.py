@@ -308,6 +308,8 @@ def test_ring_stores_config_checks():
         DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, staged_stores=True, ring_stores=True)
     with pytest.raises(ValueError, match="ring_stores: not with staged_stores"):
         DkdvWsConfig(64, 2, consumers=2, persistent=True, ring_stores=True)
+    with pytest.raises(ValueError, match="and stages >= consumers"):
+        DkdvWsConfig(64, 1, consumers=2, ring_stores=True)
     with pytest.raises(ValueError, match="ring_stores must be a bool"):
         DkdvWsConfig(ring_stores=1)
     assert DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True, ring_stores=True).ring_stores
@@ -321,6 +323,24 @@ def test_ring_stores_config_checks():
     assert FwdWsConfig(128, 128, 2, persistent=True, staged_stores=True).staged_stores
     with pytest.raises(ValueError, match="staged_stores needs persistent=True"):
         FwdWsConfig(128, 128, 2, staged_stores=True)
+    from tilesparse.kernels.attention_ws_persistent import launch_fwd_ws_persistent
+
+    q = torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="staged_stores stores O through Q's buffers: out must be torch.bfloat16"):
+        launch_fwd_ws_persistent(q, q, q, torch.zeros(1, 2, 256, 128), None, None, None, None, 2, 1, 128, False, False,
+                                 1.0, FwdWsConfig(128, 128, 2, persistent=True, staged_stores=True))
+
+
+def test_stamp_tables_are_checked():
+    from tilesparse.kernels._stamps import check_stamps
+
+    check_stamps(torch.zeros(6, 8, dtype=torch.int64), (2, 3), False, torch.device("cpu"))
+    with pytest.raises(ValueError, match="on cuda"):
+        check_stamps(torch.zeros(6, 8, dtype=torch.int64), (2, 3), False, torch.device("cuda"))
+    with pytest.raises(ValueError, match="persistent=True"):
+        check_stamps(torch.zeros(6, 8, dtype=torch.int64), (2, 3), True, torch.device("cpu"))
+    with pytest.raises(ValueError, match="6 programs"):
+        check_stamps(torch.zeros(5, 8, dtype=torch.int64), (2, 3), False, torch.device("cpu"))
 
 
 def test_atomic_dq_defaults_only_where_listed(monkeypatch):

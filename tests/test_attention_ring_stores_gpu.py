@@ -21,6 +21,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     reason="the Gluon kernel is written for sm90")]
 
 
+def _layout(name, S, causal=False):
+    """The tests' layouts: BigBird (random blocks), a 512-wide window (causal or not), causal,
+    and a window with query block 3 emptied (its rows: O 0, lse -inf, dQ 0)."""
+    if name == "empty-row":
+        from tilesparse.attention import AttentionLayout
+
+        mask = layouts.local(S, 128, 512).mask[0].clone()
+        mask[3] = False
+        return AttentionLayout(mask[None], 128, seq_len=S)
+    return {"bigbird": lambda: layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed()),
+            "local": lambda: layouts.local(S, 128, 512, causal=causal),
+            "causal": lambda: layouts.causal(S, 128)}[name]()
+
+
 def _shipped(mode, q, layout, causal):
     """The dK/dV config the backward runs in ``mode`` for these inputs (D 128 or 64)."""
     v = q
@@ -40,10 +54,7 @@ def _shipped(mode, q, layout, causal):
     ("ordered", "local", False, 2000, 128, "tail"), ("ordered", "causal", True, 1050, 128, None)])
 def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
     dtype = torch.bfloat16
-    layout = {"bigbird": lambda: layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2,
-                                                  seed=_seed()),
-              "local": lambda: layouts.local(S, 128, 512, causal=causal),
-              "causal": lambda: layouts.causal(S, 128)}[name]()
+    layout = _layout(name, S, causal)
     q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
     grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
     kpm = padding(2, S, kpm_kind)
@@ -70,11 +81,11 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
 
 
 @pytest.mark.parametrize("name,causal,S,D,kpm_kind", [("bigbird", False, 1000, 128, "tail"),
-                                                     ("local", True, 1050, 128, None), ("local", False, 2000, 64, "tail")])
+                                                     ("local", True, 1050, 128, None), ("local", False, 2000, 64, "tail"),
+                                                     ("empty-row", False, 1000, 128, None)])
 def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
     dtype = torch.bfloat16
-    layout = (layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
-              if name == "bigbird" else layouts.local(S, 128, 512, causal=causal))
+    layout = _layout(name, S, causal)
     q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
     grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
     kpm = padding(2, S, kpm_kind)
@@ -96,20 +107,30 @@ def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
 
 @pytest.mark.parametrize("name,causal,S,D,kpm_kind,seq_major", [
     ("bigbird", False, 1000, 128, "tail", False), ("local", True, 1050, 128, None, True),
-    ("local", False, 2000, 64, "tail", False)])
+    ("local", False, 2000, 64, "tail", False), ("empty-row", False, 1000, 128, None, False)])
 def test_forward_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, seq_major):
     # the persistent forward with each tile's O through the consumers' Q rows: O and lse of
-    # its own stores (also into [B, S, H, D] memory seen as [B, H, S, D])
+    # its own stores (Q, K, V also as [B, S, H, D] memory seen as [B, H, S, D]); then O written
+    # into such a view too (row stride H * D), the same values
+    from tilesparse.attention.layout import attention_table_views
+
     dtype = torch.bfloat16
-    layout = (layouts.bigbird(S, 128, window_blocks=3, global_blocks=1, random_blocks=2, seed=_seed())
-              if name == "bigbird" else layouts.local(S, 128, 512, causal=causal))
+    layout = _layout(name, S, causal)
     q, k, v = make_inputs(2, 4, 2, S, D, dtype, seq_major=seq_major, device="cuda")
     kpm = padding(2, S, kpm_kind)
     kpm = None if kpm is None else kpm.cuda()
     meta = layout.meta_on(q.device, causal)
     cfg = attention_ws._WS_DEFAULTS[("fwd", 128, D)]
     assert cfg.persistent
+    staged = dataclasses.replace(cfg, staged_stores=True)
     runs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, 128, causal, D ** -0.5, config=c)
-            for c in (cfg, dataclasses.replace(cfg, staged_stores=True), dataclasses.replace(cfg, staged_stores=True))]
+            for c in (cfg, staged, staged)]
     for out, lse in runs[1:]:
         assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+    nb = -(-S // 128)
+    row_ptr, _, row_cols, _ = attention_table_views(meta, layout.layout_heads, nb)
+    out = torch.full((2, S, 4, D), float("nan"), dtype=dtype, device="cuda").transpose(1, 2)
+    lse = torch.full((2, 4, S), float("nan"), device="cuda")
+    attention_ws.launch_fwd_ws(q, k, v, out, lse, kernels._kpm_bytes(kpm, row_ptr), row_ptr, row_cols, nb,
+                               layout.layout_heads, 128, causal, kpm is not None, D ** -0.5, staged, meta)
+    assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])

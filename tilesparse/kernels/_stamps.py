@@ -49,16 +49,17 @@ def store_stamp(stamp_ptr, index, value, num_warps: gl.constexpr):
     gl.store(stamp_ptr + index + lanes * 0, value, mask=lanes == 0)
 
 
-def check_stamps(stamps, grid: tuple, persistent: bool) -> None:
+def check_stamps(stamps, grid: tuple, persistent: bool, device) -> None:
     """Refuse a stamp table that cannot take a row of STAMP_COLUMNS int64 per program of
-    ``grid`` (contiguous), or a persistent launch (its programs take many items)."""
+    ``grid`` (contiguous, on the kernel's ``device``), or a persistent launch (its programs
+    take many items)."""
     import math
 
     import torch
 
     programs = math.prod(grid)
-    if (persistent or stamps.dtype != torch.int64 or not stamps.is_contiguous()
+    if (persistent or stamps.dtype != torch.int64 or not stamps.is_contiguous() or stamps.device != device
             or stamps.numel() < STAMP_COLUMNS * programs):
-        raise ValueError(f"stamps: a contiguous int64 tensor of {STAMP_COLUMNS} per program ({programs} programs), "
-                         f"not with a persistent config; got {stamps.dtype} {tuple(stamps.shape)}, "
-                         f"persistent={persistent}")
+        raise ValueError(f"stamps: a contiguous int64 tensor of {STAMP_COLUMNS} per program ({programs} programs) "
+                         f"on {device}, not with a persistent config; got {stamps.dtype} {tuple(stamps.shape)} on "
+                         f"{stamps.device}, persistent={persistent}")

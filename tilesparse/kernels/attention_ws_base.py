@@ -387,19 +387,20 @@ def _layouts(query_rows: int, key_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 @gluon.jit
-def _store_through(out_ptr, tile, buf, row0, key0, S, row_stride, D: gl.constexpr, KEYS: gl.constexpr,
+def _store_through(out_ptr, tile, buf, base_row, first_row, S, row_stride, D: gl.constexpr, KEYS: gl.constexpr,
                    num_warps: gl.constexpr):
-    """Store ``tile`` ([KEYS, D], rows key0.. after ``row0`` rows of ``row_stride`` elements;
-    rows past S dropped) through ``buf`` (idle shared memory of its shape and dtype): written in
-    the tile's own layout, read back as 8 consecutive columns (16 bytes) per thread, whole rows
-    per warp, and stored from there (the accumulator layout would store 4-byte pieces)."""
+    """Store ``tile`` ([KEYS, D]: sequence rows first_row.., rows past S dropped; a head's row
+    r at ``out_ptr`` + (base_row + r) * ``row_stride``) through ``buf`` (idle shared memory of
+    its shape and dtype): written in the tile's own layout, read back as 8 consecutive columns
+    (16 bytes) per thread, whole rows per warp, and stored from there (the accumulator layout
+    would store 4-byte pieces). D <= 256."""
     buf.store(tile)
     rows_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // (D // 8), D // 8],
                                                  warps_per_cta=[num_warps, 1], order=[1, 0])
     vals = buf.load(rows_layout)
-    offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
+    offs_n = first_row + gl.arange(0, KEYS, layout=gl.SliceLayout(1, rows_layout))
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
-    off = (row0 + offs_n.to(gl.int64))[:, None] * row_stride + offs_d[None, :]
+    off = (base_row + offs_n.to(gl.int64))[:, None] * row_stride + offs_d[None, :]
     gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
 
 

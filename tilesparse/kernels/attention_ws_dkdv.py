@@ -440,6 +440,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     ``stamps`` (a probe's: contiguous int64 [programs, 8], not with ``cfg.persistent``): each
     program's SM and time stamps, in launch order (``STAMPS``)."""
     check_dq_acc(q, cfg, dq_acc, ds)
+    if cfg.ring_stores and cfg.block_m < block_size // cfg.consumers:
+        raise ValueError(f"cfg={cfg}: ring_stores needs block_m >= block_size / consumers ({block_size // cfg.consumers})")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)
@@ -466,14 +468,12 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         col_rows, ranks = tables
         order = launch_table_on(meta, nb, B * hkv)
         sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
-    if cfg.ring_stores and cfg.block_m < block_size // cfg.consumers:
-        raise ValueError(f"cfg={cfg}: ring_stores needs block_m >= block_size / consumers ({block_size // cfg.consumers})")
     if cfg.persistent:
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:
         grid = (nb, end - first) if order is None else (order.numel(),)
     if stamps is not None:
-        check_stamps(stamps, grid, cfg.persistent)
+        check_stamps(stamps, grid, cfg.persistent, q.device)
     launch(_bwd_dkdv_ws_kernel, grid,
         *operands[:4], lse, delta, dk, dv, kpm, col_ptr, col_rows, dk if ds is None else ds, operands[4],
         col_ptr if order is None else order, col_ptr if ranks is None else ranks, col_ptr if sems is None else sems,

@@ -306,7 +306,11 @@ def launch_fwd_ws_persistent(q, k, v, out, lse, kpm, row_ptr, row_cols, nb: int,
                              meta=None) -> None:
     """out [B, H, S, D] and lse [B, H, S], as ``launch_fwd_ws`` computes them; with
     ``cfg.balanced`` and the packed tables ``meta`` (whose views row_ptr and row_cols are),
-    the programs take the tiles of the host's balanced schedule, remembered on ``meta``."""
+    the programs take the tiles of the host's balanced schedule, remembered on ``meta``
+    (``cfg.staged_stores``: out in q's dtype, since O goes through Q's buffers)."""
+    if cfg.staged_stores and out.dtype != q.dtype:
+        raise ValueError(f"cfg={cfg}: staged_stores stores O through Q's buffers: out must be {q.dtype}, "
+                         f"got {out.dtype}")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     q_tiles = nb * (block_size // cfg.block_m)
