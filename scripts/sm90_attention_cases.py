@@ -5,6 +5,7 @@ ones. Each case: (label, kernel, signature, constexprs, warps, stages[, attrs, s
 from __future__ import annotations
 
 import itertools
+import re
 
 import torch
 import triton
@@ -34,6 +35,14 @@ def _attention_signature(fn, dtype: str, constexprs: dict) -> dict:
         else:
             sig[name] = "i32"
     return sig
+
+
+def _aligned(fn, sig: dict) -> dict:
+    """Triton's attrs for the pointer arguments of ``sig`` and the operands' strides: 16-byte
+    aligned, multiples of 16, as the launches' tensors and strides are (Triton specializes on
+    both; without them stores compile element by element)."""
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+            if sig.get(name, "").startswith("*") or (sig.get(name) == "i32" and re.fullmatch(r"(s[a-z]{1,2}|dq)[bhs]", name))}
 
 
 def attention_cases(quick: bool):
@@ -139,7 +148,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
              + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else "") + (" first_store" if first_store else "")
              + (" stamps" if stamps else ""))
-    return label, fn, sig, const, const["num_warps"], stages, None, GluonASTSource
+    return label, fn, sig, const, const["num_warps"], stages, _aligned(fn, sig), GluonASTSource
 
 
 def attention_ws_cases(quick: bool):
@@ -179,7 +188,7 @@ def attention_ws_cases(quick: bool):
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
-               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, None,
+               + (" stats_in_smem" if stats else ""), fn, sig, const, const["num_warps"], stages, _aligned(fn, sig),
                GluonASTSource)
     # ATOMIC_DQ: dQ's share added by TMA reductions (block_m 64; per case: block, D, stages, causal, key padding,
     # consumers, overlap, stats in shared memory)
@@ -356,4 +365,4 @@ def attention_ws_cases(quick: bool):
                 if const.get("DELTA"):  # the output's tile too
                     sig["o_ptr"] = _desc_type("bf16", block_m, head_dim, qo)
             yield (f"ws attention {kind} b{block} D{head_dim} m{block_m} n{block_n} causal={causal} kpm={kpm}", fn,
-                   sig, const, const["num_warps"], stages, None, GluonASTSource)
+                   sig, const, const["num_warps"], stages, _aligned(fn, sig), GluonASTSource)

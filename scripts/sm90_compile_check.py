@@ -336,6 +336,11 @@ def main() -> int:
                                     if i >= 0), default=len(ptx))
                 if ptx.index("griddepcontrol.wait") > first_access:
                     raise RuntimeError("a PDL kernel touches global memory before griddepcontrol.wait")
+            if label.startswith("ws attention") and (" staged" in label or " ring_stores" in label):
+                # outputs staged through shared memory leave in 16-byte stores (the point of staging)
+                if "st.global.v4" not in ptx:
+                    raise RuntimeError("a staged-stores attention case without 16-byte global stores")
+                mma += f", st.global.v4 {ptx.count('st.global.v4')}"
             if "griddepcontrol" in ptx:
                 mma += f", griddepcontrol {ptx.count('griddepcontrol')}"
             if " atomic_dq " in label:  # dQ's shares leave by TMA reductions
