@@ -35,6 +35,22 @@ def _layout(name, S, causal=False):
             "causal": lambda: layouts.causal(S, 128)}[name]()
 
 
+def _case(name, S, D, causal, kpm_kind, seq_major=False):
+    """(layout, q, k, v, grad_out, key padding) on CUDA: 2 batches, 4 query heads on 2 kv heads, bf16."""
+    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, seq_major=seq_major, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(torch.bfloat16)
+    kpm = padding(2, S, kpm_kind)
+    return _layout(name, S, causal), q, k, v, grad_out, None if kpm is None else kpm.cuda()
+
+
+def _assert_reference_grads(grads, q, k, v, layout, grad_out, causal, kpm):
+    """``grads`` (dq, dk, dv) against the float64 reference's."""
+    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
+                                           scale=q.shape[-1] ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    for grad_name, g, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(g, want, q.dtype, grad_name)
+
+
 def _shipped(mode, q, layout, causal):
     """The dK/dV config the backward runs in ``mode`` for these inputs (D 128 or 64)."""
     v = q
@@ -54,11 +70,7 @@ def _shipped(mode, q, layout, causal):
     ("ordered", "local", False, 2000, 128, "tail"), ("ordered", "causal", True, 1050, 128, None)])
 def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
     dtype = torch.bfloat16
-    layout = _layout(name, S, causal)
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = None if kpm is None else kpm.cuda()
+    layout, q, k, v, grad_out, kpm = _case(name, S, D, causal, kpm_kind)
     cfg = _shipped(mode, q, layout, causal)
     assert cfg is not None and not cfg.persistent
     ring = dataclasses.replace(cfg, staged_stores=False, ring_stores=True)
@@ -73,10 +85,7 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
         assert torch.equal(got[1], runs[0][1]) and torch.equal(got[2], runs[0][2])
         if deterministic:
             assert torch.equal(got[0], runs[0][0])
-    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
-                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
-    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
-        assert_close(g, want, dtype, grad_name)
+    _assert_reference_grads(runs[1], q, k, v, layout, grad_out, causal, kpm)
 
 
 
@@ -85,11 +94,7 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
                                                      ("empty-row", False, 1000, 128, None)])
 def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
     dtype = torch.bfloat16
-    layout = _layout(name, S, causal)
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
-    kpm = padding(2, S, kpm_kind)
-    kpm = None if kpm is None else kpm.cuda()
+    layout, q, k, v, grad_out, kpm = _case(name, S, D, causal, kpm_kind)
     fwd = kernels.attention_config("fwd", 128, D, dtype)
     dkdv = attention_ws.default_config("dkdv", q, k, v, grad_out, 128, layout.layout_heads)
     dq_cfg = attention_ws.default_config("dq", q, k, v, grad_out, 128, layout.layout_heads)
@@ -99,10 +104,7 @@ def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
             for c in (dq_cfg, staged, staged)]
     for got in runs[1:]:
         assert all(map(torch.equal, got, runs[0]))
-    _, _, ref_grads = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, grad_out.cpu(), causal=causal,
-                                           scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
-    for grad_name, g, want in zip(("dq", "dk", "dv"), runs[1], ref_grads):
-        assert_close(g, want, dtype, grad_name)
+    _assert_reference_grads(runs[1], q, k, v, layout, grad_out, causal, kpm)
 
 
 @pytest.mark.parametrize("name,causal,S,D,kpm_kind,seq_major", [
@@ -115,10 +117,7 @@ def test_forward_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, 
     from tilesparse.attention.layout import attention_table_views
 
     dtype = torch.bfloat16
-    layout = _layout(name, S, causal)
-    q, k, v = make_inputs(2, 4, 2, S, D, dtype, seq_major=seq_major, device="cuda")
-    kpm = padding(2, S, kpm_kind)
-    kpm = None if kpm is None else kpm.cuda()
+    layout, q, k, v, _, kpm = _case(name, S, D, causal, kpm_kind, seq_major)
     meta = layout.meta_on(q.device, causal)
     cfg = attention_ws._WS_DEFAULTS[("fwd", 128, D)]
     assert cfg.persistent
