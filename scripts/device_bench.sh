@@ -20,6 +20,9 @@
 #            deterministic=False) and its modes (fa3_order, staged_stores, host_descs): their GPU tests
 #            (8 shards), then scripts/probes/attention_tma_dq.py against the
 #            deterministic default and the Triton kernel's atomics (TMA_DQ_ARGS e.g. --flex)
+#   attn-staged - the dQ kernel's and the forward's staged stores (DqWsConfig / FwdWsConfig.staged_stores):
+#     their GPU tests (tests/test_attention_ring_stores_gpu.py, 4 shards), then the probe's bwd_default_host_
+#     {balanced,dq_staged} and fwd_shipped / fwd_staged rows in 5 rounds on STAGED_PATTERNS
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
@@ -134,6 +137,14 @@ for step in ${STEPS:-large dtypes graph}; do
             done; wait; tail -n 40 /tmp/attn-tma-dq-tests-*.log > "$OUT/attn-tma-dq-tests.log"
             timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_tma_dq.py ${TMA_DQ_ARGS:-} \
               --out "$OUT/attention-tma-dq.json" > "$OUT/attention-tma-dq.log" 2>&1 ;;
+    attn-staged) for i in 0 1 2 3; do  # the staged dQ / forward stores' GPU tests (4 shards), then their timing
+              TILESPARSE_SHARD=$i/4 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                tests/test_attention_ring_stores_gpu.py > "/tmp/attn-staged-tests-$i.log" 2>&1 &
+            done; wait; tail -n 30 /tmp/attn-staged-tests-*.log > "$OUT/attn-staged-tests.log"
+            TMA_DQ_HOST=balanced,dq_staged TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=5 \
+              TMA_DQ_VARIANTS=ws_tma_shared_fa3_ring_host_balanced timeout "${ATTN_TIMEOUT:-300}" \
+              python3 scripts/probes/attention_tma_dq.py --patterns ${STAGED_PATTERNS:-local1024 random10 bigbird fixed} \
+              --out "$OUT/attention-staged.json" > "$OUT/attention-staged.log" 2>&1 ;;
     attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \
