@@ -13,6 +13,10 @@ epilogue, or the gap before the SM's next program. Their answer (f6b8622): ~5 µ
 local 1024, the epilogue 4 µs where dK / dV left in 4-byte stores (then ``ring_stores``). The
 CUDA-event ``kernel_ms`` includes the launcher's host work; the stamps' span is the kernel's.
 
+Read with care: the gaps and the busy share assume one program per SM at a time (true at D 128,
+231 KB of shared memory; at D 64 two or three fit, and gaps can read negative), and "stored" is
+when consumer 0 has issued its stores, not the program's end.
+
     python scripts/probes/attention_dkdv_timeline.py --patterns local1024 random10 --out timeline.json
 """
 
