@@ -2,8 +2,9 @@
 ring (``DkdvWsConfig.ring_stores``), the bits of each shipped dK/dV mode's own stores (the
 deterministic two-kernel backward's, ``deterministic=False``'s and the ordered one's); dQ
 through the consumers' rows of the Q tile (``DqWsConfig.staged_stores``) and the forward's
-O through its Q buffers (``FwdWsConfig.staged_stores``), the bits of their own stores. With GQA, odd S and key padding, and the float64 reference's
-gradients. Marked ``gpu``; skipped off sm90."""
+O through its Q buffers (``FwdWsConfig.staged_stores``), the bits of their own stores. With
+GQA, odd S, key padding and an empty query block, and the float64 reference's gradients.
+Marked ``gpu``; skipped off sm90."""
 
 import dataclasses
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["now_ns", "sm_id", "store_stamp", "check_stamps", "STAMP_COLUMNS"]
+__all__ = ["now_ns", "sm_id", "store_stamp", "program_stamp_row", "check_stamps", "STAMP_COLUMNS"]
 
 # a program's row of the stamp table (int64); the kernel says which columns it writes
 STAMP_COLUMNS = 8
+_COLUMNS = gl.constexpr(STAMP_COLUMNS)
 
 
 @gluon.jit
@@ -39,6 +40,14 @@ def sm_id(num_warps: gl.constexpr):
     lanes = _lanes(num_warps)
     return gl.inline_asm_elementwise("{ .reg .u32 s; mov.u32 s, %smid; cvt.u64.u32 $0, s; }", "=l,r", [lanes],
                                      dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def program_stamp_row(stamp_ptr):
+    """This program's row of the stamp table: STAMP_COLUMNS int64 per program, programs
+    numbered program_id(0) + program_id(1) * num_programs(0) (the launch order of a 1-D grid)."""
+    pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+    return stamp_ptr + pid.to(gl.int64) * _COLUMNS
 
 
 @gluon.jit

@@ -33,15 +33,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ._device import sm_count
 from ._launch import launch
-from ._stamps import check_stamps, now_ns, sm_id, store_stamp
+from ._stamps import check_stamps, now_ns, program_stamp_row, sm_id, store_stamp
 from .attention_launch_order import launch_order
 from .attention_ordered_dq import launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
                                 host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
-from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dq_layout, _ds_smem_layout, _hand_share,
-                                   _dkdv_staging, _out_smem_layout, _store_staged, dq_tile_cols)
+from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dkdv_staging, _dq_layout, _ds_smem_layout,
+                                   _out_smem_layout, _pass_share, _store_staged, dq_tile_cols)
 from .bsmm_tma import ensure_allocator  # the device-built descriptors' scratch
 from .bsmm_ws import _alloc_ring
 
@@ -164,7 +164,7 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
     s_zero = gl.zeros((KEYS, BLOCK_M), dtype=gl.float32, layout=s_layout)
 
     if STAMPS:
-        stamp_row = tables[12] + (gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)).to(gl.int64) * 8
+        stamp_row = program_stamp_row(tables[12])
         store_stamp(stamp_row, 0, sm_id(num_warps), num_warps)
         store_stamp(stamp_row, 1, now_ns(num_warps), num_warps)
     mbarrier.wait(kv_bar, kv_phase)
@@ -220,11 +220,8 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                 dk = warpgroup_mma(dsT_op, q, dk, is_async=True)
                 dq_part = warpgroup_mma_wait(num_outstanding=1, deps=(dq_tok,))  # dQ done, dK in flight
                 mbarrier.arrive(ds_free.index(buf), count=1)
-                if ORDERED_DQ:
-                    _hand_share(dq_bufs.index(ROLE * 2 + buf), dq_part * scale, dq_full.index(ROLE * 2 + buf),
-                                dq_empty.index(ROLE * 2 + buf), (step // 2) & 1)
-                else:
-                    _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale, [bz, h, row, ROLE * DQ_N])
+                _pass_share(dq_desc, dq_bufs, dq_full, dq_empty, dq_part, scale, buf, step, [bz, h, row, ROLE * DQ_N],
+                            ROLE, ORDERED_DQ)
                 dk, dsT_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dsT_op))
                 mbarrier.arrive(empty_bars.index(s), count=1)  # every wgmma of the tile has been waited for
             else:
@@ -265,12 +262,8 @@ def _dkdv_ws_item(descs, bufs, bars, tables, sizes, kblk, bhk, step, reduces, kv
                     dq_part = warpgroup_mma(ds_bufs.index(buf).permute((1, 0)), k_all.slice(ROLE * DQ_N, DQ_N, dim=1),
                                             dq_zero, use_acc=False)
                     mbarrier.arrive(ds_free.index(buf), count=1)  # (a synchronous wgmma: read)
-                    if ORDERED_DQ:
-                        _hand_share(dq_bufs.index(ROLE * 2 + buf), dq_part * scale, dq_full.index(ROLE * 2 + buf),
-                                    dq_empty.index(ROLE * 2 + buf), (step // 2) & 1)
-                    else:
-                        _add_share(dq_desc, dq_bufs.index(ROLE * 2 + buf), dq_part * scale,
-                                   [bz, h, row, ROLE * DQ_N])
+                    _pass_share(dq_desc, dq_bufs, dq_full, dq_empty, dq_part, scale, buf, step,
+                                [bz, h, row, ROLE * DQ_N], ROLE, ORDERED_DQ)
                 elif ATOMIC_DQ:  # K stays in shared memory for the whole walk; rows past S are dropped by the TMA
                     ds_op = gl.convert_layout(gl.permute(dsT.to(dtype), (1, 0)), ds_operand)
                     for c in gl.static_range(D // DQ_N):
@@ -332,8 +325,9 @@ def _bwd_dkdv_ws_kernel(
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, head major (items running at once share Q and dO in L2); ORDERED: a
-    1-D grid, program p taking the item of entry p of ``order_ptr`` (the launch-order table). Q and dO are read through descriptors over
-    [B, H, S, D] (zero-filled past S), K and V over [B, Hkv, S, D]; built on the device
+    1-D grid, program p taking the item of entry p of ``order_ptr`` (the launch-order table).
+    Q and dO are read through descriptors over [B, H, S, D] (zero-filled past S), K and V
+    over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
     ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth partition,
@@ -441,7 +435,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     program's SM and time stamps, in launch order (``STAMPS``)."""
     check_dq_acc(q, cfg, dq_acc, ds)
     if cfg.ring_stores and cfg.block_m < block_size // cfg.consumers:
-        raise ValueError(f"cfg={cfg}: ring_stores needs block_m >= block_size / consumers ({block_size // cfg.consumers})")
+        raise ValueError(f"cfg={cfg}: ring_stores needs block_m >= block_size / consumers "
+                         f"({block_size // cfg.consumers})")
     B, H, S, D = q.shape
     hkv = k.shape[1]
     qo_layout, kv_layout = _layouts(cfg.block_m, block_size, D, q.dtype)

@@ -48,6 +48,20 @@ def _hand_share(stage, share, full, empty, phase):
 
 
 @gluon.jit
+def _pass_share(dq_desc, dq_bufs, dq_full, dq_empty, part, scale, buf, step, coord, ROLE: gl.constexpr,
+                ORDERED_DQ: gl.constexpr):
+    """Consumer ROLE's share ``part * scale`` of a query tile (shared dS) on its way into dQ
+    through its staging tile ``buf``: handed to the dQ writer (ORDERED_DQ, :func:`_hand_share`),
+    or added here at ``coord`` (:func:`_add_share`)."""
+    stage = dq_bufs.index(ROLE * 2 + buf)
+    if ORDERED_DQ:
+        _hand_share(stage, part * scale, dq_full.index(ROLE * 2 + buf), dq_empty.index(ROLE * 2 + buf),
+                    (step // 2) & 1)
+    else:
+        _add_share(dq_desc, stage, part * scale, coord)
+
+
+@gluon.jit
 def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
                     LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False,
                     FIRST_STORE: gl.constexpr = False):
