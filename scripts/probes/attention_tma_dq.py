@@ -151,7 +151,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     if None not in defaults:
         for name, host in (("dkdv", (dataclasses.replace(defaults[0], host_descs=True), defaults[1])),
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
-                           ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False), defaults[1])),
+                           ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False, ring_stores=False),
+                                           defaults[1])),
                            ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
                            ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults)),
                            # delta computed by the dQ kernel, which runs first (no delta kernel; not the same
