@@ -36,10 +36,10 @@ def _layout(name, S, causal=False):
             "causal": lambda: layouts.causal(S, 128)}[name]()
 
 
-def _case(name, S, D, causal, kpm_kind, seq_major=False):
-    """(layout, q, k, v, grad_out, key padding) on CUDA: 2 batches, 4 query heads on 2 kv heads, bf16."""
-    q, k, v = make_inputs(2, 4, 2, S, D, torch.bfloat16, seq_major=seq_major, device="cuda")
-    grad_out = torch.randn(2, 4, S, D, device="cuda").to(torch.bfloat16)
+def _case(name, S, D, causal, kpm_kind, seq_major=False, dtype=torch.bfloat16):
+    """(layout, q, k, v, grad_out, key padding) on CUDA: 2 batches, 4 query heads on 2 kv heads."""
+    q, k, v = make_inputs(2, 4, 2, S, D, dtype, seq_major=seq_major, device="cuda")
+    grad_out = torch.randn(2, 4, S, D, device="cuda").to(dtype)
     kpm = padding(2, S, kpm_kind)
     return _layout(name, S, causal), q, k, v, grad_out, None if kpm is None else kpm.cuda()
 
@@ -108,25 +108,28 @@ def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind):
     _assert_reference_grads(runs[1], q, k, v, layout, grad_out, causal, kpm)
 
 
-@pytest.mark.parametrize("name,causal,S,D,kpm_kind,seq_major", [
-    ("bigbird", False, 1000, 128, "tail", False), ("local", True, 1050, 128, None, True),
-    ("local", False, 2000, 64, "tail", False), ("empty-row", False, 1000, 128, None, False)])
-def test_forward_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, seq_major):
+@pytest.mark.parametrize("name,causal,S,D,kpm_kind,seq_major,dtype", [
+    ("bigbird", False, 1000, 128, "tail", False, torch.bfloat16), ("local", True, 1050, 128, None, True, torch.bfloat16),
+    ("local", False, 2000, 64, "tail", False, torch.bfloat16), ("empty-row", False, 1000, 128, None, False, torch.bfloat16),
+    ("bigbird", True, 1000, 128, "tail", False, torch.float16), ("local", False, 2000, 64, None, True, torch.float16)])
+def test_forward_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, seq_major, dtype):
     # the persistent forward with each tile's O through the consumers' Q rows: O and lse of
     # its own stores (Q, K, V also as [B, S, H, D] memory seen as [B, H, S, D]); then O written
     # into such a view too (row stride H * D), the same values
     from tilesparse.attention.layout import attention_table_views
 
-    dtype = torch.bfloat16
-    layout, q, k, v, _, kpm = _case(name, S, D, causal, kpm_kind, seq_major)
+    layout, q, k, v, _, kpm = _case(name, S, D, causal, kpm_kind, seq_major, dtype)
     meta = layout.meta_on(q.device, causal)
-    cfg = attention_ws._WS_DEFAULTS[("fwd", 128, D)]
+    cfg = dataclasses.replace(attention_ws._WS_DEFAULTS[("fwd", 128, D)], staged_stores=False)
     assert cfg.persistent
     staged = dataclasses.replace(cfg, staged_stores=True)
     runs = [kernels.attention_forward(q, k, v, meta, kpm, layout.layout_heads, 128, causal, D ** -0.5, config=c)
             for c in (cfg, staged, staged)]
     for out, lse in runs[1:]:
         assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1])
+    want, _, _ = reference_with_grads(q.cpu(), k.cpu(), v.cpu(), layout, torch.zeros_like(q).cpu(), causal=causal,
+                                      scale=D ** -0.5, key_padding_mask=None if kpm is None else kpm.cpu())
+    assert_close(runs[1][0], want, dtype, "out")
     nb = -(-S // 128)
     row_ptr, _, row_cols, _ = attention_table_views(meta, layout.layout_heads, nb)
     out = torch.full((2, S, 4, D), float("nan"), dtype=dtype, device="cuda").transpose(1, 2)

@@ -241,9 +241,14 @@ def _fwd_ws_kernel(
 # 5 rounds): D 128 dK / dV through the drained Q / dO ring (ring_stores; the stamps had the
 # epilogue at 4 us per program, 1.5 with staged stores), the two kernels' backward: local 1024
 # 1.917 -> 1.815 ms, random 10 % 1.514 -> 1.450, BigBird 1.792 -> 1.740, causal 6.151 -> 6.013,
-# bitwise the same. D 64: not timed.
+# bitwise the same. D 64: not timed. Twenty-eighth session (...-attention-staged-d128-d6cd339.json,
+# 5 rounds): the persistent forward's O through the consumers' Q rows (staged_stores, 16-byte
+# stores): local 1024 0.631 -> 0.593 ms, random 10 % 0.502 -> 0.464, BigBird 0.610 -> 0.561,
+# fixed 0.620 -> 0.579, bitwise the same O and lse. The dQ kernel's staged dQ was mixed
+# (local 1.912 -> 1.858, fixed 1.871 -> 1.830; random 10 % 1.471 -> 1.543, BigBird 1.758 -> 1.817):
+# opt-in.
 _WS_DEFAULTS: dict = {
-    ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
+    ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
                                  balanced=True, delta=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
