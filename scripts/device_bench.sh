@@ -23,6 +23,11 @@
 #   attn-staged - the dQ kernel's and the forward's staged stores (DqWsConfig / FwdWsConfig.staged_stores):
 #     their GPU tests (tests/test_attention_ring_stores_gpu.py, 4 shards), then the probe's bwd_default_host_
 #     {balanced,dq_staged} and fwd_shipped / fwd_staged rows in 5 rounds on STAGED_PATTERNS
+#   attn-tests - the attention GPU tests (ATTN_TESTS, default the warp-specialized, ring / staged,
+#            ordered, module and op files) in 8 shards of ATTN_TEST_TIMEOUT s, logs in $OUT/attn-tests.log
+#   attn-probe - scripts/probes/attention_tma_dq.py at each head dim of PROBE_DIMS (default 128),
+#            host variants PROBE_HOST (TMA_DQ_HOST), patterns PROBE_PATTERNS, 5 rounds, no passes /
+#            concurrent / variant rows: $OUT/attention-probe-d<D>.json and .log
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
@@ -145,6 +150,18 @@ for step in ${STEPS:-large dtypes graph}; do
               TMA_DQ_VARIANTS=ws_tma_shared_fa3_ring_host_balanced timeout "${ATTN_TIMEOUT:-300}" \
               python3 scripts/probes/attention_tma_dq.py --patterns ${STAGED_PATTERNS:-local1024 random10 bigbird fixed} \
               --out "$OUT/attention-staged.json" > "$OUT/attention-staged.log" 2>&1 ;;
+    attn-tests) for i in 0 1 2 3 4 5 6 7; do
+              TILESPARSE_SHARD=$i/8 timeout "${ATTN_TEST_TIMEOUT:-210}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+                ${ATTN_TESTS:-tests/test_attention_ring_stores_gpu.py tests/test_attention_ws_gpu.py tests/test_attention.py \
+                tests/test_attention_module.py tests/test_attention_ordered_dq_gpu.py} > "/tmp/attn-tests-$i.log" 2>&1 &
+            done; wait; tail -n 40 /tmp/attn-tests-*.log > "$OUT/attn-tests.log"
+            grep -hE "passed|failed|error" /tmp/attn-tests-*.log | tail -n 8 ;;
+    attn-probe) for dim in ${PROBE_DIMS:-128}; do
+              TMA_DQ_HOST=${PROBE_HOST:-balanced} TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=5 TMA_DQ_VARIANTS=none \
+                timeout "${PROBE_TIMEOUT:-150}" python3 scripts/probes/attention_tma_dq.py --head-dim "$dim" \
+                --patterns ${PROBE_PATTERNS:-local1024 random10 bigbird fixed} --out "$OUT/attention-probe-d$dim.json" \
+                > "$OUT/attention-probe-d$dim.log" 2>&1; tail -n 6 "$OUT/attention-probe-d$dim.log"
+            done ;;
     attn-configs) timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_configs.py --budget 240 \
               --out "$OUT/attention-configs.json" > "$OUT/attention-configs.log" 2>&1 ;;
     semi24) timeout "${SEMI24_TIMEOUT:-300}" python3 -m tilesparse bench --suite semi24 ${SEMI24_ARGS:-} --out "$OUT" \

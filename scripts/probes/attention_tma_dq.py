@@ -89,8 +89,8 @@ VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring"] = DkdvWsConfig(
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 
-if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time
-    _wanted = os.environ["TMA_DQ_VARIANTS"].split(",")
+if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save device time ("none": no variant rows)
+    _wanted = [] if os.environ["TMA_DQ_VARIANTS"] == "none" else os.environ["TMA_DQ_VARIANTS"].split(",")
     _unknown = sorted(set(_wanted) - set(VARIANTS))
     if _unknown:
         raise SystemExit(f"TMA_DQ_VARIANTS: unknown {_unknown}; known: {sorted(VARIANTS)}")
