@@ -246,17 +246,22 @@ def _fwd_ws_kernel(
 # stores): local 1024 0.631 -> 0.593 ms, random 10 % 0.502 -> 0.464, BigBird 0.610 -> 0.561,
 # fixed 0.620 -> 0.579, bitwise the same O and lse. The dQ kernel's staged dQ was mixed
 # (local 1.912 -> 1.858, fixed 1.871 -> 1.830; random 10 % 1.471 -> 1.543, BigBird 1.758 -> 1.817):
-# opt-in.
+# opt-in. At D 64 (...-attention-probe-d64-70b1038.json, 5 rounds): the forward's staged stores,
+# random 10 % 0.339 -> 0.312 ms, BigBird 0.406 -> 0.378, local 1024 0.438 -> 0.417, and dK / dV
+# through the drained ring (ring_stores), backward 0.998 -> 0.947, 1.177 -> 1.128, 1.226 ->
+# 1.186, both bitwise the same: the D 64 defaults (deterministic=False keeps its staged stores:
+# not timed with the ring there).
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
                                  balanced=True, delta=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
                                      balanced=True, ring_stores=True),
-    ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2),
+    ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
                                 balanced=True, delta=True),
-    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True, balanced=True),
+    ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True, balanced=True,
+                                    ring_stores=True),
 }
 _SHARED_LAYOUTS_ONLY: set = set()  # (kind, block, D) measured faster on layouts shared by all heads only
 
@@ -291,7 +296,7 @@ _ATOMIC_DQ_DEFAULTS: dict = {("dkdv", 128, 128): {"shared_ds": True, "fa3_order"
                                                   "load_regs": 24, "ring_stores": True, "host_descs": True,
                                                   "balanced": True},
                              ("dkdv", 128, 64): {"overlap": False, "stats_in_smem": True, "staged_stores": True,
-                                                 "host_descs": True, "balanced": True}}
+                                                 "ring_stores": False, "host_descs": True, "balanced": True}}
 
 
 # (block, D, dtype) -> the dK/dV config the deterministic backward runs instead of its two
