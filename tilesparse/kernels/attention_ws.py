@@ -244,8 +244,9 @@ def _fwd_ws_kernel(
 # bitwise the same. D 64: not timed. Twenty-eighth session (...-attention-staged-d128-d6cd339.json,
 # 5 rounds): the persistent forward's O through the consumers' Q rows (staged_stores, 16-byte
 # stores): local 1024 0.631 -> 0.593 ms, random 10 % 0.502 -> 0.464, BigBird 0.610 -> 0.561,
-# fixed 0.620 -> 0.579, bitwise the same O and lse. The dQ kernel's staged dQ was mixed
-# (local 1.912 -> 1.858, fixed 1.871 -> 1.830; random 10 % 1.471 -> 1.543, BigBird 1.758 -> 1.817):
+# fixed 0.620 -> 0.579, bitwise the same O and lse. The dQ kernel's staged dQ was mixed over
+# three probe runs (random 10 % +4.9 / -4.6 / -2.0 %, BigBird +3.4 / -4.6 / -1.6 %, fixed -2.2 /
+# -3.0 %; ...-attention-probe-d128-70b1038.json, ...-attention-probe-dq-staged-d128-ae748d3.json):
 # opt-in. At D 64 (...-attention-probe-d64-70b1038.json, 5 rounds): the forward's staged stores,
 # random 10 % 0.339 -> 0.312 ms, BigBird 0.406 -> 0.378, local 1024 0.438 -> 0.417, and dK / dV
 # through the drained ring (ring_stores), backward 0.998 -> 0.947, 1.177 -> 1.128, 1.226 ->
