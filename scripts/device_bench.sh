@@ -93,10 +93,10 @@
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
 #   attn-profile   - per-kernel times of attention forward + backward against FlexAttention
-#   attn-bwd-ncu   - ncu of the dK/dV kernel (one launch after warm-up) on local 1024, with
+#   attn-bwd-ncu   - ncu of the dK/dV kernel (one launch after warm-up) on NCU_PATTERN (local1024), with
 #            deterministic=False (TMA-reduction dQ; NCU_DETERMINISTIC=1: the default instead):
 #            speed of light, warp states, scheduler, memory and the source's top stall lines;
-#            then the per-kernel times (attn-profile) of local 1024
+#            then the per-kernel times (attn-profile) of that pattern; $OUT/ncu-attention-bwd-<pattern>.txt
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
 source "$(dirname "$0")/device_env.sh"
@@ -269,10 +269,10 @@ for step in ${STEPS:-large dtypes graph}; do
     attn-bwd-ncu) timeout "${NCU_TIMEOUT:-200}" /usr/local/cuda/bin/ncu --kernel-name regex:_bwd_dkdv \
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
               --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-              --section SourceCounters python3 scripts/probes/attention_bwd_one.py --pattern local1024 \
-              $([ "${NCU_DETERMINISTIC:-0}" = 1 ] || echo --atomic) > "$OUT/ncu-attention-bwd.txt" 2>&1
-            timeout 150 python3 scripts/probes/attention_profile.py --layouts local1024 \
-              > "$OUT/attention-profile.txt" 2>&1 ;;
+              --section SourceCounters python3 scripts/probes/attention_bwd_one.py --pattern "${NCU_PATTERN:-local1024}" \
+              $([ "${NCU_DETERMINISTIC:-0}" = 1 ] || echo --atomic) > "$OUT/ncu-attention-bwd-${NCU_PATTERN:-local1024}.txt" 2>&1
+            timeout 150 python3 scripts/probes/attention_profile.py --layouts "${NCU_PATTERN:-local1024}" \
+              > "$OUT/attention-profile-${NCU_PATTERN:-local1024}.txt" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
     tune-11008) timeout "${TUNE_TIMEOUT:-300}" python3 -m tilesparse tune --per-shape --ops updat --block 128 \
