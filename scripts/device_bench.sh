@@ -26,8 +26,9 @@
 #   attn-tests - the attention GPU tests (ATTN_TESTS, default the warp-specialized, ring / staged,
 #            ordered, module and op files) in 8 shards of ATTN_TEST_TIMEOUT s, logs in $OUT/attn-tests.log
 #   attn-probe - scripts/probes/attention_tma_dq.py at each head dim of PROBE_DIMS (default 128),
-#            host variants PROBE_HOST (TMA_DQ_HOST), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
-#            concurrent / variant rows: $OUT/attention-probe-d<D>.json and .log
+#            host variants PROBE_HOST (TMA_DQ_HOST; "none": no host rows), dK/dV variants PROBE_VARIANTS
+#            (TMA_DQ_VARIANTS, default none), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
+#            concurrent rows: $OUT/attention-probe-d<D>.json and .log
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
@@ -157,7 +158,7 @@ for step in ${STEPS:-large dtypes graph}; do
             done; wait; tail -n 40 /tmp/attn-tests-*.log > "$OUT/attn-tests.log"
             grep -hE "passed|failed|error" /tmp/attn-tests-*.log | tail -n 8 ;;
     attn-probe) for dim in ${PROBE_DIMS:-128}; do
-              TMA_DQ_HOST=${PROBE_HOST:-balanced} TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=${PROBE_ROUNDS:-5} TMA_DQ_VARIANTS=none \
+              TMA_DQ_HOST=${PROBE_HOST:-balanced} TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=${PROBE_ROUNDS:-5} TMA_DQ_VARIANTS=${PROBE_VARIANTS:-none} \
                 timeout "${PROBE_TIMEOUT:-150}" python3 scripts/probes/attention_tma_dq.py --head-dim "$dim" \
                 --patterns ${PROBE_PATTERNS:-local1024 random10 bigbird fixed} --out "$OUT/attention-probe-d$dim.json" \
                 > "$OUT/attention-probe-d$dim.log" 2>&1; tail -n 6 "$OUT/attention-probe-d$dim.log"

@@ -109,7 +109,8 @@ def _host_desc_types(sig: dict, q_rows: int, kv_rows: int, head_dim: int, qo, kv
 def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bool, kpm: bool, consumers: int,
                     overlap, stats: bool, mma_regs: int = 232, load_regs: int = 40, staged: bool = False,
                     host: bool = False, persistent: bool = False, ordered: bool = False, store_ds: bool = False,
-                    ordered_dq: int = 0, first_store: bool = False, stamps: bool = False):
+                    ordered_dq: int = 0, first_store: bool = False, stamps: bool = False,
+                    last_uncounted: bool = False):
     """One compile case of the dK/dV kernel, block_m 64, adding dQ by TMA reductions where
     ATOMIC_DQ ``mode`` is 1 (each consumer's share) or 2 (shared dSᵀ tiles, half of D per
     consumer; 0: deterministic, no dQ);
@@ -119,8 +120,8 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
     ``ordered``: a 1-D grid in the launch-order table's order (``balanced``); ``store_ds``
     (mode 0): each dSᵀ tile also stored to the workspace; ``ordered_dq`` (mode 2, ordered): dQ's
     shares added in a fixed order behind semaphores, by a dQ writer warp (1 or 2: which writer);
-    ``first_store``: each query tile's first share stored, not added; ``stamps``: each
-    program's SM and time stamps written (a probe's)."""
+    ``first_store``: each query tile's first share stored, not added; ``last_uncounted``: its
+    last not counted; ``stamps``: each program's SM and time stamps written (a probe's)."""
     from tilesparse.kernels import attention_ws_base
     from tilesparse.kernels.attention_ws_dq_adds import _dq_layout, _ds_smem_layout, _out_smem_layout, dq_tile_cols
 
@@ -133,7 +134,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
                  STAGED_STORES=staged,
                  out_smem_layout=_out_smem_layout(block // consumers, head_dim, torch.bfloat16) if staged else None,
                  HOST_DESCS=host, PERSISTENT=persistent, ORDERED=ordered, ORDERED_DQ=ordered_dq or False,
-                 FIRST_STORE=first_store, STAMPS=stamps)
+                 FIRST_STORE=first_store, STAMPS=stamps, LAST_UNCOUNTED=last_uncounted)
     sig = _attention_signature(fn, "bf16", const)
     if host:  # the descriptors' types, as the runtime writes them: dtype, box, shared-memory layout
         _host_desc_types(sig, 64, block, head_dim, qo, kv)
@@ -147,7 +148,7 @@ def _dkdv_case(fn, mode: int, block: int, head_dim: int, stages: int, causal: bo
              + {0: "", 1: " staged_stores", 2: " ring_stores"}[int(staged)] + (" host_descs" if host else "")
              + (" persistent" if persistent else "") + (" ordered" if ordered else "")
              + (" store_ds" if store_ds else "") + (f" ordered_dq={ordered_dq}" if ordered_dq else "") + (" first_store" if first_store else "")
-             + (" stamps" if stamps else ""))
+             + (" last_uncounted" if last_uncounted else "") + (" stamps" if stamps else ""))
     return label, fn, sig, const, const["num_warps"], stages, _aligned(fn, sig), GluonASTSource
 
 
@@ -184,7 +185,7 @@ def attention_ws_cases(quick: bool):
                      CONSUMERS=consumers, MMA_REGS=232, OVERLAP=overlap, STATS_SMEM=stats, ATOMIC_DQ=0,
                      dq_layout=None, ds_smem_layout=None, STAGED_STORES=False, out_smem_layout=None,
                      HOST_DESCS=False, PERSISTENT=False, ORDERED=False, ORDERED_DQ=False, FIRST_STORE=False,
-                     STAMPS=False)
+                     STAMPS=False, LAST_UNCOUNTED=False)
         sig = _attention_signature(fn, "bf16", const)
         yield (f"ws attention dK/dV b{block} D{head_dim} causal={causal} kpm={kpm}" + (" store_ds" if store_ds else "")
                + (" two consumers" if consumers == 2 else "") + (" overlap" if overlap else "")
@@ -273,6 +274,12 @@ def attention_ws_cases(quick: bool):
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True, staged=2)
         yield _dkdv_case(fn, 0, 128, 64, 2, False, False, 2, True, False, host=True, ordered=True, staged=2)
+    if not quick:  # each query tile's last share not counted (last_uncounted): the ordered default with it,
+        # and with the other dQ writer
+        yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True, staged=2, last_uncounted=True)
+        yield _dkdv_case(fn, 2, 128, 128, 2, False, True, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         ordered=True, ordered_dq=3 - ORDERED_DQ_WRITER, last_uncounted=True)
     if not quick:  # a probe's time stamps per program, in the shipped deterministic=False mode at D 128
         yield _dkdv_case(fn, 2, 128, 128, 2, False, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          staged=True, ordered=True, stamps=True)

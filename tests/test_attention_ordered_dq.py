@@ -37,7 +37,8 @@ def _mask(layout, causal):
     ("widest window taken", False, lambda: layouts.local(128 * 60, 128, 128 * ordered.MAX_TIGHT_CHAIN))])
 def test_walk_and_ranks_of_the_layouts_it_takes(name, causal, make):
     # each key block walks exactly its column's query blocks; in every query block's row the
-    # ranks are 0..n-1 with key blocks descending; every share's predecessor in its row
+    # ranks are 0..n-1 with key blocks descending (each row's last flagged in the flagged
+    # ranks); every share's predecessor in its row
     # comes no later in its own walk (a symmetric window's first rows: at the same step, in
     # short runs; elsewhere at least one step earlier)
     layout = make()
@@ -45,6 +46,7 @@ def test_walk_and_ranks_of_the_layouts_it_takes(name, causal, make):
     tables = ordered.ordered_tables(meta, layout.layout_heads, layout.num_blocks)
     assert tables is not None, f"{name}: should be taken"
     walk, ranks = (t.long() for t in tables)
+    flagged = ordered.last_flagged_ranks(meta, layout.layout_heads, layout.num_blocks).long()
     mask = _mask(layout, causal)
     nb = layout.num_blocks
     col_ptr = torch.cat([torch.zeros(1, dtype=torch.long), mask.transpose(1, 2).sum(2).flatten().cumsum(0)])
@@ -54,9 +56,11 @@ def test_walk_and_ranks_of_the_layouts_it_takes(name, causal, make):
             seg = slice(int(col_ptr[lh * nb + c]), int(col_ptr[lh * nb + c + 1]))
             rows = walk[seg].tolist()
             assert sorted(rows) == mask[lh, :, c].nonzero().flatten().tolist()
-            for p, (r, k) in enumerate(zip(rows, ranks[seg].tolist())):
+            for p, (r, k, f) in enumerate(zip(rows, ranks[seg].tolist(), flagged[seg].tolist())):
                 cols = sorted(mask[lh, r].nonzero().flatten().tolist(), reverse=True)
                 assert cols[k] == c, (lh, r, c, k)
+                # (last_share_uncounted) the flag on exactly the row's last share
+                assert f == k + ordered.LAST_SHARE_FLAG * (k == len(cols) - 1), (lh, r, c, k, f)
                 position[(lh, r, c)] = p
         for (lh_, r, c), p in list(position.items()):
             cols = sorted(mask[lh_, r].nonzero().flatten().tolist(), reverse=True)
@@ -111,6 +115,10 @@ def test_ordered_dq_config_checks():
         attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, first_share_stored=True)
     attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True,
                               first_share_stored=True)
+    with pytest.raises(ValueError, match="last_share_uncounted needs ordered_dq"):
+        attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, last_share_uncounted=True)
+    attention_ws.DkdvWsConfig(64, 2, consumers=2, atomic_dq=True, shared_ds=True, ordered_dq=True,
+                              first_share_stored=True, last_share_uncounted=True, ring_stores=True)
 
 
 def _skew(layout, causal=False):

@@ -225,20 +225,27 @@ def test_ordered_dq_on_per_head_layouts_and_fp16(case):
 @pytest.mark.parametrize("option,name,causal,S,kpm_kind", [
     ("staged_stores", "local", False, 2000, "tail"), ("staged_stores", "causal", True, 1050, None),
     ("first_share_stored", "local", False, 2000, "tail"), ("first_share_stored", "causal", True, 1050, None),
-    ("first_share_stored", "empty-row", False, 1000, None)])
+    ("first_share_stored", "empty-row", False, 1000, None),
+    ("last_share_uncounted", "local", False, 2000, "tail"), ("last_share_uncounted", "causal", True, 1050, None),
+    ("last_share_uncounted", "strided", True, 2000, None), ("last_share_uncounted", "empty-row", False, 1000, None),
+    ("shipped+last_share_uncounted", "local", False, 2000, "tail"),
+    ("shipped+last_share_uncounted", "causal", True, 1050, None)])
 def test_ordered_dq_options_give_the_same_bits(option, name, causal, S, kpm_kind):
     # staged_stores: dK and dV leave through the staging tiles once the dQ writer has freed
     # them, the same values as the direct stores. first_share_stored: each query tile's
     # rank-0 share stored by a TMA copy into an unzeroed (under the tests' poison: NaN)
     # buffer, the rest added after it, the same values as the adds onto zeros (0 + x = x); a
     # layout with an empty query block keeps the zeroed buffer (its rows get no share).
+    # last_share_uncounted: each row's last share added but not counted (nothing waits for
+    # it); "shipped+": on the shipped ordered default (first share stored, ring stores).
     # Against the plain ordered mode, every run (GQA, odd S, padding)
     D, dtype = 128, torch.bfloat16
     layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
     fwd = kernels.attention_config("fwd", 128, D, dtype)
     dq_cfg = kernels.attention_config("dq", 128, D, dtype)
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
-    cfg = dataclasses.replace(_ORDERED, **{option: True})
+    base, option = option.split("+") if "+" in option else ("", option)
+    cfg = dataclasses.replace(attention_ws._ORDERED_DQ_CONFIG if base == "shipped" else _ORDERED, **{option: True})
     for _ in range(3):
         got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, cfg, dq_cfg))[2]
         assert all(map(torch.equal, got, want))

@@ -86,6 +86,10 @@ VARIANTS["ws_tma_shared_fa3_ring_host_balanced"] = DkdvWsConfig(64, 2, **_SHARED
                                                                 host_descs=True, balanced=True)
 VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring"] = DkdvWsConfig(
     64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, ring_stores=True)
+# the shipped ordered mode with each row's last share not counted (no completion wait on it)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring_uncounted"] = DkdvWsConfig(
+    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, ring_stores=True,
+    last_share_uncounted=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 

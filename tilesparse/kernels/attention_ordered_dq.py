@@ -40,10 +40,14 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["ordered_tables", "launch_table", "launch_table_on", "column_skew", "MAX_DEFAULT_COLUMN_SKEW",
-           "every_row_has_shares"]
+__all__ = ["ordered_tables", "last_flagged_ranks", "LAST_SHARE_FLAG", "launch_table", "launch_table_on",
+           "column_skew", "MAX_DEFAULT_COLUMN_SKEW", "every_row_has_shares"]
 
 _TABLES = "_ordered_dq_tables"
+# added to a share's rank in :func:`last_flagged_ranks`' table where it is its row's last
+# (``DkdvWsConfig.last_share_uncounted``); ranks stay below it (a row has at most nb shares,
+# and nb < 2**24 wherever the tables fit in memory)
+LAST_SHARE_FLAG = 1 << 24
 
 
 def ordered_tables(meta: torch.Tensor, layout_heads: int, num_blocks: int):
@@ -53,6 +57,20 @@ def ordered_tables(meta: torch.Tensor, layout_heads: int, num_blocks: int):
     added before it). None where the order would make programs wait (see the module
     docstring), or while a CUDA graph is captured before the tables were built. Remembered
     on ``meta``; built with one copy of the tables to the host."""
+    tables = _tables(meta, layout_heads, num_blocks)
+    return None if tables is None else tables[:2]
+
+
+def last_flagged_ranks(meta: torch.Tensor, layout_heads: int, num_blocks: int):
+    """:func:`ordered_tables`' ranks with ``LAST_SHARE_FLAG`` added where the share is the
+    last of its row (``DkdvWsConfig.last_share_uncounted``: the dQ writer does not count
+    it); None where :func:`ordered_tables` is."""
+    tables = _tables(meta, layout_heads, num_blocks)
+    return None if tables is None else tables[2]
+
+
+def _tables(meta: torch.Tensor, layout_heads: int, num_blocks: int):
+    """(walk rows, ranks, last-flagged ranks), remembered on ``meta``; None where refused."""
     tables = cached_table(meta, _TABLES, (layout_heads, num_blocks), lambda: _build(meta, layout_heads, num_blocks),
                           build_while_capturing=False)
     return None if tables is None or tables[0].numel() == 0 else tables
@@ -128,9 +146,9 @@ def _longest_tight_chain(tight: torch.Tensor) -> int:
 def _build(meta: torch.Tensor, layout_heads: int, nb: int):
     _, col_ptr, _, col_rows = (t.cpu().long() for t in attention_table_views(meta, layout_heads, nb))
     nnz = col_rows.numel()
-    refused = (torch.empty(0, dtype=torch.int32, device=meta.device),) * 2  # (remembered too)
+    refused = (torch.empty(0, dtype=torch.int32, device=meta.device),) * 3  # (remembered too)
     if nnz == 0:  # nothing to walk or order (one-entry tables: not the refusal)
-        return (torch.zeros(1, dtype=torch.int32, device=meta.device),) * 2
+        return (torch.zeros(1, dtype=torch.int32, device=meta.device),) * 3
     segment = torch.repeat_interleave(torch.arange(layout_heads * nb), col_ptr[1:] - col_ptr[:-1])
     head, key, query = segment // nb, segment % nb, col_rows
     # rank: within each (head, query block) row, key blocks descending
@@ -152,4 +170,6 @@ def _build(meta: torch.Tensor, layout_heads: int, nb: int):
     lag[has] = position[predecessor[has]] - position[has]
     if bool((lag > 0).any()) or _longest_tight_chain(lag[by_row] >= 0) > MAX_TIGHT_CHAIN:
         return refused
-    return (query[walk].to(torch.int32).to(meta.device), rank[walk].to(torch.int32).to(meta.device))
+    row_len = torch.bincount(row_id, minlength=layout_heads * nb)[head * nb + query]
+    flagged = rank + LAST_SHARE_FLAG * (rank == row_len - 1)
+    return tuple(t[walk].to(torch.int32).to(meta.device) for t in (query, rank, flagged))

@@ -204,7 +204,10 @@ class DkdvWsConfig:
     default). ``ring_stores``: dK and dV leave through the Q / dO ring's buffers once both
     consumers have released them (16-byte stores, as ``staged_stores``, but waiting on no dQ
     add; any mode but persistent; a stage holds a consumer's [block / consumers, D] tile:
-    block_m >= block / consumers, which the launcher checks)."""
+    block_m >= block / consumers, which the launcher checks). ``last_share_uncounted`` (with
+    ``ordered_dq``): a query tile's last-ranked share is not counted (no share waits for it),
+    so the dQ writer waits only for its source tile to be read, not for the add to land: no
+    round trip to L2 at the end of a program, whose last tile is mostly its row's last."""
 
     block_m: int = 64
     stages: int = 2
@@ -223,13 +226,17 @@ class DkdvWsConfig:
     ordered_dq: bool = False
     first_share_stored: bool = False
     ring_stores: bool = False
+    last_share_uncounted: bool = False
 
     def __post_init__(self):
         if self.block_m not in (32, 64, 128):
             raise ValueError(f"DkdvWsConfig.block_m must be 32, 64 or 128, got {self.block_m!r}")
         check_bools(self, "overlap", "stats_in_smem", "atomic_dq", "shared_ds", "fa3_order", "staged_stores",
                     "host_descs", "persistent", "balanced", "ordered_dq", "first_share_stored",
-                    "ring_stores")
+                    "ring_stores", "last_share_uncounted")
+        if self.last_share_uncounted and not self.ordered_dq:
+            raise ValueError("DkdvWsConfig.last_share_uncounted needs ordered_dq=True (the share ranked last in its "
+                             "query tile is known only in the ordered mode)")
         if self.first_share_stored and not self.ordered_dq:
             raise ValueError("DkdvWsConfig.first_share_stored needs ordered_dq=True (the share ranked first in its "
                              "query tile is known only in the ordered mode)")

@@ -35,7 +35,7 @@ from ._device import sm_count
 from ._launch import launch
 from ._stamps import check_stamps, now_ns, program_stamp_row, sm_id, store_stamp
 from .attention_launch_order import launch_order
-from .attention_ordered_dq import launch_table_on, ordered_tables
+from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
                                 host_head_desc)
@@ -322,6 +322,7 @@ def _bwd_dkdv_ws_kernel(
     ds_smem_layout: gl.constexpr = None, STAGED_STORES: gl.constexpr = False, out_smem_layout: gl.constexpr = None,
     HOST_DESCS: gl.constexpr = False, PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False,
     ORDERED_DQ: gl.constexpr = False, FIRST_STORE: gl.constexpr = False, STAMPS: gl.constexpr = False,
+    LAST_UNCOUNTED: gl.constexpr = False,
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, head major (items running at once share Q and dO in L2); ORDERED: a
@@ -332,11 +333,13 @@ def _bwd_dkdv_ws_kernel(
     CONSUMERS = 2: two consumer partitions of ``num_warps`` warps, half the keys each.
     ORDERED_DQ (ATOMIC_DQ 2, ORDERED): dQ's shares added in a fixed order by a fifth partition,
     the dQ writer (``ranks_ptr``, ``sem_ptr``; :func:`_dkdv_dq_writer`); FIRST_STORE: each
-    query tile's first share stored, not added (no zeroed buffer). STAMPS (a probe's): each
+    query tile's first share stored, not added (no zeroed buffer); LAST_UNCOUNTED: its last
+    not counted (``ranks_ptr`` flagged). STAMPS (a probe's): each
     program's row of ``stamp_ptr`` (int64 [programs, 8]) gets its SM and times."""
     gl.static_assert(not ORDERED_DQ or (ATOMIC_DQ == 2 and ORDERED and not PERSISTENT),
                      "ORDERED_DQ: the shared-dS atomic mode, launched in its order table, not persistent")
     gl.static_assert(not FIRST_STORE or ORDERED_DQ != 0, "FIRST_STORE: the first share is known in the ordered mode only")
+    gl.static_assert(not LAST_UNCOUNTED or ORDERED_DQ != 0, "LAST_UNCOUNTED: the last share is known in the ordered mode only")
     gl.static_assert(not (STAMPS and PERSISTENT), "STAMPS: a row per program, one item each")
     gl.static_assert(ATOMIC_DQ != 2 or CONSUMERS == 2, "ATOMIC_DQ 2 (shared dS tiles) needs two consumers")
     gl.static_assert(not (ATOMIC_DQ and STORE_DS), "STORE_DS and ATOMIC_DQ are two ways to make dQ")
@@ -397,7 +400,7 @@ def _bwd_dkdv_ws_kernel(
             (_dkdv_ws_load, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, STATS_SMEM, ATOMIC_DQ, PERSISTENT,
                              ORDERED, ORDERED_DQ)),
             (_dkdv_dq_writer, (descs, bufs, bars, tables, sizes, BS, BLOCK_M, ORDERED_DQ == 2, STAGED_STORES == 1,
-                               FIRST_STORE)),
+                               FIRST_STORE, LAST_UNCOUNTED)),
         ], [num_warps, 1, 1], [MMA_REGS, LOAD_REGS, LOAD_REGS])
     elif CONSUMERS == 2:
         gl.warp_specialize([
@@ -461,6 +464,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
                              "program that reaches their query tile no earlier), or the order was first asked for "
                              "inside a CUDA graph capture; use the deterministic two-kernel backward")
         col_rows, ranks = tables
+        if cfg.last_share_uncounted:
+            ranks = last_flagged_ranks(meta, layout_heads, nb)
         order = launch_table_on(meta, nb, B * hkv)
         sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
     if cfg.persistent:
@@ -485,7 +490,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         ds_smem_layout=_ds_smem_layout(block_size, cfg.block_m, q.dtype) if cfg.shared_ds else None,
         STAGED_STORES=2 if cfg.ring_stores else cfg.staged_stores, HOST_DESCS=cfg.host_descs, PERSISTENT=cfg.persistent,
         ORDERED=order is not None, ORDERED_DQ=ORDERED_DQ_WRITER if cfg.ordered_dq else False,
-        FIRST_STORE=cfg.first_share_stored, STAMPS=stamps is not None,
+        FIRST_STORE=cfg.first_share_stored, STAMPS=stamps is not None, LAST_UNCOUNTED=cfg.last_share_uncounted,
         out_smem_layout=(_out_smem_layout(block_size // cfg.consumers, D, q.dtype)
                          if cfg.staged_stores or cfg.ring_stores else None),
     )

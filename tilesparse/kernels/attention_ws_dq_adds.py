@@ -18,12 +18,15 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._ordered_adds import count_done, count_pair_done, read_turn, wait_turn, wait_turn_from
+from .attention_ordered_dq import LAST_SHARE_FLAG
 from ._tma_reduce import async_reduce_add
 from .attention_ws_base import _grid_item, _store_through
 from .attention_ws_dkdv_load import _column_bounds, _column_tile
 from .bsmm_ws import _nvmma
 
 __all__ = ["dq_tile_cols"]
+
+_LAST_SHARE_FLAG = gl.constexpr(LAST_SHARE_FLAG)  # (a global a kernel reads must be a constexpr)
 
 
 @gluon.jit
@@ -62,9 +65,34 @@ def _pass_share(dq_desc, dq_bufs, dq_full, dq_empty, part, scale, buf, step, coo
 
 
 @gluon.jit
+def _count_pair(sem_ptr, inc, LOOK_AHEAD: gl.constexpr):
+    """The last tile's two shares (counters ``sem_ptr[0]`` and ``[1]``) landed, then counted
+    by ``inc`` (0 or 1); LOOK_AHEAD: after one completion wait."""
+    if LOOK_AHEAD:
+        count_pair_done(sem_ptr, inc, 1)
+    else:
+        count_done(sem_ptr, inc, 1)
+        count_done(sem_ptr + 1, inc, 1)
+
+
+@gluon.jit
+def _count_last_tile(sem_ptr, pending, LOOK_AHEAD: gl.constexpr, LAST_UNCOUNTED: gl.constexpr):
+    """:func:`_count_pair` of the last tile; LAST_UNCOUNTED with ``pending`` 0 (no tile yet,
+    or a tile whose shares were its row's last: nothing waits for their count): only
+    their source tiles read, not the adds landed."""
+    if LAST_UNCOUNTED:
+        if pending == 0:
+            tma.store_wait(pendings=0)
+        else:
+            _count_pair(sem_ptr, pending, LOOK_AHEAD)
+    else:
+        _count_pair(sem_ptr, pending, LOOK_AHEAD)
+
+
+@gluon.jit
 def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M: gl.constexpr,
                     LOOK_AHEAD: gl.constexpr = False, STAGED_STORES: gl.constexpr = False,
-                    FIRST_STORE: gl.constexpr = False):
+                    FIRST_STORE: gl.constexpr = False, LAST_UNCOUNTED: gl.constexpr = False):
     """ORDERED_DQ, a partition of one warp (FlashAttention-3's dQ writer): for the column's
     query tiles in the consumers' walk, each consumer's staging tile, once handed over, is
     added into dQ when its turn comes (the shares ranked before it counted), and counted and
@@ -76,7 +104,8 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
     are counted after one completion wait. STAGED_STORES: the last two staging tiles are freed
     too, once their shares have landed (the consumers store dK and dV through them).
     FIRST_STORE: a tile's share of rank 0 is stored (a TMA copy), not added, so dQ's buffer
-    need not be zeroed first; the count and the order are the same."""
+    need not be zeroed first; the count and the order are the same. LAST_UNCOUNTED: ranks
+    carry ``LAST_SHARE_FLAG`` on each row's last share, which is added but not counted."""
     dq_desc, dq_bufs, dq_full, dq_empty = descs[4], bufs[5], bars[6], bars[7]
     col_ptr_ptr, col_rows_ptr, ranks_ptr, sem_ptr = tables[0], tables[1], tables[10], tables[11]
     H, HKV, GROUP, NB, L_HEADS, BHK_OFFSET = sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[7]
@@ -96,16 +125,16 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
         for i in range(start * M_STEPS, end * M_STEPS):
             t, qblk, row = _column_tile(i, start, end, kblk, col_rows_ptr, BS, BLOCK_M, False)
             rank = gl.load(ranks_ptr + t // M_STEPS)
+            if LAST_UNCOUNTED:
+                counted = (rank < _LAST_SHARE_FLAG).to(gl.int32)
+                rank = rank % _LAST_SHARE_FLAG
             sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
             buf = step % 2
             if LOOK_AHEAD:
                 seen0 = read_turn(sem_ptr + sem, 1)
                 seen1 = read_turn(sem_ptr + sem + 1, 1)
-                count_pair_done(sem_ptr + last_sem, pending, 1)
-            else:
-                # the last tile's two shares landed: counted, their staging tiles freed
-                count_done(sem_ptr + last_sem, pending, 1)
-                count_done(sem_ptr + last_sem + 1, pending, 1)
+            # the last tile's two shares landed: counted, their staging tiles freed
+            _count_last_tile(sem_ptr + last_sem, pending, LOOK_AHEAD, LAST_UNCOUNTED)
             if step > 0:
                 mbarrier.arrive(dq_empty.index(1 - buf), count=1)
                 mbarrier.arrive(dq_empty.index(2 + 1 - buf), count=1)
@@ -127,13 +156,12 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
                 else:
                     async_reduce_add(dq_desc, [bz, h, row, role * DQ_N], dq_bufs.index(role * 2 + buf))
             last_sem = sem
-            pending = gl.to_tensor(1)
+            if LAST_UNCOUNTED:
+                pending = counted
+            else:
+                pending = gl.to_tensor(1)
             step += 1
-    if LOOK_AHEAD:
-        count_pair_done(sem_ptr + last_sem, pending, 1)
-    else:
-        count_done(sem_ptr + last_sem, pending, 1)
-        count_done(sem_ptr + last_sem + 1, pending, 1)
+    _count_last_tile(sem_ptr + last_sem, pending, LOOK_AHEAD, LAST_UNCOUNTED)
     if STAGED_STORES and step > 0:
         mbarrier.arrive(dq_empty.index((step - 1) % 2), count=1)
         mbarrier.arrive(dq_empty.index(2 + (step - 1) % 2), count=1)
