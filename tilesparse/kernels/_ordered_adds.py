@@ -28,7 +28,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-__all__ = ["count_done", "count_pair_done", "read_turn", "wait_turn", "wait_turn_from"]
+__all__ = ["count_done", "count_pair_done", "read_turn", "reads_done", "wait_turn", "wait_turn_from"]
 
 
 @gluon.jit
@@ -73,6 +73,17 @@ def count_pair_done(sem_ptr, inc, num_warps: gl.constexpr):
         "@p red.release.gpu.global.add.u32 [$1], $2; @p red.release.gpu.global.add.u32 [$1+4], $2; "
         "mov.u32 $0, 0; }",
         "=r,l,r", [sem_ptr + zeros, zeros + inc], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def reads_done(num_warps: gl.constexpr):
+    """Wait until this thread's bulk asynchronous operations have read their shared-memory
+    sources (``cp.async.bulk.wait_group.read 0``: not that they have landed), then sync the
+    warp, so that what any lane does next (freeing those tiles) comes after the elected lane
+    that issued them. For a share no later one waits for: nothing to count."""
+    zeros = _per_thread(num_warps)
+    gl.inline_asm_elementwise("{ cp.async.bulk.wait_group.read 0; bar.warp.sync -1; mov.u32 $0, $1; }", "=r,r",
+                              [zeros], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

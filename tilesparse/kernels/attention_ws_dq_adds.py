@@ -17,7 +17,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ._ordered_adds import count_done, count_pair_done, read_turn, wait_turn, wait_turn_from
+from ._ordered_adds import count_done, count_pair_done, read_turn, reads_done, wait_turn, wait_turn_from
 from .attention_ordered_dq import LAST_SHARE_FLAG
 from ._tma_reduce import async_reduce_add
 from .attention_ws_base import _grid_item, _store_through
@@ -82,7 +82,7 @@ def _count_last_tile(sem_ptr, pending, LOOK_AHEAD: gl.constexpr, LAST_UNCOUNTED:
     their source tiles read, not the adds landed."""
     if LAST_UNCOUNTED:
         if pending == 0:
-            tma.store_wait(pendings=0)
+            reads_done(1)
         else:
             _count_pair(sem_ptr, pending, LOOK_AHEAD)
     else:
