@@ -275,11 +275,13 @@ def attention_ws_cases(quick: bool):
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True, staged=2)
         yield _dkdv_case(fn, 0, 128, 64, 2, False, False, 2, True, False, host=True, ordered=True, staged=2)
     if not quick:  # each query tile's last share not counted (last_uncounted): the ordered default with it,
-        # and with the other dQ writer
+        # with the other dQ writer, and with dK / dV through the staging tiles the writer frees
         yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=ORDERED_DQ_WRITER, first_store=True, staged=2, last_uncounted=True)
         yield _dkdv_case(fn, 2, 128, 128, 2, False, True, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          ordered=True, ordered_dq=3 - ORDERED_DQ_WRITER, last_uncounted=True)
+        yield _dkdv_case(fn, 2, 128, 128, 2, True, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
+                         staged=True, ordered=True, ordered_dq=ORDERED_DQ_WRITER, last_uncounted=True)
     if not quick:  # a probe's time stamps per program, in the shipped deterministic=False mode at D 128
         yield _dkdv_case(fn, 2, 128, 128, 2, False, False, 2, 2, True, mma_regs=240, load_regs=24, host=True,
                          staged=True, ordered=True, stamps=True)

@@ -5,7 +5,8 @@ the layouts it takes and refuses, and its launch order."""
 import pytest
 import torch
 
-from tilesparse.attention import layouts
+from tilesparse.attention import AttentionLayout, layouts
+from tilesparse.attention.layout import attention_table_views
 from tilesparse.kernels import attention_ordered_dq as ordered
 from tilesparse.kernels import attention_ws
 
@@ -82,10 +83,11 @@ def test_layouts_whose_order_would_wait_are_refused(make):
 
 def test_a_layout_without_blocks_has_nothing_to_order():
     # no key block adds anything: tables that are not the refusal (the launch runs no walk)
-    empty = layouts.local(512, 128, 128)
-    empty.mask.zero_()
+    empty = AttentionLayout(torch.zeros(1, 4, 4, dtype=torch.bool), 128, seq_len=512)
     meta = empty.meta_on(torch.device("cpu"))
+    assert attention_table_views(meta, 1, empty.num_blocks)[3].numel() == 0
     assert ordered.ordered_tables(meta, 1, empty.num_blocks) is not None
+    assert ordered.last_flagged_ranks(meta, 1, empty.num_blocks) is not None
 
 
 def test_longest_tight_chain():

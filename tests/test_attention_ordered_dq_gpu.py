@@ -229,7 +229,9 @@ def test_ordered_dq_on_per_head_layouts_and_fp16(case):
     ("last_share_uncounted", "local", False, 2000, "tail"), ("last_share_uncounted", "causal", True, 1050, None),
     ("last_share_uncounted", "strided", True, 2000, None), ("last_share_uncounted", "empty-row", False, 1000, None),
     ("shipped+last_share_uncounted", "local", False, 2000, "tail"),
-    ("shipped+last_share_uncounted", "causal", True, 1050, None)])
+    ("shipped+last_share_uncounted", "causal", True, 1050, None),
+    ("staged+last_share_uncounted", "local", False, 2000, "tail"),
+    ("staged+last_share_uncounted", "empty-row", False, 1000, None)])
 def test_ordered_dq_options_give_the_same_bits(option, name, causal, S, kpm_kind):
     # staged_stores: dK and dV leave through the staging tiles once the dQ writer has freed
     # them, the same values as the direct stores. first_share_stored: each query tile's
@@ -237,7 +239,8 @@ def test_ordered_dq_options_give_the_same_bits(option, name, causal, S, kpm_kind
     # buffer, the rest added after it, the same values as the adds onto zeros (0 + x = x); a
     # layout with an empty query block keeps the zeroed buffer (its rows get no share).
     # last_share_uncounted: each row's last share added but not counted (nothing waits for
-    # it); "shipped+": on the shipped ordered default (first share stored, ring stores).
+    # it); "shipped+": on the shipped ordered default (first share stored, ring stores),
+    # "staged+": with staged_stores (dK / dV through the staging tiles the writer frees).
     # Against the plain ordered mode, every run (GQA, odd S, padding)
     D, dtype = 128, torch.bfloat16
     layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
@@ -245,7 +248,42 @@ def test_ordered_dq_options_give_the_same_bits(option, name, causal, S, kpm_kind
     dq_cfg = kernels.attention_config("dq", 128, D, dtype)
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, _ORDERED, dq_cfg))[2]
     base, option = option.split("+") if "+" in option else ("", option)
-    cfg = dataclasses.replace(attention_ws._ORDERED_DQ_CONFIG if base == "shipped" else _ORDERED, **{option: True})
+    cfg = dataclasses.replace({"shipped": attention_ws._ORDERED_DQ_CONFIG,
+                               "staged": dataclasses.replace(_ORDERED, staged_stores=True)}.get(base, _ORDERED),
+                              **{option: True})
     for _ in range(3):
         got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, cfg, dq_cfg))[2]
         assert all(map(torch.equal, got, want))
+
+
+@pytest.mark.parametrize("uncounted", [False, True])
+@pytest.mark.parametrize("name,causal,S,kpm_kind", [("local", False, 2000, "tail"), ("causal", True, 1050, None),
+                                                    ("empty-row", False, 1000, None)])
+def test_ordered_dq_counters_end_at_the_shares_counted(monkeypatch, uncounted, name, causal, S, kpm_kind):
+    # every (batch * head, 64-row query tile, consumer) counter ends at its row's shares, and
+    # with last_share_uncounted at one less (a row's last is not counted): the option takes
+    # effect (its gradients are bitwise those of the counted run, above)
+    from tilesparse.attention.layout import attention_table_views
+    from tilesparse.kernels import attention_ws_dkdv
+
+    made = []
+
+    def recorded(n, device):
+        made.append(torch.zeros(n, dtype=torch.int32, device=device))
+        return made[-1]
+
+    monkeypatch.setattr(attention_ws_dkdv, "semaphores", recorded)
+    D, dtype = 128, torch.bfloat16
+    layout, q, k, v, grad_out, kpm = _gqa_case(name, S, D, kpm_kind)
+    cfg = dataclasses.replace(attention_ws._ORDERED_DQ_CONFIG, last_share_uncounted=uncounted)
+    configs = (kernels.attention_config("fwd", 128, D, dtype), cfg, kernels.attention_config("dq", 128, D, dtype))
+    run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=configs)
+    torch.cuda.synchronize()
+    assert len(made) == 1
+    B, H, nb = q.shape[0], q.shape[1], layout.num_blocks
+    row_ptr = attention_table_views(layout.meta_on(q.device, causal), layout.layout_heads, nb)[0].long()
+    shares = (row_ptr[1:] - row_ptr[:-1]).view(layout.layout_heads, nb)
+    counted = (shares - 1).clamp_min(0) if uncounted else shares
+    heads = torch.arange(H, device=q.device) % layout.layout_heads
+    want = counted[heads].repeat_interleave(2, dim=1)[None, :, :, None].expand(B, H, 2 * nb, 2)
+    assert torch.equal(made[0].view(B, H, 2 * nb, 2), want.to(torch.int32))

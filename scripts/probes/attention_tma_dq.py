@@ -203,8 +203,9 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             continue
         row[f"{name}_rel_err"] = _relative_error(got, want)
-        if cfg.ordered_dq:  # deterministic: the same bits again
+        if cfg.ordered_dq:  # deterministic: the same bits again, and (where the default is ordered) its bits
             row[f"{name}_repeat_same"] = all(map(torch.equal, variant(), got))
+            row[f"{name}_same"] = all(map(torch.equal, got, want))
         timed[f"bwd_{name}"] = variant
     # the passes over memory around the 5-product kernel (its dQ buffer's zero fill, the delta
     # kernel, the fp32 -> bf16 conversion), each alone: what first_share_stored and a converting

@@ -40,8 +40,8 @@ import torch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 
-__all__ = ["ordered_tables", "last_flagged_ranks", "LAST_SHARE_FLAG", "launch_table", "launch_table_on",
-           "column_skew", "MAX_DEFAULT_COLUMN_SKEW", "every_row_has_shares"]
+__all__ = ["ordered_tables", "last_flagged_ranks", "LAST_SHARE_FLAG", "semaphores", "launch_table",
+           "launch_table_on", "column_skew", "MAX_DEFAULT_COLUMN_SKEW", "every_row_has_shares"]
 
 _TABLES = "_ordered_dq_tables"
 # added to a share's rank in :func:`last_flagged_ranks`' table where it is its row's last
@@ -74,6 +74,13 @@ def _tables(meta: torch.Tensor, layout_heads: int, num_blocks: int):
     tables = cached_table(meta, _TABLES, (layout_heads, num_blocks), lambda: _build(meta, layout_heads, num_blocks),
                           build_while_capturing=False)
     return None if tables is None or tables[0].numel() == 0 else tables
+
+
+def semaphores(n: int, device) -> torch.Tensor:
+    """int32 [n] zeros: the ordered mode's counters for one launch, one per (batch * head,
+    query tile, consumer); each ends at the shares counted into it (a row's shares, or one
+    less with ``DkdvWsConfig.last_share_uncounted``)."""
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def launch_table(num_blocks: int, kv_items: int, device) -> torch.Tensor:
@@ -149,6 +156,7 @@ def _build(meta: torch.Tensor, layout_heads: int, nb: int):
     refused = (torch.empty(0, dtype=torch.int32, device=meta.device),) * 3  # (remembered too)
     if nnz == 0:  # nothing to walk or order (one-entry tables: not the refusal)
         return (torch.zeros(1, dtype=torch.int32, device=meta.device),) * 3
+    assert nb < LAST_SHARE_FLAG, "a rank must stay below LAST_SHARE_FLAG"
     segment = torch.repeat_interleave(torch.arange(layout_heads * nb), col_ptr[1:] - col_ptr[:-1])
     head, key, query = segment // nb, segment % nb, col_rows
     # rank: within each (head, query block) row, key blocks descending

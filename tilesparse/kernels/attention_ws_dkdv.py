@@ -20,7 +20,6 @@ their last bits from the deterministic mode's (the column walk starts elsewhere)
 
 from __future__ import annotations
 
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -35,7 +34,7 @@ from ._device import sm_count
 from ._launch import launch
 from ._stamps import check_stamps, now_ns, program_stamp_row, sm_id, store_stamp
 from .attention_launch_order import launch_order
-from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables
+from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables, semaphores
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
                                 _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
                                 host_head_desc)
@@ -467,7 +466,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         if cfg.last_share_uncounted:
             ranks = last_flagged_ranks(meta, layout_heads, nb)
         order = launch_table_on(meta, nb, B * hkv)
-        sems = torch.zeros(B * H * nb * (block_size // cfg.block_m) * 2, dtype=torch.int32, device=q.device)
+        sems = semaphores(B * H * nb * (block_size // cfg.block_m) * 2, q.device)
     if cfg.persistent:
         grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
     else:

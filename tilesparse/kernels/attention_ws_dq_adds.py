@@ -127,13 +127,14 @@ def _dkdv_dq_writer(descs, bufs, bars, tables, sizes, BS: gl.constexpr, BLOCK_M:
             rank = gl.load(ranks_ptr + t // M_STEPS)
             if LAST_UNCOUNTED:
                 counted = (rank < _LAST_SHARE_FLAG).to(gl.int32)
-                rank = rank % _LAST_SHARE_FLAG
+                rank = rank & (_LAST_SHARE_FLAG - 1)
             sem = (bh * (NB * M_STEPS) + row // BLOCK_M) * 2
             buf = step % 2
             if LOOK_AHEAD:
                 seen0 = read_turn(sem_ptr + sem, 1)
                 seen1 = read_turn(sem_ptr + sem + 1, 1)
-            # the last tile's two shares landed: counted, their staging tiles freed
+            # the last tile's two shares landed and counted (LAST_UNCOUNTED, a row's last: only read),
+            # their staging tiles freed
             _count_last_tile(sem_ptr + last_sem, pending, LOOK_AHEAD, LAST_UNCOUNTED)
             if step > 0:
                 mbarrier.arrive(dq_empty.index(1 - buf), count=1)
