@@ -3,23 +3,17 @@ built from its config, sparsify on its MLPs, training steps on the demo corpus w
 loss falling, greedy generation, and a save_pretrained / load_sparse_pretrained round
 trip that reproduces the logits exactly."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+
+from script_modules import load_script
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "huggingface_llama.py"
-
 
 def _example():
-    spec = importlib.util.spec_from_file_location("huggingface_llama", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/huggingface_llama.py")
 
 
 def test_llama_with_sparse_mlps_trains_generates_and_round_trips():

@@ -2,20 +2,16 @@
 given; parts whose headers differ are refused by name."""
 
 import csv
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-_SCRIPT = Path(__file__).parent.parent / "scripts" / "merge_results.py"
+from script_modules import load_script
 
 
 @pytest.fixture
 def merge_results():
-    spec = importlib.util.spec_from_file_location("merge_results", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/merge_results.py")
 
 
 def _write(path: Path, header, rows) -> Path:

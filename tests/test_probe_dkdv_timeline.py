@@ -2,21 +2,15 @@
 ``_timeline``) on made-up stamps: phases, the per-step fit, gaps between programs on one
 SM, busy share and the tail, against values worked out by hand."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "probes" / "attention_dkdv_timeline.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("attention_dkdv_timeline", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/probes/attention_dkdv_timeline.py")
 
 
 def test_timeline_of_made_up_stamps(probe):

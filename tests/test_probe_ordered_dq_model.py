@@ -3,23 +3,16 @@ its slot colouring is a proper edge colouring, the key order's ranks go key bloc
 descending, an order never beats the unordered adds, a window costs the order nothing at
 zero hop, and a made-up case whose waits are worked out by hand."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
+from script_modules import load_script
 from tilesparse.attention import AttentionLayout, layouts
-
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "probes" / "ordered_dq_model.py"
 
 
 @pytest.fixture(scope="module")
 def model():
-    spec = importlib.util.spec_from_file_location("ordered_dq_model", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/probes/ordered_dq_model.py")
 
 
 def _random_cols(model, seed=0, nb=12, heads=2, density=0.3):

@@ -2,24 +2,19 @@
 shipped table only where it beats, in the same run, the heuristic config (a variant equal
 to it, or the sweep's own ``default``), the large-batch kernel and the dispatcher's choice."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from script_modules import load_script
 from tilesparse.kernels import tuned
 from tilesparse.kernels.bsmm_panel import PanelConfig
-
-_SCRIPT = Path(__file__).parent.parent / "scripts" / "measure_small_crossover.py"
 
 
 @pytest.fixture
 def crossover(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("measure_small_crossover", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("scripts/measure_small_crossover.py")
     monkeypatch.setattr(module, "SHIPPED", tmp_path)
     return module
 

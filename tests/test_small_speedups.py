@@ -2,13 +2,13 @@
 committed CSV, read at the right M bucket, and used only to warn (never to run a layer
 as dense) at 512 rows and fewer."""
 
-import importlib.util
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from script_modules import load_script
 import tilesparse as ts
 from tilesparse.ops import dense_dispatch as dd
 from tilesparse.ops import small_speedups
@@ -18,10 +18,7 @@ H200 = small_speedups.SMALL_SPEEDUPS["nvidia-h200"]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_small_speedups", ROOT / "scripts" / "gen_small_speedups.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/gen_small_speedups.py")
 
 
 def test_table_is_the_generators_output_for_its_csv():
