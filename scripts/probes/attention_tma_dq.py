@@ -34,6 +34,14 @@ from tilesparse.kernels.attention_ws import DkdvWsConfig
 # twenty-second session's losers (overlapped, plain) are in ...-attention-tma-dq-9424a3b.json
 _SHARED = dict(consumers=2, stats_in_smem=True, atomic_dq=True, shared_ds=True)
 _FA3 = dict(fa3_order=True, mma_regs=240, load_regs=24)
+
+
+def _ordered(**options) -> DkdvWsConfig:
+    """The shipped D 128 mode (shared dS in FlashAttention-3's order, host descriptors) with
+    its shares added in a fixed order by the dQ writer (ordered_dq), plus ``options``."""
+    return DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, **options)
+
+
 VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
             "ws_tma_stats": DkdvWsConfig(64, 2, consumers=2, stats_in_smem=True, atomic_dq=True),
             "ws_tma_shared_240": DkdvWsConfig(64, 2, **_SHARED, mma_regs=240, load_regs=24),
@@ -61,21 +69,16 @@ VARIANTS = {"ws_tma_shared_stats": DkdvWsConfig(64, 2, **_SHARED),
                                                               staged_stores=True, host_descs=True, balanced=True),
             # the shipped D 128 mode with its shares added in a fixed order by a dQ writer warp (ordered_dq:
             # deterministic, 5 products; no staged stores; layouts whose order would wait: an error row)
-            "ws_tma_shared_fa3_host_ordered": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
-                                                           ordered_dq=True),
+            "ws_tma_shared_fa3_host_ordered": _ordered(),
             # the same with the twenty-fifth session's dQ writer (counters read after each hand-over;
             # attention_ws_dkdv.ORDERED_DQ_WRITER 1), against the look-ahead writer above
-            "ws_tma_shared_fa3_host_ordered_writer1": DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
-                                                                   ordered_dq=True)}
-VARIANTS["ws_tma_shared_fa3_staged_host_ordered"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
-                                                                 host_descs=True, ordered_dq=True)
+            "ws_tma_shared_fa3_host_ordered_writer1": _ordered()}
+VARIANTS["ws_tma_shared_fa3_staged_host_ordered"] = _ordered(staged_stores=True)
 # each query tile's first share stored, not added: dQ's fp32 buffer not zeroed first (where every
 # query block has a share; the probe's layouts all do)
-VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, host_descs=True,
-                                                                      ordered_dq=True, first_share_stored=True)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_store"] = _ordered(first_share_stored=True)
 # both options together (the default candidate once each alone was timed)
-VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = DkdvWsConfig(
-    64, 2, **_SHARED, **_FA3, staged_stores=True, host_descs=True, ordered_dq=True, first_share_stored=True)
+VARIANTS["ws_tma_shared_fa3_staged_host_ordered_first_store"] = _ordered(staged_stores=True, first_share_stored=True)
 # the shipped deterministic=False mode with a program per SM taking items in turn (head major)
 # instead of the balanced grid
 VARIANTS["ws_tma_shared_fa3_staged_host_persistent"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, staged_stores=True,
@@ -84,12 +87,10 @@ VARIANTS["ws_tma_shared_fa3_staged_host_persistent"] = DkdvWsConfig(64, 2, **_SH
 # deterministic=False mode and the ordered default
 VARIANTS["ws_tma_shared_fa3_ring_host_balanced"] = DkdvWsConfig(64, 2, **_SHARED, **_FA3, ring_stores=True,
                                                                 host_descs=True, balanced=True)
-VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring"] = DkdvWsConfig(
-    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, ring_stores=True)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring"] = _ordered(first_share_stored=True, ring_stores=True)
 # the shipped ordered mode with each row's last share not counted (no completion wait on it)
-VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring_uncounted"] = DkdvWsConfig(
-    64, 2, **_SHARED, **_FA3, host_descs=True, ordered_dq=True, first_share_stored=True, ring_stores=True,
-    last_share_uncounted=True)
+VARIANTS["ws_tma_shared_fa3_host_ordered_first_ring_uncounted"] = _ordered(first_share_stored=True, ring_stores=True,
+                                                                         last_share_uncounted=True)
 _WRITERS = {"ws_tma_shared_fa3_host_ordered_writer1": 1}  # variant -> attention_ws_dkdv.ORDERED_DQ_WRITER
 
 
@@ -155,8 +156,8 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     if None not in defaults:
         for name, host in (("dkdv", (dataclasses.replace(defaults[0], host_descs=True), defaults[1])),
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
-                           ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False, ring_stores=False),
-                                           defaults[1])),
+                           ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False,
+                                                               ring_stores=False), defaults[1])),
                            ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
                            ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults)),
                            # delta computed by the dQ kernel, which runs first (no delta kernel; not the same
