@@ -10,6 +10,9 @@ programs on one SM are comparable across SMs.
 
 from __future__ import annotations
 
+import math
+
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -62,10 +65,6 @@ def check_stamps(stamps, grid: tuple, persistent: bool, device) -> None:
     """Refuse a stamp table that cannot take a row of STAMP_COLUMNS int64 per program of
     ``grid`` (contiguous, on the kernel's ``device``), or a persistent launch (its programs
     take many items)."""
-    import math
-
-    import torch
-
     programs = math.prod(grid)
     if (persistent or stamps.dtype != torch.int64 or not stamps.is_contiguous() or stamps.device != device
             or stamps.numel() < STAMP_COLUMNS * programs):

@@ -18,8 +18,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._ordered_adds import count_done, count_pair_done, read_turn, reads_done, wait_turn, wait_turn_from
-from .attention_ordered_dq import LAST_SHARE_FLAG
 from ._tma_reduce import async_reduce_add
+from .attention_ordered_dq import LAST_SHARE_FLAG
 from .attention_ws_base import _grid_item, _store_through
 from .attention_ws_dkdv_load import _column_bounds, _column_tile
 from .bsmm_ws import _nvmma

@@ -274,11 +274,11 @@ def block_sparse_attention(
         key_padding_mask: bool [B, S], True = that key is padding and ignored
             (nn.MultiheadAttention's convention; gives per-sequence lengths).
         deterministic: True (default) gives bitwise-reproducible gradients (on Hopper at
-            D 128, bf16, for layouts shared by the heads whose order allows it, such as local
-            windows, strided and causal: one dK/dV kernel adding dQ's shares in a fixed
-            order, 5 matmuls per block pair; elsewhere a separate dQ kernel, 7; the two give
-            different bits, and a CUDA graph captured before a layout's first eager backward
-            takes the second). False lets
+            D 128, bf16 or fp16, for layouts shared by the heads whose order allows it, such
+            as local windows, strided and causal: one dK/dV kernel adding dQ's shares in a
+            fixed order, 5 matmuls per block pair; elsewhere a separate dQ kernel, 7; the two
+            give different bits, and a CUDA graph captured before a layout's first eager
+            backward takes the second). False lets
             the GPU backward accumulate dq in fp32 inside the dK/dV kernel (on Hopper at
             blocks of 128 and D 64 / 128 by TMA reductions, elsewhere by atomics;
             FlashAttention's way: 5 matmuls per block pair instead of 7), so dq may
