@@ -20,15 +20,14 @@
 #            deterministic=False) and its modes (fa3_order, staged_stores, host_descs): their GPU tests
 #            (8 shards), then scripts/probes/attention_tma_dq.py against the
 #            deterministic default and the Triton kernel's atomics (TMA_DQ_ARGS e.g. --flex)
-#   attn-staged - the dQ kernel's and the forward's staged stores (DqWsConfig / FwdWsConfig.staged_stores):
-#     their GPU tests (tests/test_attention_ring_stores_gpu.py, 4 shards), then the probe's bwd_default_host_
-#     {balanced,dq_staged} and fwd_shipped / fwd_staged rows in 5 rounds on STAGED_PATTERNS
 #   attn-tests - the attention GPU tests (ATTN_TESTS, default the warp-specialized, ring / staged,
 #            ordered, module and op files) in 8 shards of ATTN_TEST_TIMEOUT s, logs in $OUT/attn-tests.log
 #   attn-probe - scripts/probes/attention_tma_dq.py at each head dim of PROBE_DIMS (default 128),
 #            host variants PROBE_HOST (TMA_DQ_HOST; "none": no host rows), dK/dV variants PROBE_VARIANTS
 #            (TMA_DQ_VARIANTS, default none), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
-#            concurrent rows: $OUT/attention-probe-d<D>.json and .log
+#            concurrent rows: $OUT/attention-probe-d<D>.json and .log (e.g. the staged dQ / forward stores:
+#            STEPS="attn-tests attn-probe" ATTN_TESTS=tests/test_attention_ring_stores_gpu.py
+#            PROBE_HOST=balanced,dq_staged; the fwd_shipped / fwd_staged rows come with every run)
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the
@@ -143,14 +142,6 @@ for step in ${STEPS:-large dtypes graph}; do
             done; wait; tail -n 40 /tmp/attn-tma-dq-tests-*.log > "$OUT/attn-tma-dq-tests.log"
             timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_tma_dq.py ${TMA_DQ_ARGS:-} \
               --out "$OUT/attention-tma-dq.json" > "$OUT/attention-tma-dq.log" 2>&1 ;;
-    attn-staged) for i in 0 1 2 3; do  # the staged dQ / forward stores' GPU tests (4 shards), then their timing
-              TILESPARSE_SHARD=$i/4 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                tests/test_attention_ring_stores_gpu.py > "/tmp/attn-staged-tests-$i.log" 2>&1 &
-            done; wait; tail -n 30 /tmp/attn-staged-tests-*.log > "$OUT/attn-staged-tests.log"
-            TMA_DQ_HOST=balanced,dq_staged TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=5 \
-              TMA_DQ_VARIANTS=ws_tma_shared_fa3_ring_host_balanced timeout "${ATTN_TIMEOUT:-300}" \
-              python3 scripts/probes/attention_tma_dq.py --patterns ${STAGED_PATTERNS:-local1024 random10 bigbird fixed} \
-              --out "$OUT/attention-staged.json" > "$OUT/attention-staged.log" 2>&1 ;;
     attn-tests) for i in 0 1 2 3 4 5 6 7; do
               TILESPARSE_SHARD=$i/8 timeout "${ATTN_TEST_TIMEOUT:-210}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                 ${ATTN_TESTS:-tests/test_attention_ring_stores_gpu.py tests/test_attention_ws_gpu.py tests/test_attention.py \
@@ -158,8 +149,8 @@ for step in ${STEPS:-large dtypes graph}; do
             done; wait; tail -n 40 /tmp/attn-tests-*.log > "$OUT/attn-tests.log"
             grep -hE "passed|failed|error" /tmp/attn-tests-*.log | tail -n 8 ;;
     attn-probe) for dim in ${PROBE_DIMS:-128}; do
-              TMA_DQ_HOST=${PROBE_HOST:-balanced} TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=${PROBE_ROUNDS:-5} TMA_DQ_VARIANTS=${PROBE_VARIANTS:-none} \
-                timeout "${PROBE_TIMEOUT:-150}" python3 scripts/probes/attention_tma_dq.py --head-dim "$dim" \
+              TMA_DQ_HOST=${PROBE_HOST:-balanced} TMA_DQ_CONCURRENT=0 TMA_DQ_PASSES=0 TMA_DQ_ROUNDS=${PROBE_ROUNDS:-5} \
+                TMA_DQ_VARIANTS=${PROBE_VARIANTS:-none} timeout "${PROBE_TIMEOUT:-150}" python3 scripts/probes/attention_tma_dq.py --head-dim "$dim" \
                 --patterns ${PROBE_PATTERNS:-local1024 random10 bigbird fixed} --out "$OUT/attention-probe-d$dim.json" \
                 > "$OUT/attention-probe-d$dim.log" 2>&1; tail -n 6 "$OUT/attention-probe-d$dim.log"
             done ;;
