@@ -93,10 +93,15 @@
 #            step_gap.py (the step with and without autograd's threads, backward phases)
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
 #   attn-profile   - per-kernel times of attention forward + backward against FlexAttention
-#   attn-bwd-ncu   - ncu of the dK/dV kernel (one launch after warm-up) on NCU_PATTERN (local1024), with
+#   attn-bwd-ncu   - ncu of the dK/dV kernel (NCU_ATTN_KERNEL, a kernel-name regex: _bwd_dkdv; _bwd_dq for
+#            the deterministic dQ kernel; one launch after warm-up) on NCU_PATTERN (local1024), with
 #            deterministic=False (TMA-reduction dQ; NCU_DETERMINISTIC=1: the default instead):
 #            speed of light, warp states, scheduler, memory and the source's top stall lines;
 #            then the per-kernel times (attn-profile) of that pattern; $OUT/ncu-attention-bwd-<pattern>.txt
+#   attn-power - sustained power, SM clock and energy per call of attention forward + backward
+#            (scripts/probes/attention_power.py; POWER_ARGS e.g. "--patterns random10 --ops fwd fwd_bwd"):
+#            under the 700 W cap energy per call, not full-clock latency, sets the suite's ratios;
+#            then attention_drift.py (kernel times before / after the suite's timing stages)
 #   ddp    - examples/ddp_train.py on 1 and on all GPUs of the machine (same global batch):
 #            loss curves and tokens/s in $OUT/ddp1.json, $OUT/ddpN.json (run on nvidia-h200-x2)
 source "$(dirname "$0")/device_env.sh"
@@ -258,13 +263,17 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/host.log" 2>&1 ;;
     learn-profile) timeout 120 python3 scripts/probes/value_map_learn_profile.py > "$OUT/learn-profile.txt" 2>&1 ;;
     attn-profile) timeout 150 python3 scripts/probes/attention_profile.py > "$OUT/attention-profile.txt" 2>&1 ;;
-    attn-bwd-ncu) timeout "${NCU_TIMEOUT:-200}" /usr/local/cuda/bin/ncu --kernel-name regex:_bwd_dkdv \
+    attn-bwd-ncu) timeout "${NCU_TIMEOUT:-200}" /usr/local/cuda/bin/ncu --kernel-name "regex:${NCU_ATTN_KERNEL:-_bwd_dkdv}" \
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
               --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
               --section SourceCounters python3 scripts/probes/attention_bwd_one.py --pattern "${NCU_PATTERN:-local1024}" \
               $([ "${NCU_DETERMINISTIC:-0}" = 1 ] || echo --atomic) > "$OUT/ncu-attention-bwd-${NCU_PATTERN:-local1024}.txt" 2>&1
             timeout 150 python3 scripts/probes/attention_profile.py --layouts "${NCU_PATTERN:-local1024}" \
               > "$OUT/attention-profile-${NCU_PATTERN:-local1024}.txt" 2>&1 ;;
+    attn-power) timeout "${POWER_TIMEOUT:-300}" python3 scripts/probes/attention_power.py ${POWER_ARGS:-} \
+              --out "$OUT/attention-power.json" > "$OUT/attention-power.log" 2>&1
+            timeout 150 python3 scripts/probes/attention_drift.py --out "$OUT/attention-drift.json" \
+              > "$OUT/attention-drift.log" 2>&1 ;;
     tune)   timeout "${TUNE_TIMEOUT:-400}" python3 -m tilesparse tune ${TUNE_ARGS:-} --out "$OUT/tuned.json" \
               > "$OUT/tune.log" 2>&1 ;;
     tune-11008) timeout "${TUNE_TIMEOUT:-300}" python3 -m tilesparse tune --per-shape --ops updat --block 128 \

@@ -75,7 +75,9 @@ def test_cpu_table_runs_end_to_end(tmp_path):
     path = report.write_csv(rows, tmp_path / "attention.csv")
     with path.open() as f:
         header = next(csv.reader(f))
-    assert header[: len(COLUMNS)] == COLUMNS and {"layout", "speedup_vs_flex", "peak_mib"} <= set(header)
+    assert header[: len(COLUMNS)] == COLUMNS and {"layout", "speedup_vs_flex", "peak_mib", "sm_mhz",
+                                                   "power_capped"} <= set(header)
+    assert all(r["sm_mhz"] is None and r["power_capped"] is None for r in rows)  # no GPU clock on the CPU
     assert attention.plot_attention(rows, tmp_path / "attention.png").stat().st_size > 1000
 
 

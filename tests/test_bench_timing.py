@@ -36,3 +36,24 @@ def test_interleaved_ms_rotates_which_function_goes_first(names):
 def test_interleaved_ms_rejects_no_rounds():
     with pytest.raises(ValueError, match="rounds"):
         interleaved_ms({"a": lambda: None}, cuda=False, rounds=0)
+
+
+def test_parse_clock_state_reads_the_power_cap_bit():
+    """nvidia-smi's csv (clock MHz, watts, throttle-reason bits in hex): bit 0x4 is the
+    software power cap; N/A or short lines give None."""
+    import shutil
+
+    import torch
+
+    from tilesparse.bench.env import clock_state, parse_clock_state
+
+    assert parse_clock_state("1770, 684.57, 0x0000000000000004\n") == {"sm_mhz": 1770.0, "watts": 684.57,
+                                                                        "power_capped": True}
+    assert parse_clock_state("1980, 120.5, 0x0000000000000001") == {"sm_mhz": 1980.0, "watts": 120.5,
+                                                                     "power_capped": False}
+    assert parse_clock_state("N/A, 120.5, 0x0") is None and parse_clock_state("1980, 120.5") is None
+    if not torch.cuda.is_available():
+        assert clock_state() is None
+    elif shutil.which("nvidia-smi"):  # the GPU found by its UUID (or the only one)
+        state = clock_state()
+        assert state is not None and 100 <= state["sm_mhz"] <= 3500 and state["watts"] > 0

@@ -75,7 +75,9 @@ def main() -> None:
                 row["graph_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
             row["hot_ms"] = _hot_ms(fn, 20)
             row["host_ms"] = host_us(fn, n=50) / 1e3
-            row["kernels_ms"] = sum(_profiled_kernels(fn, 5).values())
+            kernels = _profiled_kernels(fn, 5)
+            row["kernels_ms"] = sum(kernels.values())
+            row["kernels"] = {name: round(ms, 4) for name, ms in sorted(kernels.items(), key=lambda kv: -kv[1])}
             rows.append(row)
             print("  ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
                             for key, value in row.items()), flush=True)

@@ -1,48 +1,42 @@
 """Per-kernel GPU time of block-sparse attention forward + backward (torch.profiler),
 next to FlexAttention's on the identical mask: where the backward's time goes.
 
-    python scripts/probes/attention_profile.py [--layouts causal local1024]
+    python scripts/probes/attention_profile.py [--layouts causal local1024 random10]
+
+The layouts are the attention suite's patterns (tilesparse.bench.attention.suite_patterns),
+on its first shape unless --shape says otherwise.
 """
 import argparse
 
 import torch
 from attention_inputs import qkv_and_grad  # this folder's
-from torch.profiler import ProfilerActivity, profile
+from eager_gap import _profiled_kernels  # this folder's
 
-from tilesparse.attention import layouts
-from tilesparse.bench.attention import _make_fns
+from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
 
+*suite_shape, block, specs = suite_patterns()
 parser = argparse.ArgumentParser()
-parser.add_argument("--layouts", nargs="+", default=["local1024", "causal"])
-parser.add_argument("--shape", type=int, nargs=4, default=[4, 16, 8192, 128])
+parser.add_argument("--layouts", nargs="+", default=["local1024", "causal"], choices=sorted(specs))
+parser.add_argument("--shape", type=int, nargs=4, default=suite_shape, metavar=("B", "H", "S", "D"))
 args = parser.parse_args()
 B, H, S, D = args.shape
-b = 128
 q, k, v, g = qkv_and_grad((B, H, S, D))
-builders = {"local1024": lambda: (layouts.local(S, b, 1024, causal=True), True),
-            "causal": lambda: (layouts.causal(S, b), True),
-            "strided": lambda: (layouts.strided(S, b, 1024), True)}
 
 
-def kernel_table(fn, label, reps=5):
+def kernel_table(fn, label, reps=20):
+    """Each kernel's device time per call of ``fn`` (eager_gap's profiler sums: its
+    key_averages also count the backward's kernels, launched from autograd's thread)."""
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    totals = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name] = totals.get(e.name, 0.0) + e.device_time_total / reps / 1e3
+    totals = _profiled_kernels(fn, reps)
     print(f"-- {label}: {sum(totals.values()):.3f} ms of kernels per call")
     for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:8]:
-        print(f"   {ms:8.3f} ms  {name[:110]}")
-
+        print(f"   {ms:8.3f} ms  {name}")
 
 for name in args.layouts:
-    layout, causal = builders[name]()
+    layout = build_layout(specs[name], S, block, H)
+    causal = bool(specs[name].get("causal", False))
     for method in ("tilesparse", "tilesparse_atomic", "flex"):
         fns, why = _make_fns(method, q, k, v, layout, causal, name, g)
         if fns is None:

@@ -26,7 +26,11 @@ Columns: M = B * H * S (query rows), N = S (keys), K = D (head dim), ``block``,
 pattern's name, e.g. causal, local1024, strided, bigbird, random10), ``batch``,
 ``heads``, ``seq``, ``head_dim``, ``causal``, ``speedup_vs_flex``, ``peak_mib`` (GPU memory a forward + backward
 allocates beyond its inputs, at its peak), ``rel_err`` (the forward output against
-FlexAttention's, or SDPA's for dense patterns) and ``note``.
+FlexAttention's, or SDPA's for dense patterns), ``note``, and ``sm_mhz`` / ``power_capped``
+(the SM clock right after the timing and whether the board's software power cap held it
+down: on the H200 our kernels timed at 1700-1800 MHz under the 700 W cap, Flex's at
+1900-1965, so at equal energy per call the faster kernel loses part of its lead; see
+``scripts/probes/attention_power.py``).
 ``tflops_nnz`` counts 4 * b^2 * D flops per active block and (batch, head) for the
 forward (Q K^T and P V), 2.5x that for the backward, so fwd_bwd counts 3.5x: masked
 elements inside diagonal blocks are counted as work, as FlashAttention counts them.
@@ -42,6 +46,7 @@ import torch.nn.functional as F
 
 from . import base_row, case_table, register
 from .matmul import DTYPES, SUSPECT_REL_ERR, RunContext, positive_int, rel_err
+from .env import clock_state
 from .timing import bench_ms_noted
 
 __all__ = ["OPS", "METHODS", "resolve_table", "suite_patterns", "probe_main", "prepare", "run", "plot_attention", "flops"]
@@ -296,6 +301,7 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
     results: dict[str, dict] = {}
     outputs: dict[str, torch.Tensor] = {}
     peak_mib: dict[str, float] = {}
+    clocks: dict[str, dict] = {}  # method -> op -> the GPU's clock state right after the timing
     for method in table["methods"]:
         fns, why = _make_fns(method, q, k, v, layout, causal, pattern, grad_out)
         if fns is None:
@@ -315,6 +321,7 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
                 if op in table["ops"]:
                     ms, note = bench_ms_noted(fn, cuda=ctx.cuda, graph=ctx.graph)
                     results.setdefault(method, {})[op] = (ms, note)
+                    clocks.setdefault(method, {})[op] = clock_state() if ctx.cuda else None
         except Exception as exc:  # a peer that fails is skipped; tilesparse gets an error row
             msg = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
             if method.startswith("tilesparse"):
@@ -340,6 +347,8 @@ def _run_case(suite, table, dtype_name, shape, block, spec, ctx, rows, sdpa_ms: 
             row = _row(suite, op, method, dtype_name, shape, block, density, pattern, causal, ms,
                        sdpa_ms.get((shape, causal, op)), flex_ms, err, note, nnz_blocks, ctx)
             row["peak_mib"] = peak_mib.get(method)
+            state = clocks.get(method, {}).get(op) or {}
+            row["sm_mhz"], row["power_capped"] = state.get("sm_mhz"), state.get("power_capped")
             rows.append(row)
             ctx.log(_progress(row))
     del q, k, v, grad_out, outputs

@@ -17,7 +17,8 @@ import torch
 
 __all__ = [
     "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
-    "copy_bandwidth_gbs", "host_launch_us", "l2_cache_bytes", "environment", "paths",
+    "copy_bandwidth_gbs", "host_launch_us", "l2_cache_bytes", "environment", "paths", "clock_state",
+    "parse_clock_state",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -142,6 +143,49 @@ def l2_cache_bytes() -> int | None:
     if not has_cuda():
         return None
     return int(torch.cuda.get_device_properties(0).L2_cache_size)
+
+
+# nvidia-smi's fields for clock_state; bit 0x4 of the throttle reasons is the software power cap
+_CLOCK_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+_SW_POWER_CAP = 0x4
+
+
+def parse_clock_state(line: str) -> dict | None:
+    """{"sm_mhz", "watts", "power_capped"} from one csv line nvidia-smi printed for
+    ``_CLOCK_QUERY`` (no header, no units), or None where it does not parse (N/A)."""
+    parts = [p.strip() for p in line.strip().split(",")]
+    try:
+        return {"sm_mhz": float(parts[0]), "watts": float(parts[1]),
+                "power_capped": bool(int(parts[2], 16) & _SW_POWER_CAP)}
+    except (ValueError, IndexError):
+        return None
+
+
+def clock_state(device: int | None = None) -> dict | None:
+    """The current GPU's SM clock, board power and whether the software power cap is
+    holding the clock down, read with nvidia-smi right after a timing; None without a GPU
+    or nvidia-smi. Why: under the 700 W cap of an H200 the same kernels ran 10-13 % slower
+    after a few hundred ms of back-to-back calls (SM clock 1770 against 1980 MHz), and
+    FlexAttention's less so: the timing's clock says which of two rows paid for it."""
+    if not has_cuda():
+        return None
+    command = ["nvidia-smi", f"--query-gpu={_CLOCK_QUERY}", "--format=csv,noheader,nounits"]
+    try:  # the GPU by its UUID (torch's index is not nvidia-smi's under CUDA_VISIBLE_DEVICES)
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
+        attempts = [command + [f"--id=GPU-{uuid}"]]
+    except (AttributeError, RuntimeError):
+        attempts = []
+    if torch.cuda.device_count() == 1:
+        attempts.append(command)
+    for attempt in attempts:
+        try:
+            out = subprocess.run(attempt, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        state = parse_clock_state(out.stdout) if out.returncode == 0 else None
+        if state is not None:
+            return state
+    return None
 
 
 def paths() -> dict[str, str | bool]:

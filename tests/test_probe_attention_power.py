@@ -1,0 +1,35 @@
+"""The power probe's arithmetic (scripts/probes/attention_power.py) on made-up nvidia-smi
+output: parsing (N/A and partial lines skipped, hex throttle bits), medians, the power-cap
+share and energy per call, against values worked out by hand."""
+
+import pytest
+
+from script_modules import ROOT, load_script
+
+
+@pytest.fixture(scope="module")
+def probe():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT / "scripts" / "probes"))  # its imports of the folder's modules
+        return load_script("scripts/probes/attention_power.py")
+
+
+def test_parse_skips_what_is_not_a_sample(probe):
+    text = "690.5, 1770, 0x0000000000000004\nN/A, 1980, 0x0\n120.0, 1980, 0x0000000000000000\n688.0, 17"
+    assert probe.parse_samples(text) == [(690.5, 1770.0, 4), (120.0, 1980.0, 0)]
+
+
+def test_summary_of_made_up_samples(probe):
+    samples = [(600.0, 1800.0, 0x4), (700.0, 1700.0, 0x4 | 0x1), (650.0, 1900.0, 0x0), (640.0, 1750.0, 0x8)]
+    got = probe.summarize(samples, elapsed_s=2.0, calls=1000)
+    assert got["ms_per_call"] == pytest.approx(2.0)
+    assert got["watts"] == pytest.approx(645.0)  # median of 600, 640, 650, 700
+    assert got["sm_mhz"] == pytest.approx(1775.0)
+    assert got["power_capped"] == pytest.approx(0.5)  # bit 0x4 in two of four
+    assert got["mj_per_call"] == pytest.approx(645.0 * 2.0)
+    assert got["samples"] == 4
+
+
+def test_summary_refuses_no_samples(probe):
+    with pytest.raises(ValueError, match="samples"):
+        probe.summarize([], elapsed_s=1.0, calls=10)
