@@ -9,6 +9,7 @@ cases live in ``sm90_attention_cases.py`` beside it.
 
     python scripts/sm90_compile_check.py            # the attention, 2:4 and small-batch kernels, all variants
     python scripts/sm90_compile_check.py --quick    # one variant of each (tests/test_sm90_codegen.py)
+    python scripts/sm90_compile_check.py --spills --match "dK/dV"   # with ptxas's spill bytes per case
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
+from ptxas_report import spill_report  # noqa: E402  (this folder's)
 from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E402  (this folder's)
 
 from tilesparse.kernels import block_scatter  # noqa: E402
@@ -311,6 +313,9 @@ def _ptxas_log(ptx: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
+    parser.add_argument("--spills", action="store_true",
+                        help="also run ptxas -v on each case and print its stack frame and spill bytes")
+    parser.add_argument("--match", default="", help="only the cases whose label contains this")
     args = parser.parse_args()
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
@@ -320,6 +325,8 @@ def main() -> int:
             *ws_cases(args.quick), *ws_group_cases(args.quick), *ws_sdd_group_cases(args.quick),
             *ws_sdd_rows_cases(args.quick),
             *attention_ws_cases(args.quick)):
+        if args.match not in label:
+            continue
         try:
             attrs = extra[0] if extra else None
             source_kind = extra[1] if len(extra) > 1 else ASTSource
@@ -350,6 +357,8 @@ def main() -> int:
             if label.startswith("ws group") and "instructions are serialized" in _ptxas_log(ptx):
                 raise RuntimeError("ptxas serializes the wgmma (C7511 / C7512): an operand held in flight it "
                                    "cannot keep")
+            if args.spills:
+                mma += ", " + spill_report(_ptxas_log(ptx))
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1

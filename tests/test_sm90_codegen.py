@@ -49,3 +49,19 @@ def test_ptx_fingerprint_ignores_debug_information_only():
              "\tbra.uni \t$L__tmp12;\n\t.file\t1 \"/b/k.py\"\n.b8 80  // DW_AT_call_line\n")
     assert fingerprint(ptx) == fingerprint(moved)
     assert fingerprint(ptx) != fingerprint(ptx.replace("add.s32", "sub.s32"))
+
+
+def test_spill_report_reads_ptxas_last_kernel_line():
+    # scripts/sm90_compile_check.py --spills: the last 'stack frame, spill stores, spill
+    # loads' line of ptxas -v (its per-kernel summary), shortened
+    from script_modules import load_script
+
+    report = load_script("scripts/ptxas_report.py")
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+           "ptxas info    : Function properties for helper\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Function properties for k\n"
+           "    80 bytes stack frame, 132 bytes spill stores, 124 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 3 barriers, 80 bytes cumulative stack size\n")
+    assert report.spill_report(log) == "stack 80 B, spill stores 132 B, spill loads 124 B"
+    assert report.spill_report("ptxas info    : Used 32 registers\n") == "spills: no report"
