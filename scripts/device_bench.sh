@@ -27,7 +27,8 @@
 #            (TMA_DQ_VARIANTS, default none), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
 #            concurrent rows: $OUT/attention-probe-d<D>.json and .log (e.g. the staged dQ / forward stores:
 #            STEPS="attn-tests attn-probe" ATTN_TESTS=tests/test_attention_ring_stores_gpu.py
-#            PROBE_HOST=balanced,dq_staged; the fwd_shipped / fwd_staged rows come with every run)
+#            PROBE_HOST=balanced,dq_staged; the fwd_shipped / fwd_staged rows come with every run);
+#            TMA_DQ_ENERGY=<s> adds each backward row's energy per call under sustained load
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
 #   tune-11008 - per-shape tune of b 128 updat on W [11008, 4096] and its transpose (where the

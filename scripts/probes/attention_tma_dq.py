@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import torch
+from attention_power import sustained  # this folder's
 
 from tilesparse.bench.attention import probe_flex_times, probe_inputs, probe_main, probe_times
 from tilesparse.bench.timing import bench_ms, interleaved_ms
@@ -115,6 +117,12 @@ PASSES = os.environ.get("TMA_DQ_PASSES", "1") != "0"
 # (bench.timing.interleaved_ms; medians), so that the shared GPU's drifts (5-10 % between
 # one variant's timing and the next in the twenty-fourth session) fall on all of them
 ROUNDS = int(os.environ.get("TMA_DQ_ROUNDS", "5"))
+# TMA_DQ_ENERGY=<seconds>: after the timings, each timed entry whose name contains
+# TMA_DQ_ENERGY_MATCH (default "bwd_") is also called back to back for that long with nvidia-smi
+# sampling (attention_power.sustained): its energy per call (mJ), SM clock and ms per call under
+# the board's power cap, which is what the suite's rows run at (twenty-ninth session)
+ENERGY_S = float(os.environ.get("TMA_DQ_ENERGY", "0"))
+ENERGY_MATCH = os.environ.get("TMA_DQ_ENERGY_MATCH", "bwd_")
 # TMA_DQ_DTYPE=float16: the inputs in fp16 instead of bf16
 DTYPE = getattr(torch, os.environ.get("TMA_DQ_DTYPE", "bfloat16"))
 
@@ -223,6 +231,13 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     for name, ms in interleaved_ms(timed, cuda=True, rounds=ROUNDS).items():
         row[f"{name}_ms"] = ms
     row["rounds"] = ROUNDS
+    if ENERGY_S > 0:
+        for name, fn in timed.items():
+            if ENERGY_MATCH in name:
+                time.sleep(1)  # each from a board that has cooled off a little
+                got = sustained(fn, ENERGY_S)
+                row[f"{name}_mj"], row[f"{name}_mhz"] = got["mj_per_call"], got["sm_mhz"]
+                row[f"{name}_sustained_ms"] = got["ms_per_call"]
     if flex:
         probe_flex_times(row, q, k, v, layout, causal, spec["name"], dout)
     return row
