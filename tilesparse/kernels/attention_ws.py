@@ -251,11 +251,16 @@ def _fwd_ws_kernel(
 # random 10 % 0.339 -> 0.312 ms, BigBird 0.406 -> 0.378, local 1024 0.438 -> 0.417, and dK / dV
 # through the drained ring (ring_stores), backward 0.998 -> 0.947, 1.177 -> 1.128, 1.226 ->
 # 1.186, both bitwise the same: the D 64 defaults (deterministic=False keeps its staged stores:
-# not timed with the ring there).
+# not timed with the ring there). Twenty-ninth session (...-attention-probe-dq-staged-energy-d128-417b01e.json):
+# the suite's rows run at the board's 700 W power cap, where energy per call sets the time; back to
+# back for 3 s the dQ kernel's staged stores (ncu: its 4-byte stores wrote 2x the sectors needed) took
+# random 10 % 1.555 -> 1.512 ms (1076 -> 1044 mJ per call) and BigBird 1.847 -> 1.807 (1277 -> 1251 mJ),
+# interleaved 1.474 -> 1.433 / 1.712 -> 1.708, bitwise the same: the D 128 default (D 64 not measured
+# at the cap).
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
-                                 balanced=True, delta=True),
+                                 balanced=True, delta=True, staged_stores=True),
     ("dkdv", 128, 128): DkdvWsConfig(block_m=64, stages=2, consumers=2, stats_in_smem=True, host_descs=True,
                                      balanced=True, ring_stores=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
