@@ -33,3 +33,27 @@ def test_summary_of_made_up_samples(probe):
 def test_summary_refuses_no_samples(probe):
     with pytest.raises(ValueError, match="samples"):
         probe.summarize([], elapsed_s=1.0, calls=10)
+
+
+def test_pattern_methods_builds_the_suites_calls(capsys):
+    # attention_inputs.pattern_methods (the probes' shared setup): each method's (forward,
+    # forward + backward) on a suite pattern, built as the suite builds it; FlexAttention
+    # is GPU-only, so on the CPU it is skipped with its reason printed
+    import torch
+
+    from tilesparse.attention import block_sparse_attention
+    from tilesparse.bench.attention import build_layout, suite_patterns
+
+    inputs = load_script("scripts/probes/attention_inputs.py")
+    *_, specs = suite_patterns()
+    q, k, v, g = (torch.randn(1, 2, 64, 16, dtype=torch.float32) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+    got = dict(inputs.pattern_methods(specs["random10"], ["tilesparse", "flex"], q, k, v, g, 16))
+    assert list(got) == ["tilesparse"]
+    assert "flex random10: FlexAttention is timed on the GPU only" in capsys.readouterr().out
+    layout = build_layout(specs["random10"], 64, 16, 2)
+    forward, forward_backward = got["tilesparse"]
+    assert torch.equal(forward(), block_sparse_attention(q, k, v, layout).detach())
+    grads = forward_backward()
+    assert len(grads) == 3 and all(gr.shape == t.shape for gr, t in zip(grads, (q, k, v)))

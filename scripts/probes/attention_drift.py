@@ -19,10 +19,10 @@ import time
 
 import torch
 import triton.testing
-from attention_inputs import qkv_and_grad  # this folder's
+from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 from eager_gap import _profiled_kernels  # this folder's
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import suite_patterns
 
 
 def _clocks() -> str:
@@ -40,14 +40,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     q, k, v, g = qkv_and_grad((B, H, S, D))
-    spec = specs[args.pattern]
-    layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
     rows = []
-    for method in args.methods:
-        fns, why = _make_fns(method, q, k, v, layout, causal, args.pattern, g)
-        if fns is None:
-            print(f"{method}: {why}")
-            continue
+    for method, fns in pattern_methods(specs[args.pattern], args.methods, q, k, v, g, block):
         fn = fns[1]
 
         def kernels(stage: str) -> None:

@@ -26,10 +26,10 @@ import pstats
 
 import torch
 import triton.testing
-from attention_inputs import qkv_and_grad  # this folder's
+from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 from eager_gap import _hot_ms, _profiled_kernels  # this folder's: the same timings for the bsmm ops
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import suite_patterns
 from tilesparse.bench.timing import host_us
 
 
@@ -58,14 +58,8 @@ def main() -> None:
     args = parser.parse_args()
     B, H, S, D = args.shape
     q, k, v, g = qkv_and_grad((B, H, S, D))
-    spec = specs[args.pattern]
-    layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
     rows = []
-    for method in args.methods:
-        fns, why = _make_fns(method, q, k, v, layout, causal, args.pattern, g)
-        if fns is None:
-            print(f"{method}: {why}")
-            continue
+    for method, fns in pattern_methods(specs[args.pattern], args.methods, q, k, v, g, block):
         for op, fn in zip(("fwd", "fwd_bwd"), fns):
             row = {"method": method, "op": op, "pattern": args.pattern}
             row["eager_ms"] = float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))

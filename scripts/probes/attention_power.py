@@ -19,9 +19,9 @@ import subprocess
 import time
 
 import torch
-from attention_inputs import qkv_and_grad  # this folder's
+from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import suite_patterns
 
 _QUERY = "power.draw,clocks.sm,clocks_throttle_reasons.active"
 
@@ -87,13 +87,7 @@ def main() -> None:
     q, k, v, g = qkv_and_grad((B, H, S, D))
     rows = []
     for pattern in args.patterns:
-        spec = specs[pattern]
-        layout, causal = build_layout(spec, S, block, H), bool(spec.get("causal", False))
-        for method in args.methods:
-            fns, why = _make_fns(method, q, k, v, layout, causal, pattern, g)
-            if fns is None:
-                print(f"{method} {pattern}: {why}")
-                continue
+        for method, fns in pattern_methods(specs[pattern], args.methods, q, k, v, g, block):
             for op in args.ops:
                 time.sleep(2)  # each case starts from an idle board
                 row = {"pattern": pattern, "method": method, "op": op,

@@ -9,10 +9,10 @@ on its first shape unless --shape says otherwise.
 import argparse
 
 import torch
-from attention_inputs import qkv_and_grad  # this folder's
+from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 from eager_gap import _profiled_kernels  # this folder's
 
-from tilesparse.bench.attention import _make_fns, build_layout, suite_patterns
+from tilesparse.bench.attention import suite_patterns
 
 *suite_shape, block, specs = suite_patterns()
 parser = argparse.ArgumentParser()
@@ -35,11 +35,5 @@ def kernel_table(fn, label, reps=20):
         print(f"   {ms:8.3f} ms  {name}")
 
 for name in args.layouts:
-    layout = build_layout(specs[name], S, block, H)
-    causal = bool(specs[name].get("causal", False))
-    for method in ("tilesparse", "tilesparse_atomic", "flex"):
-        fns, why = _make_fns(method, q, k, v, layout, causal, name, g)
-        if fns is None:
-            print(f"{method} {name}: {why}")
-            continue
+    for method, fns in pattern_methods(specs[name], ("tilesparse", "tilesparse_atomic", "flex"), q, k, v, g, block):
         kernel_table(fns[1], f"{method} {name} forward + backward")
