@@ -57,3 +57,36 @@ def test_parse_clock_state_reads_the_power_cap_bit():
     elif shutil.which("nvidia-smi"):  # the GPU found by its UUID (or the only one)
         state = clock_state()
         assert state is not None and 100 <= state["sm_mhz"] <= 3500 and state["watts"] > 0
+
+
+def test_clock_state_asks_nvidia_smi_by_uuid_and_gives_up_once_it_is_missing(monkeypatch):
+    import subprocess
+    from types import SimpleNamespace
+
+    import torch
+
+    from tilesparse.bench import env
+
+    calls = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        return SimpleNamespace(returncode=0, stdout="1755, 690.1, 0x0000000000000004\n")
+
+    monkeypatch.setattr(env, "has_cuda", lambda: True)
+    monkeypatch.setattr(env, "_clocks_unavailable", False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="abc-123"))
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert env.clock_state() == {"sm_mhz": 1755.0, "watts": 690.1, "power_capped": True}
+    assert calls[-1][-1] == "--id=GPU-abc-123"
+
+    def missing(command, **kwargs):
+        calls.append(command)
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    before = len(calls)
+    assert env.clock_state() is None and env.clock_state() is None
+    assert len(calls) == before + 1  # not asked again once missing

@@ -148,6 +148,7 @@ def l2_cache_bytes() -> int | None:
 # nvidia-smi's fields for clock_state; bit 0x4 of the throttle reasons is the software power cap
 _CLOCK_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 _SW_POWER_CAP = 0x4
+_clocks_unavailable = False  # set once nvidia-smi is missing or hangs
 
 
 def parse_clock_state(line: str) -> dict | None:
@@ -167,20 +168,22 @@ def clock_state(device: int | None = None) -> dict | None:
     or nvidia-smi. Why: under the 700 W cap of an H200 the same kernels ran 10-13 % slower
     after a few hundred ms of back-to-back calls (SM clock 1770 against 1980 MHz), and
     FlexAttention's less so: the timing's clock says which of two rows paid for it."""
-    if not has_cuda():
+    global _clocks_unavailable
+    if not has_cuda() or _clocks_unavailable:
         return None
     command = ["nvidia-smi", f"--query-gpu={_CLOCK_QUERY}", "--format=csv,noheader,nounits"]
     try:  # the GPU by its UUID (torch's index is not nvidia-smi's under CUDA_VISIBLE_DEVICES)
         uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
         attempts = [command + [f"--id=GPU-{uuid}"]]
-    except (AttributeError, RuntimeError):
+    except Exception:  # noqa: BLE001 (no UUID from this build or device: the unnamed query below)
         attempts = []
     if torch.cuda.device_count() == 1:
         attempts.append(command)
     for attempt in attempts:
         try:
-            out = subprocess.run(attempt, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
+            out = subprocess.run(attempt, capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or it hangs: not asked again
+            _clocks_unavailable = True
             return None
         state = parse_clock_state(out.stdout) if out.returncode == 0 else None
         if state is not None:
