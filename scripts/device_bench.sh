@@ -27,7 +27,7 @@
 #            (TMA_DQ_VARIANTS, default none), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
 #            concurrent rows: $OUT/attention-probe-d<D>.json and .log (e.g. the staged dQ / forward stores:
 #            STEPS="attn-tests attn-probe" ATTN_TESTS=tests/test_attention_ring_stores_gpu.py
-#            PROBE_HOST=balanced,dq_staged; the fwd_shipped / fwd_staged rows come with every run);
+#            PROBE_HOST=dq_plain,dq_staged; the fwd_shipped / fwd_staged rows come with every run);
 #            TMA_DQ_ENERGY=<s> adds each backward row's energy per call under sustained load
 #   attn-configs - sweep the attention kernels' launch configs (scripts/probes/attention_configs.py)
 #   tune   - `tilesparse tune` with TUNE_ARGS, winners in $OUT/tuned.json
@@ -95,10 +95,11 @@
 #   learn-profile  - where the 2:4 one-pass value-map learn spends its time
 #   attn-profile   - per-kernel times of attention forward + backward against FlexAttention
 #   attn-bwd-ncu   - ncu of the dK/dV kernel (NCU_ATTN_KERNEL, a kernel-name regex: _bwd_dkdv; _bwd_dq for
-#            the deterministic dQ kernel; one launch after warm-up) on NCU_PATTERN (local1024), with
+#            the dQ kernel, which runs only with NCU_DETERMINISTIC=1 on a pattern the ordered mode
+#            refuses: random10, bigbird, fixed; one launch after warm-up) on NCU_PATTERN (local1024), with
 #            deterministic=False (TMA-reduction dQ; NCU_DETERMINISTIC=1: the default instead):
 #            speed of light, warp states, scheduler, memory and the source's top stall lines;
-#            then the per-kernel times (attn-profile) of that pattern; $OUT/ncu-attention-bwd-<pattern>.txt
+#            then the per-kernel times (attn-profile) of that pattern; $OUT/ncu-attention-<kernel>-<pattern>.txt (e.g. -bwd-dkdv-local1024)
 #   attn-power - sustained power, SM clock and energy per call of attention forward + backward
 #            (scripts/probes/attention_power.py; POWER_ARGS e.g. "--patterns random10 --ops fwd fwd_bwd"):
 #            under the 700 W cap energy per call, not full-clock latency, sets the suite's ratios;
@@ -268,7 +269,8 @@ for step in ${STEPS:-large dtypes graph}; do
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
               --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
               --section SourceCounters python3 scripts/probes/attention_bwd_one.py --pattern "${NCU_PATTERN:-local1024}" \
-              $([ "${NCU_DETERMINISTIC:-0}" = 1 ] || echo --atomic) > "$OUT/ncu-attention-bwd-${NCU_PATTERN:-local1024}.txt" 2>&1
+              $([ "${NCU_DETERMINISTIC:-0}" = 1 ] || echo --atomic) \
+              > "$OUT/ncu-attention$(echo "${NCU_ATTN_KERNEL:-_bwd_dkdv}" | tr -c 'a-zA-Z0-9\n' '-')-${NCU_PATTERN:-local1024}.txt" 2>&1
             timeout 150 python3 scripts/probes/attention_profile.py --layouts "${NCU_PATTERN:-local1024}" \
               > "$OUT/attention-profile-${NCU_PATTERN:-local1024}.txt" 2>&1 ;;
     attn-power) timeout "${POWER_TIMEOUT:-300}" python3 scripts/probes/attention_power.py ${POWER_ARGS:-} \

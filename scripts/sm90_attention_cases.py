@@ -333,9 +333,9 @@ def attention_ws_cases(quick: bool):
         attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
         ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 128, 2, False, True)))
     row_cases["dQ delta"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
-    # dQ stored through each consumer's rows of the Q tile (DqWsConfig.staged_stores), on the default
+    # dQ stored through each consumer's rows of the Q tile (DqWsConfig.staged_stores): the D 128 default
     row_cases["dQ overlap two consumers host_descs ordered delta staged"] = (
-        attention_ws_dq._bwd_dq_ws_kernel, () if quick else
+        attention_ws_dq._bwd_dq_ws_kernel, ((128, 128, 128, 128, 2, True, False),) if quick else
         ((128, 128, 128, 128, 2, True, False), (128, 64, 128, 128, 2, False, True)))
     row_cases["dQ staged"] = (attention_ws_dq._bwd_dq_ws_kernel, () if quick else ((64, 64, 64, 64, 3, True, True),))
     row_cases["persistent fwd overlap two consumers"] = (attention_ws_persistent._fwd_ws_persistent_kernel,

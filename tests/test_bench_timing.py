@@ -51,7 +51,10 @@ def test_parse_clock_state_reads_the_power_cap_bit():
                                                                         "power_capped": True}
     assert parse_clock_state("1980, 120.5, 0x0000000000000001") == {"sm_mhz": 1980.0, "watts": 120.5,
                                                                      "power_capped": False}
-    assert parse_clock_state("N/A, 120.5, 0x0") is None and parse_clock_state("1980, 120.5") is None
+    # a field reported as N/A is None, the others are kept; a short line or no number at all is None
+    assert parse_clock_state("1980, [N/A], 0x0000000000000004") == {"sm_mhz": 1980.0, "watts": None,
+                                                                    "power_capped": True}
+    assert parse_clock_state("N/A, N/A, N/A") is None and parse_clock_state("1980, 120.5") is None
     if not torch.cuda.is_available():
         assert clock_state() is None
     elif shutil.which("nvidia-smi"):  # the GPU found by its UUID (or the only one)
@@ -90,3 +93,18 @@ def test_clock_state_asks_nvidia_smi_by_uuid_and_gives_up_once_it_is_missing(mon
     before = len(calls)
     assert env.clock_state() is None and env.clock_state() is None
     assert len(calls) == before + 1  # not asked again once missing
+
+    def refused(command, **kwargs):  # e.g. an --id nvidia-smi does not know
+        calls.append(command)
+        return SimpleNamespace(returncode=6, stdout="No devices were found\n")
+
+    monkeypatch.setattr(env, "_clocks_unavailable", False)
+    monkeypatch.setattr(subprocess, "run", refused)
+    before = len(calls)
+    assert env.clock_state() is None and env.clock_state() is None
+    assert len(calls) == before + 1
+    # no UUID from torch: the unnamed query with one GPU, nothing with several
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: object())
+    assert env.nvidia_smi_target() is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert env.nvidia_smi_target() == []

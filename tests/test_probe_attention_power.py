@@ -17,6 +17,9 @@ def probe():
 def test_parse_skips_what_is_not_a_sample(probe):
     text = "690.5, 1770, 0x0000000000000004\nN/A, 1980, 0x0\n120.0, 1980, 0x0000000000000000\n688.0, 17"
     assert probe.parse_samples(text) == [(690.5, 1770.0, 4), (120.0, 1980.0, 0)]
+    # a last line cut off inside its hex field would read as other bits: dropped, as any unended line
+    assert probe.parse_samples("690.5, 1770, 0x0000000000000004\n688.0, 1770, 0x00000000000000") == [
+        (690.5, 1770.0, 4)]
 
 
 def test_summary_of_made_up_samples(probe):
@@ -25,7 +28,7 @@ def test_summary_of_made_up_samples(probe):
     assert got["ms_per_call"] == pytest.approx(2.0)
     assert got["watts"] == pytest.approx(645.0)  # median of 600, 640, 650, 700
     assert got["sm_mhz"] == pytest.approx(1775.0)
-    assert got["power_capped"] == pytest.approx(0.5)  # bit 0x4 in two of four
+    assert got["power_capped_share"] == pytest.approx(0.5)  # bit 0x4 in two of four
     assert got["mj_per_call"] == pytest.approx(645.0 * 2.0)
     assert got["samples"] == 4
 

@@ -23,12 +23,13 @@ from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 from eager_gap import _profiled_kernels  # this folder's
 
 from tilesparse.bench.attention import suite_patterns
+from tilesparse.bench.env import nvidia_smi_target
 
 
 def _clocks() -> str:
     """SM clock, power and active throttle reasons now, as nvidia-smi prints them."""
     query = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
-    return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+    return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", *(nvidia_smi_target() or [])],
                           capture_output=True, text=True).stdout.strip()
 
 

@@ -22,6 +22,7 @@ import torch
 from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 
 from tilesparse.bench.attention import suite_patterns
+from tilesparse.bench.env import nvidia_smi_target
 
 _QUERY = "power.draw,clocks.sm,clocks_throttle_reasons.active"
 
@@ -30,7 +31,10 @@ def parse_samples(text: str) -> list[tuple[float, float, int]]:
     """(watts, SM MHz, throttle-reason bits) of each line nvidia-smi printed for ``_QUERY``
     (csv, no header, no units); lines that do not parse (N/A, a partial last line) skipped."""
     samples = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    if text and not text.endswith("\n"):
+        lines = lines[:-1]  # cut off by the sampler's end: its fields may be cut short, not just missing
+    for line in lines:
         parts = [p.strip() for p in line.split(",")]
         try:
             samples.append((float(parts[0]), float(parts[1]), int(parts[2], 16)))
@@ -41,13 +45,14 @@ def parse_samples(text: str) -> list[tuple[float, float, int]]:
 
 def summarize(samples: list[tuple[float, float, int]], elapsed_s: float, calls: int) -> dict:
     """ms per call, median power (W) and SM clock (MHz), the share of samples with the SW
-    power cap (bit 0x4) among the throttle reasons, energy per call (mJ = W x ms)."""
+    power cap (bit 0x4) among the throttle reasons (``power_capped_share``), energy per
+    call (mJ = W x ms)."""
     if not samples or calls < 1:
         raise ValueError(f"need samples and calls, got {len(samples)} samples, {calls} calls")
     ms = elapsed_s / calls * 1e3
     watts = statistics.median(s[0] for s in samples)
     return {"ms_per_call": ms, "watts": watts, "sm_mhz": statistics.median(s[1] for s in samples),
-            "power_capped": sum(bool(s[2] & 0x4) for s in samples) / len(samples), "mj_per_call": watts * ms,
+            "power_capped_share": sum(bool(s[2] & 0x4) for s in samples) / len(samples), "mj_per_call": watts * ms,
             "samples": len(samples)}
 
 
@@ -58,8 +63,8 @@ def sustained(fn, seconds: float) -> dict:
     while time.perf_counter() < deadline:
         fn()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits", "-lms", "50",
+                            *(nvidia_smi_target() or [])], stdout=subprocess.PIPE, text=True)
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         for _ in range(10):
@@ -82,7 +87,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     limit = subprocess.run(["nvidia-smi", "--query-gpu=power.limit,power.default_limit,power.max_limit",
-                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+                            "--format=csv,noheader", *(nvidia_smi_target() or [])],
+                           capture_output=True, text=True).stdout.strip()
     print(f"power limit, default, max: {limit}")
     q, k, v, g = qkv_and_grad((B, H, S, D))
     rows = []

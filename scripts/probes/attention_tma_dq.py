@@ -174,8 +174,10 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            ("no_delta", (defaults[0], dataclasses.replace(defaults[1], delta=False))),
                            # dK and dV stored through the drained Q / dO ring (the same bits)
                            ("ring", (dataclasses.replace(defaults[0], ring_stores=True), defaults[1])),
-                           # dQ stored through the consumers' rows of the Q tile (the same bits)
-                           ("dq_staged", (defaults[0], dataclasses.replace(defaults[1], staged_stores=True)))):
+                           # dQ stored through the consumers' rows of the Q tile, or not (the same bits; staged
+                           # is the D 128 default since the twenty-ninth session, plain is D 64's)
+                           ("dq_staged", (defaults[0], dataclasses.replace(defaults[1], staged_stores=True))),
+                           ("dq_plain", (defaults[0], dataclasses.replace(defaults[1], staged_stores=False)))):
             if HOST_VARIANTS is not None and name not in HOST_VARIANTS:
                 continue
             got = bwd(host)

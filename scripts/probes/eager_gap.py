@@ -60,7 +60,8 @@ def _profiled_kernels(fn, reps: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for evt in prof.key_averages():
         if evt.device_type == torch.autograd.DeviceType.CUDA and evt.self_device_time_total > 0:
-            out[evt.key[:80]] = evt.self_device_time_total / 1e3 / reps
+            name = evt.key[:80]  # (two kernels sharing these 80 characters are summed, not overwritten)
+            out[name] = out.get(name, 0.0) + evt.self_device_time_total / 1e3 / reps
     return out
 
 

@@ -18,7 +18,7 @@ import torch
 __all__ = [
     "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
     "copy_bandwidth_gbs", "host_launch_us", "l2_cache_bytes", "environment", "paths", "clock_state",
-    "parse_clock_state",
+    "parse_clock_state", "nvidia_smi_target",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -148,47 +148,65 @@ def l2_cache_bytes() -> int | None:
 # nvidia-smi's fields for clock_state; bit 0x4 of the throttle reasons is the software power cap
 _CLOCK_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 _SW_POWER_CAP = 0x4
-_clocks_unavailable = False  # set once nvidia-smi is missing or hangs
+_clocks_unavailable = False  # set once nvidia-smi is missing, hangs or refuses every query
+
+
+def _number(text: str, base: int = 10):
+    """A field of nvidia-smi's csv as a number, or None ("N/A", "[N/A]", empty)."""
+    try:
+        return float(text) if base == 10 else int(text, base)
+    except ValueError:
+        return None
 
 
 def parse_clock_state(line: str) -> dict | None:
     """{"sm_mhz", "watts", "power_capped"} from one csv line nvidia-smi printed for
-    ``_CLOCK_QUERY`` (no header, no units), or None where it does not parse (N/A)."""
+    ``_CLOCK_QUERY`` (no header, no units); a field it reports as N/A is None, and a line
+    without a number at all (or short of fields) gives None."""
     parts = [p.strip() for p in line.strip().split(",")]
-    try:
-        return {"sm_mhz": float(parts[0]), "watts": float(parts[1]),
-                "power_capped": bool(int(parts[2], 16) & _SW_POWER_CAP)}
-    except (ValueError, IndexError):
+    if len(parts) < 3:
         return None
+    mhz, watts, reasons = _number(parts[0]), _number(parts[1]), _number(parts[2], 16)
+    if mhz is None and watts is None and reasons is None:
+        return None
+    return {"sm_mhz": mhz, "watts": watts, "power_capped": None if reasons is None else bool(reasons & _SW_POWER_CAP)}
+
+
+def nvidia_smi_target(device: int | None = None) -> list[str]:
+    """nvidia-smi's arguments naming torch's current (or ``device``'s) GPU by its UUID, since
+    torch's index is not nvidia-smi's under CUDA_VISIBLE_DEVICES; [] where torch gives no
+    UUID and there is one GPU; None where it gives none and there are several."""
+    try:
+        index = torch.cuda.current_device() if device is None else device
+        return [f"--id=GPU-{torch.cuda.get_device_properties(index).uuid}"]
+    except Exception:  # noqa: BLE001 (no UUID from this build or device)
+        return [] if torch.cuda.device_count() == 1 else None
 
 
 def clock_state(device: int | None = None) -> dict | None:
     """The current GPU's SM clock, board power and whether the software power cap is
-    holding the clock down, read with nvidia-smi right after a timing; None without a GPU
-    or nvidia-smi. Why: under the 700 W cap of an H200 the same kernels ran 10-13 % slower
-    after a few hundred ms of back-to-back calls (SM clock 1770 against 1980 MHz), and
-    FlexAttention's less so: the timing's clock says which of two rows paid for it."""
+    holding the clock down, one nvidia-smi reading taken right after a timing; None
+    without a GPU or nvidia-smi. Why: under the 700 W cap of an H200 the same kernels ran
+    10-13 % slower after a few hundred ms of back-to-back calls (SM clock 1770 against
+    1980 MHz), and FlexAttention's less so: the timing's clock says which of two rows paid
+    for it. Never raises; gives up for the process once nvidia-smi is missing, hangs or
+    fails (a suite asks after every row)."""
     global _clocks_unavailable
     if not has_cuda() or _clocks_unavailable:
         return None
-    command = ["nvidia-smi", f"--query-gpu={_CLOCK_QUERY}", "--format=csv,noheader,nounits"]
-    try:  # the GPU by its UUID (torch's index is not nvidia-smi's under CUDA_VISIBLE_DEVICES)
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
-        attempts = [command + [f"--id=GPU-{uuid}"]]
-    except Exception:  # noqa: BLE001 (no UUID from this build or device: the unnamed query below)
-        attempts = []
-    if torch.cuda.device_count() == 1:
-        attempts.append(command)
-    for attempt in attempts:
-        try:
-            out = subprocess.run(attempt, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or it hangs: not asked again
-            _clocks_unavailable = True
-            return None
-        state = parse_clock_state(out.stdout) if out.returncode == 0 else None
-        if state is not None:
-            return state
-    return None
+    target = nvidia_smi_target(device)
+    if target is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={_CLOCK_QUERY}", "--format=csv,noheader,nounits", *target],
+                             capture_output=True, text=True, timeout=5, errors="replace")
+    except (OSError, subprocess.SubprocessError):
+        _clocks_unavailable = True
+        return None
+    state = parse_clock_state(out.stdout) if out.returncode == 0 else None
+    if state is None:
+        _clocks_unavailable = True
+    return state
 
 
 def paths() -> dict[str, str | bool]:
