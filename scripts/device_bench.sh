@@ -13,7 +13,8 @@
 #   attention-long - the 'attention-long' suite (S 131072 at 2-5 % of blocks: time and peak memory)
 #   semi24 - the 'semi24' suite (2:4 GEMMs and the FFN block vs dense; SEMI24_ARGS, e.g. --quick)
 #   attn-stored-ds - attention forward + backward with dQ recomputed (default) against dQ from the
-#            dS the dK/dV kernel stores (kernels/attention_stored_ds.py); STORED_DS_ARGS e.g. --flex
+#            dS the dK/dV kernel stores (kernels/attention_stored_ds.py); STORED_DS_ARGS e.g. --flex,
+#            STORED_DS_ENERGY=3: also each mode's energy per call at the power cap
 #   attn-fwd-persistent - the attention forward: Triton, warp-specialized, and the persistent
 #            warp-specialized kernel (kernels/attention_ws_persistent.py); FWD_PERSISTENT_ARGS e.g. --flex
 #   attn-tma-dq - the warp-specialized dK/dV kernel adding dQ by TMA reductions (atomic_dq,

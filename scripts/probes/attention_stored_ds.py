@@ -5,18 +5,29 @@ process, on the attention suite's patterns (B 4, H 16, S 8192, D 128, blocks of 
 bf16), with FlexAttention's time where it compiles; gradients compared between the modes.
 
     python scripts/probes/attention_stored_ds.py --out attention-stored-ds.json
+
+STORED_DS_ENERGY=<seconds>: each mode is also called back to back for that long with
+nvidia-smi sampling (attention_power.sustained): energy per call, SM clock and ms at the
+board's power cap, where the suite's rows run. Stored dS trades two of the dQ kernel's
+three products for HBM traffic. It lost at full clock; at the cap energy decides
+(twenty-ninth session).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
+from attention_power import sustained  # this folder's
 
 from tilesparse.attention import block_sparse_attention
 from tilesparse.bench.attention import _make_fns, build_layout, probe_main
 from tilesparse.bench.timing import bench_ms
 from tilesparse.kernels import attention_stored_ds as stored
+
+
+ENERGY_S = float(os.environ.get("STORED_DS_ENERGY", "0"))
 
 
 def _time(fn) -> float:
@@ -48,6 +59,11 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                 row["stored_ds_chunks"] = None if plan is None else len(plan[0])
             grads[mode] = fwd_bwd()
             row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
+            if ENERGY_S > 0:
+                time.sleep(1)
+                got = sustained(fwd_bwd, ENERGY_S)
+                row[f"fwd_bwd_mj_{mode}"], row[f"fwd_bwd_mhz_{mode}"] = got["mj_per_call"], got["sm_mhz"]
+                row[f"fwd_bwd_sustained_ms_{mode}"] = got["ms_per_call"]
     finally:
         if before is None:
             os.environ.pop("TILESPARSE_STORED_DS", None)
@@ -69,7 +85,10 @@ def describe(name: str, row: dict) -> str:
             f"recompute {row['fwd_bwd_ms_off']:.3f} ms, stored dS {row['fwd_bwd_ms_on']:.3f} ms "
             f"({row['speedup_on_over_off']:.2f}x)"
             + (f", flex {row['flex_fwd_bwd_ms']:.3f} ms" if row.get("flex_fwd_bwd_ms") else "")
-            + f"; grads differ by {max(row['rel_diff'].values()):.1e}")
+            + f"; grads differ by {max(row['rel_diff'].values()):.1e}"
+            + (f"; at the cap {row['fwd_bwd_mj_off']:.0f} -> {row['fwd_bwd_mj_on']:.0f} mJ per call, "
+               f"{row['fwd_bwd_sustained_ms_off']:.3f} -> {row['fwd_bwd_sustained_ms_on']:.3f} ms"
+               if "fwd_bwd_mj_on" in row else ""))
 
 
 if __name__ == "__main__":
