@@ -56,9 +56,11 @@ def summarize(samples: list[tuple[float, float, int]], elapsed_s: float, calls: 
             "samples": len(samples)}
 
 
-def sustained(fn, seconds: float) -> dict:
-    """Call ``fn`` back to back for ``seconds`` (after 1 s of the same as warm-up) with
-    nvidia-smi sampling every 50 ms: :func:`summarize` of it."""
+def sustained(fn, seconds: float, rest: float = 1.0) -> dict:
+    """After ``rest`` s idle (each case starts from a board that has cooled off), call ``fn``
+    back to back for ``seconds`` (after 1 s of the same as warm-up) with nvidia-smi
+    sampling every 50 ms: :func:`summarize` of it."""
+    time.sleep(rest)
     deadline = time.perf_counter() + 1.0
     while time.perf_counter() < deadline:
         fn()
@@ -95,9 +97,8 @@ def main() -> None:
     for pattern in args.patterns:
         for method, fns in pattern_methods(specs[pattern], args.methods, q, k, v, g, block):
             for op in args.ops:
-                time.sleep(2)  # each case starts from an idle board
                 row = {"pattern": pattern, "method": method, "op": op,
-                       **sustained(fns[op == "fwd_bwd"], args.seconds)}
+                       **sustained(fns[op == "fwd_bwd"], args.seconds, rest=2.0)}  # each from an idle board
                 rows.append(row)
                 print("  ".join(f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
                                 for key, value in row.items()), flush=True)

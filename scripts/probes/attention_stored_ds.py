@@ -16,7 +16,6 @@ three products for HBM traffic. It lost at full clock; at the cap energy decides
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 from attention_power import sustained  # this folder's
@@ -60,7 +59,6 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
             grads[mode] = fwd_bwd()
             row[f"fwd_bwd_ms_{mode}"] = _time(fwd_bwd)
             if ENERGY_S > 0:
-                time.sleep(1)
                 got = sustained(fwd_bwd, ENERGY_S)
                 row[f"fwd_bwd_mj_{mode}"], row[f"fwd_bwd_mhz_{mode}"] = got["mj_per_call"], got["sm_mhz"]
                 row[f"fwd_bwd_sustained_ms_{mode}"] = got["ms_per_call"]

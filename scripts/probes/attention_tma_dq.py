@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import torch
 from attention_power import sustained  # this folder's
@@ -236,8 +235,7 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
     if ENERGY_S > 0:
         for name, fn in timed.items():
             if ENERGY_MATCH in name:
-                time.sleep(1)  # each from a board that has cooled off a little
-                got = sustained(fn, ENERGY_S)
+                got = sustained(fn, ENERGY_S)  # (after 1 s idle: each from a board cooled off a little)
                 row[f"{name}_mj"], row[f"{name}_mhz"] = got["mj_per_call"], got["sm_mhz"]
                 row[f"{name}_sustained_ms"] = got["ms_per_call"]
     if flex:

@@ -172,7 +172,7 @@ def parse_clock_state(line: str) -> dict | None:
     return {"sm_mhz": mhz, "watts": watts, "power_capped": None if reasons is None else bool(reasons & _SW_POWER_CAP)}
 
 
-def nvidia_smi_target(device: int | None = None) -> list[str]:
+def nvidia_smi_target(device: int | None = None) -> list[str] | None:
     """nvidia-smi's arguments naming torch's current (or ``device``'s) GPU by its UUID, since
     torch's index is not nvidia-smi's under CUDA_VISIBLE_DEVICES; [] where torch gives no
     UUID and there is one GPU; None where it gives none and there are several."""
