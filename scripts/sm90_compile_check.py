@@ -36,6 +36,7 @@ from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E4
 
 from tilesparse.kernels import block_scatter  # noqa: E402
 from tilesparse.kernels import bsmm_panel  # noqa: E402
+from tilesparse.kernels import bsmm_resident  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
@@ -297,6 +298,29 @@ def ws_sdd_rows_cases(quick: bool):
                fn, sig, const, 4, stages, None, GluonASTSource)
 
 
+def resident_cases(quick: bool):
+    """The small-batch fprop with the activations resident in shared memory (Gluon,
+    ``bsmm_resident``): b 16 / 32 / 64, with and without bias; expected: wgmma."""
+    # (block, rows, chunk, box, weight stages, bias, split)
+    cases = ((16, 12, 32, 4, 4, True, True),) if quick else \
+        ((16, 12, 32, 4, 4, True, True), (16, 12, 32, 4, 4, True, False), (16, 8, 32, 4, 4, False, True),
+         (16, 16, 32, 4, 3, True, True), (32, 6, 16, 4, 2, True, False), (32, 4, 16, 2, 3, False, True),
+         (64, 2, 4, 2, 2, True, True))
+    fn = bsmm_resident._dds_resident_kernel
+    for block, rows, chunk, box, w_stages, bias, split in cases:
+        cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, box=box, w_stages=w_stages)
+        x_layout, v_layout = bsmm_resident._layouts(block, box, torch.bfloat16)
+        const = dict(B=block, CHUNK=chunk, BOX=box, R=rows, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,
+                     LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
+        sig = {name: "constexpr" if name in const else
+               "*i32" if name in ("sem_ptr", "rcols_ptr", "cptr_ptr") or (name == "ws_ptr" and not split)
+               else "*fp32" if name == "ws_ptr"
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"resident dds b{block} R{rows} chunk{chunk} box{box} w_stages{w_stages} bias={bias} split={split}",
+               fn, sig, const,
+               4, 1, None, GluonASTSource)
+
+
 def _ptxas_log(ptx: str) -> str:
     """The bundled ptxas's -v report on ``ptx``, with Triton's own flags for sm_90
     (-lineinfo, --gpu-name=sm_90a): registers, spills, and performance notes such as
@@ -322,7 +346,7 @@ def main() -> int:
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *panel_cases(args.quick),
             *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
-            *ws_cases(args.quick), *ws_group_cases(args.quick), *ws_sdd_group_cases(args.quick),
+            *ws_cases(args.quick), *ws_group_cases(args.quick), *resident_cases(args.quick), *ws_sdd_group_cases(args.quick),
             *ws_sdd_rows_cases(args.quick),
             *attention_ws_cases(args.quick)):
         if args.match not in label:

@@ -95,8 +95,9 @@ def test_ring_stores_give_the_same_bits(mode, name, causal, S, D, kpm_kind):
     ("local", True, 1050, 128, None, False, torch.bfloat16),
     ("local", False, 2000, 64, "tail", False, torch.bfloat16),
     ("empty-row", False, 1000, 128, None, False, torch.bfloat16),
-    # the D 128 default takes staged stores in fp16 and on [B, S, H, D] inputs too
-    ("bigbird", True, 1000, 128, "tail", False, torch.float16), ("local", True, 1050, 128, None, True, torch.bfloat16)])
+    # the defaults (D 128 and 64) take staged stores in fp16 and on [B, S, H, D] inputs too
+    ("bigbird", True, 1000, 128, "tail", False, torch.float16), ("local", True, 1050, 128, None, True, torch.bfloat16),
+    ("bigbird", True, 1000, 64, "tail", False, torch.float16), ("local", True, 1050, 64, None, True, torch.bfloat16)])
 def test_dq_staged_stores_give_the_same_bits(name, causal, S, D, kpm_kind, seq_major, dtype):
     layout, q, k, v, grad_out, kpm = _case(name, S, D, causal, kpm_kind, seq_major=seq_major, dtype=dtype)
     fwd = kernels.attention_config("fwd", 128, D, dtype)

@@ -25,6 +25,8 @@ from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
+from tilesparse.kernels import bsmm_resident as RS
+from tilesparse.kernels import bsmm_ws_group as WG
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
 # [, prefetch]]]]]]]); block_m follows M unless given (None: follows M)
@@ -135,6 +137,32 @@ ALL_VARIANTS = {
     "pG8m64w4st4x16": ("panel", 8, 64, 4, 4, 8, 16),
     "pG8m64w8st4x8": ("panel", 8, 64, 8, 4, 8, 8),
     "pG4m64w4st4x8": ("panel", 4, 64, 4, 4, 8, 8),
+    # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
+    # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
+    # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
+    # program) falls by the stored blocks per union entry; 128-row tiles (the rows past M
+    # zero-filled by TMA). ("group", G, stages, entries per stage, producer registers)
+    "gG8st3e4": ("group", 8, 3, 4, 96),
+    "gG4st3e4": ("group", 4, 3, 4, 96),
+    "gG2st3e4": ("group", 2, 3, 4, 96),
+    "gG8st4e1": ("group", 8, 4, 1, 40),
+    "gG8st3e2": ("group", 8, 3, 2, 56),
+    "gG4st3e2": ("group", 4, 3, 2, 56),
+    "gG2st4e2": ("group", 2, 4, 2, 56),
+    # the activations resident in shared memory (kernels/bsmm_resident.py, fprop at <= 64 rows,
+    # thirtieth session): R block-rows per program stream their contiguous blocks past each
+    # chunk of activations. ("resident", rows, splits, chunk, box, weight stages)
+    "rR12x2": ("resident", 12, 2, 32, 4, 4),
+    "rR12x1": ("resident", 12, 1, 32, 4, 4),
+    "rR8x2": ("resident", 8, 2, 32, 4, 4),
+    "rR16x3": ("resident", 16, 3, 32, 4, 3),
+    "rR12x4": ("resident", 12, 4, 32, 4, 4),
+    "rR6x1": ("resident", 6, 1, 32, 4, 4),
+    "rR6x2b32": ("resident", 6, 2, 16, 4, 2),
+    "rR8x3b32": ("resident", 8, 3, 16, 4, 2),
+    "rR4x2b32": ("resident", 4, 2, 16, 4, 3),
+    "rR2x2b64": ("resident", 2, 2, 4, 2, 2),
+    "rR4x2b64": ("resident", 4, 2, 4, 2, 2),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -145,11 +173,17 @@ def variant_block_m(m: int) -> int:
     return S.rows_per_program(m)
 
 
-def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig:
-    """The SmallConfig (PanelConfig for a "panel" entry) of an ALL_VARIANTS entry, for
-    ``block_m`` activation rows (unless the entry gives its own)."""
+def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig | WG.WsGroupConfig | RS.ResidentConfig:
+    """The SmallConfig (PanelConfig for a "panel" entry, WsGroupConfig for a "group" one) of
+    an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own)."""
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
+    if fields[0] == "resident":
+        rows, splits, chunk, box, w_stages = fields[1:]
+        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, box=box, w_stages=w_stages)
+    if fields[0] == "group":
+        group, stages, entries, load_regs = fields[1:]
+        return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)
     sub, block_k, stages, warps, *more = fields
     defaults = [1, 1, False, False, False, block_m, False]
     splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch = (list(more) + defaults[len(more):])[:7]
@@ -214,8 +248,16 @@ def main() -> None:
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
                         elif fields[0] == "panel" and (b > 32 or fields[1] * b > 128):
                             continue  # panels for small blocks, at most 128 features wide
-                        elif fields[0] != "panel" and fields[0] > max(16, b):  # slices wider than the tile
-                            continue
+                        elif fields[0] == "group" and (b > 64 or dt not in (torch.bfloat16, torch.float16)
+                                                       or variant_config(fields, 64).accumulator_registers(b) > 128
+                                                       or (b > 16 and fields[3] > 2)):
+                            continue  # b 16-64 only, at most 128 accumulator registers; E 3-4 at b 16
+                        elif fields[0] == "resident" and (not trans or m > RS.MAX_M or b > 64 or (
+                                b == 16) != (fields[3] == 32) or (b == 64) != (fields[3] == 4)
+                                or variant_config(fields, 64).accumulator_registers(b) > 128):
+                            continue  # fprop at <= 64 rows; each variant's chunk is for one block size
+                        elif fields[0] not in ("panel", "group", "resident") and fields[0] > max(16, b):
+                            continue  # slices wider than the tile
                         else:
                             cfg = variant_config(fields, variant_block_m(m))
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()

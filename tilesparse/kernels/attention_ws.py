@@ -255,8 +255,9 @@ def _fwd_ws_kernel(
 # the suite's rows run at the board's 700 W power cap, where energy per call sets the time; back to
 # back for 3 s the dQ kernel's staged stores (ncu: its 4-byte stores wrote 2x the sectors needed) took
 # random 10 % 1.555 -> 1.512 ms (1076 -> 1044 mJ per call) and BigBird 1.847 -> 1.807 (1277 -> 1251 mJ),
-# interleaved 1.474 -> 1.433 / 1.712 -> 1.708, bitwise the same: the D 128 default (D 64 not measured
-# at the cap).
+# interleaved 1.474 -> 1.433 / 1.712 -> 1.708, bitwise the same: the D 128 default. Thirtieth session
+# (...-attention-probe-d64-41c4838.json, D 64, 3 s back to back): random 10 % 691 -> 680 mJ per call
+# (1.002 -> 0.986 ms), BigBird 830 -> 806 mJ (1.201 -> 1.167 ms), bitwise the same: the D 64 default too.
 _WS_DEFAULTS: dict = {
     ("fwd", 128, 128): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 128): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
@@ -265,7 +266,7 @@ _WS_DEFAULTS: dict = {
                                      balanced=True, ring_stores=True),
     ("fwd", 128, 64): FwdWsConfig(128, 128, 2, persistent=True, overlap=True, consumers=2, staged_stores=True),
     ("dq", 128, 64): DqWsConfig(block_m=128, block_n=128, stages=2, consumers=2, overlap=True, host_descs=True,
-                                balanced=True, delta=True),
+                                balanced=True, delta=True, staged_stores=True),
     ("dkdv", 128, 64): DkdvWsConfig(block_m=64, stages=2, consumers=2, overlap=True, host_descs=True, balanced=True,
                                     ring_stores=True),
 }

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import (bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd,
-               bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
+from . import (bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group,
+               bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -293,7 +293,7 @@ def dds(
     block_cols: int,
     trans: bool,
     config: (KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig
-             | bsmm_ws_group.WsGroupConfig | None) = None,
+             | bsmm_ws_group.WsGroupConfig | bsmm_resident.ResidentConfig | None) = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
@@ -302,7 +302,9 @@ def dds(
     ``bsmm_ws.WsConfig``: the Hopper warp-specialized persistent kernel, b 16-128, 16-bit
     or fp32 as TF32; the default where measured faster: ``bsmm_ws.default_config``;
     ``bsmm_ws_group.WsGroupConfig``: its small-block variant, G output block-columns per
-    tile sharing each activation tile, Hopper, 16-bit, b 16-64). Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
+    tile sharing each activation tile, Hopper, 16-bit, b 16-64;
+    ``bsmm_resident.ResidentConfig``: fprop at <= 64 rows with the activations held in shared
+    memory while several block-rows stream past them, Hopper, 16-bit, b 16-64). Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
 
@@ -337,7 +339,15 @@ def dds(
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
-                         "PanelConfig, WsConfig or WsGroupConfig")
+                         "PanelConfig, WsConfig, WsGroupConfig or ResidentConfig")
+    if isinstance(config, bsmm_resident.ResidentConfig):
+        why = bsmm_resident.resident_supported(a, values, c, trans, config)
+        if why is None and bsmm_resident.launch_dds_resident(a, values, c, bias, meta, block_rows, block_cols, config):
+            return c
+        why = why or "has no chunk table for this layout (columns out of order, or first asked for in a graph capture)"
+        if not chosen_here:
+            raise ValueError(f"config={config}: the resident-activation kernel {why}")
+        config = None  # a tuned entry these operands cannot take: the other kernels
     if isinstance(config, bsmm_ws_group.WsGroupConfig):
         why = _ws_group_refusal(a, values, c, meta, block_rows, block_cols, trans, config)
         if why is None and chosen_here and density < bsmm_ws_group.MIN_DENSITY:

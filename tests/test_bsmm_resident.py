@@ -1,0 +1,142 @@
+"""The small-batch fprop with the activations resident in shared memory (``bsmm_resident``,
+Gluon): its config and chunk tables on the CPU, and on an sm90 GPU (marked ``gpu``) forced
+by its config against float64 CPU references: block sizes 16-64, 1-64 rows, one and several
+splits (the reduction split unevenly, a split with no chunk), short last row groups, empty,
+full and random layouts, bias, fp16 and bf16; bitwise the same over repeated calls."""
+
+import pytest
+import torch
+
+import tilesparse
+from bsmm_cases import dds_against_reference, dense_of, hopper, make_layout, needs_hopper, random_values
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_resident
+from tilesparse.kernels.bsmm_resident import ResidentConfig
+from tolerances import assert_close
+
+# 704 = 11 x 64 = 22 x 32 = 44 x 16 output features (row groups of 6-12 leave a short last
+# group), 1088 = 17 x 64 = 34 x 32 = 68 x 16 input features (chunks of 4-32 leave a short last one)
+IN_FEATURES, OUT_FEATURES = 1088, 704
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(rows=0), "rows must be 1 to 16"), (dict(rows=17), "rows must be 1 to 16"), (dict(splits=0), "splits"),
+    (dict(w_stages=1), "w_stages"), (dict(chunk=30, box=4), "multiple of box"), (dict(box=0), "box"),
+    (dict(rows=2.0), "rows must be an int"), (dict(load_regs=20), "load_regs must be a multiple of 8"),
+])
+def test_config_refuses_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ResidentConfig(**kwargs)
+
+
+def test_config_sizes():
+    cfg = ResidentConfig(rows=12, chunk=32, w_stages=4)
+    # two stages of 32 activation tiles [64, 16], four weight stages of 32 blocks [16, 16]
+    assert cfg.shared_bytes(16) == 2 * 32 * 64 * 16 * 2 + 4 * 32 * 16 * 16 * 2 + 1024
+    assert cfg.accumulator_registers(16) == 96  # 12 tiles of [64, 16] fp32 over 128 threads
+    assert ResidentConfig(rows=6).accumulator_registers(32) == 96
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 5, 32])
+def test_chunk_table_names_each_rows_blocks_per_chunk(chunk):
+    layout = tilesparse.layouts.random(13 * 16, 23 * 16, 16, 0.4, seed=chunk)
+    meta = layout.meta_on("cpu")
+    table = bsmm_resident.chunk_table(meta, layout.block_rows, layout.block_cols, chunk)
+    n_chunks = -(-layout.block_cols // chunk)
+    assert table.shape == (layout.block_rows, n_chunks + 1) and table.dtype == torch.int32
+    t = layout.tables
+    for r in range(layout.block_rows):
+        lo, hi = int(t.row_ptr[r]), int(t.row_ptr[r + 1])
+        assert table[r, 0] == lo and table[r, -1] == hi
+        for c in range(n_chunks):
+            slots = [e for e in range(lo, hi) if c * chunk <= int(t.row_cols[e]) < (c + 1) * chunk]
+            assert list(range(int(table[r, c]), int(table[r, c + 1]))) == slots
+    assert bsmm_resident.chunk_table(meta, layout.block_rows, layout.block_cols, chunk) is table  # remembered
+
+
+def test_chunk_table_of_an_empty_layout():
+    meta = make_layout("empty", 3, 5, 16).meta_on("cpu")
+    assert bsmm_resident.chunk_table(meta, 3, 5, 2).tolist() == [[0, 0, 0, 0]] * 3
+
+
+def test_dds_refuses_the_resident_config_off_hopper():
+    if hopper():
+        pytest.skip("runs on sm90")
+    layout = make_layout("random", 4, 4, 16)
+    values = random_values(layout, torch.bfloat16, "cpu")
+    a = torch.randn(8, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="resident-activation kernel needs an sm90"):
+        kernels.dds(a, values, layout.meta_on("cpu"), None, 4, 4, True, config=ResidentConfig())
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _run(kind, block_size, dtype, m, cfg, bias=True):
+    layout = make_layout(kind, OUT_FEATURES // block_size, IN_FEATURES // block_size, block_size)
+    return dds_against_reference(layout, dtype, True, m, cfg, bias)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 7, 32, 64], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("block_size,rows,chunk,box,w_stages", [
+    (16, 12, 32, 4, 4), (16, 8, 8, 8, 2), (16, 1, 4, 1, 3), (32, 6, 16, 4, 2), (32, 4, 4, 2, 3), (64, 2, 4, 2, 2),
+    (64, 1, 2, 1, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
+def test_resident_kernel_matches_reference(block_size, rows, chunk, box, w_stages, splits, m):
+    # an empty block-row and block-column; with 3 splits the last one's chunks are fewer
+    cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, box=box, w_stages=w_stages)
+    out, expected = _run("empty_rows_cols", block_size, torch.bfloat16, m, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds resident b{block_size} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kind", ["empty", "full", "random"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("splits", [1, 2, 40], ids=lambda s: f"splits{s}")
+def test_layouts_dtypes_and_more_splits_than_chunks(kind, dtype, splits):
+    # 40 splits of 68 / 32 = 3 chunks: 3 programs per group; no bias
+    out, expected = _run(kind, 16, dtype, 33, ResidentConfig(splits=splits), bias=False)
+    assert_close(out, expected, dtype, f"dds resident {kind} splits {splits}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("splits", [1, 4])
+def test_resident_kernel_is_bitwise_deterministic_and_captures(splits):
+    layout = tilesparse.layouts.random(2048, 3072, 16, 0.3, seed=1)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    x = torch.randn(48, 3072, device="cuda", dtype=torch.bfloat16)
+    cfg = ResidentConfig(splits=splits)
+    first = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    for _ in range(5):
+        again = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+        assert torch.equal(first, again)
+    graph = torch.cuda.CUDAGraph()  # the chunk table, built above, is remembered on the layout
+    with torch.cuda.graph(graph):
+        out = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    x.copy_(torch.randn_like(x))
+    for _ in range(2):  # the arrival counters are left zero for the next replay
+        graph.replay()
+        s = dense_of(values, layout)
+        assert_close(out, x.double().cpu() @ s.t(), torch.bfloat16, f"captured resident dds (splits {splits})")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_resident_config_refuses_bprop_and_many_rows():
+    layout = make_layout("random", 4, 4, 16)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    with pytest.raises(ValueError, match="fprop only"):
+        kernels.dds(torch.randn(8, 64, device="cuda", dtype=torch.bfloat16), values, meta, None, 4, 4, False,
+                    config=ResidentConfig())
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        kernels.dds(torch.randn(65, 64, device="cuda", dtype=torch.bfloat16), values, meta, None, 4, 4, True,
+                    config=ResidentConfig())

@@ -1,0 +1,341 @@
+"""Hopper (sm90) small-batch fprop for small blocks: the activations held in shared memory
+while each program streams several block-rows of the weight past them.
+
+Why: at 16-64 activation rows the small-batch kernel (:mod:`tilesparse.kernels.bsmm_small`)
+gives each program one output block-column and reads, for every stored block of b x b
+weights, an activation tile of M x b: at b 16 and M 64 that is 4x the weight's bytes, all of
+it from L2, and L2's ~5 TB/s, not HBM, sets the time (W 12288², density 0.5: 144 µs, half
+of dense's speed; docs/performance.md, thirtieth session). Here a program owns ``rows``
+consecutive block-rows and a run of the reduction dimension (a split). It loads the
+activations of that run once, ``chunk`` block-columns at a time, into shared memory (a ring
+of two chunks), and for each of its block-rows streams that row's stored blocks in the chunk
+(contiguous in storage: a block-row's blocks are stored in column order) by TMA boxes of
+``box`` blocks, one asynchronous wgmma (activation tile from shared memory at the block's
+column, weight block from shared memory) per stored block into the row's accumulator. The
+activations' L2 traffic falls by about ``rows`` times the density. With ``splits`` > 1 each
+program writes fp32 partials and the last of a block-row group's programs to finish sums
+them in split order: bitwise deterministic.
+
+fprop only (Y = X W^T: block-rows are output block-columns, stored contiguously); M <= 64
+(one wgmma's rows; the rows past M are zero-filled by TMA); 16-bit inputs; b 16-64. Opt-in
+through a :class:`ResidentConfig` passed to :func:`tilesparse.kernels.bsmm.dds`; no
+interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+
+from ..layout import table_views
+from ._device import cached_table, shared_memory_bytes
+from ._launch import launch
+from ._tiles import cdiv, check_ints, check_register_budgets
+from .bsmm_small import _arrival_counters
+from .bsmm_tma import ensure_allocator, row_major_tma_ok
+from .bsmm_ws import _alloc_ring, _nvmma, hopper_reason
+
+__all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_table", "launch_dds_resident"]
+
+MAX_M = 64  # one warpgroup's wgmma rows
+_CHUNKS = "_tilesparse_resident_chunks"  # where chunk_table remembers its tables on a layout's meta
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidentConfig:
+    """Launch parameters: ``rows`` block-rows per program (each an fp32 accumulator of
+    [64, b] in registers), ``splits`` programs along the reduction (fp32 partials summed in
+    split order), ``chunk`` block-columns of activations per shared-memory stage (two
+    stages), ``box`` stored blocks per TMA load of weights, ``w_stages`` the weight ring
+    (one block-row's blocks of one chunk per stage), ``load_regs`` / ``mma_regs`` the
+    producer warp's and the consumer warpgroup's registers."""
+
+    rows: int = 12
+    splits: int = 2
+    chunk: int = 32
+    box: int = 4
+    w_stages: int = 4
+    load_regs: int = 40
+
+    def __post_init__(self):
+        check_ints(self, "rows", "splits", "chunk", "box", "w_stages", "load_regs")
+        check_register_budgets(self, "load_regs")
+        if not 1 <= self.rows <= 16:
+            raise ValueError(f"ResidentConfig.rows must be 1 to 16, got {self.rows!r}")
+        if self.splits < 1 or self.w_stages < 2:
+            raise ValueError(f"ResidentConfig needs splits >= 1 and w_stages >= 2, got {self}")
+        if self.box < 1 or self.chunk % self.box:
+            raise ValueError(f"ResidentConfig.chunk ({self.chunk}) must be a multiple of box ({self.box})")
+
+    def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
+        """Two stages of activations [chunk, 64, b], the weight ring [w_stages, chunk, b, b]
+        and the barriers."""
+        x = 2 * self.chunk * MAX_M * block_size * element_bytes
+        w = self.w_stages * self.chunk * block_size * block_size * element_bytes
+        return x + w + 1024
+
+    def accumulator_registers(self, block_size: int) -> int:
+        """fp32 accumulator registers per consumer thread: rows tiles of [64, b] over 128 threads."""
+        return self.rows * MAX_M * block_size // 128
+
+
+@gluon.jit
+def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, cptr_ptr,
+                   n_rows, n_chunks, chunks_per_split,
+                   B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr):
+    """Producer (one warp): per chunk of this program's split, the chunk's activation tiles
+    (one TMA per block-column, [64, b] each; past M and K zero-filled), then for each of its
+    block-rows the row's stored blocks in the chunk, in boxes of BOX blocks (a box's tail may
+    hold the next row's blocks: never read)."""
+    XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
+    NBOX: gl.constexpr = CHUNK // BOX
+    WST: gl.constexpr = w_bufs.type.shape[0] // NBOX
+    X_BYTES: gl.constexpr = CHUNK * a_desc.block_type.nbytes
+    V_BYTES: gl.constexpr = v_desc.block_type.nbytes
+    group = gl.program_id(0)
+    c0 = gl.program_id(1) * chunks_per_split
+    c1 = gl.minimum(c0 + chunks_per_split, n_chunks)
+    wstep = 0
+    for c in range(c0, c1):
+        i = c - c0
+        xs = i % XST
+        mbarrier.wait(x_empty.index(xs), ((i // XST) & 1) ^ 1)
+        mbarrier.expect(x_ready.index(xs), X_BYTES)
+        for kb in gl.static_range(CHUNK):
+            tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], x_ready.index(xs),
+                                            x_bufs.index(xs * CHUNK + kb))
+        for r in gl.static_range(R):
+            row = group * R + r
+            ok = row < n_rows
+            lo = gl.load(cptr_ptr + row * (n_chunks + 1) + c, mask=ok, other=0)
+            hi = gl.load(cptr_ptr + row * (n_chunks + 1) + c + 1, mask=ok, other=0)
+            nbox = (hi - lo + BOX - 1) // BOX
+            ws = wstep % WST
+            mbarrier.wait(w_empty.index(ws), ((wstep // WST) & 1) ^ 1)
+            mbarrier.arrive(w_ready.index(ws), count=1, pred=nbox == 0)
+            for n in gl.static_range(1, NBOX + 1):  # one arrival expecting exactly the stage's bytes
+                mbarrier.expect(w_ready.index(ws), n * V_BYTES, pred=nbox == n)
+            for j in range(0, nbox):
+                tma.async_copy_global_to_shared(v_desc, [(lo + j * BOX) * B, 0], w_ready.index(ws),
+                                                w_bufs.index(ws * NBOX + j))
+            wstep += 1
+
+
+@gluon.jit
+def _maybe_mma(acc, a, b, present):
+    """acc += a @ b issued asynchronously where ``present`` (acc: an accumulator already)."""
+    if present:
+        acc = warpgroup_mma(a, b, acc, is_async=True)
+    return acc
+
+
+@gluon.jit
+def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr, x_bufs, w_bufs, x_ready, x_empty, w_ready,
+                  w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
+                  B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
+    """The consumer warpgroup: per chunk and block-row, one asynchronous wgmma per stored
+    block (the activation tile at the block's column of the chunk), a wait, the weight stage
+    freed; the chunk's activations freed after its last row. Then the outputs: rounded and
+    stored (one split), or (SPLIT) fp32 partials and the last program of the group sums them."""
+    XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
+    NBOX: gl.constexpr = CHUNK // BOX
+    WST: gl.constexpr = w_bufs.type.shape[0] // NBOX
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, B, 16])
+    group = gl.program_id(0)
+    split = gl.program_id(1)
+    n_splits = gl.num_programs(1)
+    c0 = split * chunks_per_split
+    c1 = gl.minimum(c0 + chunks_per_split, n_chunks)
+    accs = (gl.zeros((64, B), dtype=gl.float32, layout=mma_layout),) * R
+    wstep = 0
+    for c in range(c0, c1):
+        i = c - c0
+        xs = i % XST
+        mbarrier.wait(x_ready.index(xs), (i // XST) & 1)
+        for r in gl.static_range(R):
+            row = group * R + r
+            ok = row < n_rows
+            lo = gl.load(cptr_ptr + row * (n_chunks + 1) + c, mask=ok, other=0)
+            hi = gl.load(cptr_ptr + row * (n_chunks + 1) + c + 1, mask=ok, other=0)
+            n = hi - lo
+            # every block's column first, all in flight at once (one load latency per row, not
+            # per block: the wgmma of a block needs its column to address the activation tile)
+            kbs = ()
+            for t in gl.static_range(CHUNK):
+                kbs = kbs + (gl.load(rcols_ptr + lo + t, mask=t < n, other=c * CHUNK) - c * CHUNK,)
+            ws = wstep % WST
+            mbarrier.wait(w_ready.index(ws), (wstep // WST) & 1)
+            acc = warpgroup_mma_init(accs[r])
+            for t in gl.static_range(CHUNK):
+                w = w_bufs.index(ws * NBOX + t // BOX).slice((t % BOX) * B, B, dim=0).permute((1, 0))
+                acc = _maybe_mma(acc, x_bufs.index(xs * CHUNK + kbs[t]), w, t < n)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(w_empty.index(ws), count=1)
+            accs = accs[:r] + (acc,) + accs[r + 1:]
+            wstep += 1
+        mbarrier.arrive(x_empty.index(xs), count=1)
+
+    offs_m = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout))
+    offs_b = gl.arange(0, B, layout=gl.SliceLayout(0, mma_layout))
+    m_ok = offs_m < M
+    if not SPLIT:
+        for r in gl.static_range(R):
+            _store_rows(accs[r], c_ptr, bias_ptr, (group * R + r) * B + offs_b, offs_m, m_ok, n_out_cols, stride_cm,
+                        HAS_BIAS)
+    else:  # fp32 partials [splits, 64, n_out_cols]; the last of the group's programs sums them
+        part = ws_ptr + split.to(gl.int64) * 64 * n_out_cols
+        for r in gl.static_range(R):
+            cols = (group * R + r) * B + offs_b
+            gl.store(part + offs_m[:, None] * n_out_cols + cols[None, :], accs[r],
+                     mask=m_ok[:, None] & (cols < n_out_cols)[None, :])
+        gl.thread_barrier()  # every thread's partials are stored before the count below
+        arrived = gl.atomic_add(sem_ptr + group, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_splits - 1:
+            for r in gl.static_range(R):
+                cols = (group * R + r) * B + offs_b
+                ptrs = ws_ptr + offs_m[:, None] * n_out_cols + cols[None, :]
+                ok2 = m_ok[:, None] & (cols < n_out_cols)[None, :]
+                total = gl.load(ptrs, mask=ok2, other=0.0, cache_modifier=".cg")
+                for s in range(1, n_splits):
+                    total += gl.load(ptrs + s * 64 * n_out_cols, mask=ok2, other=0.0, cache_modifier=".cg")
+                _store_rows(total, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm, HAS_BIAS)
+            gl.atomic_xchg(sem_ptr + group, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _store_rows(acc, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm, HAS_BIAS: gl.constexpr):
+    """C[offs_m, cols] = acc (+ bias), rounded to C's dtype, rows < M and columns < N only."""
+    col_ok = cols < n_out_cols
+    if HAS_BIAS:
+        acc = acc + gl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+    gl.store(c_ptr + offs_m.to(gl.int64)[:, None] * stride_cm + cols[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
+def _dds_resident_kernel(
+    a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr,
+    M, K_A, n_rows, n_chunks, chunks_per_split, n_out_cols, nnz, stride_am, stride_cm,
+    B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
+    HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr,
+    x_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Program (group, split): block-rows group * R .. + R over the split's chunks (SPLIT:
+    the grid has more than one split). Descriptors built on the device."""
+    dtype: gl.constexpr = a_ptr.dtype.element_ty
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [64, B], x_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [BOX * B, B], v_layout)
+    x_bufs = gl.allocate_shared_memory(dtype, [2 * CHUNK, 64, B], x_layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * (CHUNK // BOX), BOX * B, B], v_layout)
+    x_ready, x_empty = _alloc_ring(2)
+    w_ready, w_empty = _alloc_ring(W_STAGES)
+    gl.warp_specialize([
+        (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr, x_bufs, w_bufs, x_ready, x_empty,
+                         w_ready, w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
+                         B, CHUNK, BOX, R, HAS_BIAS, SPLIT, num_warps)),
+        (_resident_load, (a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, cptr_ptr,
+                          n_rows, n_chunks, chunks_per_split, B, CHUNK, BOX, R)),
+    ], [1], [LOAD_REGS])
+
+
+@functools.lru_cache(maxsize=None)
+def _layouts(b: int, box: int, dtype: torch.dtype):
+    """Shared-memory layouts of an activation tile [64, b] and a weight box [box * b, b]."""
+    return _nvmma([MAX_M, b], dtype), _nvmma([box * b, b], dtype)
+
+
+def chunk_table(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: int) -> torch.Tensor | None:
+    """int32 [block_rows, n_chunks + 1]: entry [r, c] is the storage slot of block-row r's
+    first stored block at block-column >= c * chunk (the last column: the row's end), so
+    that the row's blocks in chunk c are slots [r, c] .. [r, c + 1]. Needs each row's blocks
+    stored in column order (the layouts' tables are); None where they are not, or while a
+    CUDA graph is being captured before the table was built (its check reads the host).
+    Remembered on ``meta``."""
+    def build():
+        row_ptr, row_cols, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_cols", "row_of")
+        same_row = row_of[1:] == row_of[:-1]
+        if bool((same_row & (row_cols[1:] < row_cols[:-1])).any()):
+            return torch.empty(0, dtype=torch.int32, device=meta.device)
+        n_chunks = cdiv(block_cols, chunk)
+        key = row_of.long() * n_chunks + row_cols.long() // chunk
+        counts = torch.zeros(block_rows * n_chunks, dtype=torch.int64, device=meta.device)
+        counts.index_add_(0, key, torch.ones_like(key))
+        ends = row_ptr[:-1, None].long() + counts.view(block_rows, n_chunks).cumsum(1)
+        return torch.cat([row_ptr[:-1, None].long(), ends], dim=1).to(torch.int32).contiguous()
+
+    table = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), build, build_while_capturing=False)
+    return None if table is None or table.numel() == 0 else table
+
+
+def resident_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, trans: bool,
+                       cfg: ResidentConfig) -> str | None:
+    """Why this kernel cannot run these operands, or None if it can."""
+    b = values.shape[-1]
+    why = hopper_reason(a)
+    if why is not None:
+        return why
+    if not trans:
+        return "computes fprop only (a block-row's blocks stored together); bprop gathers by column"
+    if a.shape[0] > MAX_M:
+        return f"takes at most {MAX_M} rows of activations, got {a.shape[0]}"
+    if c.dtype != a.dtype or values.dtype != a.dtype:
+        return f"needs one dtype: A is {a.dtype}, C {c.dtype}, the blocks {values.dtype}"
+    if b not in (16, 32, 64):
+        return f"needs a block size of 16, 32 or 64, got {b}"
+    if cfg.accumulator_registers(b) > 128:
+        return (f"would hold {cfg.accumulator_registers(b)} accumulator registers per thread "
+                f"(rows={cfg.rows} at b = {b}); at most 128")
+    if not row_major_tma_ok(a) or c.stride(1) != 1:
+        return "needs a row-major A (16-byte-aligned rows) and C"
+    if values.data_ptr() % 16 or not values.is_contiguous():
+        return "needs contiguous, 16-byte-aligned block values"
+    if max(a.shape[1], (values.shape[0] + cfg.box) * b) >= 1 << 31:
+        return "addresses tensors through TMA, whose coordinates are 32-bit"
+    if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
+        return (f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, "
+                "more than the GPU has")
+    return None
+
+
+def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: int, cfg: ResidentConfig) -> bool:
+    """C = A @ S^T (+ bias) into the preallocated C (operands :func:`resident_supported`
+    accepts). False (nothing launched) where the chunk table cannot be had now (columns
+    out of order, or first asked for inside a CUDA-graph capture)."""
+    b = values.shape[-1]
+    cptr = chunk_table(meta, block_rows, block_cols, cfg.chunk)
+    if cptr is None:
+        return False
+    (row_cols,) = table_views(meta, block_rows, block_cols, "row_cols")
+    m = a.shape[0]
+    n_chunks = cdiv(block_cols, cfg.chunk)
+    per_split = cdiv(n_chunks, min(cfg.splits, n_chunks))
+    splits = cdiv(n_chunks, per_split)
+    n_groups = cdiv(block_rows, cfg.rows)
+    n_out = c.shape[1]
+    ws = sem = cptr  # (unused with one split)
+    if splits > 1:
+        ws = torch.empty(splits, MAX_M, n_out, dtype=torch.float32, device=a.device)
+        sem = _arrival_counters(a.device, n_groups)
+    x_layout, v_layout = _layouts(b, cfg.box, a.dtype)
+    ensure_allocator()
+    launch(_dds_resident_kernel, (n_groups, splits),
+        a, values, c, bias if bias is not None else c, ws, sem, row_cols, cptr,
+        m, a.shape[1], block_rows, n_chunks, per_split, n_out, values.shape[0], a.stride(0), c.stride(0),
+        B=b, CHUNK=cfg.chunk, BOX=cfg.box, R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
+        SPLIT=splits > 1,
+        LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4,
+    )
+    return True
