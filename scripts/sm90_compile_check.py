@@ -300,25 +300,24 @@ def ws_sdd_rows_cases(quick: bool):
 
 def resident_cases(quick: bool):
     """The small-batch fprop with the activations resident in shared memory (Gluon,
-    ``bsmm_resident``): b 16 / 32 / 64, with and without bias; expected: wgmma."""
-    # (block, rows, chunk, box, weight stages, bias, split)
-    cases = ((16, 12, 32, 4, 4, True, True),) if quick else \
-        ((16, 12, 32, 4, 4, True, True), (16, 12, 32, 4, 4, True, False), (16, 8, 32, 4, 4, False, True),
-         (16, 16, 32, 4, 3, True, True), (32, 6, 16, 4, 2, True, False), (32, 4, 16, 2, 3, False, True),
-         (64, 2, 4, 2, 2, True, True))
+    ``bsmm_resident``): b 16 / 32 / 64, with and without bias and splits; expected: wgmma."""
+    # (block, rows, chunk, weight stages, bias, split)
+    cases = ((16, 12, 32, 4, True, True),) if quick else \
+        ((16, 12, 32, 4, True, True), (16, 12, 32, 4, True, False), (16, 8, 32, 4, False, True),
+         (16, 16, 32, 3, True, True), (32, 6, 16, 2, True, False), (32, 4, 16, 3, False, True),
+         (64, 2, 4, 2, True, True), (16, 1, 3, 2, True, True))
     fn = bsmm_resident._dds_resident_kernel
-    for block, rows, chunk, box, w_stages, bias, split in cases:
-        cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, box=box, w_stages=w_stages)
-        x_layout, v_layout = bsmm_resident._layouts(block, box, torch.bfloat16)
-        const = dict(B=block, CHUNK=chunk, BOX=box, R=rows, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,
+    for block, rows, chunk, w_stages, bias, split in cases:
+        cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=w_stages)
+        x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
+        const = dict(B=block, CHUNK=chunk, R=rows, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,
                      LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
         sig = {name: "constexpr" if name in const else
-               "*i32" if name in ("sem_ptr", "rcols_ptr", "cptr_ptr") or (name == "ws_ptr" and not split)
+               "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
                else "*fp32" if name == "ws_ptr"
                else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-        yield (f"resident dds b{block} R{rows} chunk{chunk} box{box} w_stages{w_stages} bias={bias} split={split}",
-               fn, sig, const,
-               4, 1, None, GluonASTSource)
+        yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split}",
+               fn, sig, const, 4, 1, None, GluonASTSource)
 
 
 def _ptxas_log(ptx: str) -> str:

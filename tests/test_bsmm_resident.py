@@ -24,7 +24,7 @@ IN_FEATURES, OUT_FEATURES = 1088, 704
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rows=0), "rows must be 1 to 16"), (dict(rows=17), "rows must be 1 to 16"), (dict(splits=0), "splits"),
-    (dict(w_stages=1), "w_stages"), (dict(chunk=30, box=4), "multiple of box"), (dict(box=0), "box"),
+    (dict(w_stages=1), "w_stages"), (dict(chunk=33), "chunk must be 1 to 32"), (dict(chunk=0), "chunk"),
     (dict(rows=2.0), "rows must be an int"), (dict(load_regs=20), "load_regs must be a multiple of 8"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
@@ -34,32 +34,40 @@ def test_config_refuses_bad_values(kwargs, match):
 
 def test_config_sizes():
     cfg = ResidentConfig(rows=12, chunk=32, w_stages=4)
-    # two stages of 32 activation tiles [64, 16], four weight stages of 32 blocks [16, 16]
+    # two stages of 32 activation tiles [64, 16], four weight stages of a slot [16, 16] per column
     assert cfg.shared_bytes(16) == 2 * 32 * 64 * 16 * 2 + 4 * 32 * 16 * 16 * 2 + 1024
     assert cfg.accumulator_registers(16) == 96  # 12 tiles of [64, 16] fp32 over 128 threads
     assert ResidentConfig(rows=6).accumulator_registers(32) == 96
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 5, 32])
-def test_chunk_table_names_each_rows_blocks_per_chunk(chunk):
-    layout = tilesparse.layouts.random(13 * 16, 23 * 16, 16, 0.4, seed=chunk)
+def test_chunk_tables_name_each_rows_first_slot_and_stored_columns(chunk):
+    layout = tilesparse.layouts.random(13 * 16, 70 * 16, 16, 0.4, seed=chunk)
     meta = layout.meta_on("cpu")
-    table = bsmm_resident.chunk_table(meta, layout.block_rows, layout.block_cols, chunk)
+    firsts, masks = bsmm_resident.chunk_tables(meta, layout.block_rows, layout.block_cols, chunk)
     n_chunks = -(-layout.block_cols // chunk)
-    assert table.shape == (layout.block_rows, n_chunks + 1) and table.dtype == torch.int32
+    assert firsts.shape == masks.shape == (layout.block_rows, n_chunks)
+    assert firsts.dtype == masks.dtype == torch.int32
     t = layout.tables
     for r in range(layout.block_rows):
         lo, hi = int(t.row_ptr[r]), int(t.row_ptr[r + 1])
-        assert table[r, 0] == lo and table[r, -1] == hi
         for c in range(n_chunks):
             slots = [e for e in range(lo, hi) if c * chunk <= int(t.row_cols[e]) < (c + 1) * chunk]
-            assert list(range(int(table[r, c]), int(table[r, c + 1]))) == slots
-    assert bsmm_resident.chunk_table(meta, layout.block_rows, layout.block_cols, chunk) is table  # remembered
+            later = [e for e in range(lo, hi) if int(t.row_cols[e]) >= c * chunk]
+            assert int(firsts[r, c]) == (later[0] if later else hi)
+            assert slots == list(range(int(firsts[r, c]), int(firsts[r, c]) + len(slots)))  # consecutive
+            bits = int(masks[r, c]) & 0xFFFFFFFF  # bit 31 is int32's sign
+            assert bits == sum(1 << (int(t.row_cols[e]) - c * chunk) for e in slots)
+    again = bsmm_resident.chunk_tables(meta, layout.block_rows, layout.block_cols, chunk)
+    assert again[0] is firsts and again[1] is masks  # remembered
 
 
-def test_chunk_table_of_an_empty_layout():
+def test_chunk_tables_of_an_empty_layout_and_bad_chunks():
     meta = make_layout("empty", 3, 5, 16).meta_on("cpu")
-    assert bsmm_resident.chunk_table(meta, 3, 5, 2).tolist() == [[0, 0, 0, 0]] * 3
+    firsts, masks = bsmm_resident.chunk_tables(meta, 3, 5, 2)
+    assert firsts.tolist() == [[0, 0, 0]] * 3 and masks.tolist() == [[0, 0, 0]] * 3
+    with pytest.raises(ValueError, match="chunk must be 1 to 32"):
+        bsmm_resident.chunk_tables(meta, 3, 5, 33)
 
 
 def test_dds_refuses_the_resident_config_off_hopper():
@@ -83,13 +91,13 @@ def _run(kind, block_size, dtype, m, cfg, bias=True):
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("m", [1, 7, 32, 64], ids=lambda m: f"m{m}")
-@pytest.mark.parametrize("block_size,rows,chunk,box,w_stages", [
-    (16, 12, 32, 4, 4), (16, 8, 8, 8, 2), (16, 1, 4, 1, 3), (32, 6, 16, 4, 2), (32, 4, 4, 2, 3), (64, 2, 4, 2, 2),
-    (64, 1, 2, 1, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("block_size,rows,chunk,w_stages", [
+    (16, 12, 32, 4), (16, 8, 8, 2), (16, 1, 3, 3), (32, 6, 16, 2), (32, 4, 5, 3), (64, 2, 4, 2), (64, 1, 2, 4)],
+    ids=lambda v: str(v))
 @pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
-def test_resident_kernel_matches_reference(block_size, rows, chunk, box, w_stages, splits, m):
+def test_resident_kernel_matches_reference(block_size, rows, chunk, w_stages, splits, m):
     # an empty block-row and block-column; with 3 splits the last one's chunks are fewer
-    cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, box=box, w_stages=w_stages)
+    cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)
     out, expected = _run("empty_rows_cols", block_size, torch.bfloat16, m, cfg)
     assert_close(out, expected, torch.bfloat16, f"dds resident b{block_size} {cfg}")
 

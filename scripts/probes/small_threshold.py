@@ -151,18 +151,19 @@ ALL_VARIANTS = {
     "gG2st4e2": ("group", 2, 4, 2, 56),
     # the activations resident in shared memory (kernels/bsmm_resident.py, fprop at <= 64 rows,
     # thirtieth session): R block-rows per program stream their contiguous blocks past each
-    # chunk of activations. ("resident", rows, splits, chunk, box, weight stages)
-    "rR12x2": ("resident", 12, 2, 32, 4, 4),
-    "rR12x1": ("resident", 12, 1, 32, 4, 4),
-    "rR8x2": ("resident", 8, 2, 32, 4, 4),
-    "rR16x3": ("resident", 16, 3, 32, 4, 3),
-    "rR12x4": ("resident", 12, 4, 32, 4, 4),
-    "rR6x1": ("resident", 6, 1, 32, 4, 4),
-    "rR6x2b32": ("resident", 6, 2, 16, 4, 2),
-    "rR8x3b32": ("resident", 8, 3, 16, 4, 2),
-    "rR4x2b32": ("resident", 4, 2, 16, 4, 3),
-    "rR2x2b64": ("resident", 2, 2, 4, 2, 2),
-    "rR4x2b64": ("resident", 4, 2, 4, 2, 2),
+    # chunk of activations. ("resident", rows, splits, chunk, weight stages); the v1 / v2
+    # kernels' results (...-small-resident-v1/v2.json) had a box field before the weight stages
+    "rR12x2": ("resident", 12, 2, 32, 4),
+    "rR12x1": ("resident", 12, 1, 32, 4),
+    "rR8x2": ("resident", 8, 2, 32, 4),
+    "rR16x3": ("resident", 16, 3, 32, 3),
+    "rR12x4": ("resident", 12, 4, 32, 4),
+    "rR6x1": ("resident", 6, 1, 32, 4),
+    "rR6x2b32": ("resident", 6, 2, 16, 2),
+    "rR8x3b32": ("resident", 8, 3, 16, 2),
+    "rR4x2b32": ("resident", 4, 2, 16, 3),
+    "rR2x2b64": ("resident", 2, 2, 4, 2),
+    "rR4x2b64": ("resident", 4, 2, 4, 2),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -179,8 +180,8 @@ def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
     if fields[0] == "resident":
-        rows, splits, chunk, box, w_stages = fields[1:]
-        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, box=box, w_stages=w_stages)
+        rows, splits, chunk, w_stages = fields[1:]
+        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)
     if fields[0] == "group":
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)

@@ -7,12 +7,13 @@ weights, an activation tile of M x b: at b 16 and M 64 that is 4x the weight's b
 it from L2, and L2's ~5 TB/s, not HBM, sets the time (W 12288², density 0.5: 144 µs, half
 of dense's speed; docs/performance.md, thirtieth session). Here a program owns ``rows``
 consecutive block-rows and a run of the reduction dimension (a split). It loads the
-activations of that run once, ``chunk`` block-columns at a time, into shared memory (a ring
-of two chunks), and for each of its block-rows streams that row's stored blocks in the chunk
-(contiguous in storage: a block-row's blocks are stored in column order) by TMA boxes of
-``box`` blocks, one asynchronous wgmma (activation tile from shared memory at the block's
-column, weight block from shared memory) per stored block into the row's accumulator. The
-activations' L2 traffic falls by about ``rows`` times the density. With ``splits`` > 1 each
+activations of that run once, ``chunk`` (<= 32) block-columns at a time, into shared memory
+(a ring of two chunks), and for each of its block-rows streams that row's stored blocks of the
+chunk into a weight stage, each block into the slot of its column. A per-(row, chunk) bitmask
+of the stored columns, loaded for all rows of a chunk at once, drives both warps: the consumer
+issues one asynchronous wgmma per set bit (activation tile and weight block at the same slot,
+no address waiting on a load) into the row's accumulator. The activations' L2 traffic falls by
+about ``rows`` times the density. With ``splits`` > 1 each
 program writes fp32 partials and the last of a block-row group's programs to finish sums
 them in split order: bitwise deterministic.
 
@@ -46,10 +47,10 @@ from .bsmm_small import _arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma, hopper_reason
 
-__all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_table", "launch_dds_resident"]
+__all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_tables", "launch_dds_resident"]
 
 MAX_M = 64  # one warpgroup's wgmma rows
-_CHUNKS = "_tilesparse_resident_chunks"  # where chunk_table remembers its tables on a layout's meta
+_CHUNKS = "_tilesparse_resident_chunks"  # where chunk_tables remembers its tables on a layout's meta
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,26 +58,27 @@ class ResidentConfig:
     """Launch parameters: ``rows`` block-rows per program (each an fp32 accumulator of
     [64, b] in registers), ``splits`` programs along the reduction (fp32 partials summed in
     split order), ``chunk`` block-columns of activations per shared-memory stage (two
-    stages), ``box`` stored blocks per TMA load of weights, ``w_stages`` the weight ring
-    (one block-row's blocks of one chunk per stage), ``load_regs`` / ``mma_regs`` the
-    producer warp's and the consumer warpgroup's registers."""
+    stages; at most 32, the bits of a chunk's mask), ``w_stages`` the weight ring (one
+    block-row's blocks of one chunk per stage, a slot per column), ``load_regs`` the
+    producer warp's registers."""
 
     rows: int = 12
     splits: int = 2
     chunk: int = 32
-    box: int = 4
     w_stages: int = 4
-    load_regs: int = 40
+    # one warp, so a large budget is cheap: its per-column loop, unrolled over a chunk's slots
+    # for each row, spilled 8.7 KB at 40 registers (R 12, chunk 32; ptxas), 76 B at 232
+    load_regs: int = 232
 
     def __post_init__(self):
-        check_ints(self, "rows", "splits", "chunk", "box", "w_stages", "load_regs")
+        check_ints(self, "rows", "splits", "chunk", "w_stages", "load_regs")
         check_register_budgets(self, "load_regs")
         if not 1 <= self.rows <= 16:
             raise ValueError(f"ResidentConfig.rows must be 1 to 16, got {self.rows!r}")
         if self.splits < 1 or self.w_stages < 2:
             raise ValueError(f"ResidentConfig needs splits >= 1 and w_stages >= 2, got {self}")
-        if self.box < 1 or self.chunk % self.box:
-            raise ValueError(f"ResidentConfig.chunk ({self.chunk}) must be a multiple of box ({self.box})")
+        if not 1 <= self.chunk <= 32:
+            raise ValueError(f"ResidentConfig.chunk must be 1 to 32 (a chunk's bitmask is 32 bits), got {self.chunk!r}")
 
     def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
         """Two stages of activations [chunk, 64, b], the weight ring [w_stages, chunk, b, b]
@@ -91,16 +93,32 @@ class ResidentConfig:
 
 
 @gluon.jit
-def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, cptr_ptr,
-                   n_rows, n_chunks, chunks_per_split,
-                   B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr):
+def _row_values(ptr, group, c, n_rows, n_chunks, R: gl.constexpr):
+    """Entry (row, c) of an int32 [block_rows, n_chunks] table for each of the program's R
+    block-rows (0 past the last block-row), as a tuple; the R loads issued together."""
+    vals = ()
+    for r in gl.static_range(R):
+        row = group * R + r
+        vals = vals + (gl.load(ptr + row * n_chunks + c, mask=row < n_rows, other=0),)
+    return vals
+
+
+@gluon.jit
+def _stored(mask, kb: gl.constexpr):
+    """Whether bit kb of a chunk's mask is set (block-column kb of the chunk is stored)."""
+    return ((mask >> kb) & 1) != 0
+
+
+@gluon.jit
+def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
+                   n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr):
     """Producer (one warp): per chunk of this program's split, the chunk's activation tiles
     (one TMA per block-column, [64, b] each; past M and K zero-filled), then for each of its
-    block-rows the row's stored blocks in the chunk, in boxes of BOX blocks (a box's tail may
-    hold the next row's blocks: never read)."""
+    block-rows the row's stored blocks of the chunk, each into the stage's slot of its
+    block-column (so that the consumer addresses both operands by the column alone). A row's
+    blocks of a chunk are consecutive in storage from its first slot, in column order."""
     XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
-    NBOX: gl.constexpr = CHUNK // BOX
-    WST: gl.constexpr = w_bufs.type.shape[0] // NBOX
+    WST: gl.constexpr = w_bufs.type.shape[0] // CHUNK
     X_BYTES: gl.constexpr = CHUNK * a_desc.block_type.nbytes
     V_BYTES: gl.constexpr = v_desc.block_type.nbytes
     group = gl.program_id(0)
@@ -109,6 +127,8 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
     wstep = 0
     for c in range(c0, c1):
         i = c - c0
+        firsts = _row_values(first_ptr, group, c, n_rows, n_chunks, R)
+        masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)
         xs = i % XST
         mbarrier.wait(x_empty.index(xs), ((i // XST) & 1) ^ 1)
         mbarrier.expect(x_ready.index(xs), X_BYTES)
@@ -116,19 +136,21 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
             tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], x_ready.index(xs),
                                             x_bufs.index(xs * CHUNK + kb))
         for r in gl.static_range(R):
-            row = group * R + r
-            ok = row < n_rows
-            lo = gl.load(cptr_ptr + row * (n_chunks + 1) + c, mask=ok, other=0)
-            hi = gl.load(cptr_ptr + row * (n_chunks + 1) + c + 1, mask=ok, other=0)
-            nbox = (hi - lo + BOX - 1) // BOX
+            mask = masks[r]
+            n = (mask & 1)
+            for kb in gl.static_range(1, CHUNK):
+                n += (mask >> kb) & 1
             ws = wstep % WST
             mbarrier.wait(w_empty.index(ws), ((wstep // WST) & 1) ^ 1)
-            mbarrier.arrive(w_ready.index(ws), count=1, pred=nbox == 0)
-            for n in gl.static_range(1, NBOX + 1):  # one arrival expecting exactly the stage's bytes
-                mbarrier.expect(w_ready.index(ws), n * V_BYTES, pred=nbox == n)
-            for j in range(0, nbox):
-                tma.async_copy_global_to_shared(v_desc, [(lo + j * BOX) * B, 0], w_ready.index(ws),
-                                                w_bufs.index(ws * NBOX + j))
+            mbarrier.arrive(w_ready.index(ws), count=1, pred=n == 0)
+            for k in gl.static_range(1, CHUNK + 1):  # one arrival expecting exactly the stage's bytes
+                mbarrier.expect(w_ready.index(ws), k * V_BYTES, pred=n == k)
+            slot = firsts[r]
+            for kb in gl.static_range(CHUNK):
+                present = _stored(mask, kb)
+                tma.async_copy_global_to_shared(v_desc, [slot * B, 0], w_ready.index(ws),
+                                                w_bufs.index(ws * CHUNK + kb), pred=present)
+                slot += present.to(gl.int32)
             wstep += 1
 
 
@@ -141,17 +163,17 @@ def _maybe_mma(acc, a, b, present):
 
 
 @gluon.jit
-def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr, x_bufs, w_bufs, x_ready, x_empty, w_ready,
+def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty, w_ready,
                   w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
-                  B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr,
+                  B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr,
                   HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     """The consumer warpgroup: per chunk and block-row, one asynchronous wgmma per stored
-    block (the activation tile at the block's column of the chunk), a wait, the weight stage
-    freed; the chunk's activations freed after its last row. Then the outputs: rounded and
-    stored (one split), or (SPLIT) fp32 partials and the last program of the group sums them."""
+    block (the activation tile and the weight block of the same slot of the chunk: no
+    address depends on a load), a wait, the weight stage freed; the chunk's activations freed
+    after its last row. Then the outputs: rounded and stored (one split), or (SPLIT) fp32
+    partials and the last program of the group sums them."""
     XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
-    NBOX: gl.constexpr = CHUNK // BOX
-    WST: gl.constexpr = w_bufs.type.shape[0] // NBOX
+    WST: gl.constexpr = w_bufs.type.shape[0] // CHUNK
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, B, 16])
     group = gl.program_id(0)
@@ -163,25 +185,16 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr, x_bufs,
     wstep = 0
     for c in range(c0, c1):
         i = c - c0
+        masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)  # (before the wait: in flight under it)
         xs = i % XST
         mbarrier.wait(x_ready.index(xs), (i // XST) & 1)
         for r in gl.static_range(R):
-            row = group * R + r
-            ok = row < n_rows
-            lo = gl.load(cptr_ptr + row * (n_chunks + 1) + c, mask=ok, other=0)
-            hi = gl.load(cptr_ptr + row * (n_chunks + 1) + c + 1, mask=ok, other=0)
-            n = hi - lo
-            # every block's column first, all in flight at once (one load latency per row, not
-            # per block: the wgmma of a block needs its column to address the activation tile)
-            kbs = ()
-            for t in gl.static_range(CHUNK):
-                kbs = kbs + (gl.load(rcols_ptr + lo + t, mask=t < n, other=c * CHUNK) - c * CHUNK,)
             ws = wstep % WST
             mbarrier.wait(w_ready.index(ws), (wstep // WST) & 1)
             acc = warpgroup_mma_init(accs[r])
-            for t in gl.static_range(CHUNK):
-                w = w_bufs.index(ws * NBOX + t // BOX).slice((t % BOX) * B, B, dim=0).permute((1, 0))
-                acc = _maybe_mma(acc, x_bufs.index(xs * CHUNK + kbs[t]), w, t < n)
+            for kb in gl.static_range(CHUNK):
+                acc = _maybe_mma(acc, x_bufs.index(xs * CHUNK + kb), w_bufs.index(ws * CHUNK + kb).permute((1, 0)),
+                                 _stored(masks[r], kb))
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(w_empty.index(ws), count=1)
             accs = accs[:r] + (acc,) + accs[r + 1:]
@@ -227,9 +240,9 @@ def _store_rows(acc, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm,
 
 @gluon.jit
 def _dds_resident_kernel(
-    a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr,
+    a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, first_ptr, mask_ptr,
     M, K_A, n_rows, n_chunks, chunks_per_split, n_out_cols, nnz, stride_am, stride_cm,
-    B: gl.constexpr, CHUNK: gl.constexpr, BOX: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
+    B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr,
     x_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -237,47 +250,54 @@ def _dds_resident_kernel(
     the grid has more than one split). Descriptors built on the device."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [64, B], x_layout)
-    v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [BOX * B, B], v_layout)
+    v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [B, B], v_layout)
     x_bufs = gl.allocate_shared_memory(dtype, [2 * CHUNK, 64, B], x_layout)
-    w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * (CHUNK // BOX), BOX * B, B], v_layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * CHUNK, B, B], v_layout)
     x_ready, x_empty = _alloc_ring(2)
     w_ready, w_empty = _alloc_ring(W_STAGES)
     gl.warp_specialize([
-        (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, rcols_ptr, cptr_ptr, x_bufs, w_bufs, x_ready, x_empty,
+        (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty,
                          w_ready, w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
-                         B, CHUNK, BOX, R, HAS_BIAS, SPLIT, num_warps)),
-        (_resident_load, (a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, cptr_ptr,
-                          n_rows, n_chunks, chunks_per_split, B, CHUNK, BOX, R)),
+                         B, CHUNK, R, HAS_BIAS, SPLIT, num_warps)),
+        (_resident_load, (a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
+                          n_rows, n_chunks, chunks_per_split, B, CHUNK, R)),
     ], [1], [LOAD_REGS])
 
 
 @functools.lru_cache(maxsize=None)
-def _layouts(b: int, box: int, dtype: torch.dtype):
-    """Shared-memory layouts of an activation tile [64, b] and a weight box [box * b, b]."""
-    return _nvmma([MAX_M, b], dtype), _nvmma([box * b, b], dtype)
+def _layouts(b: int, dtype: torch.dtype):
+    """Shared-memory layouts of an activation tile [64, b] and a weight block [b, b]."""
+    return _nvmma([MAX_M, b], dtype), _nvmma([b, b], dtype)
 
 
-def chunk_table(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: int) -> torch.Tensor | None:
-    """int32 [block_rows, n_chunks + 1]: entry [r, c] is the storage slot of block-row r's
-    first stored block at block-column >= c * chunk (the last column: the row's end), so
-    that the row's blocks in chunk c are slots [r, c] .. [r, c + 1]. Needs each row's blocks
-    stored in column order (the layouts' tables are); None where they are not, or while a
-    CUDA graph is being captured before the table was built (its check reads the host).
-    Remembered on ``meta``."""
+def chunk_tables(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: int):
+    """(firsts, masks), int32 [block_rows, n_chunks] each: firsts[r, c] is the storage slot
+    of block-row r's first stored block at block-column >= c * chunk (its later blocks of
+    the chunk follow it in storage), masks[r, c] has bit j set where block (r, c * chunk + j)
+    is stored. Needs each row's blocks stored in column order (the layouts' tables are);
+    None where they are not, or while a CUDA graph is being captured before the tables were
+    built (the check reads the host). Remembered on ``meta``."""
+    if not 1 <= chunk <= 32:
+        raise ValueError(f"chunk must be 1 to 32 (the bits of a mask), got {chunk!r}")
+
     def build():
         row_ptr, row_cols, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_cols", "row_of")
         same_row = row_of[1:] == row_of[:-1]
         if bool((same_row & (row_cols[1:] < row_cols[:-1])).any()):
-            return torch.empty(0, dtype=torch.int32, device=meta.device)
+            return None
         n_chunks = cdiv(block_cols, chunk)
         key = row_of.long() * n_chunks + row_cols.long() // chunk
         counts = torch.zeros(block_rows * n_chunks, dtype=torch.int64, device=meta.device)
         counts.index_add_(0, key, torch.ones_like(key))
-        ends = row_ptr[:-1, None].long() + counts.view(block_rows, n_chunks).cumsum(1)
-        return torch.cat([row_ptr[:-1, None].long(), ends], dim=1).to(torch.int32).contiguous()
+        counts = counts.view(block_rows, n_chunks)
+        firsts = row_ptr[:-1, None].long() + counts.cumsum(1) - counts
+        bits = torch.zeros(block_rows * n_chunks, dtype=torch.int64, device=meta.device)
+        bits.index_add_(0, key, torch.ones_like(key) << (row_cols.long() % chunk))  # distinct bits: a sum is an or
+        bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits)  # bit 31 as int32's sign
+        return firsts.to(torch.int32).contiguous(), bits.view(block_rows, n_chunks).to(torch.int32).contiguous()
 
-    table = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), build, build_while_capturing=False)
-    return None if table is None or table.numel() == 0 else table
+    tables = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), lambda: build() or (), build_while_capturing=False)
+    return tables or None
 
 
 def resident_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, trans: bool,
@@ -302,7 +322,7 @@ def resident_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, t
         return "needs a row-major A (16-byte-aligned rows) and C"
     if values.data_ptr() % 16 or not values.is_contiguous():
         return "needs contiguous, 16-byte-aligned block values"
-    if max(a.shape[1], (values.shape[0] + cfg.box) * b) >= 1 << 31:
+    if max(a.shape[1], values.shape[0] * b) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
     if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
         return (f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, "
@@ -315,26 +335,26 @@ def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: i
     accepts). False (nothing launched) where the chunk table cannot be had now (columns
     out of order, or first asked for inside a CUDA-graph capture)."""
     b = values.shape[-1]
-    cptr = chunk_table(meta, block_rows, block_cols, cfg.chunk)
-    if cptr is None:
+    tables = chunk_tables(meta, block_rows, block_cols, cfg.chunk)
+    if tables is None:
         return False
-    (row_cols,) = table_views(meta, block_rows, block_cols, "row_cols")
+    firsts, masks = tables
     m = a.shape[0]
     n_chunks = cdiv(block_cols, cfg.chunk)
     per_split = cdiv(n_chunks, min(cfg.splits, n_chunks))
     splits = cdiv(n_chunks, per_split)
     n_groups = cdiv(block_rows, cfg.rows)
     n_out = c.shape[1]
-    ws = sem = cptr  # (unused with one split)
+    ws = sem = firsts  # (unused with one split)
     if splits > 1:
         ws = torch.empty(splits, MAX_M, n_out, dtype=torch.float32, device=a.device)
         sem = _arrival_counters(a.device, n_groups)
-    x_layout, v_layout = _layouts(b, cfg.box, a.dtype)
+    x_layout, v_layout = _layouts(b, a.dtype)
     ensure_allocator()
     launch(_dds_resident_kernel, (n_groups, splits),
-        a, values, c, bias if bias is not None else c, ws, sem, row_cols, cptr,
+        a, values, c, bias if bias is not None else c, ws, sem, firsts, masks,
         m, a.shape[1], block_rows, n_chunks, per_split, n_out, values.shape[0], a.stride(0), c.stride(0),
-        B=b, CHUNK=cfg.chunk, BOX=cfg.box, R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
+        B=b, CHUNK=cfg.chunk, R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
         SPLIT=splits > 1,
         LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4,
     )
