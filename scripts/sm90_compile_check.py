@@ -305,7 +305,7 @@ def resident_cases(quick: bool):
     cases = ((16, 12, 32, 4, True, True),) if quick else \
         ((16, 12, 32, 4, True, True), (16, 12, 32, 4, True, False), (16, 8, 32, 4, False, True),
          (16, 16, 32, 3, True, True), (32, 6, 16, 2, True, False), (32, 4, 16, 3, False, True),
-         (64, 2, 4, 2, True, True), (16, 1, 3, 2, True, True))
+         (64, 2, 4, 2, True, True), (16, 1, 3, 2, True, True), (16, 12, 8, 16, True, True), (32, 6, 8, 8, True, True))
     fn = bsmm_resident._dds_resident_kernel
     for block, rows, chunk, w_stages, bias, split in cases:
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=w_stages)

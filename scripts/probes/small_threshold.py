@@ -164,6 +164,11 @@ ALL_VARIANTS = {
     "rR4x2b32": ("resident", 4, 2, 16, 3),
     "rR2x2b64": ("resident", 2, 2, 4, 2),
     "rR4x2b64": ("resident", 4, 2, 4, 2),
+    # low density: a stage holds few of its chunk's slots, so shorter chunks and more weight
+    # stages keep more bytes in flight
+    "rR12x2c8w16": ("resident", 12, 2, 8, 16),
+    "rR12x2c16w8": ("resident", 12, 2, 16, 8),
+    "rR6x2c8w8b32": ("resident", 6, 2, 8, 8),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -253,10 +258,10 @@ def main() -> None:
                                                        or variant_config(fields, 64).accumulator_registers(b) > 128
                                                        or (b > 16 and fields[3] > 2)):
                             continue  # b 16-64 only, at most 128 accumulator registers; E 3-4 at b 16
-                        elif fields[0] == "resident" and (not trans or m > RS.MAX_M or b > 64 or (
-                                b == 16) != (fields[3] == 32) or (b == 64) != (fields[3] == 4)
-                                or variant_config(fields, 64).accumulator_registers(b) > 128):
-                            continue  # fprop at <= 64 rows; each variant's chunk is for one block size
+                        elif fields[0] == "resident" and (not trans or m > RS.MAX_M or b > 64
+                                or variant_config(fields, 64).accumulator_registers(b) > 128
+                                or variant_config(fields, 64).shared_bytes(b) > K.shared_memory_bytes(dev)):
+                            continue  # fprop at <= 64 rows, at most 128 accumulator registers, fits shared memory
                         elif fields[0] not in ("panel", "group", "resident") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:

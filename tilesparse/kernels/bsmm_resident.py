@@ -31,13 +31,7 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_init,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_init, warpgroup_mma_wait
 
 from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
@@ -46,6 +40,7 @@ from ._tiles import cdiv, check_ints, check_register_budgets
 from .bsmm_small import _arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma, hopper_reason
+from .bsmm_ws_group import _maybe_mma
 
 __all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_tables", "launch_dds_resident"]
 
@@ -155,14 +150,6 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
 
 
 @gluon.jit
-def _maybe_mma(acc, a, b, present):
-    """acc += a @ b issued asynchronously where ``present`` (acc: an accumulator already)."""
-    if present:
-        acc = warpgroup_mma(a, b, acc, is_async=True)
-    return acc
-
-
-@gluon.jit
 def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty, w_ready,
                   w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
                   B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr,
@@ -194,7 +181,7 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
             acc = warpgroup_mma_init(accs[r])
             for kb in gl.static_range(CHUNK):
                 acc = _maybe_mma(acc, x_bufs.index(xs * CHUNK + kb), w_bufs.index(ws * CHUNK + kb).permute((1, 0)),
-                                 _stored(masks[r], kb))
+                                 _stored(masks[r], kb), INIT=False)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(w_empty.index(ws), count=1)
             accs = accs[:r] + (acc,) + accs[r + 1:]
