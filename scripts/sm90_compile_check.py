@@ -307,16 +307,17 @@ def resident_cases(quick: bool):
          (16, 16, 32, 3, True, True), (32, 6, 16, 2, True, False), (32, 4, 16, 3, False, True),
          (64, 2, 4, 2, True, True), (16, 1, 3, 2, True, True), (16, 12, 8, 16, True, True), (32, 6, 8, 8, True, True))
     fn = bsmm_resident._dds_resident_kernel
-    for block, rows, chunk, w_stages, bias, split in cases:
+    for block, rows, chunk, w_stages, bias, split, dt in ((*case, "bf16") for case in cases) if quick else \
+            (*((*case, "bf16") for case in cases), (16, 12, 32, 4, True, True, "fp16")):
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=w_stages)
-        x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
+        x_layout, v_layout = bsmm_resident._layouts(block, torch.float16 if dt == "fp16" else torch.bfloat16)
         const = dict(B=block, CHUNK=chunk, R=rows, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,
                      LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
         sig = {name: "constexpr" if name in const else
                "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
                else "*fp32" if name == "ws_ptr"
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-        yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split}",
+               else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split} {dt}",
                fn, sig, const, 4, 1, None, GluonASTSource)
 
 

@@ -1,8 +1,9 @@
 """The small-batch fprop with the activations resident in shared memory (``bsmm_resident``,
 Gluon): its config and chunk tables on the CPU, and on an sm90 GPU (marked ``gpu``) forced
 by its config against float64 CPU references: block sizes 16-64, 1-64 rows, one and several
-splits (the reduction split unevenly, a split with no chunk), short last row groups, empty,
-full and random layouts, bias, fp16 and bf16; bitwise the same over repeated calls."""
+splits (the reduction split unevenly), short last row groups, empty, full, random and sparse
+layouts (deep weight rings, masks with only their top bit), padded activation rows, bias, fp16
+and bf16; bitwise the same over repeated calls and under CUDA-graph capture."""
 
 import pytest
 import torch
@@ -68,6 +69,30 @@ def test_chunk_tables_of_an_empty_layout_and_bad_chunks():
     assert firsts.tolist() == [[0, 0, 0]] * 3 and masks.tolist() == [[0, 0, 0]] * 3
     with pytest.raises(ValueError, match="chunk must be 1 to 32"):
         bsmm_resident.chunk_tables(meta, 3, 5, 33)
+
+
+def test_chunk_tables_refuse_rows_out_of_column_order():
+    layout = make_layout("full", 2, 4, 16)
+    meta = layout.meta_on("cpu").clone()
+    from tilesparse.layout import table_views
+
+    (row_cols,) = table_views(meta, 2, 4, "row_cols")
+    row_cols[:2] = row_cols[:2].flip(0)  # block-row 0's first two blocks swapped
+    assert bsmm_resident.chunk_tables(meta, 2, 4, 2) is None
+
+
+def test_a_tuned_resident_entry_the_operands_cannot_take_falls_back(monkeypatch):
+    # a measured (tuned) resident config is a hint: off Hopper (or for bprop) the other kernels run
+    from tilesparse.kernels import tuned
+
+    monkeypatch.setattr(tuned, "lookup", lambda *args, **kwargs: ResidentConfig())
+    layout = make_layout("random", 6, 4, 16)
+    values = random_values(layout, torch.float32, "cpu")
+    s = dense_of(values, layout)
+    for trans in (True, False):
+        a = torch.randn(8, 64 if trans else 96)
+        out = kernels.dds(a, values, layout.meta_on("cpu"), None, 6, 4, trans)
+        assert_close(out, a.double() @ (s.t() if trans else s), torch.float32, f"dds after a tuned resident entry ({trans})")
 
 
 def test_dds_refuses_the_resident_config_off_hopper():
@@ -148,3 +173,56 @@ def test_resident_config_refuses_bprop_and_many_rows():
     with pytest.raises(ValueError, match="at most 64 rows"):
         kernels.dds(torch.randn(65, 64, device="cuda", dtype=torch.bfloat16), values, meta, None, 4, 4, True,
                     config=ResidentConfig())
+
+
+def _top_bit_layout(block_rows, block_cols, block_size, chunk):
+    """Each block-row stores only the last block-column of every chunk (its mask's top bit)
+    plus, on even rows, the first: bit 31 of an int32 mask at chunk 32."""
+    from tilesparse.layout import BlockLayout
+
+    mask = torch.zeros(block_rows, block_cols, dtype=torch.bool)
+    mask[:, chunk - 1::chunk] = True
+    mask[::2, 0] = True
+    return BlockLayout(mask, block_size)
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kind", ["sparse", "top_bit"])
+@pytest.mark.parametrize("block_size,rows,chunk,w_stages", [(16, 12, 8, 16), (16, 12, 32, 4), (32, 6, 8, 8)],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
+def test_sparse_layouts_and_deep_rings(kind, block_size, rows, chunk, w_stages, splits):
+    # stages with no block (plain arrivals) beside stages with a few, around rings of up to 16
+    block_rows, block_cols = OUT_FEATURES // block_size, IN_FEATURES // block_size
+    if kind == "sparse":
+        layout = tilesparse.layouts.random(OUT_FEATURES, IN_FEATURES, block_size, 0.05, seed=int(torch.randint(1 << 30, ())))
+    else:
+        layout = _top_bit_layout(block_rows, block_cols, block_size, chunk)
+    cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)
+    out, expected = dds_against_reference(layout, torch.bfloat16, True, 40, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds resident {kind} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_padded_activation_rows():
+    # A with a row pitch past K (a view of a wider buffer): the descriptor takes its stride
+    layout = make_layout("random", OUT_FEATURES // 16, IN_FEATURES // 16, 16)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    a = torch.randn(24, IN_FEATURES + 64, device="cuda").to(torch.bfloat16)[:, :IN_FEATURES]
+    out = kernels.dds(a, values, layout.meta_on("cuda"), None, layout.block_rows, layout.block_cols, True,
+                      config=ResidentConfig())
+    assert_close(out, a.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident, padded rows")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_a_capture_before_the_tables_are_built_refuses_the_config():
+    layout = tilesparse.layouts.random(512, 512, 16, 0.5, seed=3)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no chunk table"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            kernels.dds(x, values, layout.meta_on("cuda"), None, layout.block_rows, layout.block_cols, True,
+                        config=ResidentConfig())

@@ -195,22 +195,23 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
         for r in gl.static_range(R):
             _store_rows(accs[r], c_ptr, bias_ptr, (group * R + r) * B + offs_b, offs_m, m_ok, n_out_cols, stride_cm,
                         HAS_BIAS)
-    else:  # fp32 partials [splits, 64, n_out_cols]; the last of the group's programs sums them
-        part = ws_ptr + split.to(gl.int64) * 64 * n_out_cols
+    else:  # fp32 partials [splits, 64, n_out_cols] (int64 offsets); the last of the group's programs sums them
+        split_stride = n_out_cols.to(gl.int64) * 64
+        rows_off = offs_m.to(gl.int64)[:, None] * n_out_cols
         for r in gl.static_range(R):
             cols = (group * R + r) * B + offs_b
-            gl.store(part + offs_m[:, None] * n_out_cols + cols[None, :], accs[r],
+            gl.store(ws_ptr + split * split_stride + rows_off + cols[None, :], accs[r],
                      mask=m_ok[:, None] & (cols < n_out_cols)[None, :])
         gl.thread_barrier()  # every thread's partials are stored before the count below
         arrived = gl.atomic_add(sem_ptr + group, 1, sem="acq_rel", scope="gpu")
         if arrived == n_splits - 1:
             for r in gl.static_range(R):
                 cols = (group * R + r) * B + offs_b
-                ptrs = ws_ptr + offs_m[:, None] * n_out_cols + cols[None, :]
+                ptrs = ws_ptr + rows_off + cols[None, :]
                 ok2 = m_ok[:, None] & (cols < n_out_cols)[None, :]
                 total = gl.load(ptrs, mask=ok2, other=0.0, cache_modifier=".cg")
                 for s in range(1, n_splits):
-                    total += gl.load(ptrs + s * 64 * n_out_cols, mask=ok2, other=0.0, cache_modifier=".cg")
+                    total += gl.load(ptrs + s * split_stride, mask=ok2, other=0.0, cache_modifier=".cg")
                 _store_rows(total, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm, HAS_BIAS)
             gl.atomic_xchg(sem_ptr + group, 0, sem="relaxed", scope="gpu")
 
