@@ -142,7 +142,7 @@ def _variants():
     return probe
 
 
-def _config(name: str, m: int) -> S.SmallConfig:
+def _config(name: str, m: int):
     """The config a variant sweep's name stood for at M rows, from the sweep's own table
     (ALL_VARIANTS, with the sweep's own rows-per-program rule)."""
     probe = _variants()

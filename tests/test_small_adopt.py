@@ -43,3 +43,17 @@ def test_adopt_compares_against_the_sweeps_default_variant(crossover, tmp_path, 
     assert (key in entries) == adopted
     if adopted:
         assert tuned.from_json(entries[key]["config"]) == PanelConfig(8, 64, 4, 4, 8, 8)
+
+
+def test_adopt_records_a_winning_resident_variant(crossover, tmp_path):
+    # the resident-activation fprop (its own config kind) is adopted like any small variant
+    from tilesparse.kernels.bsmm_resident import ResidentConfig
+
+    row = {"op": "fprop", "block": 16, "density": 0.5, "M": 32, "weight_bytes": 151 << 20, "copies": 3,
+           "large_ms": 0.23, "default": 0.091, "rR12x2": 0.050, "auto": 0.091, "auto_err": 1e-3}
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
+    crossover.adopt(sweep)
+    entries = json.loads((tmp_path / "nvidia-h200.json").read_text())["entries"]
+    key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 32, 0.5)
+    assert tuned.from_json(entries[key]["config"]) == ResidentConfig(rows=12, splits=2, chunk=32, w_stages=4)

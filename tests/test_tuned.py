@@ -18,6 +18,7 @@ from tilesparse.kernels.bsmm_sdd_group import SddGroupConfig
 from tilesparse.kernels.bsmm_sdd_tile import SddTileConfig
 from tilesparse.kernels.bsmm_small import SmallConfig
 from tilesparse.kernels.bsmm_ws import WsConfig
+from tilesparse.kernels.bsmm_resident import ResidentConfig
 from tilesparse.kernels.bsmm_ws_group import WsGroupConfig
 from tilesparse.kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from tilesparse.kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
@@ -53,6 +54,7 @@ def test_buckets():
     PanelConfig(4, 64, 8, 3),
     WsConfig(128, 64, 4, 4, pingpong=True),
     WsGroupConfig(8, 4, a_from_registers=False),
+    ResidentConfig(rows=6, splits=2, chunk=16, w_stages=8),
 ])
 def test_json_round_trip(config):
     obj = tuned.to_json(config)

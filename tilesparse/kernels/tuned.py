@@ -17,7 +17,9 @@ splits depend on how many output tiles the weight makes. A config is one of the 
 ``KernelConfig`` (tiles), ``SmallConfig`` (small-batch streaming), ``PanelConfig``
 (small blocks, several output block-columns per program), ``WsConfig`` (Hopper
 warp-specialized), ``SddGroupConfig`` (updat, several blocks of a block-row per program),
-``SddTileConfig`` (updat, a dense tile of several blocks per program, only stored blocks written).
+``SddTileConfig`` (updat, a dense tile of several blocks per program, only stored blocks written),
+``ResidentConfig`` (fprop at <= 64 rows, the activations held in shared memory; a bprop or a
+larger M that meets one runs the other kernels).
 
 Sources, later ones overriding earlier: the tables shipped with the package
 (``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
@@ -106,13 +108,13 @@ def _gpu_slug(index: int) -> str:
 
 
 def _kinds() -> dict:
-    from . import (bsmm, bsmm_panel, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_ws,  # late: bsmm imports this
-                   bsmm_ws_group, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)
+    from . import (bsmm, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small,  # late: bsmm imports this
+                   bsmm_ws, bsmm_ws_group, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
             "ws": bsmm_ws.WsConfig, "ws_group": bsmm_ws_group.WsGroupConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig,
             "sdd_tile": bsmm_sdd_tile.SddTileConfig, "ws_sdd_group": bsmm_ws_sdd_group.WsSddGroupConfig,
-            "ws_sdd_rows": bsmm_ws_sdd_rows.WsSddRowsConfig}
+            "ws_sdd_rows": bsmm_ws_sdd_rows.WsSddRowsConfig, "resident": bsmm_resident.ResidentConfig}
 
 
 def to_json(config) -> dict:
