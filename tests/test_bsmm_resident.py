@@ -92,7 +92,8 @@ def test_a_tuned_resident_entry_the_operands_cannot_take_falls_back(monkeypatch)
     for trans in (True, False):
         a = torch.randn(8, 64 if trans else 96)
         out = kernels.dds(a, values, layout.meta_on("cpu"), None, 6, 4, trans)
-        assert_close(out, a.double() @ (s.t() if trans else s), torch.float32, f"dds after a tuned resident entry ({trans})")
+        assert_close(out, a.double() @ (s.t() if trans else s), torch.float32,
+                     f"dds after a tuned resident entry (trans={trans})")
 
 
 def test_dds_refuses_the_resident_config_off_hopper():
@@ -196,7 +197,8 @@ def test_sparse_layouts_and_deep_rings(kind, block_size, rows, chunk, w_stages, 
     # stages with no block (plain arrivals) beside stages with a few, around rings of up to 16
     block_rows, block_cols = OUT_FEATURES // block_size, IN_FEATURES // block_size
     if kind == "sparse":
-        layout = tilesparse.layouts.random(OUT_FEATURES, IN_FEATURES, block_size, 0.05, seed=int(torch.randint(1 << 30, ())))
+        seed = int(torch.randint(1 << 30, ()))
+        layout = tilesparse.layouts.random(OUT_FEATURES, IN_FEATURES, block_size, 0.05, seed=seed)
     else:
         layout = _top_bit_layout(block_rows, block_cols, block_size, chunk)
     cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)

@@ -39,8 +39,8 @@ from ._launch import launch
 from ._tiles import cdiv, check_ints, check_register_budgets
 from .bsmm_small import _arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
-from .bsmm_ws import _alloc_ring, _nvmma, hopper_reason
-from .bsmm_ws_group import _maybe_mma
+from .bsmm_ws import _alloc_ring, _nvmma
+from .bsmm_ws_group import _maybe_mma, small_block_reason
 
 __all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_tables", "launch_dds_resident"]
 
@@ -284,7 +284,8 @@ def chunk_tables(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: in
         bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits)  # bit 31 as int32's sign
         return firsts.to(torch.int32).contiguous(), bits.view(block_rows, n_chunks).to(torch.int32).contiguous()
 
-    tables = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), lambda: build() or (), build_while_capturing=False)
+    tables = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), lambda: build() or (),
+                          build_while_capturing=False)
     return tables or None
 
 
@@ -292,20 +293,13 @@ def resident_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, t
                        cfg: ResidentConfig) -> str | None:
     """Why this kernel cannot run these operands, or None if it can."""
     b = values.shape[-1]
-    why = hopper_reason(a)
+    why = small_block_reason(a, values, c, cfg.accumulator_registers(b), f"rows={cfg.rows}")
     if why is not None:
         return why
     if not trans:
         return "computes fprop only (a block-row's blocks stored together); bprop gathers by column"
     if a.shape[0] > MAX_M:
         return f"takes at most {MAX_M} rows of activations, got {a.shape[0]}"
-    if c.dtype != a.dtype or values.dtype != a.dtype:
-        return f"needs one dtype: A is {a.dtype}, C {c.dtype}, the blocks {values.dtype}"
-    if b not in (16, 32, 64):
-        return f"needs a block size of 16, 32 or 64, got {b}"
-    if cfg.accumulator_registers(b) > 128:
-        return (f"would hold {cfg.accumulator_registers(b)} accumulator registers per thread "
-                f"(rows={cfg.rows} at b = {b}); at most 128")
     if not row_major_tma_ok(a) or c.stride(1) != 1:
         return "needs a row-major A (16-byte-aligned rows) and C"
     if values.data_ptr() % 16 or not values.is_contiguous():

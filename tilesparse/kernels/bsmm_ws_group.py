@@ -47,8 +47,8 @@ from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WS_MIN_M, _alloc_ring, _claim_stage, _Layouts, _nvmma, _tile_coords, hopper_reason
 
-__all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "group_tables", "tables_ready",
-           "launch_dds_ws_group"]
+__all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "small_block_reason", "group_tables",
+           "tables_ready", "launch_dds_ws_group"]
 
 _ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
 _MASKS = "_tilesparse_group_masks"  # where group_tables remembers the masks on a layout's meta
@@ -422,8 +422,12 @@ def tables_ready(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bo
     return (block_rows, block_cols, trans, group) in meta.__dict__.get(_MASKS, {})
 
 
-def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
-    """Why this kernel cannot run these operands, or None if it can."""
+def small_block_reason(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, accumulator_registers: int,
+                       knob: str) -> str | None:
+    """Why a Hopper kernel for b 16-64 with its accumulators in registers (this one, the
+    resident fprop) cannot take these operands' device, dtypes and block size, or the
+    config's ``accumulator_registers`` per thread (``knob`` names the setting behind them);
+    None if it can."""
     b = values.shape[-1]
     why = hopper_reason(a)
     if why is not None:
@@ -432,9 +436,17 @@ def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, c
         return f"needs one dtype: A is {a.dtype}, C {c.dtype}, the blocks {values.dtype}"
     if b not in (16, 32, 64):
         return f"needs a block size of 16, 32 or 64, got {b}"
-    if cfg.accumulator_registers(b) > 128:
-        return (f"would hold {cfg.accumulator_registers(b)} accumulator registers per thread "
-                f"(group={cfg.group} at b = {b}); at most 128")
+    if accumulator_registers > 128:
+        return f"would hold {accumulator_registers} accumulator registers per thread ({knob} at b = {b}); at most 128"
+    return None
+
+
+def ws_group_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, cfg: WsGroupConfig) -> str | None:
+    """Why this kernel cannot run these operands, or None if it can."""
+    b = values.shape[-1]
+    why = small_block_reason(a, values, c, cfg.accumulator_registers(b), f"group={cfg.group}")
+    if why is not None:
+        return why
     for name, t in (("A", a), ("C", c)):
         if not row_major_tma_ok(t):
             return f"needs a row-major {name} with 16-byte-aligned, non-overlapping rows"
