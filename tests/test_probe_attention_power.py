@@ -14,21 +14,27 @@ def probe():
         return load_script("scripts/probes/attention_power.py")
 
 
+def _reading(mhz, watts, capped):
+    return {"sm_mhz": mhz, "watts": watts, "power_capped": capped}
+
+
 def test_parse_skips_what_is_not_a_sample(probe):
-    text = "690.5, 1770, 0x0000000000000004\nN/A, 1980, 0x0\n120.0, 1980, 0x0000000000000000\n688.0, 17"
-    assert probe.parse_samples(text) == [(690.5, 1770.0, 4), (120.0, 1980.0, 0)]
+    # the suite's query order (tilesparse.bench.env.CLOCK_QUERY): SM clock, power, throttle bits
+    text = "1770, 690.5, 0x0000000000000004\n1980, N/A, 0x0\n1980, 120.0, 0x0000000000000000\n1770, 68"
+    assert probe.parse_samples(text) == [_reading(1770.0, 690.5, True), _reading(1980.0, 120.0, False)]
     # a last line cut off inside its hex field would read as other bits: dropped, as any unended line
-    assert probe.parse_samples("690.5, 1770, 0x0000000000000004\n688.0, 1770, 0x00000000000000") == [
-        (690.5, 1770.0, 4)]
+    assert probe.parse_samples("1770, 690.5, 0x0000000000000004\n1770, 688.0, 0x00000000000000") == [
+        _reading(1770.0, 690.5, True)]
 
 
 def test_summary_of_made_up_samples(probe):
-    samples = [(600.0, 1800.0, 0x4), (700.0, 1700.0, 0x4 | 0x1), (650.0, 1900.0, 0x0), (640.0, 1750.0, 0x8)]
+    samples = [_reading(1800.0, 600.0, True), _reading(1700.0, 700.0, True), _reading(1900.0, 650.0, False),
+               _reading(1750.0, 640.0, False)]
     got = probe.summarize(samples, elapsed_s=2.0, calls=1000)
     assert got["ms_per_call"] == pytest.approx(2.0)
     assert got["watts"] == pytest.approx(645.0)  # median of 600, 640, 650, 700
     assert got["sm_mhz"] == pytest.approx(1775.0)
-    assert got["power_capped_share"] == pytest.approx(0.5)  # bit 0x4 in two of four
+    assert got["power_capped_share"] == pytest.approx(0.5)  # the SW power cap in two of four
     assert got["mj_per_call"] == pytest.approx(645.0 * 2.0)
     assert got["samples"] == 4
 

@@ -22,37 +22,29 @@ import torch
 from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 
 from tilesparse.bench.attention import suite_patterns
-from tilesparse.bench.env import nvidia_smi_target
-
-_QUERY = "power.draw,clocks.sm,clocks_throttle_reasons.active"
+from tilesparse.bench.env import CLOCK_QUERY, nvidia_smi_target, parse_clock_state
 
 
-def parse_samples(text: str) -> list[tuple[float, float, int]]:
-    """(watts, SM MHz, throttle-reason bits) of each line nvidia-smi printed for ``_QUERY``
-    (csv, no header, no units); lines that do not parse (N/A, a partial last line) skipped."""
-    samples = []
+def parse_samples(text: str) -> list[dict]:
+    """The readings (:func:`tilesparse.bench.env.parse_clock_state`: SM MHz, watts, whether
+    the SW power cap holds the clock) of each line nvidia-smi printed for ``CLOCK_QUERY``
+    (csv, no header, no units); lines missing a field (N/A, a partial last line) skipped."""
     lines = text.splitlines()
     if text and not text.endswith("\n"):
         lines = lines[:-1]  # cut off by the sampler's end: its fields may be cut short, not just missing
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            samples.append((float(parts[0]), float(parts[1]), int(parts[2], 16)))
-        except (ValueError, IndexError):
-            continue
-    return samples
+    readings = (parse_clock_state(line) for line in lines)
+    return [r for r in readings if r is not None and None not in r.values()]
 
 
-def summarize(samples: list[tuple[float, float, int]], elapsed_s: float, calls: int) -> dict:
+def summarize(samples: list[dict], elapsed_s: float, calls: int) -> dict:
     """ms per call, median power (W) and SM clock (MHz), the share of samples with the SW
-    power cap (bit 0x4) among the throttle reasons (``power_capped_share``), energy per
-    call (mJ = W x ms)."""
+    power cap among the throttle reasons (``power_capped_share``), energy per call (mJ = W x ms)."""
     if not samples or calls < 1:
         raise ValueError(f"need samples and calls, got {len(samples)} samples, {calls} calls")
     ms = elapsed_s / calls * 1e3
-    watts = statistics.median(s[0] for s in samples)
-    return {"ms_per_call": ms, "watts": watts, "sm_mhz": statistics.median(s[1] for s in samples),
-            "power_capped_share": sum(bool(s[2] & 0x4) for s in samples) / len(samples), "mj_per_call": watts * ms,
+    watts = statistics.median(s["watts"] for s in samples)
+    return {"ms_per_call": ms, "watts": watts, "sm_mhz": statistics.median(s["sm_mhz"] for s in samples),
+            "power_capped_share": sum(s["power_capped"] for s in samples) / len(samples), "mj_per_call": watts * ms,
             "samples": len(samples)}
 
 
@@ -65,7 +57,7 @@ def sustained(fn, seconds: float, rest: float = 1.0) -> dict:
     while time.perf_counter() < deadline:
         fn()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits", "-lms", "50",
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader,nounits", "-lms", "50",
                             *(nvidia_smi_target() or [])], stdout=subprocess.PIPE, text=True)
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

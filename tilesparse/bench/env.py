@@ -18,7 +18,7 @@ import torch
 __all__ = [
     "has_cuda", "device_name", "device_slug", "versions", "commit", "repo_root",
     "copy_bandwidth_gbs", "host_launch_us", "l2_cache_bytes", "environment", "paths", "clock_state",
-    "parse_clock_state", "nvidia_smi_target",
+    "parse_clock_state", "nvidia_smi_target", "CLOCK_QUERY",
 ]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def l2_cache_bytes() -> int | None:
 
 
 # nvidia-smi's fields for clock_state; bit 0x4 of the throttle reasons is the software power cap
-_CLOCK_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+CLOCK_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 _SW_POWER_CAP = 0x4
 _clocks_unavailable = False  # set once nvidia-smi is missing, hangs or refuses every query
 
@@ -161,7 +161,7 @@ def _number(text: str, base: int = 10):
 
 def parse_clock_state(line: str) -> dict | None:
     """{"sm_mhz", "watts", "power_capped"} from one csv line nvidia-smi printed for
-    ``_CLOCK_QUERY`` (no header, no units); a field it reports as N/A is None, and a line
+    ``CLOCK_QUERY`` (no header, no units); a field it reports as N/A is None, and a line
     without a number at all (or short of fields) gives None."""
     parts = [p.strip() for p in line.strip().split(",")]
     if len(parts) < 3:
@@ -198,7 +198,7 @@ def clock_state(device: int | None = None) -> dict | None:
     if target is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={_CLOCK_QUERY}", "--format=csv,noheader,nounits", *target],
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader,nounits", *target],
                              capture_output=True, text=True, timeout=5, errors="replace")
     except (OSError, subprocess.SubprocessError):
         _clocks_unavailable = True
