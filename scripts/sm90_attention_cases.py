@@ -227,13 +227,15 @@ def attention_ws_cases(quick: bool):
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=True)
     # persistent: items of (key block, batch * kv head) in turn (mode 0: deterministic; per case: mode, D, causal,
     # key padding, FlashAttention-3's order with staged stores and host descriptors)
-    persistent = ((2, 128, True, False, False),) if quick else \
-        ((2, 128, True, False, False), (0, 128, False, True, False), (2, 128, True, False, True),
-         (1, 64, False, True, False), (2, 64, True, False, True))
-    for mode, head_dim, causal, kpm, fa3 in persistent:
+    # (+ scheduled: each program's share of the balanced schedule, persistent with balanced)
+    persistent = ((2, 128, True, False, False, False),) if quick else \
+        ((2, 128, True, False, False, False), (0, 128, False, True, False, False), (2, 128, True, False, True, False),
+         (1, 64, False, True, False, False), (2, 64, True, False, True, False), (0, 128, False, False, False, True),
+         (0, 64, True, False, False, True), (2, 128, False, False, True, True))
+    for mode, head_dim, causal, kpm, fa3, scheduled in persistent:
         yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
-                              mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3,
-                              persistent=True)
+                              mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3 or scheduled,
+                              persistent=True, ordered=scheduled)
     # balanced: the programs in the launch-order table's order (the shipped modes: deterministic with host
     # descriptors; shared dS in FlashAttention-3's order, staged, host; D 64's plain mode staged, host)
     # (per case: mode, D, causal, key padding, overlap, stats in smem, registers, staged stores, host

@@ -142,3 +142,33 @@ def test_cached_table_remembers_host_values_on_cuda():
     assert cached_table(owner, "_host", "k", build) == 2.5
     assert cached_table(owner, "_host", "k", build) == 2.5 and built == [1]
     assert cached_table(owner, "_flag", "k", lambda: False) is False
+
+
+@pytest.mark.parametrize("programs", [1, 5, 132])
+def test_persistent_items_share_every_item_once_and_balance_the_columns(programs):
+    # the persistent dK/dV kernel's schedule: programs + 1 offsets, then each program's items;
+    # every (batch * kv head, key block) item once; the model's busiest program well under the
+    # round-robin's on BigBird's uneven columns
+    S, b, B, H, Hkv = 4096, 128, 2, 4, 2
+    layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2,
+                             seed=int(torch.randint(0, 1 << 30, ())), num_heads=H)
+    meta = layout.meta_on("cpu", False)
+    sched = order_mod.persistent_items(meta, layout.layout_heads, layout.num_blocks, B, H, Hkv, programs)
+    n = B * Hkv * layout.num_blocks
+    assert sched.dtype == torch.int32 and sched.numel() == programs + 1 + n
+    seg, items = sched[:programs + 1].tolist(), sched[programs + 1:].tolist()
+    assert seg[0] == 0 and seg[-1] == n and seg == sorted(seg)
+    assert sorted(items) == list(range(n))
+    costs = order_mod.backward_costs(meta, layout.layout_heads, layout.num_blocks, "dkdv", B, H, Hkv)
+    busiest = max(sum(costs[t] for t in items[seg[p]:seg[p + 1]]) for p in range(programs))
+    round_robin = max(sum(costs[p::programs]) for p in range(programs))
+    assert busiest <= round_robin
+    if programs == 5:  # (at 132 programs most take one item; at 1 there is nothing to balance)
+        assert busiest < 0.97 * round_robin or round_robin <= 1.03 * sum(costs) / programs
+    assert order_mod.persistent_items(meta, layout.layout_heads, layout.num_blocks, B, H, Hkv, programs) is sched
+
+
+def test_persistent_items_above_the_limit_is_the_round_robin(monkeypatch):
+    monkeypatch.setattr(order_mod, "MAX_SCHEDULED_TILES", 3)
+    layout = layouts.local(1024, 128, 256)
+    assert order_mod.persistent_items(layout.meta_on("cpu", False), 1, layout.num_blocks, 1, 1, 1, 4) is None

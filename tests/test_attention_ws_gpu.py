@@ -362,13 +362,23 @@ def test_backward_with_host_descriptors_is_bitwise_the_same(D, S, consumers, cau
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D,S,consumers", [(128, 2000, 2), (64, 1000, 1)])
-def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, monkeypatch):
+@pytest.mark.parametrize("balanced", [False, True], ids=["round_robin", "scheduled"])
+def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, balanced, monkeypatch):
     # persistent: a program per SM takes (key block, batch * kv head) items in turn, the
     # ring positions carried across items and K / V reloaded once the consumers release
     # them; the same products in the same order per item, so bitwise the same gradients.
     # BigBird with GQA, odd S, key padding: 16 (S 2000) or 8 (S 1000) key blocks x 2 batch x
-    # 2 kv heads items, on every SM (at most one item each), then on 3 programs (~11-22 each)
-    from tilesparse.kernels import attention_ws_dkdv
+    # 2 kv heads items, on every SM (at most one item each), then on 3 programs (~11-22 each).
+    # balanced: each program takes its share of the host's balanced schedule (checked used)
+    from tilesparse.kernels import attention_launch_order, attention_ws_dkdv
+
+    used = []
+
+    def spy(*args):
+        used.append(attention_launch_order.persistent_items(*args))
+        return used[-1]
+
+    monkeypatch.setattr(attention_ws_dkdv, "persistent_items", spy)
 
     dtype, b = torch.bfloat16, 128
     layout, q, k, v, grad_out, kpm = _bigbird_gqa_case(S, D, "tail")
@@ -376,13 +386,14 @@ def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, monkeypatc
     dq = kernels.attention_config("dq", b, D, dtype)
     plain = attention_ws.DkdvWsConfig(64, 2, consumers=consumers, stats_in_smem=True)
     want = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=(fwd, plain, dq))[2]
-    persistent = (fwd, dataclasses.replace(plain, persistent=True), dq)
+    persistent = (fwd, dataclasses.replace(plain, persistent=True, balanced=balanced), dq)
     for programs in (None, 3):
         if programs is not None:
             monkeypatch.setattr(attention_ws_dkdv, "sm_count", lambda device: programs)
         got = run_kernels(q, k, v, layout, causal, kpm, D ** -0.5, grad_out, configs=persistent)[2]
         for name, a, b_ in zip(("dq", "dk", "dv"), got, want):
             assert torch.equal(a, b_), f"{name} ({programs or 'every SM'} programs)"
+    assert (len(used) == 2 and all(t is not None for t in used)) == balanced
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

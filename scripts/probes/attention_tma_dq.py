@@ -104,7 +104,7 @@ if os.environ.get("TMA_DQ_VARIANTS"):  # a comma-separated subset, to save devic
 
 
 # TMA_DQ_HOST: a comma-separated subset of the deterministic default's variants below (dkdv, both,
-# persistent, balanced, grid_order, delta, no_delta); all where unset
+# persistent, persistent_lpt, balanced, grid_order, delta, no_delta, ring, dq_staged, dq_plain); all where unset
 HOST_VARIANTS = os.environ["TMA_DQ_HOST"].split(",") if os.environ.get("TMA_DQ_HOST") else None
 # TMA_DQ_CONCURRENT=0 skips the CONCURRENT_DQ row
 CONCURRENT = os.environ.get("TMA_DQ_CONCURRENT", "1") != "0"
@@ -165,6 +165,9 @@ def run_pattern(spec: dict, B: int, H: int, S: int, D: int, block: int, flex: bo
                            ("both", tuple(dataclasses.replace(c, host_descs=True) for c in defaults)),
                            ("persistent", (dataclasses.replace(defaults[0], persistent=True, balanced=False,
                                                                ring_stores=False), defaults[1])),
+                           # ... each program taking its share of the balanced schedule (thirtieth session)
+                           ("persistent_lpt", (dataclasses.replace(defaults[0], persistent=True, balanced=True,
+                                                                   ring_stores=False), defaults[1])),
                            ("balanced", tuple(dataclasses.replace(c, balanced=True) for c in defaults)),
                            ("grid_order", tuple(dataclasses.replace(c, balanced=False) for c in defaults)),
                            # delta computed by the dQ kernel, which runs first (no delta kernel; not the same

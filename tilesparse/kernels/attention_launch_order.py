@@ -32,9 +32,10 @@ import torch
 
 from ..attention.layout import attention_table_views
 from ._device import cached_table
-from .attention_schedule import MAX_SCHEDULED_TILES, TILE_FIXED_COST, balanced_order, tile_costs
+from .attention_schedule import MAX_SCHEDULED_TILES, TILE_FIXED_COST, balanced_order, pack_lists, tile_costs, tile_order
 
-__all__ = ["backward_costs", "modelled_makespan", "launch_order", "MIN_MODELLED_GAIN", "PROGRAM_FIXED_COST"]
+__all__ = ["backward_costs", "modelled_makespan", "launch_order", "persistent_items", "MIN_MODELLED_GAIN",
+           "PROGRAM_FIXED_COST"]
 
 _ORDERS = "_backward_launch_orders"
 # a program's own cost (descriptors, K / V or Q / dO loads, the epilogue) in block pairs: as
@@ -98,3 +99,28 @@ def _build(meta, kind, layout_heads, num_blocks, batch, heads, kv_heads, m_split
     if natural < MIN_MODELLED_GAIN * modelled_makespan(costs, order, programs):
         return torch.empty(0, dtype=torch.int32, device=meta.device)
     return torch.tensor(order, dtype=torch.int32).to(meta.device)
+
+
+def persistent_items(meta: torch.Tensor, layout_heads: int, num_blocks: int, batch: int, heads: int, kv_heads: int,
+                     programs: int) -> torch.Tensor | None:
+    """The persistent dK/dV kernel's schedule (``DkdvWsConfig.persistent`` with ``balanced``):
+    int32 [programs + 1 + n items] on meta's device, program p taking items seg[p] ..
+    seg[p + 1] of the list after the offsets (:func:`attention_schedule.pack_lists`), items
+    numbered as the kernel's round-robin numbers them (batch * kv head major, then key
+    block). Items are handed out in :func:`attention_schedule.balanced_order`'s order (long
+    ones first, the last rounds longest first) to whichever program the model frees first
+    (:func:`attention_schedule.tile_order`): the grid's balanced launch order, kept with the
+    persistent kernel's overlap of one item's epilogue with the next one's loads (round-robin
+    shares lost to it wherever columns differ in length: twenty-seventh session). None (the
+    round-robin) above MAX_SCHEDULED_TILES items, or while a CUDA graph is being captured
+    before the schedule was built. Remembered on ``meta`` per key."""
+    n = batch * kv_heads * num_blocks
+    if n > MAX_SCHEDULED_TILES:
+        return None
+    key = ("persistent_dkdv", layout_heads, num_blocks, batch, heads, kv_heads, programs)
+
+    def build():
+        costs = backward_costs(meta, layout_heads, num_blocks, "dkdv", batch, heads, kv_heads)
+        return pack_lists(tile_order(costs, programs), meta.device)
+
+    return cached_table(meta, _ORDERS, key, build, build_while_capturing=False)

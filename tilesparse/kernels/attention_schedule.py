@@ -24,7 +24,7 @@ from ..attention.layout import attention_table_views
 from ._device import cached_table
 
 __all__ = ["persistent_schedule", "tile_costs", "tile_order", "balanced_order", "round_robin_imbalance",
-           "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
+           "pack_lists", "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
 
 _SCHEDULES = "_persistent_schedules"
 # above this many tiles the host's one-time simulation (~0.5 µs a tile) is skipped: round-robin
@@ -111,10 +111,14 @@ def _build(meta, layout_heads, num_blocks, batch, heads, m_split, programs) -> t
     costs = tile_costs(meta, layout_heads, num_blocks, batch, heads, m_split)
     if round_robin_imbalance(costs, programs) <= ROUND_ROBIN_SLACK:
         return torch.empty(0, dtype=torch.int32, device=meta.device)
-    lists = tile_order(costs, programs)
+    return pack_lists(tile_order(costs, programs), meta.device)
+
+
+def pack_lists(lists: list[list[int]], device) -> torch.Tensor:
+    """Each program's items as one int32 tensor on ``device``: programs + 1 offsets, then the
+    items, program by program (what a persistent kernel's share walk reads)."""
     seg = [0]
-    for tiles in lists:
-        seg.append(seg[-1] + len(tiles))
-    flat = seg + [t for tiles in lists for t in tiles]
-    return torch.tensor(flat, dtype=torch.int32).to(meta.device)
+    for items in lists:
+        seg.append(seg[-1] + len(items))
+    return torch.tensor(seg + [t for items in lists for t in items], dtype=torch.int32).to(device)
 

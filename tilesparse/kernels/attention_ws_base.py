@@ -185,9 +185,11 @@ class DkdvWsConfig:
     passed in, instead of by every program on the device before its first load;
     ``persistent``: a program per SM at most, taking (key block, batch * kv head) items in
     turn, its descriptors built once and the next item's K and V loaded while the consumers
-    store the last one's dK and dV; ``balanced`` (not persistent): the programs launch in
+    store the last one's dK and dV; ``balanced``: the programs launch in
     the order of :mod:`tilesparse.kernels.attention_launch_order` (long columns first) where
-    the layout's column lengths make the grid's order end on a few long programs;
+    the layout's column lengths make the grid's order end on a few long programs (with
+    ``persistent``: each program takes its share of a schedule handed out in that order,
+    ``attention_launch_order.persistent_items``, instead of every P-th item);
     ``ordered_dq`` (with ``shared_ds``): the shares of dQ added in a fixed order behind
     semaphores by a dQ writer warp (:mod:`tilesparse.kernels.attention_ordered_dq`), so
     dQ's bits are reproducible: a deterministic 5-product backward, for the layouts whose
@@ -246,8 +248,6 @@ class DkdvWsConfig:
         if self.ring_stores and (self.staged_stores or self.persistent or self.stages < self.consumers):
             raise ValueError("DkdvWsConfig.ring_stores: not with staged_stores (another way to stage dK / dV) nor "
                              "persistent (the ring takes the next item), and stages >= consumers")
-        if self.balanced and self.persistent:
-            raise ValueError("DkdvWsConfig.balanced orders a grid of a program per key block: not with persistent")
         if self.staged_stores and not self.atomic_dq:
             raise ValueError("DkdvWsConfig.staged_stores needs atomic_dq=True (it reuses the dQ staging tiles)")
         if self.shared_ds and not (self.atomic_dq and self.consumers == 2):
@@ -409,6 +409,26 @@ def _store_through(out_ptr, tile, buf, base_row, first_row, S, row_stride, D: gl
     offs_d = gl.arange(0, D, layout=gl.SliceLayout(0, rows_layout))
     off = (base_row + offs_n.to(gl.int64))[:, None] * row_stride + offs_d[None, :]
     gl.store(out_ptr + off, vals, mask=(offs_n < S)[:, None] & (offs_d < D)[None, :])
+
+
+@gluon.jit
+def _share_bounds(order_ptr, n_items, SCHEDULED: gl.constexpr):
+    """(first, end, stride) of a persistent program's walk over its share of the items:
+    positions p, p + P, ... of 0 .. n_items (round-robin), or (SCHEDULED) positions
+    seg[p] .. seg[p + 1] of the schedule ``order_ptr`` = [seg (P + 1 offsets), items]."""
+    if SCHEDULED:
+        return gl.load(order_ptr + gl.program_id(0)), gl.load(order_ptr + gl.program_id(0) + 1), 1
+    else:
+        return gl.program_id(0), n_items, gl.num_programs(0)
+
+
+@gluon.jit
+def _share_item(order_ptr, position, SCHEDULED: gl.constexpr):
+    """The item at ``position`` of a persistent program's walk (:func:`_share_bounds`)."""
+    if SCHEDULED:
+        return gl.load(order_ptr + gl.num_programs(0) + 1 + position)
+    else:
+        return position
 
 
 @gluon.jit

@@ -33,11 +33,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._device import sm_count
 from ._launch import launch
 from ._stamps import check_stamps, now_ns, program_stamp_row, sm_id, store_stamp
-from .attention_launch_order import launch_order
+from .attention_launch_order import launch_order, persistent_items
 from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables, semaphores
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
-                                _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
-                                host_head_desc)
+                                _one_shot_barrier, _probabilities, _share_bounds, _share_item, _wgmma_layout,
+                                check_dq_acc, host_backward_descs, host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
 from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dkdv_staging, _dq_layout, _ds_smem_layout,
                                    _out_smem_layout, _pass_share, _store_staged, dq_tile_cols)
@@ -61,15 +61,18 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
                  out_smem_layout: gl.constexpr = None, PERSISTENT: gl.constexpr = False,
                  ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False, STAMPS: gl.constexpr = False):
     """A consumer partition: :func:`_dkdv_ws_item` for the program's key block (ORDERED:
-    the launch-order table's entry), or (PERSISTENT) for each item of its share in turn,
+    the launch-order table's entry), or (PERSISTENT) for each item of its share in turn
+    (ORDERED: the balanced schedule's share),
     the ring and staging positions carried. STAMPS: consumer 0 writes the program's row of
     ``tables[12]``: SM, time at start, K and V in, walk done, stores issued."""
     NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
-    if PERSISTENT:
+    if PERSISTENT:  # (ORDERED: the balanced schedule's share)
         step = gl.to_tensor(0)
         reduces = gl.to_tensor(0)
         it = 0
-        for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
+        first, end, stride = _share_bounds(tables[9], NB * N_BHK, ORDERED)
+        for position in range(first, end, stride):
+            item = _share_item(tables[9], position, ORDERED)
             step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                           step, reduces, it & 1, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS,
                                           CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES,
@@ -325,7 +328,9 @@ def _bwd_dkdv_ws_kernel(
 ):
     """Program (key block, batch * kv head), or (PERSISTENT) a program per SM at most taking
     such items in turn, head major (items running at once share Q and dO in L2); ORDERED: a
-    1-D grid, program p taking the item of entry p of ``order_ptr`` (the launch-order table).
+    1-D grid, program p taking the item of entry p of ``order_ptr`` (the launch-order table),
+    or with PERSISTENT, program p the items of its share of the balanced schedule ``order_ptr``
+    (:func:`attention_launch_order.persistent_items`).
     Q and dO are read through descriptors over [B, H, S, D] (zero-filled past S), K and V
     over [B, Hkv, S, D]; built on the device
     (HOST_DESCS: q_ptr, k_ptr, v_ptr, do_ptr and dq_acc_ptr are host-built descriptors).
@@ -450,9 +455,15 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         dq_box = dq_tile_cols(D, cfg.shared_ds)
         operands = (*host_backward_descs(q, k, v, grad_out, cfg.block_m, block_size, qo_layout, kv_layout),
                     delta if dq_acc is None else host_head_desc(dq_acc, cfg.block_m, dq_layout, dq_box))
-    # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn
-    order = None if meta is None or not cfg.balanced or (first, end) != (0, B * hkv) else launch_order(
-        meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device), head_major_long=cfg.atomic_dq)
+    # persistent: a program per SM at most, each taking items (key block, batch * kv head) in turn,
+    # round-robin or (balanced) its share of the balanced schedule
+    whole = meta is not None and cfg.balanced and (first, end) == (0, B * hkv)
+    if cfg.persistent:
+        programs = max(1, min(nb * (end - first), sm_count(q.device)))
+        order = persistent_items(meta, layout_heads, nb, B, H, hkv, programs) if whole else None
+    else:
+        order = launch_order(meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device),
+                             head_major_long=cfg.atomic_dq) if whole else None
     ranks = sems = None
     if cfg.ordered_dq:  # its walk and ranks, its launch order, a zeroed semaphore per (b * h, tile, consumer)
         if meta is None or (first, end) != (0, B * hkv):
@@ -468,7 +479,7 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
         order = launch_table_on(meta, nb, B * hkv)
         sems = semaphores(B * H * nb * (block_size // cfg.block_m) * 2, q.device)
     if cfg.persistent:
-        grid = (max(1, min(nb * (end - first), sm_count(q.device))),)
+        grid = (programs,)
     else:
         grid = (nb, end - first) if order is None else (order.numel(),)
     if stamps is not None:

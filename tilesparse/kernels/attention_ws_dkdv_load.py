@@ -10,7 +10,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 
-from .attention_ws_base import _grid_item
+from .attention_ws_base import _grid_item, _share_bounds, _share_item
 from .bsmm_ws import _fill_stage
 
 
@@ -50,17 +50,20 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   BS: gl.constexpr, BLOCK_M: gl.constexpr, STATS_SMEM: gl.constexpr, ATOMIC_DQ: gl.constexpr,
                   PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
     """Producer (one warp): per key block (PERSISTENT: per item of this program's share,
-    (key block, batch * kv head), head major), the key tile's K and V once (PERSISTENT:
+    (key block, batch * kv head), head major, round-robin or with ORDERED the schedule's
+    share, :func:`attention_ws_base._share_bounds`), the key tile's K and V once (PERSISTENT:
     once the consumers have released the last item's, ``kv_free``), then for each query
     head of the group and each query tile of the key block's CSC column, the Q and dO tiles
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
     copies hold the stage's ready barrier open until they land)."""
     NB, BHK_OFFSET, N_BHK = sizes[4], sizes[7], sizes[11]
     ROTATE: gl.constexpr = ATOMIC_DQ != 0 and not ORDERED_DQ  # (the consumers walk alike)
-    if PERSISTENT:
+    if PERSISTENT:  # (ORDERED: the balanced schedule's share)
         step = gl.to_tensor(0)
         it = 0
-        for item in range(gl.program_id(0), NB * N_BHK, gl.num_programs(0)):
+        first, end, stride = _share_bounds(tables[9], NB * N_BHK, ORDERED)
+        for position in range(first, end, stride):
+            item = _share_item(tables[9], position, ORDERED)
             step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                       step, it, BS, BLOCK_M, STATS_SMEM, ROTATE, PERSISTENT)
             it += 1
