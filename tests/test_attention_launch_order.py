@@ -147,8 +147,9 @@ def test_cached_table_remembers_host_values_on_cuda():
 @pytest.mark.parametrize("programs", [1, 5, 132])
 def test_persistent_items_share_every_item_once_and_balance_the_columns(programs):
     # the persistent dK/dV kernel's schedule: programs + 1 offsets, then each program's items;
-    # every (batch * kv head, key block) item once; the model's busiest program well under the
-    # round-robin's on BigBird's uneven columns
+    # every (batch * kv head, key block) item once; the model's busiest program within list
+    # scheduling's bound (the mean plus the longest item: each item goes to the program free
+    # first), which the round-robin does not keep on BigBird's uneven columns
     S, b, B, H, Hkv = 4096, 128, 2, 4, 2
     layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2,
                              seed=int(torch.randint(0, 1 << 30, ())), num_heads=H)
@@ -161,10 +162,7 @@ def test_persistent_items_share_every_item_once_and_balance_the_columns(programs
     assert sorted(items) == list(range(n))
     costs = order_mod.backward_costs(meta, layout.layout_heads, layout.num_blocks, "dkdv", B, H, Hkv)
     busiest = max(sum(costs[t] for t in items[seg[p]:seg[p + 1]]) for p in range(programs))
-    round_robin = max(sum(costs[p::programs]) for p in range(programs))
-    assert busiest <= round_robin
-    if programs == 5:  # (at 132 programs most take one item; at 1 there is nothing to balance)
-        assert busiest < 0.97 * round_robin or round_robin <= 1.03 * sum(costs) / programs
+    assert busiest <= sum(costs) / programs + max(costs)
     assert order_mod.persistent_items(meta, layout.layout_heads, layout.num_blocks, B, H, Hkv, programs) is sched
 
 
