@@ -236,6 +236,9 @@ def attention_ws_cases(quick: bool):
         yield _dkdv_case(fn, mode, 128, head_dim, 2, causal, kpm, 2, 2 if fa3 else False, True,
                               mma_regs=240 if fa3 else 232, load_regs=24 if fa3 else 40, staged=fa3, host=fa3 or scheduled,
                               persistent=True, ordered=scheduled)
+    if not quick:  # scheduled with one consumer (D 64, as its GPU test runs it) and in atomic mode 1
+        yield _dkdv_case(fn, 0, 128, 64, 2, False, True, 1, False, True, persistent=True, ordered=True)
+        yield _dkdv_case(fn, 1, 128, 64, 2, True, False, 2, False, True, persistent=True, ordered=True)
     # balanced: the programs in the launch-order table's order (the shipped modes: deterministic with host
     # descriptors; shared dS in FlashAttention-3's order, staged, host; D 64's plain mode staged, host)
     # (per case: mode, D, causal, key padding, overlap, stats in smem, registers, staged stores, host

@@ -32,7 +32,8 @@ import torch
 
 from ..attention.layout import attention_table_views
 from ._device import cached_table
-from .attention_schedule import MAX_SCHEDULED_TILES, TILE_FIXED_COST, balanced_order, pack_lists, tile_costs, tile_order
+from .attention_schedule import (MAX_SCHEDULED_TILES, ROUND_ROBIN_SLACK, TILE_FIXED_COST, balanced_order, pack_lists,
+                                 round_robin_imbalance, tile_costs, tile_order)
 
 __all__ = ["backward_costs", "modelled_makespan", "launch_order", "persistent_items", "MIN_MODELLED_GAIN",
            "PROGRAM_FIXED_COST"]
@@ -102,25 +103,32 @@ def _build(meta, kind, layout_heads, num_blocks, batch, heads, kv_heads, m_split
 
 
 def persistent_items(meta: torch.Tensor, layout_heads: int, num_blocks: int, batch: int, heads: int, kv_heads: int,
-                     programs: int) -> torch.Tensor | None:
+                     programs: int, head_major_long: bool = False) -> torch.Tensor | None:
     """The persistent dK/dV kernel's schedule (``DkdvWsConfig.persistent`` with ``balanced``):
     int32 [programs + 1 + n items] on meta's device, program p taking items seg[p] ..
     seg[p + 1] of the list after the offsets (:func:`attention_schedule.pack_lists`), items
     numbered as the kernel's round-robin numbers them (batch * kv head major, then key
-    block). Items are handed out in :func:`attention_schedule.balanced_order`'s order (long
-    ones first, the last rounds longest first) to whichever program the model frees first
-    (:func:`attention_schedule.tile_order`): the grid's balanced launch order, kept with the
-    persistent kernel's overlap of one item's epilogue with the next one's loads (round-robin
-    shares lost to it wherever columns differ in length: twenty-seventh session). None (the
-    round-robin) above MAX_SCHEDULED_TILES items, or while a CUDA graph is being captured
-    before the schedule was built. Remembered on ``meta`` per key."""
+    block). Items are handed out in the order :func:`launch_order` would launch them (its
+    long factor and tail rounds; ``head_major_long`` as there) to whichever program the
+    model frees first (:func:`attention_schedule.tile_order`), so that the persistent
+    kernel's overlap of one item's epilogue with the next one's loads keeps the grid's
+    balance (round-robin shares lost to it wherever columns differ in length: twenty-seventh
+    session). None (the round-robin) where the round-robin's modelled busiest program is
+    within ROUND_ROBIN_SLACK of the mean (as the persistent forward: near-equal columns keep
+    running in lockstep), above MAX_SCHEDULED_TILES items, or while a CUDA graph is being
+    captured before the schedule was built. Remembered on ``meta`` per key."""
     n = batch * kv_heads * num_blocks
     if n > MAX_SCHEDULED_TILES:
         return None
-    key = ("persistent_dkdv", layout_heads, num_blocks, batch, heads, kv_heads, programs)
+    key = ("persistent_dkdv", layout_heads, num_blocks, batch, heads, kv_heads, programs, bool(head_major_long))
 
     def build():
         costs = backward_costs(meta, layout_heads, num_blocks, "dkdv", batch, heads, kv_heads)
-        return pack_lists(tile_order(costs, programs), meta.device)
+        if round_robin_imbalance(costs, programs) <= ROUND_ROBIN_SLACK:
+            return torch.empty(0, dtype=torch.int32, device=meta.device)
+        lists = tile_order(costs, programs, long_factor=_LONG_FACTOR, tail_rounds=_TAIL_ROUNDS,
+                           longest_first=not head_major_long)
+        return pack_lists(lists, meta.device)
 
-    return cached_table(meta, _ORDERS, key, build, build_while_capturing=False)
+    sched = cached_table(meta, _ORDERS, key, build, build_while_capturing=False)
+    return None if sched is None or sched.numel() == 0 else sched

@@ -73,10 +73,11 @@ def balanced_order(costs: list[float], programs: int, long_factor: float = _LONG
     return long + rest[:cut] + sorted(rest[cut:], key=lambda t: -costs[t])
 
 
-def tile_order(costs: list[float], programs: int) -> list[list[int]]:
+def tile_order(costs: list[float], programs: int, **order_options) -> list[list[int]]:
     """Each program's tiles (indices into ``costs``, in the order it runs them): the
-    tiles of :func:`balanced_order` handed out to whichever program is free first."""
-    order = balanced_order(costs, programs)
+    tiles of :func:`balanced_order` (with ``order_options``: its long_factor, tail_rounds,
+    longest_first) handed out to whichever program is free first."""
+    order = balanced_order(costs, programs, **order_options)
     busy = [(0.0, p) for p in range(programs)]  # (finish time, program); ties: the lower program
     lists: list[list[int]] = [[] for _ in range(programs)]
     for t in order:

@@ -437,7 +437,9 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     ``dq_acc`` (zeroed, contiguous fp32 [B, H, S, D]) where given, which needs
     ``cfg.atomic_dq``. ``kv_heads``: only the flat (batch, kv head) range [first, end)
     (default all). ``cfg.balanced`` with the packed tables ``meta`` (whose views col_ptr and
-    col_rows are), over all of them: the programs launch in the order remembered on ``meta``.
+    col_rows are), over all of them: the programs launch in the order remembered on ``meta``
+    (with ``cfg.persistent``: each program takes its share of the schedule remembered there,
+    ``attention_launch_order.persistent_items``, where it gains; else the round-robin).
     ``stamps`` (a probe's: contiguous int64 [programs, 8], not with ``cfg.persistent``): each
     program's SM and time stamps, in launch order (``STAMPS``)."""
     check_dq_acc(q, cfg, dq_acc, ds)
@@ -460,7 +462,8 @@ def launch_dkdv_ws(q, k, v, grad_out, lse, delta, dk, dv, kpm, col_ptr, col_rows
     whole = meta is not None and cfg.balanced and (first, end) == (0, B * hkv)
     if cfg.persistent:
         programs = max(1, min(nb * (end - first), sm_count(q.device)))
-        order = persistent_items(meta, layout_heads, nb, B, H, hkv, programs) if whole else None
+        order = persistent_items(meta, layout_heads, nb, B, H, hkv, programs,
+                                 head_major_long=cfg.atomic_dq) if whole else None
     else:
         order = launch_order(meta, layout_heads, nb, "dkdv", B, H, hkv, 1, sm_count(q.device),
                              head_major_long=cfg.atomic_dq) if whole else None
