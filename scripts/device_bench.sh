@@ -22,7 +22,8 @@
 #            (8 shards), then scripts/probes/attention_tma_dq.py against the
 #            deterministic default and the Triton kernel's atomics (TMA_DQ_ARGS e.g. --flex)
 #   attn-tests - the attention GPU tests (ATTN_TESTS, default the warp-specialized, ring / staged,
-#            ordered, module and op files) in 8 shards of ATTN_TEST_TIMEOUT s, logs in $OUT/attn-tests.log
+#            ordered, module and op files) in 8 shards of ATTN_TEST_TIMEOUT s (280: at 220 two shards ran out
+#            while compiling, thirtieth session), logs in $OUT/attn-tests.log
 #   attn-probe - scripts/probes/attention_tma_dq.py at each head dim of PROBE_DIMS (default 128),
 #            host variants PROBE_HOST (TMA_DQ_HOST; "none": no host rows), dK/dV variants PROBE_VARIANTS
 #            (TMA_DQ_VARIANTS, default none), patterns PROBE_PATTERNS, PROBE_ROUNDS (5), no passes /
@@ -154,7 +155,7 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout "${ATTN_TIMEOUT:-300}" python3 scripts/probes/attention_tma_dq.py ${TMA_DQ_ARGS:-} \
               --out "$OUT/attention-tma-dq.json" > "$OUT/attention-tma-dq.log" 2>&1 ;;
     attn-tests) for i in 0 1 2 3 4 5 6 7; do
-              TILESPARSE_SHARD=$i/8 timeout "${ATTN_TEST_TIMEOUT:-210}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+              TILESPARSE_SHARD=$i/8 timeout "${ATTN_TEST_TIMEOUT:-280}" python3 -m pytest -q -m gpu -p no:cacheprovider \
                 ${ATTN_TESTS:-tests/test_attention_ring_stores_gpu.py tests/test_attention_ws_gpu.py tests/test_attention.py \
                 tests/test_attention_module.py tests/test_attention_ordered_dq_gpu.py} > "/tmp/attn-tests-$i.log" 2>&1 &
             done; wait; tail -n 40 /tmp/attn-tests-*.log > "$OUT/attn-tests.log"
