@@ -153,7 +153,9 @@ def test_persistent_items_share_every_item_once_and_balance_the_columns(seed, pr
     # every (batch * kv head, key block) item once; the model's busiest program within list
     # scheduling's bound (the mean plus the longest item) and below the round-robin's on
     # BigBird's uneven columns (fixed seeds; the slack forced to 0 so that a table is built)
-    monkeypatch.setattr(order_mod, "ROUND_ROBIN_SLACK", 0.0)
+    from tilesparse.kernels import attention_schedule
+
+    monkeypatch.setattr(attention_schedule, "ROUND_ROBIN_SLACK", 0.0)
     S, b, B, H, Hkv = 4096, 128, 2, 4, 2
     layout = layouts.bigbird(S, b, window_blocks=3, global_blocks=1, random_blocks=2, seed=seed, num_heads=H)
     meta = layout.meta_on("cpu", False)

@@ -371,9 +371,9 @@ def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, balanced, 
     # 2 kv heads items, on every SM (at most one item each), then on 3 programs (~11-22 each).
     # balanced: each program takes its share of the host's balanced schedule (forced where the
     # round-robin would do: ROUND_ROBIN_SLACK 0; checked used)
-    from tilesparse.kernels import attention_launch_order, attention_ws_dkdv
+    from tilesparse.kernels import attention_launch_order, attention_schedule, attention_ws_dkdv
 
-    monkeypatch.setattr(attention_launch_order, "ROUND_ROBIN_SLACK", 0.0)
+    monkeypatch.setattr(attention_schedule, "ROUND_ROBIN_SLACK", 0.0)
     used = []
 
     def spy(*args):

@@ -32,8 +32,7 @@ import torch
 
 from ..attention.layout import attention_table_views
 from ._device import cached_table
-from .attention_schedule import (MAX_SCHEDULED_TILES, ROUND_ROBIN_SLACK, TILE_FIXED_COST, balanced_order, pack_lists,
-                                 round_robin_imbalance, tile_costs, tile_order)
+from .attention_schedule import MAX_SCHEDULED_TILES, TILE_FIXED_COST, balanced_order, schedule_tensor, tile_costs
 
 __all__ = ["backward_costs", "modelled_makespan", "launch_order", "persistent_items", "MIN_MODELLED_GAIN",
            "PROGRAM_FIXED_COST"]
@@ -106,7 +105,7 @@ def persistent_items(meta: torch.Tensor, layout_heads: int, num_blocks: int, bat
                      programs: int, head_major_long: bool = False) -> torch.Tensor | None:
     """The persistent dK/dV kernel's schedule (``DkdvWsConfig.persistent`` with ``balanced``):
     int32 [programs + 1 + n items] on meta's device, program p taking items seg[p] ..
-    seg[p + 1] of the list after the offsets (:func:`attention_schedule.pack_lists`), items
+    seg[p + 1] of the list after the offsets (:func:`attention_schedule.schedule_tensor`), items
     numbered as the kernel's round-robin numbers them (batch * kv head major, then key
     block). Items are handed out in the order :func:`launch_order` would launch them (its
     long factor and tail rounds; ``head_major_long`` as there) to whichever program the
@@ -124,11 +123,8 @@ def persistent_items(meta: torch.Tensor, layout_heads: int, num_blocks: int, bat
 
     def build():
         costs = backward_costs(meta, layout_heads, num_blocks, "dkdv", batch, heads, kv_heads)
-        if round_robin_imbalance(costs, programs) <= ROUND_ROBIN_SLACK:
-            return torch.empty(0, dtype=torch.int32, device=meta.device)
-        lists = tile_order(costs, programs, long_factor=_LONG_FACTOR, tail_rounds=_TAIL_ROUNDS,
-                           longest_first=not head_major_long)
-        return pack_lists(lists, meta.device)
+        return schedule_tensor(costs, programs, meta.device, long_factor=_LONG_FACTOR, tail_rounds=_TAIL_ROUNDS,
+                               longest_first=not head_major_long)
 
     sched = cached_table(meta, _ORDERS, key, build, build_while_capturing=False)
     return None if sched is None or sched.numel() == 0 else sched

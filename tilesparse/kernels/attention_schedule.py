@@ -24,7 +24,7 @@ from ..attention.layout import attention_table_views
 from ._device import cached_table
 
 __all__ = ["persistent_schedule", "tile_costs", "tile_order", "balanced_order", "round_robin_imbalance",
-           "pack_lists", "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
+           "pack_lists", "schedule_tensor", "MAX_SCHEDULED_TILES", "ROUND_ROBIN_SLACK"]
 
 _SCHEDULES = "_persistent_schedules"
 # above this many tiles the host's one-time simulation (~0.5 µs a tile) is skipped: round-robin
@@ -109,10 +109,16 @@ def persistent_schedule(meta: torch.Tensor, layout_heads: int, num_blocks: int, 
 
 def _build(meta, layout_heads, num_blocks, batch, heads, m_split, programs) -> torch.Tensor:
     """The schedule's int32 tensor on meta's device; empty where the round-robin is kept."""
-    costs = tile_costs(meta, layout_heads, num_blocks, batch, heads, m_split)
+    return schedule_tensor(tile_costs(meta, layout_heads, num_blocks, batch, heads, m_split), programs, meta.device)
+
+
+def schedule_tensor(costs: list[float], programs: int, device, **order_options) -> torch.Tensor:
+    """The persistent kernels' schedule as :func:`pack_lists` packs it: :func:`tile_order`'s
+    lists (``order_options`` passed on), or an empty tensor (the round-robin) where the
+    round-robin's modelled busiest program is within ROUND_ROBIN_SLACK of the mean."""
     if round_robin_imbalance(costs, programs) <= ROUND_ROBIN_SLACK:
-        return torch.empty(0, dtype=torch.int32, device=meta.device)
-    return pack_lists(tile_order(costs, programs), meta.device)
+        return torch.empty(0, dtype=torch.int32, device=device)
+    return pack_lists(tile_order(costs, programs, **order_options), device)
 
 
 def pack_lists(lists: list[list[int]], device) -> torch.Tensor:

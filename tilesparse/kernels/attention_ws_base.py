@@ -412,26 +412,6 @@ def _store_through(out_ptr, tile, buf, base_row, first_row, S, row_stride, D: gl
 
 
 @gluon.jit
-def _share_bounds(order_ptr, n_items, SCHEDULED: gl.constexpr):
-    """(first, end, stride) of a persistent program's walk over its share of the items:
-    positions p, p + P, ... of 0 .. n_items (round-robin), or (SCHEDULED) positions
-    seg[p] .. seg[p + 1] of the schedule ``order_ptr`` = [seg (P + 1 offsets), items]."""
-    if SCHEDULED:
-        return gl.load(order_ptr + gl.program_id(0)), gl.load(order_ptr + gl.program_id(0) + 1), 1
-    else:
-        return gl.program_id(0), n_items, gl.num_programs(0)
-
-
-@gluon.jit
-def _share_item(order_ptr, position, SCHEDULED: gl.constexpr):
-    """The item at ``position`` of a persistent program's walk (:func:`_share_bounds`)."""
-    if SCHEDULED:
-        return gl.load(order_ptr + gl.num_programs(0) + 1 + position)
-    else:
-        return position
-
-
-@gluon.jit
 def _grid_item(order_ptr, extent, ORDERED: gl.constexpr):
     """A program's (first, second) grid coordinates: its own, or (ORDERED: a 1-D grid) those
     of entry program_id(0) of the launch-order table, numbered second * ``extent`` + first

@@ -35,9 +35,10 @@ from ._launch import launch
 from ._stamps import check_stamps, now_ns, program_stamp_row, sm_id, store_stamp
 from .attention_launch_order import launch_order, persistent_items
 from .attention_ordered_dq import last_flagged_ranks, launch_table_on, ordered_tables, semaphores
+from ._share_walk import _share_bounds, _share_item
 from .attention_ws_base import (LOG2E, DkdvWsConfig, _a_operand, _backward_descs, _grid_item, _layouts,
-                                _one_shot_barrier, _probabilities, _share_bounds, _share_item, _wgmma_layout,
-                                check_dq_acc, host_backward_descs, host_head_desc)
+                                _one_shot_barrier, _probabilities, _wgmma_layout, check_dq_acc, host_backward_descs,
+                                host_head_desc)
 from .attention_ws_dkdv_load import _column_bounds, _column_tile, _dkdv_ws_load
 from .attention_ws_dq_adds import (_add_share, _dkdv_dq_writer, _dkdv_staging, _dq_layout, _ds_smem_layout,
                                    _out_smem_layout, _pass_share, _store_staged, dq_tile_cols)
@@ -72,7 +73,7 @@ def _dkdv_ws_mma(descs, bufs, bars, tables, sizes,
         it = 0
         first, end, stride = _share_bounds(tables[9], NB * N_BHK, ORDERED)
         for position in range(first, end, stride):
-            item = _share_item(tables[9], position, ORDERED)
+            item = _share_item(position, tables[9], ORDERED)
             step, reduces = _dkdv_ws_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                           step, reduces, it & 1, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS,
                                           CONSUMERS, ROLE, OVERLAP, STATS_SMEM, ATOMIC_DQ, num_warps, STAGED_STORES,

@@ -10,7 +10,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import async_copy, mbarrier, tma
 
-from .attention_ws_base import _grid_item, _share_bounds, _share_item
+from ._share_walk import _share_bounds, _share_item
+from .attention_ws_base import _grid_item
 from .bsmm_ws import _fill_stage
 
 
@@ -51,7 +52,7 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
                   PERSISTENT: gl.constexpr = False, ORDERED: gl.constexpr = False, ORDERED_DQ: gl.constexpr = False):
     """Producer (one warp): per key block (PERSISTENT: per item of this program's share,
     (key block, batch * kv head), head major, round-robin or with ORDERED the schedule's
-    share, :func:`attention_ws_base._share_bounds`), the key tile's K and V once (PERSISTENT:
+    share, :func:`_share_walk._share_bounds`), the key tile's K and V once (PERSISTENT:
     once the consumers have released the last item's, ``kv_free``), then for each query
     head of the group and each query tile of the key block's CSC column, the Q and dO tiles
     (STATS_SMEM: and the tile's lse and delta, by cp.async, zero past S; each thread's
@@ -63,7 +64,7 @@ def _dkdv_ws_load(descs, bufs, bars, tables, sizes,
         it = 0
         first, end, stride = _share_bounds(tables[9], NB * N_BHK, ORDERED)
         for position in range(first, end, stride):
-            item = _share_item(tables[9], position, ORDERED)
+            item = _share_item(position, tables[9], ORDERED)
             step = _dkdv_ws_load_item(descs, bufs, bars, tables, sizes, item % NB, item // NB + BHK_OFFSET,
                                       step, it, BS, BLOCK_M, STATS_SMEM, ROTATE, PERSISTENT)
             it += 1

@@ -35,6 +35,7 @@ from ._device import sm_count
 from ._launch import launch
 from .attention_schedule import persistent_schedule
 from .attention_ws import _fwd_row, _softmax_step, _store_row
+from ._share_walk import _share_bounds, _share_item
 from .attention_ws_base import LOG2E, FwdWsConfig, _a_operand, _layouts, _qkv_descs, _row_kv_fill, _wgmma_layout
 from .bsmm_tma import ensure_allocator
 from .bsmm_ws import _alloc_ring
@@ -51,29 +52,6 @@ def _tile_coords(tile, q_tiles, H, BS: gl.constexpr, BLOCK_M: gl.constexpr):
     qt = tile % q_tiles
     qblk = qt // M_SPLIT
     return qblk, qblk * BS + (qt % M_SPLIT) * BLOCK_M, bh // H, bh % H, bh
-
-
-@gluon.jit
-def _my_tiles(sched_ptr, n_tiles, SCHEDULED: gl.constexpr):
-    """(first, end, stride) of this program's walk: over its segment of the host's
-    schedule (``attention_schedule``: entries seg[pid] .. seg[pid + 1] of the tile list,
-    which starts after the P + 1 segment offsets), or the tiles pid, pid + P, ..."""
-    pid = gl.program_id(0)
-    if SCHEDULED:
-        first = gl.load(sched_ptr + pid) + gl.num_programs(0) + 1
-        end = gl.load(sched_ptr + pid + 1) + gl.num_programs(0) + 1
-        return first, end, 1
-    else:
-        return pid, n_tiles, gl.num_programs(0)
-
-
-@gluon.jit
-def _tile_at(j, sched_ptr, SCHEDULED: gl.constexpr):
-    """The tile number at walk position ``j`` (see :func:`_my_tiles`)."""
-    if SCHEDULED:
-        return gl.load(sched_ptr + j)
-    else:
-        return j
 
 
 @gluon.jit
@@ -118,9 +96,9 @@ def _persistent_load(descs, bufs, bars, tables, sizes, tiles,
     n_tiles, q_tiles, sched_ptr, SCHEDULED = tiles
     step = 0
     i = 0
-    first, end, stride = _my_tiles(sched_ptr, n_tiles, SCHEDULED)
+    first, end, stride = _share_bounds(sched_ptr, n_tiles, SCHEDULED)
     for j in range(first, end, stride):
-        qblk, row0, bz, h, bh = _tile_coords(_tile_at(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
+        qblk, row0, bz, h, bh = _tile_coords(_share_item(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
         qi = i % 2
         # a Q buffer is released once per reuse; its first use finds it free
         mbarrier.wait(q_empty.index(qi), ((i // 2) & 1) ^ 1)
@@ -226,9 +204,9 @@ def _persistent_mma(descs, bufs, bars, tables, sizes, tiles,
     n_tiles, q_tiles, sched_ptr, SCHEDULED = tiles
     step = 0
     i = 0
-    first, end, stride = _my_tiles(sched_ptr, n_tiles, SCHEDULED)
+    first, end, stride = _share_bounds(sched_ptr, n_tiles, SCHEDULED)
     for j in range(first, end, stride):
-        qblk, row0, bz, h, bh = _tile_coords(_tile_at(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
+        qblk, row0, bz, h, bh = _tile_coords(_share_item(j, sched_ptr, SCHEDULED), q_tiles, H, BS, BLOCK_M)
         qi = i % 2
         q = q_bufs.index(qi).reshape([BLOCK_M, D]).slice(ROLE * PART, PART)
         row0 = row0 + ROLE * PART
