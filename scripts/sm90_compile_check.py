@@ -301,14 +301,14 @@ def ws_sdd_rows_cases(quick: bool):
 def resident_cases(quick: bool):
     """The small-batch fprop with the activations resident in shared memory (Gluon,
     ``bsmm_resident``): b 16 / 32 / 64, with and without bias and splits; expected: wgmma."""
-    # (block, rows, chunk, weight stages, bias, split)
-    cases = ((16, 12, 32, 4, True, True),) if quick else \
-        ((16, 12, 32, 4, True, True), (16, 12, 32, 4, True, False), (16, 8, 32, 4, False, True),
-         (16, 16, 32, 3, True, True), (32, 6, 16, 2, True, False), (32, 4, 16, 3, False, True),
-         (64, 2, 4, 2, True, True), (16, 1, 3, 2, True, True), (16, 12, 8, 16, True, True), (32, 6, 8, 8, True, True))
+    # (block, rows, chunk, weight stages, bias, split, dtype)
+    cases = ((16, 12, 32, 4, True, True, "bf16"),) if quick else \
+        ((16, 12, 32, 4, True, True, "bf16"), (16, 12, 32, 4, True, False, "bf16"), (16, 8, 32, 4, False, True, "bf16"),
+         (16, 16, 32, 3, True, True, "bf16"), (32, 6, 16, 2, True, False, "bf16"), (32, 4, 16, 3, False, True, "bf16"),
+         (64, 2, 4, 2, True, True, "bf16"), (16, 1, 3, 2, True, True, "bf16"), (16, 12, 8, 16, True, True, "bf16"),
+         (32, 6, 8, 8, True, True, "bf16"), (16, 12, 32, 4, True, True, "fp16"))
     fn = bsmm_resident._dds_resident_kernel
-    for block, rows, chunk, w_stages, bias, split, dt in ((*case, "bf16") for case in cases) if quick else \
-            (*((*case, "bf16") for case in cases), (16, 12, 32, 4, True, True, "fp16")):
+    for block, rows, chunk, w_stages, bias, split, dt in cases:
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=w_stages)
         x_layout, v_layout = bsmm_resident._layouts(block, torch.float16 if dt == "fp16" else torch.bfloat16)
         const = dict(B=block, CHUNK=chunk, R=rows, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,

@@ -272,7 +272,7 @@ def chunk_tables(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: in
         row_ptr, row_cols, row_of = table_views(meta, block_rows, block_cols, "row_ptr", "row_cols", "row_of")
         same_row = row_of[1:] == row_of[:-1]
         if bool((same_row & (row_cols[1:] < row_cols[:-1])).any()):
-            return None
+            return ()  # (remembered: refused)
         n_chunks = cdiv(block_cols, chunk)
         key = row_of.long() * n_chunks + row_cols.long() // chunk
         counts = torch.zeros(block_rows * n_chunks, dtype=torch.int64, device=meta.device)
@@ -284,8 +284,7 @@ def chunk_tables(meta: torch.Tensor, block_rows: int, block_cols: int, chunk: in
         bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits)  # bit 31 as int32's sign
         return firsts.to(torch.int32).contiguous(), bits.view(block_rows, n_chunks).to(torch.int32).contiguous()
 
-    tables = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), lambda: build() or (),
-                          build_while_capturing=False)
+    tables = cached_table(meta, _CHUNKS, (block_rows, block_cols, chunk), build, build_while_capturing=False)
     return tables or None
 
 
