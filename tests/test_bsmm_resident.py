@@ -224,7 +224,8 @@ def test_a_capture_before_the_tables_are_built_refuses_the_config():
     layout = tilesparse.layouts.random(512, 512, 16, 0.5, seed=3)
     values = random_values(layout, torch.bfloat16, "cuda")
     x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    meta = layout.meta_on("cuda")  # the layout's own tables exist; the chunk tables do not yet
     with pytest.raises(ValueError, match="no chunk table"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            kernels.dds(x, values, layout.meta_on("cuda"), None, layout.block_rows, layout.block_cols, True,
+            kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,
                         config=ResidentConfig())

@@ -31,7 +31,8 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_init, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,
+                                                               warpgroup_mma_wait)
 
 from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
@@ -40,7 +41,7 @@ from ._tiles import cdiv, check_ints, check_register_budgets
 from .bsmm_small import _arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma
-from .bsmm_ws_group import _maybe_mma, small_block_reason
+from .bsmm_ws_group import small_block_reason
 
 __all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_tables", "launch_dds_resident"]
 
@@ -99,14 +100,32 @@ def _row_values(ptr, group, c, n_rows, n_chunks, R: gl.constexpr):
 
 
 @gluon.jit
-def _stored(mask, kb: gl.constexpr):
-    """Whether bit kb of a chunk's mask is set (block-column kb of the chunk is stored)."""
-    return ((mask >> kb) & 1) != 0
+def _unsigned(mask):
+    """A chunk's int32 mask as the int64 of its 32 bits (bit 31 is int32's sign)."""
+    return mask.to(gl.int64) & 0xFFFFFFFF
+
+
+@gluon.jit
+def _bit_count(bits):
+    """The number of set bits of ``bits`` (an int64 below 2**32), by the usual bit tricks."""
+    v = bits - ((bits >> 1) & 0x55555555)
+    v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
+    v = (v + (v >> 4)) & 0x0F0F0F0F
+    return (((v * 0x01010101) >> 24) & 0x3F).to(gl.int32)
+
+
+@gluon.jit
+def _lowest_bit(bits):
+    """The index of the lowest set bit of a nonzero ``bits`` (an int64 below 2**32): that
+    bit alone is a power of two, exact as a float32, whose exponent is the index."""
+    low = (bits & -bits).to(gl.float32)
+    return (low.to(gl.int32, bitcast=True) >> 23) - 127
 
 
 @gluon.jit
 def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
-                   n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr):
+                   n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr,
+                   R: gl.constexpr):
     """Producer (one warp): per chunk of this program's split, the chunk's activation tiles
     (one TMA per block-column, [64, b] each; past M and K zero-filled), then for each of its
     block-rows the row's stored blocks of the chunk, each into the stage's slot of its
@@ -131,21 +150,20 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
             tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], x_ready.index(xs),
                                             x_bufs.index(xs * CHUNK + kb))
         for r in gl.static_range(R):
-            mask = masks[r]
-            n = (mask & 1)
-            for kb in gl.static_range(1, CHUNK):
-                n += (mask >> kb) & 1
+            bits = _unsigned(masks[r])
+            n = _bit_count(bits)
             ws = wstep % WST
             mbarrier.wait(w_empty.index(ws), ((wstep // WST) & 1) ^ 1)
-            mbarrier.arrive(w_ready.index(ws), count=1, pred=n == 0)
-            for k in gl.static_range(1, CHUNK + 1):  # one arrival expecting exactly the stage's bytes
-                mbarrier.expect(w_ready.index(ws), k * V_BYTES, pred=n == k)
+            for e in gl.static_range(CHUNK_BITS):  # CHUNK_BITS arrivals, the bytes of n blocks: n's binary digits
+                digit = (n >> e) & 1
+                mbarrier.expect(w_ready.index(ws), (1 << e) * V_BYTES, pred=digit != 0)
+                mbarrier.arrive(w_ready.index(ws), count=1, pred=digit == 0)
             slot = firsts[r]
-            for kb in gl.static_range(CHUNK):
-                present = _stored(mask, kb)
-                tma.async_copy_global_to_shared(v_desc, [slot * B, 0], w_ready.index(ws),
-                                                w_bufs.index(ws * CHUNK + kb), pred=present)
-                slot += present.to(gl.int32)
+            for j in range(n):  # the row's stored blocks of the chunk, in column order
+                col = _lowest_bit(bits)
+                bits = bits & (bits - 1)
+                tma.async_copy_global_to_shared(v_desc, [(slot + j) * B, 0], w_ready.index(ws),
+                                                w_bufs.index(ws * CHUNK + col))
             wstep += 1
 
 
@@ -178,10 +196,13 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
         for r in gl.static_range(R):
             ws = wstep % WST
             mbarrier.wait(w_ready.index(ws), (wstep // WST) & 1)
+            bits = _unsigned(masks[r])
             acc = warpgroup_mma_init(accs[r])
-            for kb in gl.static_range(CHUNK):
-                acc = _maybe_mma(acc, x_bufs.index(xs * CHUNK + kb), w_bufs.index(ws * CHUNK + kb).permute((1, 0)),
-                                 _stored(masks[r], kb), INIT=False)
+            for j in range(_bit_count(bits)):  # a runtime loop: unrolled over the slots, the code outgrew the
+                col = _lowest_bit(bits)         # instruction cache (~500 KB of SASS at R 12, chunk 32)
+                bits = bits & (bits - 1)
+                acc = warpgroup_mma(x_bufs.index(xs * CHUNK + col), w_bufs.index(ws * CHUNK + col).permute((1, 0)),
+                                    acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(w_empty.index(ws), count=1)
             accs = accs[:r] + (acc,) + accs[r + 1:]
@@ -230,7 +251,7 @@ def _store_rows(acc, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm,
 def _dds_resident_kernel(
     a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, first_ptr, mask_ptr,
     M, K_A, n_rows, n_chunks, chunks_per_split, n_out_cols, nnz, stride_am, stride_cm,
-    B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
+    B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr,
     x_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -242,13 +263,13 @@ def _dds_resident_kernel(
     x_bufs = gl.allocate_shared_memory(dtype, [2 * CHUNK, 64, B], x_layout)
     w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * CHUNK, B, B], v_layout)
     x_ready, x_empty = _alloc_ring(2)
-    w_ready, w_empty = _alloc_ring(W_STAGES)
+    w_ready, w_empty = _alloc_ring(W_STAGES, WRITES=CHUNK_BITS)  # see _resident_load's expects
     gl.warp_specialize([
         (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty,
                          w_ready, w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
                          B, CHUNK, R, HAS_BIAS, SPLIT, num_warps)),
         (_resident_load, (a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
-                          n_rows, n_chunks, chunks_per_split, B, CHUNK, R)),
+                          n_rows, n_chunks, chunks_per_split, B, CHUNK, CHUNK_BITS, R)),
     ], [1], [LOAD_REGS])
 
 
@@ -335,7 +356,7 @@ def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: i
     launch(_dds_resident_kernel, (n_groups, splits),
         a, values, c, bias if bias is not None else c, ws, sem, firsts, masks,
         m, a.shape[1], block_rows, n_chunks, per_split, n_out, values.shape[0], a.stride(0), c.stride(0),
-        B=b, CHUNK=cfg.chunk, R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
+        B=b, CHUNK=cfg.chunk, CHUNK_BITS=cfg.chunk.bit_length(), R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
         SPLIT=splits > 1,
         LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4,
     )
