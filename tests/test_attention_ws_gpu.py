@@ -376,8 +376,8 @@ def test_persistent_dkdv_is_bitwise_the_same(D, S, consumers, causal, balanced, 
     monkeypatch.setattr(attention_schedule, "ROUND_ROBIN_SLACK", 0.0)
     used = []
 
-    def spy(*args):
-        used.append(attention_launch_order.persistent_items(*args))
+    def spy(*args, **kwargs):
+        used.append(attention_launch_order.persistent_items(*args, **kwargs))
         return used[-1]
 
     monkeypatch.setattr(attention_ws_dkdv, "persistent_items", spy)

@@ -25,7 +25,7 @@ IN_FEATURES, OUT_FEATURES = 1088, 704
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rows=0), "rows must be 1 to 16"), (dict(rows=17), "rows must be 1 to 16"), (dict(splits=0), "splits"),
-    (dict(w_stages=1), "w_stages"), (dict(chunk=33), "chunk must be 1 to 32"), (dict(chunk=0), "chunk"),
+    (dict(w_stages=1), "w_stages"), (dict(unroll=0), "unroll must be 1 to 8"), (dict(unroll=9), "unroll"), (dict(chunk=33), "chunk must be 1 to 32"), (dict(chunk=0), "chunk"),
     (dict(rows=2.0), "rows must be an int"), (dict(load_regs=20), "load_regs must be a multiple of 8"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
@@ -36,7 +36,7 @@ def test_config_refuses_bad_values(kwargs, match):
 def test_config_sizes():
     cfg = ResidentConfig(rows=12, chunk=32, w_stages=4)
     # two stages of 32 activation tiles [64, 16], four weight stages of a slot [16, 16] per column
-    assert cfg.shared_bytes(16) == 2 * 32 * 64 * 16 * 2 + 4 * 32 * 16 * 16 * 2 + 1024
+    assert cfg.shared_bytes(16) == (2 * 32 + 1) * 64 * 16 * 2 + (4 * 32 + 1) * 16 * 16 * 2 + 1024  # + the zero tiles
     assert cfg.accumulator_registers(16) == 96  # 12 tiles of [64, 16] fp32 over 128 threads
     assert ResidentConfig(rows=6).accumulator_registers(32) == 96
 
@@ -203,6 +203,23 @@ def test_sparse_layouts_and_deep_rings(kind, block_size, rows, chunk, w_stages, 
         layout = _top_bit_layout(block_rows, block_cols, block_size, chunk)
     cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)
     out, expected = dds_against_reference(layout, torch.bfloat16, True, 40, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds resident {kind} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kind", ["random", "top_bit"])
+@pytest.mark.parametrize("unroll", [1, 3, 8])
+def test_unrolled_loops_and_their_zero_tiles(kind, unroll):
+    # rows whose block counts are not multiples of the unroll: the steps past a row's last
+    # block multiply the zero tiles; bit 31 (top_bit, chunk 32) is the mask's sign
+    block_rows, block_cols = OUT_FEATURES // 16, IN_FEATURES // 16
+    if kind == "random":
+        layout = tilesparse.layouts.random(OUT_FEATURES, IN_FEATURES, 16, 0.3, seed=int(torch.randint(1 << 30, ())))
+    else:
+        layout = _top_bit_layout(block_rows, block_cols, 16, 32)
+    cfg = ResidentConfig(rows=12, splits=2, chunk=32, w_stages=4, unroll=unroll)
+    out, expected = dds_against_reference(layout, torch.bfloat16, True, 64, cfg)
     assert_close(out, expected, torch.bfloat16, f"dds resident {kind} {cfg}")
 
 

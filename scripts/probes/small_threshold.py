@@ -169,6 +169,10 @@ ALL_VARIANTS = {
     "rR12x2c8w16": ("resident", 12, 2, 8, 16),
     "rR12x2c16w8": ("resident", 12, 2, 16, 8),
     "rR6x2c8w8b32": ("resident", 6, 2, 8, 8),
+    # (a sixth field: the loops' unroll; 4 unless given)
+    "rR12x2u1": ("resident", 12, 2, 32, 4, 1),
+    "rR12x2u8": ("resident", 12, 2, 32, 4, 8),
+    "rR6x2c8w8b32u2": ("resident", 6, 2, 8, 8, 2),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -185,8 +189,8 @@ def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
     if fields[0] == "resident":
-        rows, splits, chunk, w_stages = fields[1:]
-        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages)
+        rows, splits, chunk, w_stages, *unroll = fields[1:]
+        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages, unroll=(unroll or [4])[0])
     if fields[0] == "group":
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)

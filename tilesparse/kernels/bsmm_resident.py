@@ -10,17 +10,23 @@ consecutive block-rows and a run of the reduction dimension (a split). It loads 
 activations of that run once, ``chunk`` (<= 32) block-columns at a time, into shared memory
 (a ring of two chunks), and for each of its block-rows streams that row's stored blocks of the
 chunk into a weight stage, each block into the slot of its column. A per-(row, chunk) bitmask
-of the stored columns, loaded for all rows of a chunk at once, drives both warps: the consumer
-issues one asynchronous wgmma per set bit (activation tile and weight block at the same slot,
-no address waiting on a load) into the row's accumulator. The activations' L2 traffic falls by
-about ``rows`` times the density. With ``splits`` > 1 each
-program writes fp32 partials and the last of a block-row group's programs to finish sums
+of the stored columns, loaded for all rows of a chunk at once, drives both warps through
+runtime loops over its set bits, ``unroll`` at a time: the producer copies each block into its
+column's slot, the consumer issues one asynchronous wgmma per set bit (activation tile and
+weight block at the same slot, no address waiting on a load) into the row's accumulator, the
+steps past a row's last block on zero tiles. The activations' L2 traffic falls by about
+``rows`` times the density. With ``splits`` > 1 each program writes fp32 partials and the last of a block-row group's programs to finish sums
 them in split order: bitwise deterministic.
 
 fprop only (Y = X W^T: block-rows are output block-columns, stored contiguously); M <= 64
 (one wgmma's rows; the rows past M are zero-filled by TMA); 16-bit inputs; b 16-64. Opt-in
 through a :class:`ResidentConfig` passed to :func:`tilesparse.kernels.bsmm.dds`; no
 interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
+
+Not yet faster than the small-batch kernel (W 12288², b 16, density 0.5: ~155 µs at every
+M against its 80-166 µs, dense 74): each stored block costs the producer and the consumer
+~100 cycles of issue apiece, and the two do not overlap (docs/performance.md, thirty-first
+session). Kept opt-in, with its tests, as the base for the next attempt.
 """
 
 from __future__ import annotations
@@ -55,32 +61,36 @@ class ResidentConfig:
     [64, b] in registers), ``splits`` programs along the reduction (fp32 partials summed in
     split order), ``chunk`` block-columns of activations per shared-memory stage (two
     stages; at most 32, the bits of a chunk's mask), ``w_stages`` the weight ring (one
-    block-row's blocks of one chunk per stage, a slot per column), ``load_regs`` the
+    block-row's blocks of one chunk per stage, a slot per column), ``unroll`` the stored
+    blocks each step of the producer's and the consumer's loops takes, ``load_regs`` the
     producer warp's registers."""
 
     rows: int = 12
     splits: int = 2
     chunk: int = 32
     w_stages: int = 4
+    unroll: int = 4
     # one warp, so a large budget is cheap: its per-column loop, unrolled over a chunk's slots
     # for each row, spilled 8.7 KB at 40 registers (R 12, chunk 32; ptxas), 76 B at 232
     load_regs: int = 232
 
     def __post_init__(self):
-        check_ints(self, "rows", "splits", "chunk", "w_stages", "load_regs")
+        check_ints(self, "rows", "splits", "chunk", "w_stages", "unroll", "load_regs")
         check_register_budgets(self, "load_regs")
         if not 1 <= self.rows <= 16:
             raise ValueError(f"ResidentConfig.rows must be 1 to 16, got {self.rows!r}")
         if self.splits < 1 or self.w_stages < 2:
             raise ValueError(f"ResidentConfig needs splits >= 1 and w_stages >= 2, got {self}")
+        if not 1 <= self.unroll <= 8:
+            raise ValueError(f"ResidentConfig.unroll must be 1 to 8, got {self.unroll!r}")
         if not 1 <= self.chunk <= 32:
             raise ValueError(f"ResidentConfig.chunk must be 1 to 32 (a chunk's bitmask is 32 bits), got {self.chunk!r}")
 
     def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
-        """Two stages of activations [chunk, 64, b], the weight ring [w_stages, chunk, b, b]
-        and the barriers."""
-        x = 2 * self.chunk * MAX_M * block_size * element_bytes
-        w = self.w_stages * self.chunk * block_size * block_size * element_bytes
+        """Two stages of activations [chunk, 64, b] and a zero tile, the weight ring
+        [w_stages, chunk, b, b] and a zero block, and the barriers."""
+        x = (2 * self.chunk + 1) * MAX_M * block_size * element_bytes
+        w = (self.w_stages * self.chunk + 1) * block_size * block_size * element_bytes
         return x + w + 1024
 
     def accumulator_registers(self, block_size: int) -> int:
@@ -100,40 +110,36 @@ def _row_values(ptr, group, c, n_rows, n_chunks, R: gl.constexpr):
 
 
 @gluon.jit
-def _unsigned(mask):
-    """A chunk's int32 mask as the int64 of its 32 bits (bit 31 is int32's sign)."""
-    return mask.to(gl.int64) & 0xFFFFFFFF
-
-
-@gluon.jit
 def _bit_count(bits):
-    """The number of set bits of ``bits`` (an int64 below 2**32), by the usual bit tricks."""
+    """The number of set bits of a chunk's int32 mask, by the usual bit tricks (the arithmetic
+    shifts' sign bits are masked off or, in the last step, shifted out)."""
     v = bits - ((bits >> 1) & 0x55555555)
     v = (v & 0x33333333) + ((v >> 2) & 0x33333333)
     v = (v + (v >> 4)) & 0x0F0F0F0F
-    return (((v * 0x01010101) >> 24) & 0x3F).to(gl.int32)
+    return ((v * 0x01010101) >> 24) & 0x3F
 
 
 @gluon.jit
 def _lowest_bit(bits):
-    """The index of the lowest set bit of a nonzero ``bits`` (an int64 below 2**32): that
-    bit alone is a power of two, exact as a float32, whose exponent is the index."""
-    low = (bits & -bits).to(gl.float32)
-    return (low.to(gl.int32, bitcast=True) >> 23) - 127
+    """The index of the lowest set bit of a nonzero int32 mask: that bit alone is a power of
+    two (bit 31: int32's minimum), exact as a float32, whose exponent is the index."""
+    low = (bits & (0 - bits)).to(gl.float32)
+    return ((low.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 127
 
 
 @gluon.jit
-def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
+def _resident_load(a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr, K_A,
                    n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr,
-                   R: gl.constexpr):
+                   R: gl.constexpr, U: gl.constexpr):
     """Producer (one warp): per chunk of this program's split, the chunk's activation tiles
     (one TMA per block-column, [64, b] each; past M and K zero-filled), then for each of its
     block-rows the row's stored blocks of the chunk, each into the stage's slot of its
     block-column (so that the consumer addresses both operands by the column alone). A row's
     blocks of a chunk are consecutive in storage from its first slot, in column order."""
-    XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
-    WST: gl.constexpr = w_bufs.type.shape[0] // CHUNK
+    XST: gl.constexpr = (x_bufs.type.shape[0] - 1) // CHUNK  # (the zero tile past the stages)
+    WST: gl.constexpr = (w_bufs.type.shape[0] - 1) // CHUNK
     X_BYTES: gl.constexpr = CHUNK * a_desc.block_type.nbytes
+    ZERO_BYTES: gl.constexpr = a_desc.block_type.nbytes + z_desc.block_type.nbytes
     V_BYTES: gl.constexpr = v_desc.block_type.nbytes
     group = gl.program_id(0)
     c0 = gl.program_id(1) * chunks_per_split
@@ -145,12 +151,19 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
         masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)
         xs = i % XST
         mbarrier.wait(x_empty.index(xs), ((i // XST) & 1) ^ 1)
-        mbarrier.expect(x_ready.index(xs), X_BYTES)
+        mbarrier.expect(x_ready.index(xs), X_BYTES, pred=i != 0)
+        mbarrier.expect(x_ready.index(xs), X_BYTES + ZERO_BYTES, pred=i == 0)
+        # with the first chunk, the zero tiles past the stages: boxes wholly outside A and the
+        # values, which TMA fills with zeros (the consumer's steps past a row's last block)
+        tma.async_copy_global_to_shared(a_desc, [0, K_A], x_ready.index(xs), x_bufs.index(x_bufs.type.shape[0] - 1),
+                                        pred=i == 0)
+        tma.async_copy_global_to_shared(z_desc, [0, K_A], x_ready.index(xs), w_bufs.index(w_bufs.type.shape[0] - 1),
+                                        pred=i == 0)
         for kb in gl.static_range(CHUNK):
             tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], x_ready.index(xs),
                                             x_bufs.index(xs * CHUNK + kb))
         for r in gl.static_range(R):
-            bits = _unsigned(masks[r])
+            bits = masks[r]
             n = _bit_count(bits)
             ws = wstep % WST
             mbarrier.wait(w_empty.index(ws), ((wstep // WST) & 1) ^ 1)
@@ -159,26 +172,29 @@ def _resident_load(a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_
                 mbarrier.expect(w_ready.index(ws), (1 << e) * V_BYTES, pred=digit != 0)
                 mbarrier.arrive(w_ready.index(ws), count=1, pred=digit == 0)
             slot = firsts[r]
-            for j in range(n):  # the row's stored blocks of the chunk, in column order
-                col = _lowest_bit(bits)
-                bits = bits & (bits - 1)
-                tma.async_copy_global_to_shared(v_desc, [(slot + j) * B, 0], w_ready.index(ws),
-                                                w_bufs.index(ws * CHUNK + col))
+            for j in range(0, n, U):  # the row's stored blocks of the chunk, in column order, U at a time
+                for u in gl.static_range(U):
+                    col = _lowest_bit(bits)  # (garbage past the last set bit, where the copy is skipped)
+                    bits = bits & (bits - 1)
+                    tma.async_copy_global_to_shared(v_desc, [(slot + j + u) * B, 0], w_ready.index(ws),
+                                                    w_bufs.index(ws * CHUNK + col), pred=j + u < n)
             wstep += 1
 
 
 @gluon.jit
 def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty, w_ready,
                   w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
-                  B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr,
+                  B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr, U: gl.constexpr,
                   HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     """The consumer warpgroup: per chunk and block-row, one asynchronous wgmma per stored
     block (the activation tile and the weight block of the same slot of the chunk: no
-    address depends on a load), a wait, the weight stage freed; the chunk's activations freed
+    address depends on a load; a multiple of U of them, the last on zero tiles), a wait, the weight stage freed; the chunk's activations freed
     after its last row. Then the outputs: rounded and stored (one split), or (SPLIT) fp32
     partials and the last program of the group sums them."""
-    XST: gl.constexpr = x_bufs.type.shape[0] // CHUNK
-    WST: gl.constexpr = w_bufs.type.shape[0] // CHUNK
+    XST: gl.constexpr = (x_bufs.type.shape[0] - 1) // CHUNK
+    WST: gl.constexpr = (w_bufs.type.shape[0] - 1) // CHUNK
+    ZERO_X: gl.constexpr = x_bufs.type.shape[0] - 1
+    ZERO_W: gl.constexpr = w_bufs.type.shape[0] - 1
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, B, 16])
     group = gl.program_id(0)
@@ -196,13 +212,22 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
         for r in gl.static_range(R):
             ws = wstep % WST
             mbarrier.wait(w_ready.index(ws), (wstep // WST) & 1)
-            bits = _unsigned(masks[r])
+            bits = masks[r]
+            n = _bit_count(bits)
             acc = warpgroup_mma_init(accs[r])
-            for j in range(_bit_count(bits)):  # a runtime loop: unrolled over the slots, the code outgrew the
-                col = _lowest_bit(bits)         # instruction cache (~500 KB of SASS at R 12, chunk 32)
-                bits = bits & (bits - 1)
-                acc = warpgroup_mma(x_bufs.index(xs * CHUNK + col), w_bufs.index(ws * CHUNK + col).permute((1, 0)),
-                                    acc, is_async=True)
+            # a runtime loop, U set bits per step, branch-free (a step past the row's last block
+            # multiplies the zero tiles), so that the compiler interleaves the U address chains:
+            # unrolled over all of a chunk's slots, the code outgrew the instruction cache (~500 KB
+            # of SASS at R 12, chunk 32); one bit per step, the chain's latency set the pace
+            # (~200 cycles per block)
+            for j in range(0, n, U):
+                for u in gl.static_range(U):
+                    col = _lowest_bit(bits)
+                    bits = bits & (bits - 1)
+                    x_slot = gl.where(j + u < n, xs * CHUNK + col, ZERO_X)
+                    w_slot = gl.where(j + u < n, ws * CHUNK + col, ZERO_W)
+                    acc = warpgroup_mma(x_bufs.index(x_slot), w_bufs.index(w_slot).permute((1, 0)), acc,
+                                        is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(w_empty.index(ws), count=1)
             accs = accs[:r] + (acc,) + accs[r + 1:]
@@ -251,7 +276,8 @@ def _store_rows(acc, c_ptr, bias_ptr, cols, offs_m, m_ok, n_out_cols, stride_cm,
 def _dds_resident_kernel(
     a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, first_ptr, mask_ptr,
     M, K_A, n_rows, n_chunks, chunks_per_split, n_out_cols, nnz, stride_am, stride_cm,
-    B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr, R: gl.constexpr, W_STAGES: gl.constexpr,
+    B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr, R: gl.constexpr, U: gl.constexpr,
+    W_STAGES: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr,
     x_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -260,16 +286,19 @@ def _dds_resident_kernel(
     dtype: gl.constexpr = a_ptr.dtype.element_ty
     a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [64, B], x_layout)
     v_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [B, B], v_layout)
-    x_bufs = gl.allocate_shared_memory(dtype, [2 * CHUNK, 64, B], x_layout)
-    w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * CHUNK, B, B], v_layout)
+    # b x b boxes over A, read only wholly past its K: the zero block (the values' descriptor
+    # has no rows at all for an empty layout, and a copy from it faults)
+    z_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [B, B], v_layout)
+    x_bufs = gl.allocate_shared_memory(dtype, [2 * CHUNK + 1, 64, B], x_layout)  # + a zero tile
+    w_bufs = gl.allocate_shared_memory(dtype, [W_STAGES * CHUNK + 1, B, B], v_layout)  # + a zero block
     x_ready, x_empty = _alloc_ring(2)
     w_ready, w_empty = _alloc_ring(W_STAGES, WRITES=CHUNK_BITS)  # see _resident_load's expects
     gl.warp_specialize([
         (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty,
                          w_ready, w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
-                         B, CHUNK, R, HAS_BIAS, SPLIT, num_warps)),
-        (_resident_load, (a_desc, v_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
-                          n_rows, n_chunks, chunks_per_split, B, CHUNK, CHUNK_BITS, R)),
+                         B, CHUNK, R, U, HAS_BIAS, SPLIT, num_warps)),
+        (_resident_load, (a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr, K_A,
+                          n_rows, n_chunks, chunks_per_split, B, CHUNK, CHUNK_BITS, R, U)),
     ], [1], [LOAD_REGS])
 
 
@@ -356,7 +385,7 @@ def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: i
     launch(_dds_resident_kernel, (n_groups, splits),
         a, values, c, bias if bias is not None else c, ws, sem, firsts, masks,
         m, a.shape[1], block_rows, n_chunks, per_split, n_out, values.shape[0], a.stride(0), c.stride(0),
-        B=b, CHUNK=cfg.chunk, CHUNK_BITS=cfg.chunk.bit_length(), R=cfg.rows, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
+        B=b, CHUNK=cfg.chunk, CHUNK_BITS=cfg.chunk.bit_length(), R=cfg.rows, U=cfg.unroll, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
         SPLIT=splits > 1,
         LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4,
     )
