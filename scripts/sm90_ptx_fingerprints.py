@@ -38,7 +38,7 @@ def cases():
     quick = False
     yield from check.attention_cases(quick)
     for make in (check.semi24_cases, check.small_cases, check.panel_cases, check.sdd_group_cases,
-                 check.sdd_tile_cases, check.ws_cases, check.ws_group_cases, check.ws_sdd_group_cases,
+                 check.sdd_tile_cases, check.ws_cases, check.ws_group_cases, check.resident_cases, check.ws_sdd_group_cases,
                  check.ws_sdd_rows_cases, check.attention_ws_cases):
         yield from make(quick)
 

@@ -188,9 +188,9 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
                   HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr):
     """The consumer warpgroup: per chunk and block-row, one asynchronous wgmma per stored
     block (the activation tile and the weight block of the same slot of the chunk: no
-    address depends on a load; a multiple of U of them, the last on zero tiles), a wait, the weight stage freed; the chunk's activations freed
-    after its last row. Then the outputs: rounded and stored (one split), or (SPLIT) fp32
-    partials and the last program of the group sums them."""
+    address depends on a load; a multiple of U of them, the last on zero tiles), a wait, the
+    weight stage freed; the chunk's activations freed after its last row. Then the outputs
+    (:func:`_resident_outputs`)."""
     XST: gl.constexpr = (x_bufs.type.shape[0] - 1) // CHUNK
     WST: gl.constexpr = (w_bufs.type.shape[0] - 1) // CHUNK
     ZERO_X: gl.constexpr = x_bufs.type.shape[0] - 1
@@ -198,9 +198,7 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, B, 16])
     group = gl.program_id(0)
-    split = gl.program_id(1)
-    n_splits = gl.num_programs(1)
-    c0 = split * chunks_per_split
+    c0 = gl.program_id(1) * chunks_per_split
     c1 = gl.minimum(c0 + chunks_per_split, n_chunks)
     accs = (gl.zeros((64, B), dtype=gl.float32, layout=mma_layout),) * R
     wstep = 0
@@ -234,6 +232,19 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
             wstep += 1
         mbarrier.arrive(x_empty.index(xs), count=1)
 
+    _resident_outputs(accs, c_ptr, bias_ptr, ws_ptr, sem_ptr, M, n_out_cols, stride_cm, B, R, HAS_BIAS, SPLIT,
+                      mma_layout)
+
+
+@gluon.jit
+def _resident_outputs(accs, c_ptr, bias_ptr, ws_ptr, sem_ptr, M, n_out_cols, stride_cm, B: gl.constexpr,
+                      R: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, mma_layout: gl.constexpr):
+    """The R block-rows' outputs of program (group, split): rounded and stored (one split), or
+    (SPLIT) fp32 partials [splits, 64, n_out_cols] (int64 offsets) of which the last of the
+    group's programs to arrive sums them in split order: bitwise deterministic."""
+    group = gl.program_id(0)
+    split = gl.program_id(1)
+    n_splits = gl.num_programs(1)
     offs_m = gl.arange(0, 64, layout=gl.SliceLayout(1, mma_layout))
     offs_b = gl.arange(0, B, layout=gl.SliceLayout(0, mma_layout))
     m_ok = offs_m < M
@@ -241,7 +252,7 @@ def _resident_mma(c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_
         for r in gl.static_range(R):
             _store_rows(accs[r], c_ptr, bias_ptr, (group * R + r) * B + offs_b, offs_m, m_ok, n_out_cols, stride_cm,
                         HAS_BIAS)
-    else:  # fp32 partials [splits, 64, n_out_cols] (int64 offsets); the last of the group's programs sums them
+    else:
         split_stride = n_out_cols.to(gl.int64) * 64
         rows_off = offs_m.to(gl.int64)[:, None] * n_out_cols
         for r in gl.static_range(R):
