@@ -75,7 +75,8 @@
 #            b 32 / 16, density 0.5 / 0.25, both shapes
 #   ws-group-b16 - b 16 at density 0.5 / 0.25: the grouped dds with four union entries per stage and
 #            ring depths 2-5 against the shipped choice, fprop and bprop, both shapes
-#   small-resident - the resident-activation fprop (kernels/bsmm_resident.py): its GPU tests (4 shards),
+#   small-resident - the resident-activation fprop (kernels/bsmm_resident.py and its column-major variant,
+#            bsmm_resident_columns.py, the rC variants): its GPU tests (4 shards),
 #            then against the small kernel's default and the dispatcher's choice, W 12288², b 16 / 32 / 64,
 #            d 0.5 / 0.25 / 0.1, M 1-64 (RESIDENT_VARIANTS overrides the variants), $OUT/small-resident.json
 #   small-panel-split - b 16 / 32 at 16-64 rows: the panel dds (G block-rows sharing each activation tile)
@@ -229,7 +230,7 @@ for step in ${STEPS:-large dtypes graph}; do
             grep -hE "passed|failed|error" /tmp/resident-tests-*.log | tail -n 4
             timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --weight 12288x12288 \
               --blocks 16 32 64 --densities 0.5 0.25 0.1 --ms 1 16 32 64 --variants default \
-              ${RESIDENT_VARIANTS:-rR12x2 rR6x1 rR16x3 rR12x2c8w16 rR12x2c16w8 rR6x2b32 rR6x2c8w8b32 rR4x2b64} --auto \
+              ${RESIDENT_VARIANTS:-rR12x2 rR6x1 rC6x1 rC8x1 rC6x1k4 rC12x2c8 rC4x1c24 rR6x2c8w8b32u2 rC3x1b32 rC4x2b32 rR4x2b64 rC2x1b64} --auto \
               --out "$OUT/small-resident.json" > "$OUT/small-resident.log" 2>&1 ;;
     small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
               --densities 0.5 0.25 0.1 --ms 16 32 64 --variants default pG8m16w4st4x8 pG8m32w4st4x8 pG8m64w4st4x8 \

@@ -36,7 +36,7 @@ from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E4
 
 from tilesparse.kernels import block_scatter  # noqa: E402
 from tilesparse.kernels import bsmm_panel  # noqa: E402
-from tilesparse.kernels import bsmm_resident  # noqa: E402
+from tilesparse.kernels import bsmm_resident, bsmm_resident_columns  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
@@ -318,6 +318,25 @@ def resident_cases(quick: bool):
                else "*fp32" if name == "ws_ptr"
                else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split} {dt}",
+               fn, sig, const, 4, 1, None, GluonASTSource)
+    # the column-major variant (bsmm_resident_columns): (block, rows, chunk, box, stages, bias, split)
+    columns = ((16, 6, 16, 8, 2, True, True),) if quick else \
+        ((16, 6, 16, 8, 2, True, True), (16, 8, 16, 8, 2, False, False), (16, 2, 32, 16, 2, True, True),
+         (32, 4, 8, 8, 2, True, True), (64, 2, 4, 4, 2, True, False), (16, 1, 3, 1, 3, True, True),
+         (32, 3, 6, 2, 2, False, True), (16, 8, 16, 4, 2, True, True), (16, 12, 8, 8, 2, True, True),
+         (16, 16, 8, 8, 2, True, True), (32, 8, 4, 4, 2, True, True), (16, 4, 24, 8, 2, True, True))
+    fn = bsmm_resident_columns._dds_columns_kernel
+    for block, rows, chunk, box, stages, bias, split in columns:
+        cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=stages, columns=True, box=box)
+        x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
+        const = dict(B=block, CHUNK=chunk, R=rows, BOX=box, BOX_BITS=(rows * chunk // box).bit_length(),
+                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, x_layout=x_layout,
+                     v_layout=v_layout, num_warps=4)
+        sig = {name: "constexpr" if name in const else
+               "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
+               else "*fp32" if name == "ws_ptr"
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split}",
                fn, sig, const, 4, 1, None, GluonASTSource)
 
 

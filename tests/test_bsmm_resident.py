@@ -5,6 +5,8 @@ splits (the reduction split unevenly), short last row groups, empty, full, rando
 layouts (deep weight rings, masks with only their top bit), padded activation rows, bias, fp16
 and bf16; bitwise the same over repeated calls and under CUDA-graph capture."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,7 +27,12 @@ IN_FEATURES, OUT_FEATURES = 1088, 704
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(rows=0), "rows must be 1 to 16"), (dict(rows=17), "rows must be 1 to 16"), (dict(splits=0), "splits"),
-    (dict(w_stages=1), "w_stages"), (dict(unroll=0), "unroll must be 1 to 8"), (dict(unroll=9), "unroll"), (dict(chunk=33), "chunk must be 1 to 32"), (dict(chunk=0), "chunk"),
+    (dict(w_stages=1), "w_stages"), (dict(unroll=0), "unroll must be 1 to 8"), (dict(unroll=9), "unroll"),
+    (dict(chunk=33), "chunk must be 1 to 32"), (dict(chunk=0), "chunk"),
+    (dict(columns=True, chunk=12, box=8), "box must be a power of two"), (dict(columns=True, box=0), "box must"),
+    (dict(columns=True, chunk=6, box=3), "box must be a power of two"),
+    (dict(columns=True), "need .* bytes of shared memory even at b 16"),
+    (dict(columns=1), "columns must be a bool"),
     (dict(rows=2.0), "rows must be an int"), (dict(load_regs=20), "load_regs must be a multiple of 8"),
 ])
 def test_config_refuses_bad_values(kwargs, match):
@@ -39,6 +46,9 @@ def test_config_sizes():
     assert cfg.shared_bytes(16) == (2 * 32 + 1) * 64 * 16 * 2 + (4 * 32 + 1) * 16 * 16 * 2 + 1024  # + the zero tiles
     assert cfg.accumulator_registers(16) == 96  # 12 tiles of [64, 16] fp32 over 128 threads
     assert ResidentConfig(rows=6).accumulator_registers(32) == 96
+    # column-major: two stages, each 16 activation tiles [64, 16] and 6 rows x 16 blocks [16, 16]
+    columns = ResidentConfig(rows=6, chunk=16, w_stages=2, columns=True, box=8)
+    assert columns.shared_bytes(16) == 2 * (16 * 64 * 16 + 6 * 16 * 16 * 16) * 2 + 1024
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 5, 32])
@@ -221,6 +231,93 @@ def test_unrolled_loops_and_their_zero_tiles(kind, unroll):
     cfg = ResidentConfig(rows=12, splits=2, chunk=32, w_stages=4, unroll=unroll)
     out, expected = dds_against_reference(layout, torch.bfloat16, True, 64, cfg)
     assert_close(out, expected, torch.bfloat16, f"dds resident {kind} {cfg}")
+
+
+# the column-major variant: (block, rows, chunk, box, stages); a row's run of a stage is whole
+# boxes, boxes over-read past a row's blocks (and past the last block: zero-filled)
+COLUMN_CONFIGS = [(16, 6, 16, 8, 2), (16, 8, 16, 4, 2), (16, 1, 3, 1, 3), (16, 2, 32, 16, 2), (32, 4, 8, 8, 2),
+                  (32, 3, 6, 2, 2), (64, 2, 4, 4, 2)]
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("m", [1, 7, 64], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("block_size,rows,chunk,box,stages", COLUMN_CONFIGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
+def test_column_major_kernel_matches_reference(block_size, rows, chunk, box, stages, splits, m):
+    cfg = ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=stages, columns=True, box=box)
+    out, expected = _run("empty_rows_cols", block_size, torch.bfloat16, m, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds resident columns b{block_size} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kind", ["empty", "full", "random", "sparse", "top_bit"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_column_major_layouts_and_dtypes(kind, dtype):
+    block_rows, block_cols = OUT_FEATURES // 16, IN_FEATURES // 16
+    if kind == "sparse":
+        layout = tilesparse.layouts.random(OUT_FEATURES, IN_FEATURES, 16, 0.05, seed=int(torch.randint(1 << 30, ())))
+    elif kind == "top_bit":
+        layout = _top_bit_layout(block_rows, block_cols, 16, 32)
+    else:
+        layout = make_layout(kind, block_rows, block_cols, 16)
+    cfg = ResidentConfig(rows=2, splits=2, chunk=32, w_stages=2, columns=True, box=16)
+    out, expected = dds_against_reference(layout, dtype, True, 40, cfg)
+    assert_close(out, expected, dtype, f"dds resident columns {kind} {cfg}")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("block_size,rows,chunk,box,stages", COLUMN_CONFIGS, ids=lambda v: str(v))
+def test_column_major_kernel_on_full_layouts_and_runs_itself(block_size, rows, chunk, box, stages, monkeypatch):
+    # every row stores every column: the most boxes a stage expects (only the top binary digit
+    # of their count set where R * chunk / box is a power of two); and the variant, not the
+    # resident kernel, is what ran
+    from tilesparse.kernels import bsmm_resident_columns
+
+    calls = []
+    real = bsmm_resident_columns.launch_columns
+    monkeypatch.setattr(bsmm_resident_columns, "launch_columns", lambda *args: calls.append(1) or real(*args))
+    cfg = ResidentConfig(rows=rows, splits=2, chunk=chunk, w_stages=stages, columns=True, box=box)
+    out, expected = _run("full", block_size, torch.bfloat16, 64, cfg)
+    assert_close(out, expected, torch.bfloat16, f"dds resident columns full b{block_size} {cfg}")
+    assert calls
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_column_major_refuses_boxes_past_tma_rows():
+    layout = make_layout("random", 4, 4, 64)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    cfg = ResidentConfig(rows=2, chunk=8, w_stages=2, columns=True, box=8)  # 8 x 64 rows per box
+    with pytest.raises(ValueError, match="more than TMA's 256"):
+        kernels.dds(x, values, layout.meta_on("cuda"), None, layout.block_rows, layout.block_cols, True, config=cfg)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_column_major_kernel_is_bitwise_deterministic():
+    layout = tilesparse.layouts.random(2048, 3072, 16, 0.3, seed=2)
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    x = torch.randn(64, 3072, device="cuda", dtype=torch.bfloat16)
+    cfg = ResidentConfig(rows=6, splits=3, chunk=16, w_stages=2, columns=True, box=8)
+    first = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    for _ in range(5):
+        assert torch.equal(first, kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True,
+                                              config=cfg))
+    assert_close(first, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident columns")
+    many = dataclasses.replace(cfg, splits=40)  # more splits than the 12 chunks: 12 programs per group
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=many)
+    x.copy_(torch.randn_like(x))
+    for _ in range(2):  # the arrival counters are left zero for the next replay
+        graph.replay()
+        assert_close(out, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16,
+                     "captured dds resident columns, 40 splits")
 
 
 @pytest.mark.gpu

@@ -173,6 +173,17 @@ ALL_VARIANTS = {
     "rR12x2u1": ("resident", 12, 2, 32, 4, 1),
     "rR12x2u8": ("resident", 12, 2, 32, 4, 8),
     "rR6x2c8w8b32u2": ("resident", 6, 2, 8, 8, 2),
+    # the column-major variant (kernels/bsmm_resident_columns.py; seventh and eighth fields:
+    # columns, box): its fifth field is the number of stages, each a chunk's tiles and all rows'
+    # blocks of it
+    "rC6x1": ("resident", 6, 1, 16, 2, 4, True, 8),
+    "rC8x1": ("resident", 8, 1, 16, 2, 4, True, 8),
+    "rC6x1k4": ("resident", 6, 1, 16, 2, 4, True, 4),
+    "rC12x2c8": ("resident", 12, 2, 8, 2, 4, True, 8),
+    "rC4x1c24": ("resident", 4, 1, 24, 2, 4, True, 8),
+    "rC3x1b32": ("resident", 3, 1, 8, 2, 4, True, 8),
+    "rC4x2b32": ("resident", 4, 2, 8, 2, 4, True, 8),
+    "rC2x1b64": ("resident", 2, 1, 4, 2, 4, True, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -189,8 +200,10 @@ def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
     if fields[0] == "resident":
-        rows, splits, chunk, w_stages, *unroll = fields[1:]
-        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages, unroll=(unroll or [4])[0])
+        rows, splits, chunk, w_stages, *more = fields[1:]
+        unroll, columns, box = (list(more) + [4, False, 8][len(more):])[:3]
+        return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages, unroll=unroll,
+                                 columns=columns, box=box)
     if fields[0] == "group":
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)
@@ -264,8 +277,11 @@ def main() -> None:
                             continue  # b 16-64 only, at most 128 accumulator registers; E 3-4 at b 16
                         elif fields[0] == "resident" and (not trans or m > RS.MAX_M or b > 64
                                 or variant_config(fields, 64).accumulator_registers(b) > 128
-                                or variant_config(fields, 64).shared_bytes(b) > K.shared_memory_bytes(dev)):
-                            continue  # fprop at <= 64 rows, at most 128 accumulator registers, fits shared memory
+                                or variant_config(fields, 64).shared_bytes(b) > K.shared_memory_bytes(dev)
+                                or RS.resident_supported(a, values, torch.empty(m, n, device=dev, dtype=dt), trans,
+                                                         variant_config(fields, 64)) is not None):
+                            continue  # fprop at <= 64 rows, at most 128 accumulator registers, fits shared memory,
+                            # and whatever else the kernel refuses (a box past TMA's 256 rows)
                         elif fields[0] not in ("panel", "group", "resident") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:

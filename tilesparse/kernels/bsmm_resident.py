@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
 from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
 from ._launch import launch
-from ._tiles import cdiv, check_ints, check_register_budgets
+from ._tiles import cdiv, check_bools, check_ints, check_register_budgets
 from .bsmm_small import _arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma
@@ -52,6 +52,7 @@ from .bsmm_ws_group import small_block_reason
 __all__ = ["ResidentConfig", "MAX_M", "resident_supported", "chunk_tables", "launch_dds_resident"]
 
 MAX_M = 64  # one warpgroup's wgmma rows
+_HOPPER_SHARED_BYTES = 232448  # the most shared memory a program may have on sm_90 (227 KB)
 _CHUNKS = "_tilesparse_resident_chunks"  # where chunk_tables remembers its tables on a layout's meta
 
 
@@ -63,19 +64,25 @@ class ResidentConfig:
     stages; at most 32, the bits of a chunk's mask), ``w_stages`` the weight ring (one
     block-row's blocks of one chunk per stage, a slot per column), ``unroll`` the stored
     blocks each step of the producer's and the consumer's loops takes, ``load_regs`` the
-    producer warp's registers."""
+    producer warp's registers. ``columns``: the column-major variant
+    (:mod:`tilesparse.kernels.bsmm_resident_columns`), whose ``w_stages`` stages each hold a
+    chunk's activation tiles and all ``rows`` rows' blocks of it, copied in boxes of ``box``
+    blocks (``unroll`` unused)."""
 
     rows: int = 12
     splits: int = 2
     chunk: int = 32
     w_stages: int = 4
     unroll: int = 4
+    columns: bool = False
+    box: int = 8
     # one warp, so a large budget is cheap: its per-column loop, unrolled over a chunk's slots
     # for each row, spilled 8.7 KB at 40 registers (R 12, chunk 32; ptxas), 76 B at 232
     load_regs: int = 232
 
     def __post_init__(self):
-        check_ints(self, "rows", "splits", "chunk", "w_stages", "unroll", "load_regs")
+        check_ints(self, "rows", "splits", "chunk", "w_stages", "unroll", "box", "load_regs")
+        check_bools(self, "columns")
         check_register_budgets(self, "load_regs")
         if not 1 <= self.rows <= 16:
             raise ValueError(f"ResidentConfig.rows must be 1 to 16, got {self.rows!r}")
@@ -85,10 +92,21 @@ class ResidentConfig:
             raise ValueError(f"ResidentConfig.unroll must be 1 to 8, got {self.unroll!r}")
         if not 1 <= self.chunk <= 32:
             raise ValueError(f"ResidentConfig.chunk must be 1 to 32 (a chunk's bitmask is 32 bits), got {self.chunk!r}")
+        if self.columns and (self.box < 1 or self.box & (self.box - 1) or self.chunk % self.box):
+            raise ValueError("ResidentConfig.box must be a power of two (a TMA box's rows) that divides chunk "
+                             f"(a row's run of a stage is whole boxes), got {self}")
+        if self.columns and self.shared_bytes(16) > _HOPPER_SHARED_BYTES:
+            raise ValueError(f"ResidentConfig(columns=True) stages need {self.shared_bytes(16)} bytes of shared "
+                             f"memory even at b 16, more than Hopper's {_HOPPER_SHARED_BYTES}: lower rows, chunk "
+                             f"or w_stages (e.g. rows=6, chunk=16, w_stages=2), got {self}")
 
     def shared_bytes(self, block_size: int, element_bytes: int = 2) -> int:
         """Two stages of activations [chunk, 64, b] and a zero tile, the weight ring
-        [w_stages, chunk, b, b] and a zero block, and the barriers."""
+        [w_stages, chunk, b, b] and a zero block, and the barriers (``columns``: w_stages
+        stages of [chunk, 64, b] activations and [rows, chunk, b, b] blocks)."""
+        if self.columns:
+            stage = self.chunk * (MAX_M + self.rows * block_size) * block_size * element_bytes
+            return self.w_stages * stage + 1024
         x = (2 * self.chunk + 1) * MAX_M * block_size * element_bytes
         w = (self.w_stages * self.chunk + 1) * block_size * block_size * element_bytes
         return x + w + 1024
@@ -366,6 +384,8 @@ def resident_supported(a: torch.Tensor, values: torch.Tensor, c: torch.Tensor, t
         return "needs contiguous, 16-byte-aligned block values"
     if max(a.shape[1], values.shape[0] * b) >= 1 << 31:
         return "addresses tensors through TMA, whose coordinates are 32-bit"
+    if cfg.columns and cfg.box * b > 256:
+        return f"copies boxes of box x b = {cfg.box * b} rows, more than TMA's 256"
     if cfg.shared_bytes(b, a.element_size()) > shared_memory_bytes(a.device):
         return (f"needs {cfg.shared_bytes(b, a.element_size())} bytes of shared memory at this config, "
                 "more than the GPU has")
@@ -393,11 +413,17 @@ def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: i
         sem = _arrival_counters(a.device, n_groups)
     x_layout, v_layout = _layouts(b, a.dtype)
     ensure_allocator()
+    if cfg.columns:
+        from .bsmm_resident_columns import launch_columns  # (it imports this module's helpers)
+
+        launch_columns((n_groups, splits), a, values, c, bias, ws, sem, firsts, masks, n_chunks, per_split, cfg,
+                       x_layout, v_layout)
+        return True
     launch(_dds_resident_kernel, (n_groups, splits),
         a, values, c, bias if bias is not None else c, ws, sem, firsts, masks,
         m, a.shape[1], block_rows, n_chunks, per_split, n_out, values.shape[0], a.stride(0), c.stride(0),
-        B=b, CHUNK=cfg.chunk, CHUNK_BITS=cfg.chunk.bit_length(), R=cfg.rows, U=cfg.unroll, W_STAGES=cfg.w_stages, HAS_BIAS=bias is not None,
-        SPLIT=splits > 1,
+        B=b, CHUNK=cfg.chunk, CHUNK_BITS=cfg.chunk.bit_length(), R=cfg.rows, U=cfg.unroll, W_STAGES=cfg.w_stages,
+        HAS_BIAS=bias is not None, SPLIT=splits > 1,
         LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4,
     )
     return True
