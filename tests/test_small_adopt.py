@@ -50,10 +50,12 @@ def test_adopt_records_a_winning_resident_variant(crossover, tmp_path):
     from tilesparse.kernels.bsmm_resident import ResidentConfig
 
     row = {"op": "fprop", "block": 16, "density": 0.5, "M": 32, "weight_bytes": 151 << 20, "copies": 3,
-           "large_ms": 0.23, "default": 0.091, "rR12x2": 0.050, "auto": 0.091, "auto_err": 1e-3}
+           "large_ms": 0.23, "default": 0.091, "rR12x2": 0.050, "rC6x1": 0.045, "auto": 0.091, "auto_err": 1e-3}
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
     crossover.adopt(sweep)
     entries = json.loads((tmp_path / "nvidia-h200.json").read_text())["entries"]
     key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 32, 0.5)
-    assert tuned.from_json(entries[key]["config"]) == ResidentConfig(rows=12, splits=2, chunk=32, w_stages=4)
+    # the column-major variant's fields travel with it
+    assert tuned.from_json(entries[key]["config"]) == ResidentConfig(rows=6, splits=1, chunk=16, w_stages=2,
+                                                                     columns=True, box=8)

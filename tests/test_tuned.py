@@ -55,6 +55,7 @@ def test_buckets():
     WsConfig(128, 64, 4, 4, pingpong=True),
     WsGroupConfig(8, 4, a_from_registers=False),
     ResidentConfig(rows=6, splits=2, chunk=16, w_stages=8),
+    ResidentConfig(rows=6, splits=1, chunk=16, w_stages=2, columns=True, box=4),
 ])
 def test_json_round_trip(config):
     obj = tuned.to_json(config)
