@@ -73,6 +73,54 @@ def test_chunk_tables_name_each_rows_first_slot_and_stored_columns(chunk):
     assert again[0] is firsts and again[1] is masks  # remembered
 
 
+def _columns_schedule_product(a, values, firsts, masks, rows, chunk, box, b):
+    """The column-major kernel's schedule, played out in PyTorch on the CPU (float64): per
+    group of ``rows`` block-rows and chunk, each row's ceil(n / box) boxes of consecutive
+    stored blocks from its first slot into its run of a stage (over-reading past its blocks,
+    and past the last one as zeros), then per column, for each row storing it, the block at
+    the row's running slot times the column's activation tile."""
+    block_rows, n_chunks = masks.shape
+    padded = torch.cat([values.double(), torch.zeros(box, b, b, dtype=torch.float64)])  # TMA's zero fill
+    x = torch.zeros(a.shape[0], n_chunks * chunk * b, dtype=torch.float64)
+    x[:, :a.shape[1]] = a.double()
+    out = torch.zeros(a.shape[0], block_rows * b, dtype=torch.float64)
+    for group in range(-(-block_rows // rows)):
+        for c in range(n_chunks):
+            stage = torch.full((rows, chunk, b, b), float("nan"), dtype=torch.float64)  # never read unless written
+            for r in range(rows):
+                row = group * rows + r
+                if row >= block_rows:
+                    continue
+                bits = int(masks[row, c]) & 0xFFFFFFFF
+                for q in range(-(-bin(bits).count("1") // box)):
+                    start = int(firsts[row, c]) + q * box  # < n_stored: at or before the row's last block
+                    stage[r, q * box:(q + 1) * box] = padded[start:start + box]
+            for kb in range(chunk):
+                tile = x[:, (c * chunk + kb) * b:(c * chunk + kb + 1) * b]
+                for r in range(rows):
+                    row = group * rows + r
+                    if row >= block_rows:
+                        continue
+                    bits = int(masks[row, c]) & 0xFFFFFFFF
+                    if bits >> kb & 1:
+                        slot = bin(bits & ((1 << kb) - 1)).count("1")
+                        out[:, row * b:(row + 1) * b] += tile @ stage[r, slot].t()
+    return out
+
+
+@pytest.mark.parametrize("rows,chunk,box", [(6, 16, 8), (3, 32, 16), (2, 6, 2), (5, 8, 1)])
+def test_the_column_major_schedule_computes_the_product(rows, chunk, box):
+    # the slots the producer's boxes fill are the ones the consumer's running count reads
+    # (a NaN where a stage slot is read unwritten would poison the result)
+    layout = tilesparse.layouts.random(11 * 16, 70 * 16, 16, 0.45, seed=rows * chunk)
+    meta = layout.meta_on("cpu")
+    values = torch.randn(layout.nnz, 16, 16, dtype=torch.float64)
+    a = torch.randn(5, 70 * 16, dtype=torch.float64)
+    firsts, masks = bsmm_resident.chunk_tables(meta, layout.block_rows, layout.block_cols, chunk)
+    got = _columns_schedule_product(a, values, firsts, masks, rows, chunk, box, 16)
+    torch.testing.assert_close(got, a @ dense_of(values, layout).t(), rtol=1e-12, atol=1e-12)
+
+
 def test_chunk_tables_of_an_empty_layout_and_bad_chunks():
     meta = make_layout("empty", 3, 5, 16).meta_on("cpu")
     firsts, masks = bsmm_resident.chunk_tables(meta, 3, 5, 2)
