@@ -311,7 +311,8 @@ def resident_cases(quick: bool):
     for block, rows, chunk, w_stages, bias, split, dt in cases:
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=w_stages)
         x_layout, v_layout = bsmm_resident._layouts(block, torch.float16 if dt == "fp16" else torch.bfloat16)
-        const = dict(B=block, CHUNK=chunk, CHUNK_BITS=chunk.bit_length(), R=rows, U=cfg.unroll, W_STAGES=w_stages, HAS_BIAS=bias, SPLIT=split,
+        const = dict(B=block, CHUNK=chunk, CHUNK_BITS=chunk.bit_length(), R=rows, U=cfg.unroll, W_STAGES=w_stages,
+                     HAS_BIAS=bias, SPLIT=split,
                      LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
         sig = {name: "constexpr" if name in const else
                "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)

@@ -15,8 +15,9 @@ runtime loops over its set bits, ``unroll`` at a time: the producer copies each 
 column's slot, the consumer issues one asynchronous wgmma per set bit (activation tile and
 weight block at the same slot, no address waiting on a load) into the row's accumulator, the
 steps past a row's last block on zero tiles. The activations' L2 traffic falls by about
-``rows`` times the density. With ``splits`` > 1 each program writes fp32 partials and the last of a block-row group's programs to finish sums
-them in split order: bitwise deterministic.
+``rows`` times the density. With ``splits`` > 1 each program writes fp32 partials and the
+last of a block-row group's programs to finish sums them in split order: bitwise
+deterministic.
 
 fprop only (Y = X W^T: block-rows are output block-columns, stored contiguously); M <= 64
 (one wgmma's rows; the rows past M are zero-filled by TMA); 16-bit inputs; b 16-64. Opt-in
@@ -76,8 +77,8 @@ class ResidentConfig:
     unroll: int = 4
     columns: bool = False
     box: int = 8
-    # one warp, so a large budget is cheap: its per-column loop, unrolled over a chunk's slots
-    # for each row, spilled 8.7 KB at 40 registers (R 12, chunk 32; ptxas), 76 B at 232
+    # one warp, so a large budget is cheap (v3's loops, unrolled over a chunk's slots for each
+    # row, spilled 8.7 KB at 40 registers; the runtime loops since need far fewer)
     load_regs: int = 232
 
     def __post_init__(self):
@@ -146,9 +147,9 @@ def _lowest_bit(bits):
 
 
 @gluon.jit
-def _resident_load(a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr, K_A,
-                   n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, CHUNK_BITS: gl.constexpr,
-                   R: gl.constexpr, U: gl.constexpr):
+def _resident_load(a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr,
+                   K_A, n_rows, n_chunks, chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr,
+                   CHUNK_BITS: gl.constexpr, R: gl.constexpr, U: gl.constexpr):
     """Producer (one warp): per chunk of this program's split, the chunk's activation tiles
     (one TMA per block-column, [64, b] each; past M and K zero-filled), then for each of its
     block-rows the row's stored blocks of the chunk, each into the stage's slot of its
@@ -171,8 +172,8 @@ def _resident_load(a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_r
         mbarrier.wait(x_empty.index(xs), ((i // XST) & 1) ^ 1)
         mbarrier.expect(x_ready.index(xs), X_BYTES, pred=i != 0)
         mbarrier.expect(x_ready.index(xs), X_BYTES + ZERO_BYTES, pred=i == 0)
-        # with the first chunk, the zero tiles past the stages: boxes wholly outside A and the
-        # values, which TMA fills with zeros (the consumer's steps past a row's last block)
+        # with the first chunk, the zero tiles past the stages: boxes wholly past A's K, which
+        # TMA fills with zeros (the consumer's steps past a row's last block)
         tma.async_copy_global_to_shared(a_desc, [0, K_A], x_ready.index(xs), x_bufs.index(x_bufs.type.shape[0] - 1),
                                         pred=i == 0)
         tma.async_copy_global_to_shared(z_desc, [0, K_A], x_ready.index(xs), w_bufs.index(w_bufs.type.shape[0] - 1),
@@ -326,7 +327,8 @@ def _dds_resident_kernel(
         (_resident_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_bufs, x_ready, x_empty,
                          w_ready, w_empty, M, n_rows, n_chunks, chunks_per_split, n_out_cols, stride_cm,
                          B, CHUNK, R, U, HAS_BIAS, SPLIT, num_warps)),
-        (_resident_load, (a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr, mask_ptr, K_A,
+        (_resident_load, (a_desc, v_desc, z_desc, x_bufs, w_bufs, x_ready, x_empty, w_ready, w_empty, first_ptr,
+                          mask_ptr, K_A,
                           n_rows, n_chunks, chunks_per_split, B, CHUNK, CHUNK_BITS, R, U)),
     ], [1], [LOAD_REGS])
 
