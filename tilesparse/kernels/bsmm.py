@@ -181,10 +181,11 @@ SMALL_M_MAX = 64
 blocks of 16). The H200's shipped table holds the measured faster kernel for M 16-512 per
 op, block size and density (``scripts/measure_small_crossover.py``)."""
 
-# 16-bit, by block size (powers of two only: others were not timed): the largest M where the small kernel's configs (``small_config``)
-# beat the large-batch tiles at every density timed (H200, W 12288² and 4096², bf16,
-# fe39cf4, `...-small-mid-*.json`): b 32 at M 128 (130 vs 155 µs at density 0.5); b 64 to
-# M 512 (202 vs 226); b 128 to M 256 (at M 512 the tiles won at density >= 0.25: 140 vs 196).
+# 16-bit, by block size (powers of two only: others were not timed): the largest M where the
+# small kernel's configs (``small_config``) beat the large-batch tiles at every density timed
+# (H200, W 12288² and 4096², bf16, fe39cf4, `...-small-mid-*.json`): b 32 at M 128 (130 vs
+# 155 µs at density 0.5); b 64 to M 512 (202 vs 226); b 128 to M 256 (at M 512 the tiles won
+# at density >= 0.25: 140 vs 196).
 _MID_M_MAX = {32: 128, 64: 512, 128: 256}
 
 
@@ -271,19 +272,6 @@ def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     return all(bsmm_tma.row_major_tma_ok(t) for t in operands if t is not None)
 
 
-def _ws_group_refusal(a, values, c, meta, block_rows: int, block_cols: int, trans: bool,
-                      cfg: bsmm_ws_group.WsGroupConfig) -> str | None:
-    """Why the grouped kernel cannot run this call (``bsmm_ws_group.ws_group_supported``,
-    or its tables not built yet during a CUDA-graph capture, where their host sync is not
-    allowed and the other kernels run instead unless the call was warmed up), or None."""
-    why = bsmm_ws_group.ws_group_supported(a, values, c, cfg)
-    if (why is None and meta.is_cuda and torch.cuda.is_current_stream_capturing()
-            and not bsmm_ws_group.tables_ready(meta, block_rows, block_cols, trans, cfg.group)):
-        why = ("builds its tables with a host sync, not allowed while a CUDA graph is being captured: "
-               "call it once before capturing")
-    return why
-
-
 def dds(
     a: torch.Tensor,
     values: torch.Tensor,
@@ -304,7 +292,8 @@ def dds(
     ``bsmm_ws_group.WsGroupConfig``: its small-block variant, G output block-columns per
     tile sharing each activation tile, Hopper, 16-bit, b 16-64;
     ``bsmm_resident.ResidentConfig``: fprop at <= 64 rows with the activations held in shared
-    memory while several block-rows stream past them, Hopper, 16-bit, b 16-64). Without one, the tuned table or the heuristic picks it, and a skewed layout (whose
+    memory while several block-rows stream past them, Hopper, 16-bit, b 16-64). Without one,
+    the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
 
@@ -349,7 +338,7 @@ def dds(
             raise ValueError(f"config={config}: the resident-activation kernel {why}")
         config = None  # a tuned entry these operands cannot take: the other kernels
     if isinstance(config, bsmm_ws_group.WsGroupConfig):
-        why = _ws_group_refusal(a, values, c, meta, block_rows, block_cols, trans, config)
+        why = bsmm_ws_group.dds_refusal(a, values, c, meta, block_rows, block_cols, trans, config)
         if why is None and chosen_here and density < bsmm_ws_group.MIN_DENSITY:
             why = f"is not used below density {bsmm_ws_group.MIN_DENSITY} (measured slower)"  # a tuned bucket's low end
         if why is None:
@@ -383,8 +372,8 @@ def dds(
         return c
     if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster
         group_cfg = bsmm_ws_group.default_config(a, b, density)
-        if group_cfg is not None and _ws_group_refusal(a, values, c, meta, block_rows, block_cols, trans,
-                                                       group_cfg) is None:
+        if group_cfg is not None and bsmm_ws_group.dds_refusal(a, values, c, meta, block_rows, block_cols, trans,
+                                                               group_cfg) is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
                                               group_cfg)
             return c

@@ -47,8 +47,8 @@ from .bsmm_panel import panel_tables
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import WS_MIN_M, _alloc_ring, _claim_stage, _Layouts, _nvmma, _tile_coords, hopper_reason
 
-__all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "small_block_reason", "group_tables",
-           "tables_ready", "launch_dds_ws_group"]
+__all__ = ["WsGroupConfig", "MIN_DENSITY", "default_config", "ws_group_supported", "dds_refusal", "small_block_reason",
+           "group_tables", "tables_ready", "launch_dds_ws_group"]
 
 _ROWS_PER_CONSUMER = 64  # one warpgroup's wgmma rows
 _MASKS = "_tilesparse_group_masks"  # where group_tables remembers the masks on a layout's meta
@@ -483,3 +483,16 @@ def launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans,
         a_layout=lay.a, v_layout=lay.v, c_layout=lay.c,
         num_warps=4,
     )
+
+
+def dds_refusal(a, values, c, meta, block_rows: int, block_cols: int, trans: bool,
+                cfg: WsGroupConfig) -> str | None:
+    """Why the grouped kernel cannot run this call (:func:`ws_group_supported`,
+    or its tables not built yet during a CUDA-graph capture, where their host sync is not
+    allowed and the other kernels run instead unless the call was warmed up), or None."""
+    why = ws_group_supported(a, values, c, cfg)
+    if (why is None and meta.is_cuda and torch.cuda.is_current_stream_capturing()
+            and not tables_ready(meta, block_rows, block_cols, trans, cfg.group)):
+        why = ("builds its tables with a host sync, not allowed while a CUDA graph is being captured: "
+               "call it once before capturing")
+    return why
