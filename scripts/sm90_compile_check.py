@@ -298,6 +298,16 @@ def ws_sdd_rows_cases(quick: bool):
                fn, sig, const, 4, stages, None, GluonASTSource)
 
 
+def _resident_signature(fn, const: dict, split: bool, dt: str) -> dict:
+    """The argument types of a resident kernel (both variants share their arguments): int32
+    tables and semaphores, an fp32 workspace with splits (an int32 stand-in without), ``dt``
+    operands."""
+    return {name: "constexpr" if name in const else
+            "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
+            else "*fp32" if name == "ws_ptr"
+            else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+
+
 def resident_cases(quick: bool):
     """The small-batch fprop with the activations resident in shared memory (Gluon,
     ``bsmm_resident``): b 16 / 32 / 64, with and without bias and splits; expected: wgmma."""
@@ -314,12 +324,8 @@ def resident_cases(quick: bool):
         const = dict(B=block, CHUNK=chunk, CHUNK_BITS=chunk.bit_length(), R=rows, U=cfg.unroll, W_STAGES=w_stages,
                      HAS_BIAS=bias, SPLIT=split,
                      LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
-        sig = {name: "constexpr" if name in const else
-               "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
-               else "*fp32" if name == "ws_ptr"
-               else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split} {dt}",
-               fn, sig, const, 4, 1, None, GluonASTSource)
+               fn, _resident_signature(fn, const, split, dt), const, 4, 1, None, GluonASTSource)
     # the column-major variant (bsmm_resident_columns): (block, rows, chunk, box, stages, bias, split)
     columns = ((16, 6, 16, 8, 2, True, True),) if quick else \
         ((16, 6, 16, 8, 2, True, True), (16, 8, 16, 8, 2, False, False), (16, 2, 32, 16, 2, True, True),
@@ -333,12 +339,8 @@ def resident_cases(quick: bool):
         const = dict(B=block, CHUNK=chunk, R=rows, BOX=box, BOX_BITS=(rows * chunk // box).bit_length(),
                      STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, x_layout=x_layout,
                      v_layout=v_layout, num_warps=4)
-        sig = {name: "constexpr" if name in const else
-               "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
-               else "*fp32" if name == "ws_ptr"
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
         yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split}",
-               fn, sig, const, 4, 1, None, GluonASTSource)
+               fn, _resident_signature(fn, const, split, "bf16"), const, 4, 1, None, GluonASTSource)
 
 
 def _ptxas_log(ptx: str) -> str:
@@ -398,8 +400,10 @@ def main() -> int:
                 if "cp.reduce.async.bulk.tensor" not in ptx:
                     raise RuntimeError("an atomic-dQ kernel without cp.reduce.async.bulk.tensor in its PTX")
                 mma += f", cp.reduce.async.bulk.tensor {ptx.count('cp.reduce.async.bulk.tensor')}"
-            log = _ptxas_log(ptx) if args.spills or label.startswith("ws group") else ""  # ptxas once per case
-            if label.startswith("ws group") and "instructions are serialized" in log:
+            # the kernels whose wgmmas take A from registers: ptxas must keep them asynchronous
+            register_a = label.startswith(("ws group", "resident columns"))
+            log = _ptxas_log(ptx) if args.spills or register_a else ""  # ptxas once per case
+            if register_a and "instructions are serialized" in log:
                 raise RuntimeError("ptxas serializes the wgmma (C7511 / C7512): an operand held in flight it "
                                    "cannot keep")
             if args.spills:

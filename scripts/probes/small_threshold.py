@@ -275,13 +275,11 @@ def main() -> None:
                                                        or variant_config(fields, 64).accumulator_registers(b) > 128
                                                        or (b > 16 and fields[3] > 2)):
                             continue  # b 16-64 only, at most 128 accumulator registers; E 3-4 at b 16
-                        elif fields[0] == "resident" and (not trans or m > RS.MAX_M or b > 64
-                                or variant_config(fields, 64).accumulator_registers(b) > 128
-                                or variant_config(fields, 64).shared_bytes(b) > K.shared_memory_bytes(dev)
-                                or RS.resident_supported(a, values, torch.empty(m, n, device=dev, dtype=dt), trans,
-                                                         variant_config(fields, 64)) is not None):
-                            continue  # fprop at <= 64 rows, at most 128 accumulator registers, fits shared memory,
-                            # and whatever else the kernel refuses (a box past TMA's 256 rows)
+                        elif fields[0] == "resident" and RS.resident_supported(
+                                a, values, torch.empty(m, n, device=dev, dtype=dt), trans,
+                                variant_config(fields, 64)) is not None:
+                            continue  # what the kernel refuses: bprop, > 64 rows, b > 64, > 128 accumulator
+                            # registers, more shared memory than the GPU has, a box past TMA's 256 rows
                         elif fields[0] not in ("panel", "group", "resident") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:

@@ -56,9 +56,11 @@ def _columns_load(a_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, ma
         s = i % STAGES
         firsts = _row_values(first_ptr, group, c, n_rows, n_chunks, R)
         masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)
+        boxes = ()  # each row's ceil(n / BOX)
         total = 0
         for r in gl.static_range(R):
-            total += (_bit_count(masks[r]) + (BOX - 1)) // BOX
+            boxes = boxes + ((_bit_count(masks[r]) + (BOX - 1)) // BOX,)
+            total += boxes[r]
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), X_BYTES)
         for e in gl.static_range(BOX_BITS):
@@ -69,8 +71,7 @@ def _columns_load(a_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, ma
             tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], ready.index(s),
                                             x_bufs.index(s * CHUNK + kb))
         for r in gl.static_range(R):
-            boxes = (_bit_count(masks[r]) + (BOX - 1)) // BOX
-            for q in range(boxes):
+            for q in range(boxes[r]):
                 tma.async_copy_global_to_shared(box_desc, [(firsts[r] + q * BOX) * B, 0], ready.index(s),
                                                 w_boxes.index((s * R + r) * RUN + q))
 
