@@ -331,14 +331,16 @@ def resident_cases(quick: bool):
         ((16, 6, 16, 8, 2, True, True), (16, 8, 16, 8, 2, False, False), (16, 2, 32, 16, 2, True, True),
          (32, 4, 8, 8, 2, True, True), (64, 2, 4, 4, 2, True, False), (16, 1, 3, 1, 3, True, True),
          (32, 3, 6, 2, 2, False, True), (16, 8, 16, 4, 2, True, True), (16, 12, 8, 8, 2, True, True),
-         (16, 16, 8, 8, 2, True, True), (32, 8, 4, 4, 2, True, True), (16, 4, 24, 8, 2, True, True))
+         (16, 16, 8, 8, 2, True, True), (32, 8, 4, 4, 2, True, True), (16, 4, 24, 8, 2, True, True),
+         (16, 12, 4, 4, 6, True, True), (16, 6, 8, 8, 4, False, False))
     fn = bsmm_resident_columns._dds_columns_kernel
     for block, rows, chunk, box, stages, bias, split in columns:
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=stages, columns=True, box=box)
         x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
         const = dict(B=block, CHUNK=chunk, R=rows, BOX=box, BOX_BITS=(rows * chunk // box).bit_length(),
-                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, x_layout=x_layout,
-                     v_layout=v_layout, num_warps=4)
+                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, PREFETCH=True,
+                     XB=bsmm_resident_columns.activation_run(chunk), x_layout=x_layout,
+                     x3_layout=bsmm_resident_columns.run_layout(x_layout), v_layout=v_layout, num_warps=4)
         yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split}",
                fn, _resident_signature(fn, const, split, "bf16"), const, 4, 1, None, GluonASTSource)
 
@@ -411,7 +413,7 @@ def main() -> int:
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1
-            print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[:600]}")
+            print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[-1500:]}")
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

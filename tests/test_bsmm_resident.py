@@ -129,6 +129,15 @@ def test_chunk_tables_of_an_empty_layout_and_bad_chunks():
         bsmm_resident.chunk_tables(meta, 3, 5, 33)
 
 
+@pytest.mark.parametrize("chunk,run", [(16, 16), (12, 4), (3, 1), (24, 8), (6, 2), (32, 32)])
+def test_activation_runs_are_the_largest_power_of_two_dividing_the_chunk(chunk, run, monkeypatch):
+    from tilesparse.kernels import bsmm_resident_columns
+
+    assert bsmm_resident_columns.activation_run(chunk) == run
+    monkeypatch.setattr(bsmm_resident_columns, "ACTIVATION_RUNS", False)
+    assert bsmm_resident_columns.activation_run(chunk) == 1
+
+
 def test_chunk_tables_refuse_rows_out_of_column_order():
     layout = make_layout("full", 2, 4, 16)
     meta = layout.meta_on("cpu").clone()
@@ -282,9 +291,10 @@ def test_unrolled_loops_and_their_zero_tiles(kind, unroll):
 
 
 # the column-major variant: (block, rows, chunk, box, stages); a row's run of a stage is whole
-# boxes, boxes over-read past a row's blocks (and past the last block: zero-filled)
+# boxes over-read past a row's blocks (and past the last block: zero-filled); chunks 3, 6
+# and 12 copy their activation tiles in runs of 1, 2 and 4, the others in one run
 COLUMN_CONFIGS = [(16, 6, 16, 8, 2), (16, 8, 16, 4, 2), (16, 1, 3, 1, 3), (16, 2, 32, 16, 2), (32, 4, 8, 8, 2),
-                  (32, 3, 6, 2, 2), (64, 2, 4, 4, 2)]
+                  (32, 3, 6, 2, 2), (64, 2, 4, 4, 2), (16, 4, 12, 4, 2), (16, 12, 4, 4, 6)]
 
 
 @pytest.mark.gpu
@@ -331,6 +341,26 @@ def test_column_major_kernel_on_full_layouts_and_runs_itself(block_size, rows, c
     out, expected = _run("full", block_size, torch.bfloat16, 64, cfg)
     assert_close(out, expected, torch.bfloat16, f"dds resident columns full b{block_size} {cfg}")
     assert calls
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("prefetch,runs", [(False, True), (True, False), (False, False)])
+def test_column_major_producer_switches_keep_the_bits(prefetch, runs, monkeypatch):
+    # the A/B switches change how the producer issues its loads, never what lands where
+    from tilesparse.kernels import bsmm_resident_columns
+
+    layout = tilesparse.layouts.random(1024, 3072, 16, 0.3, seed=int(torch.randint(1 << 30, ())))
+    values = random_values(layout, torch.bfloat16, "cuda")
+    meta = layout.meta_on("cuda")
+    x = torch.randn(33, 3072, device="cuda", dtype=torch.bfloat16)
+    cfg = ResidentConfig(rows=6, splits=2, chunk=12, w_stages=2, columns=True, box=4)
+    shipped = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    monkeypatch.setattr(bsmm_resident_columns, "PREFETCH_TABLES", prefetch)
+    monkeypatch.setattr(bsmm_resident_columns, "ACTIVATION_RUNS", runs)
+    switched = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    assert torch.equal(switched, shipped)
+    assert_close(shipped, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident columns")
 
 
 @pytest.mark.gpu

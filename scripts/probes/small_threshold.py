@@ -184,6 +184,12 @@ ALL_VARIANTS = {
     "rC3x1b32": ("resident", 3, 1, 8, 2, 4, True, 8),
     "rC4x2b32": ("resident", 4, 2, 8, 2, 4, True, 8),
     "rC2x1b64": ("resident", 2, 1, 4, 2, 4, True, 4),
+    # deeper rings of shorter chunks (2026-12-02: two stages of 16 took ~1.8 µs a chunk at
+    # every density and M, a latency-bound pipeline)
+    "rC6x1c8s4": ("resident", 6, 1, 8, 4, 4, True, 8),
+    "rC6x1c4s8": ("resident", 6, 1, 4, 8, 4, True, 4),
+    "rC8x1c8s4": ("resident", 8, 1, 8, 4, 4, True, 8),
+    "rC12x2c4s6": ("resident", 12, 2, 4, 6, 4, True, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
