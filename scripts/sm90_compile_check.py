@@ -338,10 +338,10 @@ def resident_cases(quick: bool):
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=stages, columns=True, box=box)
         x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
         const = dict(B=block, CHUNK=chunk, R=rows, BOX=box, BOX_BITS=(rows * chunk // box).bit_length(),
-                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, PREFETCH=True,
-                     XB=bsmm_resident_columns.activation_run(chunk), x_layout=x_layout,
-                     x3_layout=bsmm_resident_columns.run_layout(x_layout), v_layout=v_layout, num_warps=4)
-        yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split}",
+                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, X_ROWS={3: 16, 6: 32}.get(stages, 64),
+                     x_layout=x_layout, v_layout=v_layout, num_warps=4)
+        yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split} "
+               f"x_rows{const['X_ROWS']}",
                fn, _resident_signature(fn, const, split, "bf16"), const, 4, 1, None, GluonASTSource)
 
 

@@ -129,13 +129,13 @@ def test_chunk_tables_of_an_empty_layout_and_bad_chunks():
         bsmm_resident.chunk_tables(meta, 3, 5, 33)
 
 
-@pytest.mark.parametrize("chunk,run", [(16, 16), (12, 4), (3, 1), (24, 8), (6, 2), (32, 32)])
-def test_activation_runs_are_the_largest_power_of_two_dividing_the_chunk(chunk, run, monkeypatch):
+@pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
+def test_activation_boxes_take_the_rows_there_are(m, rows, monkeypatch):
     from tilesparse.kernels import bsmm_resident_columns
 
-    assert bsmm_resident_columns.activation_run(chunk) == run
-    monkeypatch.setattr(bsmm_resident_columns, "ACTIVATION_RUNS", False)
-    assert bsmm_resident_columns.activation_run(chunk) == 1
+    assert bsmm_resident_columns.activation_box_rows(m) == rows
+    monkeypatch.setattr(bsmm_resident_columns, "SHORT_ACTIVATION_BOXES", False)
+    assert bsmm_resident_columns.activation_box_rows(m) == 64
 
 
 def test_chunk_tables_refuse_rows_out_of_column_order():
@@ -291,8 +291,7 @@ def test_unrolled_loops_and_their_zero_tiles(kind, unroll):
 
 
 # the column-major variant: (block, rows, chunk, box, stages); a row's run of a stage is whole
-# boxes over-read past a row's blocks (and past the last block: zero-filled); chunks 3, 6
-# and 12 copy their activation tiles in runs of 1, 2 and 4, the others in one run
+# boxes over-read past a row's blocks (and past the last block: zero-filled)
 COLUMN_CONFIGS = [(16, 6, 16, 8, 2), (16, 8, 16, 4, 2), (16, 1, 3, 1, 3), (16, 2, 32, 16, 2), (32, 4, 8, 8, 2),
                   (32, 3, 6, 2, 2), (64, 2, 4, 4, 2), (16, 4, 12, 4, 2), (16, 12, 4, 4, 6)]
 
@@ -345,22 +344,23 @@ def test_column_major_kernel_on_full_layouts_and_runs_itself(block_size, rows, c
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("prefetch,runs", [(False, True), (True, False), (False, False)])
-def test_column_major_producer_switches_keep_the_bits(prefetch, runs, monkeypatch):
-    # the A/B switches change how the producer issues its loads, never what lands where
+@pytest.mark.parametrize("m", [1, 16, 17, 33], ids=lambda m: f"m{m}")
+def test_column_major_short_activation_boxes_keep_the_bits(m, monkeypatch):
+    # copies of M's rows only (16 / 32 / 64): the tile's other rows hold whatever the shared
+    # memory held, rows no output stores; the stored rows are bitwise those of 64-row copies
     from tilesparse.kernels import bsmm_resident_columns
 
     layout = tilesparse.layouts.random(1024, 3072, 16, 0.3, seed=int(torch.randint(1 << 30, ())))
     values = random_values(layout, torch.bfloat16, "cuda")
     meta = layout.meta_on("cuda")
-    x = torch.randn(33, 3072, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
     cfg = ResidentConfig(rows=6, splits=2, chunk=12, w_stages=2, columns=True, box=4)
-    shipped = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
-    monkeypatch.setattr(bsmm_resident_columns, "PREFETCH_TABLES", prefetch)
-    monkeypatch.setattr(bsmm_resident_columns, "ACTIVATION_RUNS", runs)
-    switched = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
-    assert torch.equal(switched, shipped)
-    assert_close(shipped, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident columns")
+    monkeypatch.setattr(bsmm_resident_columns, "SHORT_ACTIVATION_BOXES", False)
+    whole = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    monkeypatch.setattr(bsmm_resident_columns, "SHORT_ACTIVATION_BOXES", True)
+    short = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    assert torch.equal(short, whole)
+    assert_close(short, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident columns")
 
 
 @pytest.mark.gpu

@@ -1,11 +1,13 @@
-"""A/B of the column-major resident fprop's producer switches, in one process.
+"""A/B of the column-major resident fprop's module switches, in one process.
 
 For W 12288² block-sparse (bf16, random layout) and M rows of activations, times each
-column-major config (small_threshold's ``rC`` variants) with each combination of
-``bsmm_resident_columns.PREFETCH_TABLES`` (the next chunk's table entries loaded a chunk
-ahead) and ``ACTIVATION_RUNS`` (a chunk's activation tiles in one copy, not one per tile),
-checks that every combination's output is bitwise that of the first and close to dense's,
-and writes the times with dense cuBLAS's as JSON.
+column-major config (small_threshold's ``rC`` variants) with each combination of the
+switches of ``bsmm_resident_columns`` (SWITCHES: ``SHORT_ACTIVATION_BOXES``, activation
+copies of M's rows rounded up to 16 / 32 / 64 rather than 64), checks that every
+combination's output is bitwise that of the first and close to the dispatcher's, and
+writes the times with dense cuBLAS's and the dispatcher's (``auto``) as JSON. (2026-12-02's
+first run A/B'd a next-chunk table prefetch and one 3-D copy per chunk's activation tiles:
+neither helped, the 3-D copies took twice as long at M 1; both were taken out.)
 
     python scripts/probes/resident_columns_ab.py --out resident-columns-ab.json
 """
@@ -26,7 +28,7 @@ from tilesparse.kernels import bsmm_resident_columns as RC
 
 from small_threshold import ALL_VARIANTS, kernel_ms, variant_config  # (this folder's)
 
-SWITCHES = ("PREFETCH_TABLES", "ACTIVATION_RUNS")
+SWITCHES = ("SHORT_ACTIVATION_BOXES",)
 
 
 def main() -> None:
@@ -34,8 +36,8 @@ def main() -> None:
     p.add_argument("--weight", default="12288x12288", help="NxK")
     p.add_argument("--blocks", type=int, nargs="+", default=[16])
     p.add_argument("--densities", type=float, nargs="+", default=[0.5, 0.25, 0.1])
-    p.add_argument("--ms", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--variants", nargs="+", default=["rC6x1", "rC12x2c8", "rC6x1c8s4", "rC6x1c4s8", "rC8x1c8s4",
+    p.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32, 64])
+    p.add_argument("--variants", nargs="+", default=["rC6x1", "rC6x1k4", "rC12x2c8", "rC12x2c8k4", "rC12x2c8k2",
                                                      "rC12x2c4s6"])
     p.add_argument("--out", default="resident-columns-ab.json")
     args = p.parse_args()
@@ -52,14 +54,15 @@ def main() -> None:
         for m in args.ms:
             x = torch.randn(m, k, device=dev, dtype=dt)
             ref = K.dds(x, values, meta, None, R, C, True).float()
-            row = {"block": b, "density": d, "M": m, "dense_ms": kernel_ms(lambda: x @ w_dense.t())}
+            row = {"block": b, "density": d, "M": m, "dense_ms": kernel_ms(lambda: x @ w_dense.t()),
+                   "auto": kernel_ms(lambda: [K.dds(x, v, meta, None, R, C, True) for v in all_values], copies)}
             for name in args.variants:
                 cfg = variant_config(ALL_VARIANTS[name], 64)
                 first = None
                 for combo in itertools.product((False, True), repeat=len(SWITCHES)):
                     for switch, on in zip(SWITCHES, combo):
                         setattr(RC, switch, on)
-                    key = name + "".join(f"_{s.split('_')[0].lower()}{int(on)}" for s, on in zip(SWITCHES, combo))
+                    key = name + _suffix(combo)
                     out = K.dds(x, values, meta, None, R, C, True, cfg).float()
                     first = out if first is None else first
                     err = ((out - ref).norm() / ref.norm()).item()
@@ -75,12 +78,18 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             with open(args.out, "w") as f:
                 json.dump({"gpu": torch.cuda.get_device_name(), "weight": args.weight, "rows": rows}, f, indent=1)
-    print("\nµs per call (prefetch, runs: 00 01 10 11) and dense:")
+    print("\nµs per call, each switch combination (" + ", ".join(SWITCHES) + "; 0 1 ...), the dispatcher's and dense:")
     for row in rows:
         for name in args.variants:
-            times = [row.get(f"{name}_prefetch{p}_activation{r}") for p in (0, 1) for r in (0, 1)]
-            cells = " ".join("--" if t is None else f"{t * 1e3:.0f}" for t in times)
-            print(f"b{row['block']} d{row['density']} M{row['M']} {name:<11} {cells}  dense {row['dense_ms'] * 1e3:.0f}")
+            cells = " ".join("--" if row.get(name + _suffix(combo)) is None else f"{row[name + _suffix(combo)] * 1e3:.0f}"
+                             for combo in itertools.product((False, True), repeat=len(SWITCHES)))
+            print(f"b{row['block']} d{row['density']} M{row['M']} {name:<11} {cells}  auto {row['auto'] * 1e3:.0f}"
+                  f"  dense {row['dense_ms'] * 1e3:.0f}")
+
+
+def _suffix(combo) -> str:
+    """A row's key suffix for one combination of SWITCHES: _<first word of the switch><0/1>..."""
+    return "".join(f"_{s.split('_')[0].lower()}{int(on)}" for s, on in zip(SWITCHES, combo))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_init
 
 from ._launch import launch
-from .bsmm_resident import _bit_count, _resident_outputs, _row_values
+from .bsmm_resident import MAX_M, _bit_count, _resident_outputs, _row_values
 from .bsmm_ws import _alloc_ring
 from .bsmm_ws_group import _wait_all
 
@@ -36,39 +36,28 @@ __all__ = ["launch_columns"]
 
 
 @gluon.jit
-def _columns_load(a3_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, mask_ptr, n_rows, n_chunks,
+def _columns_load(a_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, mask_ptr, n_rows, n_chunks,
                   chunks_per_split, B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr, BOX: gl.constexpr,
-                  BOX_BITS: gl.constexpr, PREFETCH: gl.constexpr):
+                  BOX_BITS: gl.constexpr):
     """Producer (one warp): per chunk, once its stage is free, the chunk's activation tiles
-    ([64, b] each; past M and K zero-filled), XB tiles per copy through a 3-D view of A, and,
-    for each block-row, ceil(n / BOX) boxes of its n stored blocks from its first slot into
-    the row's run of the stage. The stage's barrier expects the tiles' bytes (one arrival)
-    and the boxes' bytes, their count written in binary over BOX_BITS arrivals (Gluon's
-    expects take constant byte counts). PREFETCH: the next chunk's table entries are loaded
-    while this chunk's copies are issued, so no table load's latency sits between chunks."""
+    ([64, b] each; past M and K zero-filled; only the first ROWS rows where M <= ROWS < 64,
+    the rest of the tile left as it was: rows the outputs never store) and, for each block-row, ceil(n / BOX) boxes
+    of its n stored blocks from its first slot into the row's run of the stage. The stage's
+    barrier expects the tiles' bytes (one arrival) and the boxes' bytes, their count written
+    in binary over BOX_BITS arrivals (Gluon's expects take constant byte counts)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0] // CHUNK
-    XB: gl.constexpr = a3_desc.block_type.shape[0]  # activation tiles per copy
-    X_BYTES: gl.constexpr = CHUNK * a3_desc.block_type.nbytes // XB
+    ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    X_BYTES: gl.constexpr = CHUNK * a_desc.block_type.nbytes
     BOX_BYTES: gl.constexpr = box_desc.block_type.nbytes
     RUN: gl.constexpr = CHUNK // BOX  # boxes per row per stage
-    x_copies = x_bufs._reinterpret(x_bufs.dtype, [STAGES * CHUNK // XB, XB, 64, B], a3_desc.layout)
     group = gl.program_id(0)
     c0 = gl.program_id(1) * chunks_per_split
     c1 = gl.minimum(c0 + chunks_per_split, n_chunks)
-    next_firsts = _row_values(first_ptr, group, c0, n_rows, n_chunks, R)
-    next_masks = _row_values(mask_ptr, group, c0, n_rows, n_chunks, R)
     for c in range(c0, c1):
         i = c - c0
         s = i % STAGES
-        if PREFETCH:
-            firsts = next_firsts
-            masks = next_masks
-            ahead = gl.minimum(c + 1, c1 - 1)  # (the last chunk loads its own entries again, unused)
-            next_firsts = _row_values(first_ptr, group, ahead, n_rows, n_chunks, R)
-            next_masks = _row_values(mask_ptr, group, ahead, n_rows, n_chunks, R)
-        else:
-            firsts = _row_values(first_ptr, group, c, n_rows, n_chunks, R)
-            masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)
+        firsts = _row_values(first_ptr, group, c, n_rows, n_chunks, R)
+        masks = _row_values(mask_ptr, group, c, n_rows, n_chunks, R)
         boxes = ()  # each row's ceil(n / BOX)
         total = 0
         for r in gl.static_range(R):
@@ -80,9 +69,9 @@ def _columns_load(a3_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, m
             digit = (total >> e) & 1
             mbarrier.expect(ready.index(s), (1 << e) * BOX_BYTES, pred=digit != 0)
             mbarrier.arrive(ready.index(s), count=1, pred=digit == 0)
-        for q in gl.static_range(CHUNK // XB):
-            tma.async_copy_global_to_shared(a3_desc, [c * CHUNK + q * XB, 0, 0], ready.index(s),
-                                            x_copies.index((s * CHUNK) // XB + q))
+        for kb in gl.static_range(CHUNK):
+            tma.async_copy_global_to_shared(a_desc, [0, (c * CHUNK + kb) * B], ready.index(s),
+                                            x_bufs.index(s * CHUNK + kb).slice(0, ROWS))
         for r in gl.static_range(R):
             for q in range(boxes[r]):
                 tma.async_copy_global_to_shared(box_desc, [(firsts[r] + q * BOX) * B, 0], ready.index(s),
@@ -140,17 +129,15 @@ def _dds_columns_kernel(
     a_ptr, v_ptr, c_ptr, bias_ptr, ws_ptr, sem_ptr, first_ptr, mask_ptr,
     M, K_A, n_rows, n_chunks, chunks_per_split, n_out_cols, nnz, stride_am, stride_cm,
     B: gl.constexpr, CHUNK: gl.constexpr, R: gl.constexpr, BOX: gl.constexpr, BOX_BITS: gl.constexpr,
-    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr, PREFETCH: gl.constexpr,
-    XB: gl.constexpr, x_layout: gl.constexpr, x3_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
+    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr, LOAD_REGS: gl.constexpr, X_ROWS: gl.constexpr,
+    x_layout: gl.constexpr, v_layout: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Program (group, split): block-rows group * R .. + R over the split's chunks. The
     weight stages are one buffer seen two ways: [b, b] blocks (the consumer's operands) and
     [BOX * b, b] boxes (the producer's copies); the shared-memory layout of the two is the
-    same (the swizzle follows the row width, b elements, in both). So are the activation
-    stages, [64, b] tiles to the consumer and [XB, 64, b] runs of them to the producer's
-    copies through A seen as [K / b, M, b]."""
+    same (the swizzle follows the row width, b elements, in both)."""
     dtype: gl.constexpr = a_ptr.dtype.element_ty
-    a3_desc = tma.make_tensor_descriptor(a_ptr, [K_A // B, M, B], [B, stride_am, 1], [XB, 64, B], x3_layout)
+    a_desc = tma.make_tensor_descriptor(a_ptr, [M, K_A], [stride_am, 1], [X_ROWS, B], x_layout)
     box_desc = tma.make_tensor_descriptor(v_ptr, [nnz * B, B], [B, 1], [BOX * B, B], v_layout)
     x_bufs = gl.allocate_shared_memory(dtype, [STAGES * CHUNK, 64, B], x_layout)
     w_blocks = gl.allocate_shared_memory(dtype, [STAGES * R * CHUNK, B, B], v_layout)
@@ -159,43 +146,33 @@ def _dds_columns_kernel(
     gl.warp_specialize([
         (_columns_mma, (c_ptr, bias_ptr, ws_ptr, sem_ptr, mask_ptr, x_bufs, w_blocks, ready, empty, M, n_rows,
                         n_chunks, chunks_per_split, n_out_cols, stride_cm, B, CHUNK, R, HAS_BIAS, SPLIT, num_warps)),
-        (_columns_load, (a3_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, mask_ptr, n_rows, n_chunks,
-                         chunks_per_split, B, CHUNK, R, BOX, BOX_BITS, PREFETCH)),
+        (_columns_load, (a_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, mask_ptr, n_rows, n_chunks,
+                         chunks_per_split, B, CHUNK, R, BOX, BOX_BITS)),
     ], [1], [LOAD_REGS])
 
 
-# A/B switches for probes (the shipped settings are True): the producer's next-chunk table
-# prefetch, and copies of a chunk's activation tiles in runs (the largest power of two that
-# divides the chunk) rather than one per tile.
-PREFETCH_TABLES = True
-ACTIVATION_RUNS = True
+# A/B switch for probes (shipped: True): copy only the activation rows there are, rounded up
+# to 16 / 32 / 64, rather than always 64 (2026-12-02: this kernel's time follows the bytes its
+# copies land in shared memory, zero-filled rows past M included, ~3.9 TB/s over the GPU)
+SHORT_ACTIVATION_BOXES = True
 
 
-def activation_run(chunk: int) -> int:
-    """Activation tiles per copy: the largest power of two dividing ``chunk`` (Gluon's
-    block shapes are powers of two), or 1 with ACTIVATION_RUNS off."""
-    return chunk & -chunk if ACTIVATION_RUNS else 1
+def activation_box_rows(m: int) -> int:
+    """Rows of each activation copy: M rounded up to a power of two, 16 to 64 (64 with
+    SHORT_ACTIVATION_BOXES off). Whole swizzle periods (8 rows), so the tile's layout holds."""
+    return min(MAX_M, max(16, 1 << (m - 1).bit_length())) if SHORT_ACTIVATION_BOXES else MAX_M
 
 
 def launch_columns(grid, a, values, c, bias, ws, sem, firsts, masks, n_chunks, per_split, cfg, x_layout, v_layout):
     """Launch the column-major kernel on ``grid`` (groups, splits) with the resident
     launcher's tables and workspace (:func:`tilesparse.kernels.bsmm_resident.launch_dds_resident`)."""
     b = values.shape[-1]
-    if a.shape[1] % b:  # (the 3-D view of A takes whole block-columns; the weight's K is b * block_cols)
-        raise ValueError(f"a has {a.shape[1]} columns, not a multiple of the block size {b}")
     launch(_dds_columns_kernel, grid,
         a, values, c, bias if bias is not None else c, ws, sem, firsts, masks,
         a.shape[0], a.shape[1], masks.shape[0], n_chunks, per_split, c.shape[1], values.shape[0], a.stride(0),
         c.stride(0),
         B=b, CHUNK=cfg.chunk, R=cfg.rows, BOX=cfg.box, BOX_BITS=(cfg.rows * cfg.chunk // cfg.box).bit_length(),
         STAGES=cfg.w_stages, HAS_BIAS=bias is not None, SPLIT=grid[1] > 1,
-        LOAD_REGS=cfg.load_regs, PREFETCH=PREFETCH_TABLES, XB=activation_run(cfg.chunk), x_layout=x_layout,
-        x3_layout=run_layout(x_layout), v_layout=v_layout, num_warps=4,
+        LOAD_REGS=cfg.load_regs, X_ROWS=activation_box_rows(a.shape[0]), x_layout=x_layout, v_layout=v_layout,
+        num_warps=4,
     )
-
-
-def run_layout(x_layout):
-    """The shared-memory layout of a run of [64, b] activation tiles, [XB, 64, b]: the tile's
-    swizzle, stacked (each tile spans whole swizzle periods, so the bytes match tile by tile)."""
-    return gl.NVMMASharedLayout(swizzle_byte_width=x_layout.swizzle_byte_width,
-                                element_bitwidth=x_layout.element_bitwidth, rank=3)
