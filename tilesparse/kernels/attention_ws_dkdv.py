@@ -394,6 +394,8 @@ def _bwd_dkdv_ws_kernel(
     tables = (col_ptr_ptr, col_rows_ptr, lse_ptr, delta_ptr, kpm_ptr, dk_ptr, dv_ptr, ds_ptr, dq_acc_ptr, order_ptr,
               ranks_ptr, sem_ptr, stamp_ptr)
     sizes = (S, H, HKV, GROUP, NB, L_HEADS, NNZ, BHK_OFFSET, DS_ROW_OFFSET, qk_scale, scale, N_BHK)
+    # (the argument tuples are written out in each branch: built once as variables, Triton 3.6
+    # turns their constexpr ints into tensors, and its tuple + fails on a None constexpr)
     if ORDERED_DQ:  # the consumers, the producer and the dQ writer
         gl.warp_specialize([
             (_dkdv_ws_mma, (descs, bufs, bars, tables, sizes, BS, D, BLOCK_M, CAUSAL, HAS_KPM, STORE_DS, CONSUMERS, 0,
