@@ -326,23 +326,24 @@ def resident_cases(quick: bool):
                      LOAD_REGS=cfg.load_regs, x_layout=x_layout, v_layout=v_layout, num_warps=4)
         yield (f"resident dds b{block} R{rows} chunk{chunk} w_stages{w_stages} bias={bias} split={split} {dt}",
                fn, _resident_signature(fn, const, split, dt), const, 4, 1, None, GluonASTSource)
-    # the column-major variant (bsmm_resident_columns): (block, rows, chunk, box, stages, bias, split)
-    columns = ((16, 6, 16, 8, 2, True, True),) if quick else \
-        ((16, 6, 16, 8, 2, True, True), (16, 8, 16, 8, 2, False, False), (16, 2, 32, 16, 2, True, True),
-         (32, 4, 8, 8, 2, True, True), (64, 2, 4, 4, 2, True, False), (16, 1, 3, 1, 3, True, True),
-         (32, 3, 6, 2, 2, False, True), (16, 8, 16, 4, 2, True, True), (16, 12, 8, 8, 2, True, True),
-         (16, 16, 8, 8, 2, True, True), (32, 8, 4, 4, 2, True, True), (16, 4, 24, 8, 2, True, True),
-         (16, 12, 4, 4, 6, True, True), (16, 6, 8, 8, 4, False, False))
+    # the column-major variant (bsmm_resident_columns): (block, rows, chunk, box, stages, bias, split,
+    # activation rows per copy: 64, or 16 / 32 where M is that short)
+    columns = ((16, 6, 16, 8, 2, True, True, 64),) if quick else \
+        ((16, 6, 16, 8, 2, True, True, 64), (16, 8, 16, 8, 2, False, False, 64), (16, 2, 32, 16, 2, True, True, 64),
+         (32, 4, 8, 8, 2, True, True, 64), (64, 2, 4, 4, 2, True, False, 64), (16, 1, 3, 1, 3, True, True, 16),
+         (32, 3, 6, 2, 2, False, True, 64), (16, 8, 16, 4, 2, True, True, 64), (16, 12, 8, 8, 2, True, True, 64),
+         (16, 16, 8, 8, 2, True, True, 64), (32, 8, 4, 4, 2, True, True, 64), (16, 4, 24, 8, 2, True, True, 64),
+         (16, 12, 4, 4, 6, True, True, 32), (16, 6, 16, 4, 2, False, False, 16), (32, 4, 8, 8, 2, True, True, 32),
+         (64, 2, 4, 4, 2, True, True, 16))
     fn = bsmm_resident_columns._dds_columns_kernel
-    for block, rows, chunk, box, stages, bias, split in columns:
+    for block, rows, chunk, box, stages, bias, split, x_rows in columns:
         cfg = bsmm_resident.ResidentConfig(rows=rows, chunk=chunk, w_stages=stages, columns=True, box=box)
         x_layout, v_layout = bsmm_resident._layouts(block, torch.bfloat16)
         const = dict(B=block, CHUNK=chunk, R=rows, BOX=box, BOX_BITS=(rows * chunk // box).bit_length(),
-                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, X_ROWS={3: 16, 6: 32}.get(stages, 64),
+                     STAGES=stages, HAS_BIAS=bias, SPLIT=split, LOAD_REGS=cfg.load_regs, X_ROWS=x_rows,
                      x_layout=x_layout, v_layout=v_layout, num_warps=4)
         yield (f"resident columns dds b{block} R{rows} chunk{chunk} box{box} stages{stages} bias={bias} split={split} "
-               f"x_rows{const['X_ROWS']}",
-               fn, _resident_signature(fn, const, split, "bf16"), const, 4, 1, None, GluonASTSource)
+               f"x_rows{x_rows}", fn, _resident_signature(fn, const, split, "bf16"), const, 4, 1, None, GluonASTSource)
 
 
 def _ptxas_log(ptx: str) -> str:

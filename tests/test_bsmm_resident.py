@@ -344,23 +344,64 @@ def test_column_major_kernel_on_full_layouts_and_runs_itself(block_size, rows, c
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("m", [1, 16, 17, 33], ids=lambda m: f"m{m}")
-def test_column_major_short_activation_boxes_keep_the_bits(m, monkeypatch):
-    # copies of M's rows only (16 / 32 / 64): the tile's other rows hold whatever the shared
-    # memory held, rows no output stores; the stored rows are bitwise those of 64-row copies
+@pytest.mark.parametrize("m,dtype", [(1, torch.bfloat16), (16, torch.bfloat16), (17, torch.float16)],
+                         ids=["m1-16rows", "m16-16rows", "m17-32rows-fp16"])
+def test_column_major_short_activation_boxes_keep_the_bits(m, dtype, monkeypatch):
+    # copies of M's rows only (16 / 32): the tile's other rows keep what shared memory held,
+    # here poisoned first by a 64-row launch on NaN activations. Rows no output stores: the
+    # results are bitwise those of 64-row copies, and finite
     from tilesparse.kernels import bsmm_resident_columns
 
     layout = tilesparse.layouts.random(1024, 3072, 16, 0.3, seed=int(torch.randint(1 << 30, ())))
-    values = random_values(layout, torch.bfloat16, "cuda")
+    values = random_values(layout, dtype, "cuda")
     meta = layout.meta_on("cuda")
-    x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(1024, device="cuda", dtype=dtype)
     cfg = ResidentConfig(rows=6, splits=2, chunk=12, w_stages=2, columns=True, box=4)
+    x = torch.randn(m, 3072, device="cuda", dtype=dtype)
     monkeypatch.setattr(bsmm_resident_columns, "SHORT_ACTIVATION_BOXES", False)
-    whole = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    whole = kernels.dds(x, values, meta, bias, layout.block_rows, layout.block_cols, True, config=cfg)
+    poison = torch.full((64, 3072), float("nan"), device="cuda", dtype=dtype)
+    kernels.dds(poison, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
     monkeypatch.setattr(bsmm_resident_columns, "SHORT_ACTIVATION_BOXES", True)
-    short = kernels.dds(x, values, meta, None, layout.block_rows, layout.block_cols, True, config=cfg)
+    short = kernels.dds(x, values, meta, bias, layout.block_rows, layout.block_cols, True, config=cfg)
+    assert torch.isfinite(short).all()
     assert torch.equal(short, whole)
-    assert_close(short, x.double().cpu() @ dense_of(values, layout).t(), torch.bfloat16, "dds resident columns")
+    expected = x.double().cpu() @ dense_of(values, layout).t() + bias.double().cpu()
+    assert_close(short, expected, dtype, "dds resident columns, short activation boxes")
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_the_h200_table_sends_b16_half_dense_fprop_at_33_to_64_rows_to_the_column_kernel(monkeypatch):
+    # the shipped entry (W 12288², b 16, density 0.5, 33-64 rows): the dispatcher runs the
+    # column-major kernel; inside a capture on a layout without chunk tables yet it falls back
+    # to another kernel rather than raising
+    from tilesparse.kernels import bsmm_resident_columns, tuned
+
+    if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
+        pytest.skip("the entry is in the H200's table")
+    calls = []
+    real = bsmm_resident_columns.launch_columns
+    monkeypatch.setattr(bsmm_resident_columns, "launch_columns", lambda *args: calls.append(1) or real(*args))
+    layout = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=3, device="cuda")
+    values = random_values(layout, torch.bfloat16, "cuda")
+    x = torch.randn(40, 12288, device="cuda", dtype=torch.bfloat16)
+    reference = kernels.dds(x, values, layout.meta, None, layout.block_rows, layout.block_cols, True,
+                            config=kernels.dds_config(40, 16, torch.bfloat16)).float()
+    out = kernels.dds(x, values, layout.meta, None, layout.block_rows, layout.block_cols, True)
+    assert calls == [1]
+    assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+    fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device="cuda")
+    fresh_values = random_values(fresh, torch.bfloat16, "cuda")
+    reference = kernels.dds(x, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, True,
+                            config=kernels.dds_config(40, 16, torch.bfloat16)).float()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.dds(x, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, True)
+    graph.replay()
+    assert calls == [1]  # no chunk table for the fresh layout inside the capture: another kernel
+    assert ((captured.float() - reference).norm() / reference.norm()).item() < 1e-2
 
 
 @pytest.mark.gpu
