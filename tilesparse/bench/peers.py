@@ -221,4 +221,8 @@ DESCRIPTIONS = {
         "updat": "stk.ops.sdd(dy.t(), x, W).data",
         "step": "autograd (stk's Functions): y = stk.ops.dds(x, W.t()); torch.autograd.grad(y, (x, W.data), dy)",
     },
+    "copy": {  # the small suite's reference rows (tilesparse.bench.small.copy_reference_rows)
+        op: "dst.copy_(src): uint8 buffers of half the tilesparse row's bytes (read + written = its traffic)"
+        for op in ("fprop", "bprop", "updat", "step")
+    },
 }
