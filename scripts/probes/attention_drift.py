@@ -1,7 +1,8 @@
 """Do the attention kernels slow down within one process, and why: the per-kernel device
 time of forward + backward (torch.profiler) before and after each timing stage of
 attention_gap.py (do_bench with its L2 flush, a CUDA-graph capture and replay, a pause),
-with the SM clock and throttle reasons sampled beside it (nvidia-smi).
+with the SM clock, board power and whether the power cap holds the clock sampled beside it
+(:func:`tilesparse.bench.env.clock_state`).
 
 Why: on random 10 % (twenty-ninth session) the profiler put the kernels at 1.70 ms per
 call in one process and 1.93 ms (every kernel 12-14 % slower, the forward too) in
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 
 import torch
@@ -23,14 +23,7 @@ from attention_inputs import pattern_methods, qkv_and_grad  # this folder's
 from eager_gap import _profiled_kernels  # this folder's
 
 from tilesparse.bench.attention import suite_patterns
-from tilesparse.bench.env import nvidia_smi_target
-
-
-def _clocks() -> str:
-    """SM clock, power and active throttle reasons now, as nvidia-smi prints them."""
-    query = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
-    return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", *(nvidia_smi_target() or [])],
-                          capture_output=True, text=True).stdout.strip()
+from tilesparse.bench.env import clock_state
 
 
 def main() -> None:
@@ -49,7 +42,7 @@ def main() -> None:
             fn()
             torch.cuda.synchronize()
             got = _profiled_kernels(fn, 20)
-            row = {"method": method, "stage": stage, "kernels_ms": sum(got.values()), "clocks": _clocks(),
+            row = {"method": method, "stage": stage, "kernels_ms": sum(got.values()), "clocks": clock_state(),
                    "kernels": {name: round(ms, 4) for name, ms in sorted(got.items(), key=lambda kv: -kv[1])}}
             rows.append(row)
             print(json.dumps(row), flush=True)
