@@ -24,10 +24,12 @@ fprop only (Y = X W^T: block-rows are output block-columns, stored contiguously)
 through a :class:`ResidentConfig` passed to :func:`tilesparse.kernels.bsmm.dds`; no
 interpreter path (tests run on the GPU and compile for sm_90 on the CPU).
 
-Not yet faster than the small-batch kernel (W 12288², b 16, density 0.5: ~155 µs at every
-M against its 80-166 µs, dense 74): each stored block costs the producer and the consumer
+Slower than the small-batch kernel (W 12288², b 16, density 0.5: ~155 µs at every M
+against its 80-166 µs, dense 74): each stored block costs the producer and the consumer
 ~100 cycles of issue apiece, and the two do not overlap (docs/performance.md, thirty-first
-session). Kept opt-in, with its tests, as the base for the next attempt.
+session). Opt-in; its column-major variant (:mod:`tilesparse.kernels.bsmm_resident_columns`,
+``columns=True``), which shares its tables, launcher and epilogue, is the H200's shipped
+entry where it measured faster.
 """
 
 from __future__ import annotations

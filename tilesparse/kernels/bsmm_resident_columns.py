@@ -19,6 +19,13 @@ on a load.
 Same contract as the resident kernel (fprop, M <= 64, 16-bit, b 16-64, splits summed in a
 fixed order by the last program of a group: deterministic); chosen by
 ``ResidentConfig(columns=True)``.
+
+Measured (H200, docs/performance.md, thirty-second session): its time follows the bytes
+its copies land in shared memory (~2.7-3.7 TB/s over the GPU, zero-filled rows included),
+so the activation copies take only M's rows rounded up to 16 / 32 / 64. b 16, density 0.5,
+W 12288²: 116-121 µs at 33-64 rows, against the small kernel's 126-168 (the shipped entry
+there); slower than the small kernel at fewer rows and lower densities, and than dense
+(72-81 µs) everywhere.
 """
 
 from __future__ import annotations
@@ -41,10 +48,11 @@ def _columns_load(a_desc, box_desc, x_bufs, w_boxes, ready, empty, first_ptr, ma
                   BOX_BITS: gl.constexpr):
     """Producer (one warp): per chunk, once its stage is free, the chunk's activation tiles
     ([64, b] each; past M and K zero-filled; only the first ROWS rows where M <= ROWS < 64,
-    the rest of the tile left as it was: rows the outputs never store) and, for each block-row, ceil(n / BOX) boxes
-    of its n stored blocks from its first slot into the row's run of the stage. The stage's
-    barrier expects the tiles' bytes (one arrival) and the boxes' bytes, their count written
-    in binary over BOX_BITS arrivals (Gluon's expects take constant byte counts)."""
+    the rest of the tile left as it was: rows the outputs never store) and, for each
+    block-row, ceil(n / BOX) boxes of its n stored blocks from its first slot into the row's
+    run of the stage. The stage's barrier expects the tiles' bytes (one arrival) and the
+    boxes' bytes, their count written in binary over BOX_BITS arrivals (Gluon's expects take
+    constant byte counts)."""
     STAGES: gl.constexpr = x_bufs.type.shape[0] // CHUNK
     ROWS: gl.constexpr = a_desc.block_type.shape[0]
     X_BYTES: gl.constexpr = CHUNK * a_desc.block_type.nbytes
@@ -153,7 +161,7 @@ def _dds_columns_kernel(
 
 # A/B switch for probes (shipped: True): copy only the activation rows there are, rounded up
 # to 16 / 32 / 64, rather than always 64 (2026-12-02: this kernel's time follows the bytes its
-# copies land in shared memory, zero-filled rows past M included, ~3.9 TB/s over the GPU)
+# copies land in shared memory, zero-filled rows past M included, ~2.7-3.7 TB/s over the GPU)
 SHORT_ACTIVATION_BOXES = True
 
 
