@@ -13,7 +13,7 @@ import torch
 
 from tilesparse.bench import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS, get_suite, report, suite_names
 from tilesparse.bench.matmul import RunContext
-from tilesparse.bench.small import COPY_METHOD, bytes_moved
+from tilesparse.bench.small import COPY_METHOD, READ_METHOD, bytes_moved
 from tilesparse.bench.timing import host_us, rotation_copies
 from tilesparse.cli import main
 from tilesparse.layout import BlockLayout
@@ -159,18 +159,19 @@ def test_copy_reference_rows_move_each_rows_bytes(tmp_path):
     table = dict(TINY, shapes=[(8, 64, 128)], copy_reference=True)
     rows = get_suite("small").run("small", table, ctx)
     sparse = [r for r in rows if r["method"] == "tilesparse"]
-    copies = [r for r in rows if r["method"] == COPY_METHOD]
     dense_ms = {r["op"]: r["ms"] for r in rows if r["method"] == "dense"}
-    assert len(copies) == len(sparse) == 4
-    for r, c in zip(sparse, copies):
-        assert (c["op"], c["block"], c["density"], c["M"]) == (r["op"], r["block"], r["density"], r["M"])
-        nbytes = bytes_moved(c["op"], c["M"], c["N"], c["K"], 4, _random_layout(c))
-        assert c["ms"] > 0 and math.isclose(c["gbps"], nbytes / (c["ms"] * 1e-3) / 1e9, rel_tol=1e-6)
-        assert math.isclose(c["bw_fraction"], c["gbps"] / 20.0)
-        assert math.isclose(c["speedup_vs_dense"], dense_ms[c["op"]] / c["ms"], rel_tol=1e-6)
-        assert c["rel_err"] is None and c["tflops_nnz"] is None and "device copy" in c["note"]
-    # fprop and bprop of one block move bytes within 2 % of each other: one timing serves both
-    assert len({c["ms"] for c in copies}) <= 2
+    for method, words in ((COPY_METHOD, "SM copy"), (READ_METHOD, "plain read")):
+        copies = [r for r in rows if r["method"] == method]
+        assert len(copies) == len(sparse) == 4
+        for r, c in zip(sparse, copies):
+            assert (c["op"], c["block"], c["density"], c["M"]) == (r["op"], r["block"], r["density"], r["M"])
+            nbytes = bytes_moved(c["op"], c["M"], c["N"], c["K"], 4, _random_layout(c))
+            assert c["ms"] > 0 and math.isclose(c["gbps"], nbytes / (c["ms"] * 1e-3) / 1e9, rel_tol=1e-6)
+            assert math.isclose(c["bw_fraction"], c["gbps"] / 20.0)
+            assert math.isclose(c["speedup_vs_dense"], dense_ms[c["op"]] / c["ms"], rel_tol=1e-6)
+            assert c["rel_err"] is None and c["tflops_nnz"] is None and words in c["note"]
+        # fprop and bprop of one block move bytes within 2 % of each other: one timing serves both
+        assert len({c["ms"] for c in copies}) <= 2
     assert report.plot_bandwidth(rows, tmp_path / "with-copy.png").is_file()
 
 

@@ -222,7 +222,12 @@ DESCRIPTIONS = {
         "step": "autograd (stk's Functions): y = stk.ops.dds(x, W.t()); torch.autograd.grad(y, (x, W.data), dy)",
     },
     "copy": {  # the small suite's reference rows (tilesparse.bench.small.copy_reference_rows)
-        op: "dst.copy_(src): uint8 buffers of half the tilesparse row's bytes (read + written = its traffic)"
+        op: "torch.bitwise_or(src, 0, out=dst): int32 buffers of half the tilesparse row's bytes "
+            "(read + written = its traffic); an SM kernel, not a graph's memcpy node"
+        for op in ("fprop", "bprop", "updat", "step")
+    },
+    "read": {
+        op: "a Triton kernel reading the tilesparse row's bytes (int32), one word stored per 32 KB read"
         for op in ("fprop", "bprop", "updat", "step")
     },
 }

@@ -8,27 +8,28 @@ shorter than its host launch) and for operand rotation past L2 (graph replay doe
 flush L2, and a sparse W of a few MB would otherwise be read from L2). Every row adds
 ``gbps`` (the op's nominal bytes, :func:`bytes_moved`, over its time) and
 ``bw_fraction`` (gbps over the device copy bandwidth measured in the same run). With the
-table's ``"copy_reference": true`` each tilesparse row also gets a ``copy`` row: a plain
-device copy moving the same bytes, timed the same way, whose bw_fraction is the ceiling
-at that traffic (a copy of 9-30 MB pays launch, ramp and tail too; the 1 GiB copy that
-sets the divisor barely does).
+table's ``"copy_reference": true`` each tilesparse row also gets a ``copy`` and a ``read``
+row: an SM copy, and a plain read, of the same bytes (:mod:`.stream_reference`), timed the
+same way, whose bw_fraction is the ceiling at that traffic (a stream of 9-30 MB pays
+launch, ramp and tail too; the 1 GiB copy that sets the divisor barely does).
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-
 from ..layout import BlockLayout
-from . import env, matmul, register, report
+from . import env, matmul, register, report, stream_reference
 from .timing import rotation_copies
 
-__all__ = ["bytes_moved", "copy_reference_rows", "COPY_METHOD", "INDEX_BYTES", "prepare", "run"]
+__all__ = ["bytes_moved", "copy_reference_rows", "COPY_METHOD", "READ_METHOD", "INDEX_BYTES", "prepare", "run"]
 
 INDEX_BYTES = 4  # the kernels' lookup tables are int32
 COPY_METHOD = "copy"
-COPY_SHARE = 1.02  # rows whose traffic is within this factor share one copy timing
+READ_METHOD = "read"
+REFERENCE_NOTES = {COPY_METHOD: "an SM copy moving the row's bytes (half read, half written)",
+                   READ_METHOD: "a plain read of the row's bytes"}
+COPY_SHARE = 1.02  # rows whose traffic is within this factor share one reference timing
 
 
 def bytes_moved(op: str, m: int, n: int, k: int, elem_bytes: int, layout: BlockLayout | None = None) -> int:
@@ -79,37 +80,39 @@ def run(suite: str, table: dict, ctx: matmul.RunContext) -> list[dict]:
 
 
 def copy_reference_rows(rows: list[dict], ctx: matmul.RunContext) -> list[dict]:
-    """For each timed tilesparse row, a row of method ``copy``: a device copy moving the
-    row's bytes (half read, half written), timed as the ops are (``ctx``'s CUDA-graph
-    replay, cycling through enough buffers to stream past L2). Its ``speedup_vs_dense`` is
-    the most any kernel of that traffic could gain over dense in this run."""
-    timings: dict[int, tuple[float, str]] = {}
+    """For each timed tilesparse row, a row of method ``copy`` and one of method ``read``:
+    an SM copy moving the row's bytes (half read, half written) and a read of them, timed
+    as the ops are (``ctx``'s CUDA-graph replay, cycling through enough buffers to stream
+    past L2). Their ``speedup_vs_dense`` is the most any kernel of that traffic could gain
+    over dense in this run."""
+    timings: dict[tuple[str, int], tuple[float, str]] = {}
     out = []
     for r in rows:
         if r["method"] != "tilesparse" or not r.get("gbps") or not r.get("ms"):
             continue
         nbytes = round(r["gbps"] * 1e9 * r["ms"] * 1e-3)
-        key = round(math.log(nbytes) / math.log(COPY_SHARE))
-        if key not in timings:
-            timings[key] = _copy_ms(nbytes, ctx)
-        ms, note = timings[key]
         dense_ms = r["ms"] * r["speedup_vs_dense"] if r.get("speedup_vs_dense") else None
-        gbps = nbytes / (ms * 1e-3) / 1e9
-        out.append(dict(r, method=COPY_METHOD, ms=ms, tflops_nnz=None, rel_err=None,
-                        speedup_vs_dense=dense_ms / ms if dense_ms else None, gbps=gbps,
-                        bw_fraction=gbps / ctx.copy_bandwidth_gbs if ctx.copy_bandwidth_gbs else None,
-                        note="; ".join(filter(None, ["a device copy moving the row's bytes", note]))))
+        for method, note in REFERENCE_NOTES.items():
+            key = (method, round(math.log(nbytes) / math.log(COPY_SHARE)))
+            if key not in timings:
+                timings[key] = _stream_ms(method, nbytes, ctx)
+            ms, timing_note = timings[key]
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            out.append(dict(r, method=method, ms=ms, tflops_nnz=None, rel_err=None,
+                            speedup_vs_dense=dense_ms / ms if dense_ms else None, gbps=gbps,
+                            bw_fraction=gbps / ctx.copy_bandwidth_gbs if ctx.copy_bandwidth_gbs else None,
+                            note="; ".join(filter(None, [note, timing_note]))))
     return out
 
 
-def _copy_ms(nbytes: int, ctx: matmul.RunContext) -> tuple[float, str]:
-    """(ms, note) of one copy of nbytes // 2 bytes, averaged over the buffers cycled."""
-    half = max(1, nbytes // 2)
+def _stream_ms(method: str, nbytes: int, ctx: matmul.RunContext) -> tuple[float, str]:
+    """(ms, note) of one ``method`` stream (copy or read) of nbytes of traffic, averaged
+    over the buffer sets cycled."""
     device = "cuda" if ctx.cuda else "cpu"
     sets = rotation_copies(nbytes, env.l2_cache_bytes()) if ctx.cuda else 1
-    buffers = [(torch.zeros(half, dtype=torch.uint8, device=device), torch.empty(half, dtype=torch.uint8,
-                                                                               device=device)) for _ in range(sets)]
-    ms, note = matmul.time_call(lambda: [dst.copy_(src) for src, dst in buffers], ctx)
+    make = stream_reference.copy_call if method == COPY_METHOD else stream_reference.read_call
+    calls = [make(nbytes, device) for _ in range(sets)]
+    ms, note = matmul.time_call(lambda: [call() for call in calls], ctx)
     return ms / sets, note
 
 
