@@ -86,7 +86,8 @@
 #   ncu-shipped - ncu (speed of light, memory, occupancy, launch) of the shipped kernel for one product:
 #            NCU_ARGS for scripts/probes/dispatch_one.py (e.g. "--op updat --block 32 --density 0.25"),
 #            NCU_KERNEL a kernel-name regex (default: dds|sdd); SM active cycles against elapsed say
-#            whether programs idle (load balance) or run starved (bandwidth / latency)
+#            whether programs idle (load balance) or run starved (bandwidth / latency); warp states
+#            and the schedulers' issue say what a starved warp waits on
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -239,7 +240,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/small-panel-split.log" 2>&1 ;;
     ncu-shipped) timeout "${NCU_TIMEOUT:-150}" /usr/local/cuda/bin/ncu --kernel-name "regex:${NCU_KERNEL:-dds|sdd}" \
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-              --section Occupancy --section LaunchStats python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
+              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+              python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
               > "$OUT/ncu-shipped.txt" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 64 --densities 0.5 0.25 0.1 --ops updat --variants wsg-g4k64st3 wsr-g4k32st4 \
