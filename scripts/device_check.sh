@@ -10,18 +10,25 @@ SHARDS=${SHARDS:-8}
 # (the whole GPU suite, 3075 tests, got ~75 % through 16 shards in 500 s on one H200):
 #   SHARDS=16 SHARD_TOTAL=64 SHARD_FIRST=0 ... then SHARD_FIRST=16, 32, 48
 SHARD_TOTAL=${SHARD_TOTAL:-$SHARDS}; SHARD_FIRST=${SHARD_FIRST:-0}
-if [ $((SHARD_FIRST + SHARDS)) -gt "$SHARD_TOTAL" ]; then
-  echo "SHARD_FIRST + SHARDS ($((SHARD_FIRST + SHARDS))) exceeds SHARD_TOTAL ($SHARD_TOTAL)" >&2; exit 2
+for v in SHARDS SHARD_TOTAL SHARD_FIRST; do
+  case ${!v} in ''|*[!0-9]*) echo "$v must be a non-negative integer, got '${!v}'" >&2; exit 2 ;; esac
+done
+if [ "$SHARDS" -lt 1 ] || [ $((SHARD_FIRST + SHARDS)) -gt "$SHARD_TOTAL" ]; then
+  echo "need SHARDS >= 1 and SHARD_FIRST + SHARDS ($((SHARD_FIRST + SHARDS))) <= SHARD_TOTAL ($SHARD_TOTAL)" >&2; exit 2
 fi
 # SHARD_TIMEOUT: seconds per test shard, so a hung kernel still leaves the other shards' logs
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
+  rm -f /tmp/gpu_tests_*.log  # a warm machine keeps an earlier call's logs
   for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do
     TILESPARSE_SHARD=$i/$SHARD_TOTAL timeout "${SHARD_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > /tmp/gpu_tests_$i.log 2>&1 &
   done
   wait
   cat /tmp/gpu_tests_*.log > "$OUT/gpu_tests.log"
-  echo "GPU tests: $(( $(date +%s) - start )) s"; grep -hE "passed|failed|error" /tmp/gpu_tests_*.log | tail -n $SHARDS
+  echo "GPU tests: $(( $(date +%s) - start )) s"
+  for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do  # each shard's summary, or its last line
+    echo "shard $i/$SHARD_TOTAL: $(grep -E "passed|failed|error" /tmp/gpu_tests_$i.log | tail -n 1 || tail -n 1 /tmp/gpu_tests_$i.log)"
+  done
 fi
 [ "${PROFILE:-1}" = 1 ] && python3 scripts/profile_host.py > "$OUT/profile.txt" 2>&1 && head -3 "$OUT/profile.txt"
 if [ "${BENCH:-0}" = 1 ]; then

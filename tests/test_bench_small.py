@@ -13,6 +13,7 @@ import torch
 
 from tilesparse.bench import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS, get_suite, report, suite_names
 from tilesparse.bench.matmul import RunContext
+from tilesparse.bench import stream_reference
 from tilesparse.bench.small import COPY_METHOD, READ_METHOD, bytes_moved
 from tilesparse.bench.timing import host_us, rotation_copies
 from tilesparse.cli import main
@@ -154,7 +155,15 @@ def test_no_copy_bandwidth_leaves_the_fraction_empty():
     assert all(r["gbps"] > 0 and r["bw_fraction"] is None for r in rows)
 
 
-def test_copy_reference_rows_move_each_rows_bytes(tmp_path):
+def test_copy_reference_rows_move_each_rows_bytes(tmp_path, monkeypatch):
+    # each reference call sleeps its own time, so a row's ms says which call it timed
+    pause = {COPY_METHOD: 0.004, READ_METHOD: 0.012}
+    made = []
+    for method, name in ((COPY_METHOD, "copy_call"), (READ_METHOD, "read_call")):
+        def make(nbytes, device, method=method):
+            made.append(method)
+            return lambda: time.sleep(pause[method])
+        monkeypatch.setattr(stream_reference, name, make)
     ctx = RunContext(cuda=False, stamp=STAMP, copy_bandwidth_gbs=20.0, log=lambda text: None)
     table = dict(TINY, shapes=[(8, 64, 128)], copy_reference=True)
     rows = get_suite("small").run("small", table, ctx)
@@ -170,8 +179,10 @@ def test_copy_reference_rows_move_each_rows_bytes(tmp_path):
             assert math.isclose(c["bw_fraction"], c["gbps"] / 20.0)
             assert math.isclose(c["speedup_vs_dense"], dense_ms[c["op"]] / c["ms"], rel_tol=1e-6)
             assert c["rel_err"] is None and c["tflops_nnz"] is None and words in c["note"]
+            assert pause[method] * 1e3 <= c["ms"] < pause[method] * 1e3 + 7  # timed this method's call
         # fprop and bprop of one block move bytes within 2 % of each other: one timing serves both
         assert len({c["ms"] for c in copies}) <= 2
+    assert set(made) == {COPY_METHOD, READ_METHOD}
     assert report.plot_bandwidth(rows, tmp_path / "with-copy.png").is_file()
 
 

@@ -71,7 +71,7 @@ def prepare(name: str, *, quick: bool = False, overrides: dict | None = None) ->
 
 def run(suite: str, table: dict, ctx: matmul.RunContext) -> list[dict]:
     """The matmul suite's rows, each with gbps and bw_fraction; then, with the table's
-    ``copy_reference``, the copy rows (:func:`copy_reference_rows`)."""
+    ``copy_reference``, the copy and read rows (:func:`copy_reference_rows`)."""
     rows = matmul.run(suite, table, ctx, bytes_moved=bytes_moved)
     if table.get("copy_reference"):
         rows += copy_reference_rows(rows, ctx)

@@ -5,9 +5,10 @@ the suite's divisor barely does. Two references of the same traffic, timed as th
 are, say what any kernel of that size could reach:
 
 - :func:`copy_call`: an SM kernel copying half the bytes (read + written = the traffic).
-  Not ``dst.copy_(src)``: inside a CUDA graph that is a memcpy node, which ran at a flat
-  ~2.7 TB/s at 4-302 MB on the H200 (a copy engine's rate, not the SMs'), against 3.3-4.1
-  TB/s for an elementwise kernel at 30-151 MB (``scripts/probes/copy_sizes.py``).
+  Not ``dst.copy_(src)``: inside a CUDA graph that is a memcpy node, which ran at 1.3-2.7
+  TB/s at 4-302 MB on the H200 (levelling off at ~2.7: a copy engine's rate, not the SMs'),
+  below an elementwise kernel at every size (3.3 TB/s at 30 MB, 4.05 at 151;
+  ``scripts/probes/copy_sizes.py``).
 - :func:`read_call`: a Triton kernel reading all the bytes and writing one word per
   program, the shape of the small-batch kernels' traffic (weights read, a thin output).
 """
@@ -30,12 +31,17 @@ def _words(nbytes: int) -> int:
     return max(1, nbytes // _WORD)
 
 
+def _source(n: int, device) -> torch.Tensor:
+    """n int32 words 0, 1, 2, ...: not all equal, so a test can see that every word moved."""
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
 def copy_call(nbytes: int, device: torch.device | str) -> Callable[[], object]:
     """A call copying nbytes // 2 bytes (int32 words) from one buffer to another with an
     elementwise kernel (``bitwise_or(src, 0, out=dst)``): nbytes of traffic. The call
-    returns the destination."""
+    returns the destination; the source holds the words 0, 1, 2, ..."""
     n = max(1, _words(nbytes) // 2)
-    src = torch.zeros(n, dtype=torch.int32, device=device)
+    src = _source(n, device)
     dst = torch.empty_like(src)
     return lambda: torch.bitwise_or(src, 0, out=dst)
 
@@ -43,9 +49,9 @@ def copy_call(nbytes: int, device: torch.device | str) -> Callable[[], object]:
 def read_call(nbytes: int, device: torch.device | str) -> Callable[[], object]:
     """A call reading nbytes (int32 words): on a GPU a Triton kernel folding each
     READ_BLOCK words to one (an xor) and storing it, returning those words; on the CPU
-    ``src.sum()``."""
+    ``src.sum()``. The source holds the words 0, 1, 2, ..."""
     n = _words(nbytes)
-    src = torch.zeros(n, dtype=torch.int32, device=device)
+    src = _source(n, device)
     if src.device.type != "cuda":
         return lambda: src.sum()
     import triton
