@@ -87,7 +87,7 @@
 #            NCU_ARGS for scripts/probes/dispatch_one.py (e.g. "--op updat --block 32 --density 0.25"),
 #            NCU_KERNEL a kernel-name regex (default: dds|sdd); SM active cycles against elapsed say
 #            whether programs idle (load balance) or run starved (bandwidth / latency); warp states
-#            and the schedulers' issue say what a starved warp waits on
+#            and the schedulers' issue say what a starved warp waits on, the source counters where (SASS lines)
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -240,7 +240,7 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/small-panel-split.log" 2>&1 ;;
     ncu-shipped) timeout "${NCU_TIMEOUT:-150}" /usr/local/cuda/bin/ncu --kernel-name "regex:${NCU_KERNEL:-dds|sdd}" \
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
               python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
               > "$OUT/ncu-shipped.txt" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
