@@ -169,3 +169,131 @@ def test_valid_fixture_calls_succeed(f):
     assert tilesparse.dds(f.a_dds, f.weight, f.layout).shape == (5, 24)
     assert tilesparse.dsd(f.weight, f.layout, f.b_dsd).shape == (16, 5)
     assert tilesparse.sdd(f.a_sdd, f.b_sdd, f.layout).shape == f.weight.shape
+
+
+# ----------------------------------------------------------------------------- modules, layouts
+# (from an audit of the public entry points with bad input, thirty-third session)
+
+def _attention_inputs(S, D=16, H=2, B=1):
+    return [torch.randn(B, H, S, D) for _ in range(3)]
+
+
+def test_attention_refuses_a_layout_built_for_another_length():
+    from tilesparse.attention import AttentionLayout, block_sparse_attention
+    from tilesparse.attention import layouts as attention_layouts
+
+    layout = attention_layouts.fixed(64, 16, 32, summary=8, causal=False)  # built for S = 64
+    q, k, v = _attention_inputs(50)  # same 4 blocks, another S: the pattern's strides differ
+    with pytest.raises(ValueError, match=r"built for seq_len=64 but q has S=50"):
+        block_sparse_attention(q, k, v, layout)
+    # the same blocks without a seq_len of their own run
+    shared = AttentionLayout(layout.mask[0], layout.block_size)
+    assert block_sparse_attention(q, k, v, shared).shape == q.shape
+
+
+def test_self_attention_module_runs_shorter_sequences_on_its_blocks():
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.nn import BlockSparseSelfAttention
+
+    module = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, 2, causal=True))
+    for seq in (64, 50, 17):  # 50: the module's 4 blocks, another S
+        assert module(torch.randn(1, seq, 32)).shape == (1, seq, 32)
+        assert module.layout_for(seq).seq_len in (None, seq)
+
+
+@pytest.mark.parametrize("change, exc, pattern", [
+    (dict(causal="no"), TypeError, "causal must be a bool"),
+])
+def test_self_attention_module_constructor_errors(change, exc, pattern):
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.nn import BlockSparseSelfAttention
+
+    with pytest.raises(exc, match=pattern):
+        BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, 2, causal=True), **change)
+
+
+@pytest.mark.parametrize("bad", [-40, 0, 2.5, True])
+def test_self_attention_module_refuses_bad_lengths(bad):
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.nn import BlockSparseSelfAttention
+
+    module = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, 2, causal=True))
+    with pytest.raises(ValueError, match="seq_len must be a positive int"):
+        module.layout_for(bad)
+    with pytest.raises(ValueError, match="seq_len must be a positive int"):
+        module.prepare(bad)
+
+
+@pytest.mark.parametrize("module_kind", ["attention", "lstm"])
+@pytest.mark.parametrize("x_change, exc, pattern", [
+    (lambda x: x.half(), TypeError, r"x has dtype torch.float16 but .*'s weights have torch.float32"),
+    (lambda x: x.long(), TypeError, r"x has dtype torch.int64"),
+    (lambda x: x.to("meta"), ValueError, r"x is on meta but .*'s weights is on cpu"),
+])
+def test_modules_name_a_bad_input(module_kind, x_change, exc, pattern):
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.nn import BlockSparseLSTM, BlockSparseSelfAttention
+
+    if module_kind == "attention":
+        module, x = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, 2, causal=True)), torch.randn(1, 64, 32)
+    else:
+        module, x = BlockSparseLSTM(16, 32, block_size=16, density=0.5), torch.randn(3, 2, 16)
+    with pytest.raises(exc, match=pattern):
+        module(x_change(x))
+
+
+def test_modules_take_other_dtypes_under_autocast():
+    from tilesparse.attention import layouts as attention_layouts
+    from tilesparse.nn import BlockSparseSelfAttention
+
+    module = BlockSparseSelfAttention(32, 2, attention_layouts.local(64, 16, 2, causal=True))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert module(torch.randn(1, 64, 32).half()).shape == (1, 64, 32)
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: tilesparse.BlockLayout.dense(32, 32, 0), ValueError, "block_size must be a positive int"),
+    (lambda: tilesparse.BlockLayout.dense(-32, 32, 16), ValueError, "rows must be a non-negative int"),
+    (lambda: tilesparse.BlockLayout.from_coords([[0.5, 0]], 2, 2, 16), TypeError, "coords must hold integer"),
+    (lambda: tilesparse.BlockLayout.from_coords([[0, 0]], -1, 2, 16), ValueError, "block_rows must be"),
+    (lambda: tilesparse.BlockLayout.from_mask_with_nnz(torch.eye(4, dtype=torch.bool), 16, 2), RuntimeError,
+     "does not hold nnz=2"),
+    (lambda: layouts.random(64, 64, 16, 0.5, seed=1.5), ValueError, "seed must be an int"),
+    (lambda: layouts.balanced(64, 64, 16, 0.5, seed="a"), ValueError, "seed must be an int"),
+    (lambda: layouts.random(64, 64, 16, None), ValueError, "density must be in"),
+    (lambda: layouts.from_dense(torch.ones(32, 32, dtype=torch.int32), 16, 0.5), TypeError, "floating-point"),
+    (lambda: tilesparse.nn.BlockSparseLinear(32, 64, block_size=0, density=0.5), ValueError,
+     "block_size must be a positive int"),
+    (lambda: tilesparse.nn.BlockSparseLinear(0, 64, block_size=16, density=0.5), ValueError,
+     "in_features must be a positive int"),
+    (lambda: tilesparse.nn.BlockSparseLinear(32, 64, block_size=16, density=0.5, dtype=torch.int32), TypeError,
+     "dtype must be a floating-point"),
+], ids=["dense-b0", "dense-negative", "coords-float", "coords-negative-grid", "nnz-wrong", "seed-float",
+        "seed-str", "density-none", "from-dense-int", "linear-b0", "linear-zero-features", "linear-int-dtype"])
+def test_layout_and_module_constructor_errors(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda L: L.bigbird(256, 64, num_heads=0), "num_heads must be a positive int"),
+    (lambda L: L.random(256, 64, 0.5, num_heads=2.0), "num_heads must be a positive int"),
+    (lambda L: L.longformer(256, 64, window=64, global_tokens=-3), "non-negative count"),
+    (lambda L: L.longformer(256, 64, window=64, global_tokens=[1.7]), "int token indices"),
+    (lambda L: L.longformer(256, 64, window=64, global_tokens=True), "count or token indices"),
+], ids=["bigbird-heads-0", "random-heads-float", "longformer-negative", "longformer-float", "longformer-bool"])
+def test_attention_layout_builder_errors(call, pattern):
+    from tilesparse.attention import layouts as attention_layouts
+
+    with pytest.raises(ValueError, match=pattern):
+        call(attention_layouts)
+
+
+def test_longformer_takes_numpy_and_tensor_token_indices():
+    import numpy as np
+
+    from tilesparse.attention import layouts as attention_layouts
+
+    want = attention_layouts.longformer(256, 64, window=64, global_tokens=[1, 70]).mask
+    for tokens in (np.array([1, 70]), torch.tensor([1, 70])):
+        assert torch.equal(attention_layouts.longformer(256, 64, window=64, global_tokens=tokens).mask, want)

@@ -42,6 +42,16 @@ def check_same(t: torch.Tensor, name: str, ref: torch.Tensor, ref_name: str) -> 
     check_same_device(t, name, ref, ref_name)
 
 
+def check_module_input(x: torch.Tensor, name: str, weight: torch.Tensor, module: str) -> None:
+    """A module's input ``x`` must be on its weights' device and, outside autocast, of their
+    dtype (under autocast the products cast it, as nn.Linear's do)."""
+    check_tensor(x, name)
+    check_same_device(x, name, weight, f"{module}'s weights")
+    if x.dtype != weight.dtype and (x.device.type == "meta" or not torch.is_autocast_enabled(x.device.type)):
+        raise TypeError(f"{name} has dtype {x.dtype} but {module}'s weights have {weight.dtype}; cast one of them, "
+                        "or run under torch.autocast")
+
+
 def check_values(values, layout: BlockLayout, name: str = "weight") -> torch.Tensor:
     """``values`` must be [layout.nnz, b, b] for the layout's block size."""
     check_tensor(values, name, dim=3)

@@ -14,6 +14,8 @@ column table ``A @ S``.
 
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass
 
 import torch
@@ -189,7 +191,13 @@ class BlockLayout:
     def from_coords(cls, coords, block_rows: int, block_cols: int, block_size: int) -> "BlockLayout":
         """Build from (block-row, block-col) pairs. Storage order is always row-major:
         values for this layout must follow ``layout.coords``, not the input order."""
-        coords = torch.as_tensor(coords, dtype=torch.long)
+        for name, value in (("block_rows", block_rows), ("block_cols", block_cols)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        given = torch.as_tensor(coords)
+        if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+            raise TypeError(f"coords must hold integer block indices, got dtype {given.dtype}")
+        coords = given.to(torch.long)
         if coords.numel() == 0:
             coords = coords.reshape(0, 2)
         if coords.dim() != 2 or coords.shape[1] != 2:
@@ -212,11 +220,14 @@ class BlockLayout:
         rewiring a layout on the GPU every few steps, where nnz is fixed). Equal to
         ``BlockLayout(mask, block_size)`` except that the longest block-row and
         block-column (:func:`longest_runs`) are unknown unless given as ``runs``
-        (learning them would sync); ``nnz`` and ``runs`` are trusted, not checked."""
+        (learning them would sync). ``nnz`` is checked on the device (``torch._assert_async``:
+        on the CPU a RuntimeError, on a GPU a device-side assert instead of tables that point
+        past the weight's blocks); ``runs`` is trusted."""
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be bool, got {mask.dtype}")
         if isinstance(nnz, bool) or not isinstance(nnz, int) or not 0 <= nnz <= mask.numel():
             raise ValueError(f"nnz must be an int in [0, {mask.numel()}], got {nnz!r}")
+        torch._assert_async(mask.sum() == nnz, f"from_mask_with_nnz: the mask does not hold nnz={nnz} blocks")
         layout = cls(mask, block_size)
         coords = coords_with_nnz(layout.mask, nnz)
         layout._nnz = nnz
@@ -358,6 +369,11 @@ class BlockLayout:
 
 
 def _check_divisible(rows: int, cols: int, block_size: int) -> None:
+    """rows and cols non-negative ints, block_size a positive one dividing both."""
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if value % block_size:
             raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")

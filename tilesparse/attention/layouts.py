@@ -11,6 +11,7 @@ reproducible on every machine (a CPU ``torch.Generator``).
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable
 
 import torch
@@ -26,6 +27,15 @@ def _check(S: int, b: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return -(-S // b)
+
+
+def _check_heads(num_heads) -> int:
+    """How many patterns to draw: 1 for None (shared), else a positive int."""
+    if num_heads is None:
+        return 1
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int or None, got {num_heads!r}")
+    return num_heads
 
 
 def _block_ranges(S: int, b: int):
@@ -126,7 +136,7 @@ def bigbird(S: int, b: int, *, window_blocks: int = 3, global_blocks: int = 1, r
         base[:] = False
     base[:global_blocks, :] = True
     base[:, :global_blocks] = True
-    heads = 1 if num_heads is None else num_heads
+    heads = _check_heads(num_heads)
     masks = []
     for _ in range(heads):
         mask = base.clone()
@@ -147,7 +157,21 @@ def longformer(S: int, b: int, *, window: int, global_tokens: int | Iterable[int
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative int, got {window!r}")
     mask = local(S, b, window // 2 + 1).mask[0].clone()
-    tokens = list(range(global_tokens)) if isinstance(global_tokens, int) else [int(t) for t in global_tokens]
+    if isinstance(global_tokens, bool):
+        raise ValueError(f"global_tokens must be a count or token indices, got {global_tokens!r}")
+    if isinstance(global_tokens, int):
+        if global_tokens < 0:
+            raise ValueError(f"global_tokens must be a non-negative count, got {global_tokens}")
+        tokens = list(range(global_tokens))
+    else:
+        tokens = []
+        for t in global_tokens:
+            try:  # ints, numpy integers and integer 0-d tensors; not floats or bools
+                if isinstance(t, bool):
+                    raise TypeError
+                tokens.append(operator.index(t))
+            except TypeError:
+                raise ValueError(f"global_tokens must hold int token indices, got {t!r}") from None
     for t in tokens:
         if not 0 <= t < S:
             raise ValueError(f"global_tokens holds {t}, outside [0, S={S})")
@@ -162,10 +186,11 @@ def random(S: int, b: int, density: float, seed: int = 0, *, num_heads: int | No
     nb = _check(S, b)
     if not isinstance(density, (int, float)) or isinstance(density, bool) or not 0.0 <= density <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density!r}")
+    heads = _check_heads(num_heads)
     gen = _generator(seed)
     count = round(density * nb * nb)
     masks = []
-    for _ in range(1 if num_heads is None else num_heads):
+    for _ in range(heads):
         flat = torch.zeros(nb * nb, dtype=torch.bool)
         flat[torch.randperm(nb * nb, generator=gen)[:count]] = True
         masks.append(flat.reshape(nb, nb))

@@ -18,7 +18,7 @@ def block_grid(rows: int, cols: int, block_size: int) -> tuple[int, int]:
 
 
 def check_density(density: float) -> float:
-    if not 0.0 <= float(density) <= 1.0:
+    if isinstance(density, bool) or not isinstance(density, numbers.Real) or not 0.0 <= float(density) <= 1.0:
         raise ValueError(f"density must be in [0, 1], got {density!r}")
     return float(density)
 

@@ -15,6 +15,8 @@ def blockwise_norms(weight: torch.Tensor, block_size: int) -> torch.Tensor:
     block norms' reference."""
     if weight.dim() != 2:
         raise ValueError(f"weight must be 2-D, got shape {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating-point tensor, got dtype {weight.dtype}")
     block_rows, block_cols = block_grid(weight.shape[0], weight.shape[1], block_size)
     blocks = weight.reshape(block_rows, block_size, block_cols, block_size)
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..layout import BlockLayout
-from ._common import block_grid, check_density, keep_count
+from ._common import block_grid, check_density, check_seed, keep_count
 
 
 def random(rows: int, cols: int, block_size: int, density: float, *, seed: int = 0, device=None) -> BlockLayout:
@@ -15,7 +15,7 @@ def random(rows: int, cols: int, block_size: int, density: float, *, seed: int =
     block_rows, block_cols = block_grid(rows, cols, block_size)
     total = block_rows * block_cols
     keep = keep_count(density, total)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed))
     chosen = torch.randperm(total, generator=generator)[:keep]
     mask = torch.zeros(total, dtype=torch.bool)
     mask[chosen] = True
@@ -27,7 +27,7 @@ def balanced(rows: int, cols: int, block_size: int, density: float, *, seed: int
     check_density(density)
     block_rows, block_cols = block_grid(rows, cols, block_size)
     per_row = keep_count(density, block_cols)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed))
     scores = torch.rand(block_rows, block_cols, generator=generator)
     mask = torch.zeros(block_rows, block_cols, dtype=torch.bool)
     if per_row:

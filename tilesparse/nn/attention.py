@@ -4,9 +4,12 @@ only on a block layout's (query block, key block) pairs, by the fused kernels of
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
+from .._checks import check_module_input
 from ..attention import AttentionLayout
 
 __all__ = ["BlockSparseSelfAttention"]
@@ -54,7 +57,9 @@ class BlockSparseSelfAttention(nn.Module):
             raise ValueError(f"layout has {layout.layout_heads} heads but num_heads={num_heads}")
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
-        self.causal = bool(causal)
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        self.causal = causal
         if not isinstance(deterministic, bool):
             raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
         self.deterministic = deterministic
@@ -74,11 +79,16 @@ class BlockSparseSelfAttention(nn.Module):
 
     def layout_for(self, seq_len: int) -> AttentionLayout:
         """The layout for a sequence of ``seq_len`` tokens: the module's, or its top-left
-        ceil(seq_len / b) blocks (cached)."""
+        ceil(seq_len / b) blocks (cached; without a ``seq_len`` of their own, since they
+        serve every length with that many blocks)."""
+        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+            raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+        seq_len = int(seq_len)
         if seq_len > self.max_seq_len:
             raise ValueError(f"sequence length {seq_len} exceeds the layout's {self.max_seq_len} tokens")
         blocks = -(-seq_len // self.layout.block_size)
-        layout = self.layout if blocks == self.layout.num_blocks else self._prefix_layouts.get(blocks)
+        whole = blocks == self.layout.num_blocks and self.layout.seq_len in (None, seq_len)
+        layout = self.layout if whole else self._prefix_layouts.get(blocks)
         if not torch.compiler.is_compiling() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             device = self.qkv.weight.device
             if layout is None or not layout.has_tables(device, self.causal):
@@ -98,7 +108,7 @@ class BlockSparseSelfAttention(nn.Module):
         ``make_graphed_callables``), which must not build them; the full length's too."""
         device = self.qkv.weight.device
         for seq_len in (self.max_seq_len, *seq_lens):
-            layout = self.layout_for(int(seq_len))
+            layout = self.layout_for(seq_len)
             if device.type != "meta":
                 layout.meta_on(device, self.causal)
 
@@ -129,6 +139,7 @@ class BlockSparseSelfAttention(nn.Module):
         """x [B, S, E] -> [B, S, E]."""
         from ..attention import block_sparse_attention
 
+        check_module_input(x, "x", self.qkv.weight, "BlockSparseSelfAttention")
         if x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"x must be [batch, seq, {self.embed_dim}], got shape {tuple(x.shape)}")
         batch, seq, _ = x.shape

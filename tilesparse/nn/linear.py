@@ -35,7 +35,11 @@ class BlockSparseLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
             if value % block_size:
                 raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")
         if layout is None:
@@ -57,6 +61,8 @@ class BlockSparseLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.block_size = block_size
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype (the weights are trained), got {dtype!r}")
         factory = {"device": device, "dtype": dtype}
         layout = layout.to(device if device is not None else "cpu")
         self._layout = layout

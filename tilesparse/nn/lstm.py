@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import layouts as layout_generators
+from .._checks import check_module_input
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
 from ..ops.lstm import lstm_sequence
@@ -192,8 +193,7 @@ class BlockSparseLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Like nn.LSTM.forward with one layer: (output, (h_n, c_n))."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        check_module_input(x, "x", self.hh.weight, "BlockSparseLSTM")
         if x.dim() not in (2, 3):
             raise ValueError(f"x must be [T, B, I], [B, T, I] (batch_first) or unbatched [T, I], got {tuple(x.shape)}")
         if x.shape[-1] != self.input_size:

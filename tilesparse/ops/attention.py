@@ -214,6 +214,10 @@ def _check_layout(layout, H: int, S: int) -> None:
     if layout.num_blocks != nb:
         raise ValueError(f"layout has {layout.num_blocks} blocks per side but seq_len S={S} with block_size={b} "
                          f"needs ceil(S/b)={nb}")
+    if layout.seq_len is not None and layout.seq_len != S:
+        # a builder's pattern depends on S itself (strides, windows, summary tokens), not only on nb
+        raise ValueError(f"layout was built for seq_len={layout.seq_len} but q has S={S}; build it for S={S}, "
+                         f"or make an AttentionLayout(layout.mask, block_size) without seq_len to reuse its blocks")
     if layout.layout_heads not in (1, H):
         raise ValueError(f"layout has {layout.layout_heads} heads but q has {H}; use one pattern per query head "
                          "or a shared [nb, nb] mask")
