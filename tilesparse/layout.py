@@ -195,7 +195,7 @@ class BlockLayout:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         given = torch.as_tensor(coords)
-        if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        if given.numel() and (given.is_floating_point() or given.is_complex() or given.dtype == torch.bool):
             raise TypeError(f"coords must hold integer block indices, got dtype {given.dtype}")
         coords = given.to(torch.long)
         if coords.numel() == 0:
