@@ -297,3 +297,22 @@ def test_longformer_takes_numpy_and_tensor_token_indices():
     want = attention_layouts.longformer(256, 64, window=64, global_tokens=[1, 70]).mask
     for tokens in (np.array([1, 70]), torch.tensor([1, 70])):
         assert torch.equal(attention_layouts.longformer(256, 64, window=64, global_tokens=tokens).mask, want)
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: tilesparse.sparsity.HardConcreteGate(-1), ValueError, "number of gates"),
+    (lambda: tilesparse.sparsity.HardConcreteGate(2.5), ValueError, "number of gates"),
+    (lambda: tilesparse.sparsity.rewire(_linear(), None, 1), TypeError, "grad_norms must be a floating-point"),
+    (lambda: tilesparse.sparsity.rewire(_linear(), torch.ones(4, 2, dtype=torch.long), 1), TypeError,
+     "grad_norms must be a floating-point"),
+    (lambda: tilesparse.sparsity.rewire(_linear(), torch.ones(4, 2), -1), ValueError, "n must be a non-negative"),
+    (lambda: tilesparse.sparsity.rewire(torch.nn.Linear(4, 4), torch.ones(4, 2), 1), TypeError,
+     "module must be a tilesparse.nn.BlockSparseLinear"),
+], ids=["gate-negative", "gate-float", "rewire-none", "rewire-long", "rewire-negative-n", "rewire-linear"])
+def test_sparsity_helper_errors(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def _linear():
+    return tilesparse.nn.BlockSparseLinear(32, 64, block_size=16, density=0.5)

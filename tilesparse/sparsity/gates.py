@@ -83,6 +83,8 @@ class HardConcreteGate(nn.Module):
         dtype=None,
     ):
         super().__init__()
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n (the number of gates) must be a non-negative int, got {n!r}")
         if not 0.0 < droprate_init < 1.0:
             raise ValueError(f"droprate_init must be in (0, 1), got {droprate_init!r}")
         if beta <= 0:

@@ -44,6 +44,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable, Mapping, Union
 
 import torch
@@ -70,11 +71,18 @@ def rewire(
     """Drop ``n`` weakest blocks of ``module`` and grow ``n`` new ones where ``grad_norms``
     [block_rows, block_cols] is largest among inactive blocks (see the module docstring).
     Returns the number of blocks grown (= dropped): ``min(n, inactive blocks)``."""
+    if not isinstance(module, BlockSparseLinear):
+        raise TypeError(f"module must be a tilesparse.nn.BlockSparseLinear, got {type(module).__name__}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
     mask = module.layout_mask
     weight = module.weight
     nnz = weight.shape[0]
     rows, cols = mask.shape
     total = rows * cols
+    if not isinstance(grad_norms, torch.Tensor) or not grad_norms.is_floating_point():
+        raise TypeError("grad_norms must be a floating-point tensor of block gradient norms, got "
+                        + (f"dtype {grad_norms.dtype}" if isinstance(grad_norms, torch.Tensor) else type(grad_norms).__name__))
     n = max(0, min(int(n), nnz, total - nnz))
     if n == 0:
         return 0
