@@ -22,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tilesparse.bench._stream_read import stream_read  # the small suite's read reference
 from tilesparse.bench.env import clock_state, l2_cache_bytes
+from tilesparse.bench.stream_reference import READ_BLOCK
 from tilesparse.bench.timing import bench_ms, rotation_copies
 
 
@@ -32,14 +34,7 @@ def _copy(src, dst, n, BLOCK: tl.constexpr):
     tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
 
-@triton.jit
-def _read(src, dst, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    acc = tl.xor_sum(tl.load(src + offs, mask=offs < n, other=0), axis=0)
-    tl.store(dst + tl.program_id(0), acc)
-
-
-BLOCK = 8192
+BLOCK = READ_BLOCK
 
 
 def methods(src: torch.Tensor, dst: torch.Tensor, sink: torch.Tensor) -> dict:
@@ -49,7 +44,7 @@ def methods(src: torch.Tensor, dst: torch.Tensor, sink: torch.Tensor) -> dict:
         "memcpy": lambda: dst.copy_(src),
         "elementwise": lambda: torch.bitwise_or(src, 0, out=dst),
         "triton_copy": lambda: _copy[grid](src, dst, n, BLOCK=BLOCK, num_warps=8),
-        "triton_read": lambda: _read[grid](src, sink, n, BLOCK=BLOCK, num_warps=8),
+        "triton_read": lambda: stream_read[grid](src, sink, n, BLOCK=BLOCK, num_warps=8),
     }
 
 
