@@ -51,6 +51,9 @@
 #            density 0.5 / 0.1 / 0.03; adopt with measure_small_crossover.py --adopt small-prefetch.json
 #   small-prefetch-b16 - b 16's prefetch at M 8 / 16 / 64 (the fourteenth session swept M 1 / 32);
 #            adopt with measure_small_crossover.py --adopt small-prefetch-b16.json
+#   small-idx-ahead - the small kernel's prefetch with L2 prefetch hints on the index tables
+#            (SmallConfig.idx_ahead; thirty-fourth session) against it without, b 16 at M 1-64 and b 32 at
+#            M 1 / 32, density 0.5 and 0.1; SMALL_IDX_ARGS e.g. "--ms 16"
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -188,6 +191,14 @@ for step in ${STEPS:-large dtypes graph}; do
     small-prefetch-b16) timeout "${SMALL_TIMEOUT:-150}" python3 scripts/probes/small_threshold.py --blocks 16 \
               --densities 0.5 0.25 0.1 0.03 --ms 8 16 64 --auto --variants s16k64st8 s16k64st8P s16k128st8P \
               --out "$OUT/small-prefetch-b16.json" > "$OUT/small-prefetch-b16.log" 2>&1 ;;
+    small-idx-ahead) timeout "${SMALL_TIMEOUT:-240}" python3 scripts/probes/small_threshold.py --blocks 16 \
+              --densities 0.5 0.1 --ms 1 8 32 64 --auto --variants s16k64st8P s16k64st8Pa32 s16k64st8Pa64 \
+              s16k64st8Pa128 s16k64st8Pa256 s16k128st8P s16k128st8Pa64 s16k128st8Pa128 ${SMALL_IDX_ARGS:-} \
+              --out "$OUT/small-idx-ahead-b16.json" > "$OUT/small-idx-ahead-b16.log" 2>&1
+              timeout "${SMALL_TIMEOUT:-240}" python3 scripts/probes/small_threshold.py --blocks 32 \
+              --densities 0.5 0.1 --ms 1 32 --auto --variants s32k32st12 s32k32st12P s32k32st12Pa64 s32k32st12Pa128 \
+              s32k64st12Pa64 s32k128st8Pa64 ${SMALL_IDX_ARGS:-} \
+              --out "$OUT/small-idx-ahead-b32.json" > "$OUT/small-idx-ahead-b32.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \
