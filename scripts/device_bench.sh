@@ -54,6 +54,8 @@
 #   small-idx-ahead - the small kernel's prefetch with L2 prefetch hints on the index tables
 #            (SmallConfig.idx_ahead; thirty-fourth session) against it without, b 16 at M 1-64 and b 32 at
 #            M 1 / 32, density 0.5 and 0.1; SMALL_IDX_ARGS e.g. "--ms 16"
+#   small-gemv - the FMA kernel (kernels/bsmm_gemv.py) at M 1-8 against the dispatcher's choice,
+#            every block size, density 0.5 / 0.1 (SMALL_GEMV_ARGS e.g. "--ms 2")
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -199,6 +201,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.5 0.1 --ms 1 32 --auto --variants s32k32st12 s32k32st12P s32k32st12Pa64 s32k32st12Pa128 \
               s32k64st12Pa64 s32k128st8Pa64 ${SMALL_IDX_ARGS:-} \
               --out "$OUT/small-idx-ahead-b32.json" > "$OUT/small-idx-ahead-b32.log" 2>&1 ;;
+    small-gemv) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 64 128 \
+              --densities 0.5 0.1 --ms 1 4 8 --auto --variants v16k128 v16k256 v16k512r v16k128r v16k64r v32k128 \
+              v32k256r v32k64r v32k64 v32k128r v32k32r v64k128r ${SMALL_GEMV_ARGS:-} \
+              --out "$OUT/small-gemv.json" > "$OUT/small-gemv.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \
               s32k128st8c2L s32k64st12 s32k64st12c2 s32k64st12L s32k64st12c2L s32k32st12 s32k32st12c2 s32k32st12L \

@@ -23,6 +23,7 @@ import tilesparse as ts
 from tilesparse.bench.env import l2_cache_bytes
 from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
+from tilesparse.kernels import bsmm_gemv as GV
 from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_resident as RS
@@ -206,6 +207,21 @@ ALL_VARIANTS = {
     # bytes its copies land)
     "rC12x2c8k4": ("resident", 12, 2, 8, 2, 4, True, 4),
     "rC12x2c8k2": ("resident", 12, 2, 8, 2, 4, True, 2),
+    # the FMA kernel (kernels/bsmm_gemv.py, thirty-fourth session) at 1-8 rows: no activation
+    # tile padded to 16 rows and staged through shared memory (ncu at b 16, M 1: the shared
+    # pipe 81 % busy, HBM 38 %). ("gemv", sub, block_k, reduce_each_step, warps)
+    "v16k128": ("gemv", 16, 128, False, 4),
+    "v16k256": ("gemv", 16, 256, False, 4),
+    "v16k512r": ("gemv", 16, 512, True, 4),
+    "v16k128r": ("gemv", 16, 128, True, 4),
+    "v16k64r": ("gemv", 16, 64, True, 4),
+    "v32k128": ("gemv", 32, 128, False, 4),
+    "v32k256r": ("gemv", 32, 256, True, 4),
+    "v32k64r": ("gemv", 32, 64, True, 4),
+    "v32k64": ("gemv", 32, 64, False, 4),
+    "v32k128r": ("gemv", 32, 128, True, 4),
+    "v32k32r": ("gemv", 32, 32, True, 4),
+    "v64k128r": ("gemv", 64, 128, True, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -216,7 +232,8 @@ def variant_block_m(m: int) -> int:
     return S.rows_per_program(m)
 
 
-def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig | WG.WsGroupConfig | RS.ResidentConfig:
+def variant_config(fields: tuple, block_m: int) -> (S.SmallConfig | P.PanelConfig | WG.WsGroupConfig | RS.ResidentConfig
+                                                    | GV.GemvConfig):
     """The SmallConfig (PanelConfig for a "panel" entry, WsGroupConfig for a "group" one) of
     an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own)."""
     if fields[0] == "panel":
@@ -226,6 +243,9 @@ def variant_config(fields: tuple, block_m: int) -> S.SmallConfig | P.PanelConfig
         unroll, columns, box = (list(more) + [4, False, 8][len(more):])[:3]
         return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages, unroll=unroll,
                                  columns=columns, box=box)
+    if fields[0] == "gemv":
+        sub, block_k, reduce_each_step, warps = fields[1:]
+        return GV.GemvConfig(sub, block_k, num_warps=warps, num_stages=1, reduce_each_step=reduce_each_step)
     if fields[0] == "group":
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)
@@ -304,7 +324,9 @@ def main() -> None:
                                 variant_config(fields, 64)) is not None:
                             continue  # what the kernel refuses: bprop, > 64 rows, b > 64, > 128 accumulator
                             # registers, more shared memory than the GPU has, a box past TMA's 256 rows
-                        elif fields[0] not in ("panel", "group", "resident") and fields[0] > max(16, b):
+                        elif fields[0] == "gemv" and (m > GV.MAX_ROWS or fields[1] > max(16, b)):
+                            continue  # 1-8 rows; slices at most the tile
+                        elif fields[0] not in ("panel", "group", "resident", "gemv") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:
                             cfg = variant_config(fields, variant_block_m(m))

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ..layout import longest_runs, table_views
-from . import (bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws, bsmm_ws_group,
-               bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
+from . import (bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws,
+               bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .transpose import transpose_contiguous
 from ._alloc import new_output
 from ._launch import launch
@@ -281,7 +281,7 @@ def dds(
     block_cols: int,
     trans: bool,
     config: (KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig
-             | bsmm_ws_group.WsGroupConfig | bsmm_resident.ResidentConfig | None) = None,
+             | bsmm_ws_group.WsGroupConfig | bsmm_resident.ResidentConfig | bsmm_gemv.GemvConfig | None) = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
@@ -292,7 +292,8 @@ def dds(
     ``bsmm_ws_group.WsGroupConfig``: its small-block variant, G output block-columns per
     tile sharing each activation tile, Hopper, 16-bit, b 16-64;
     ``bsmm_resident.ResidentConfig``: fprop at <= 64 rows with the activations held in shared
-    memory while several block-rows stream past them, Hopper, 16-bit, b 16-64). Without one,
+    memory while several block-rows stream past them, Hopper, 16-bit, b 16-64;
+    ``bsmm_gemv.GemvConfig``: 1-8 rows, the product in FMAs, no tensor cores). Without one,
     the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
@@ -355,6 +356,9 @@ def dds(
         if not chosen_here:
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
         config = None  # a tuned entry these operands cannot take (a strided view, say): the other kernels
+    if isinstance(config, bsmm_gemv.GemvConfig):
+        bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
+        return c
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
