@@ -357,8 +357,13 @@ def dds(
             raise ValueError(f"config={config}: the warp-specialized kernel {why}")
         config = None  # a tuned entry these operands cannot take (a strided view, say): the other kernels
     if isinstance(config, bsmm_gemv.GemvConfig):
-        bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
-        return c
+        why = bsmm_gemv.gemv_supported(m, a.dtype)
+        if why is None:
+            bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
+            return c
+        if not chosen_here:
+            raise ValueError(f"config={config}: the FMA kernel {why}")
+        config = None  # a tuned entry these operands cannot take: the other kernels
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
