@@ -240,7 +240,7 @@ class BlockLayout:
     @classmethod
     def dense(cls, rows: int, cols: int, block_size: int, device=None) -> "BlockLayout":
         """A full layout (every block stored)."""
-        _check_divisible(rows, cols, block_size)
+        check_divisible(rows, cols, block_size)
         return cls(torch.ones(rows // block_size, cols // block_size, dtype=torch.bool, device=device), block_size)
 
     # ----------------------------------------------------------------- properties
@@ -368,7 +368,7 @@ class BlockLayout:
         )
 
 
-def _check_divisible(rows: int, cols: int, block_size: int) -> None:
+def check_divisible(rows: int, cols: int, block_size: int) -> None:
     """rows and cols non-negative ints, block_size a positive one dividing both."""
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import numbers
 
+from ..layout import check_divisible
+
 
 def block_grid(rows: int, cols: int, block_size: int) -> tuple[int, int]:
-    """(block_rows, block_cols) of a [rows, cols] matrix; rows and cols must divide by b."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
-    for name, value in (("rows", rows), ("cols", cols)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if value % block_size:
-            raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")
-    return rows // block_size, cols // block_size
+    """(block_rows, block_cols) of a [rows, cols] matrix; the same checks as BlockLayout's
+    (non-negative ints, numpy's included, divisible by a positive int block size)."""
+    check_divisible(rows, cols, block_size)
+    return int(rows) // int(block_size), int(cols) // int(block_size)
 
 
 def check_density(density: float) -> float:
