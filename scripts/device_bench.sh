@@ -51,9 +51,6 @@
 #            density 0.5 / 0.1 / 0.03; adopt with measure_small_crossover.py --adopt small-prefetch.json
 #   small-prefetch-b16 - b 16's prefetch at M 8 / 16 / 64 (the fourteenth session swept M 1 / 32);
 #            adopt with measure_small_crossover.py --adopt small-prefetch-b16.json
-#   small-idx-ahead - the small kernel's prefetch with L2 prefetch hints on the index tables
-#            (SmallConfig.idx_ahead; thirty-fourth session) against it without, b 16 at M 1-64 and b 32 at
-#            M 1 / 32, density 0.5 and 0.1; SMALL_IDX_ARGS e.g. "--ms 16"
 #   small-gemv - the FMA kernel (kernels/bsmm_gemv.py) at M 1-8 against the dispatcher's choice,
 #            every block size, density 0.5 / 0.1 (SMALL_GEMV_ARGS e.g. "--ms 2")
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
@@ -193,14 +190,6 @@ for step in ${STEPS:-large dtypes graph}; do
     small-prefetch-b16) timeout "${SMALL_TIMEOUT:-150}" python3 scripts/probes/small_threshold.py --blocks 16 \
               --densities 0.5 0.25 0.1 0.03 --ms 8 16 64 --auto --variants s16k64st8 s16k64st8P s16k128st8P \
               --out "$OUT/small-prefetch-b16.json" > "$OUT/small-prefetch-b16.log" 2>&1 ;;
-    small-idx-ahead) timeout "${SMALL_TIMEOUT:-240}" python3 scripts/probes/small_threshold.py --blocks 16 \
-              --densities 0.5 0.1 --ms 1 8 32 64 --auto --variants s16k64st8P s16k64st8Pa32 s16k64st8Pa64 \
-              s16k64st8Pa128 s16k64st8Pa256 s16k128st8P s16k128st8Pa64 s16k128st8Pa128 ${SMALL_IDX_ARGS:-} \
-              --out "$OUT/small-idx-ahead-b16.json" > "$OUT/small-idx-ahead-b16.log" 2>&1
-              timeout "${SMALL_TIMEOUT:-240}" python3 scripts/probes/small_threshold.py --blocks 32 \
-              --densities 0.5 0.1 --ms 1 32 --auto --variants s32k32st12 s32k32st12P s32k32st12Pa64 s32k32st12Pa128 \
-              s32k64st12Pa64 s32k128st8Pa64 ${SMALL_IDX_ARGS:-} \
-              --out "$OUT/small-idx-ahead-b32.json" > "$OUT/small-idx-ahead-b32.log" 2>&1 ;;
     small-gemv) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 64 128 \
               --densities 0.5 0.1 --ms 1 4 8 --auto --variants v16k128 v16k256 v16k512r v16k128r v16k64r v32k128 \
               v32k256r v32k64r v32k64 v32k128r v32k32r v64k128r ${SMALL_GEMV_ARGS:-} \

@@ -94,7 +94,7 @@ def small_cases(quick: bool):
     feature-major tiles at large M (b 64 / 32 / 16, 256 activation rows per program); the
     128-row, row-tiles-inner programs for M 128-512."""
     fn = bsmm_small._dds_small_kernel
-    # (block, sub, block_k, stages, trans, block_m, warps, swap variants[, M_INNER[, PREFETCH[, IDX_AHEAD]]])
+    # (block, sub, block_k, stages, trans, block_m, warps, swap variants[, M_INNER[, PREFETCH]])
     cases = ((128, 32, 128, 8, True, 64, 4, (False, True)), (16, 16, 64, 8, False, 64, 4, (False, True))) if quick else \
         ((128, 32, 128, 8, True, 64, 4, (False, True)), (128, 32, 128, 8, False, 64, 4, (False, True)),
          (64, 32, 64, 12, False, 64, 4, (False, True)), (16, 16, 64, 8, True, 64, 4, (False, True)),
@@ -106,18 +106,15 @@ def small_cases(quick: bool):
          (128, 32, 64, 12, False, 64, 4, (True,), True),  # the swap default's 64-row tiles
          # PREFETCH (block indices two steps ahead, activation tiles one): M 1 and 64, b 128 and 16
          (128, 32, 128, 8, True, 16, 4, (False,), False, True), (16, 16, 64, 8, True, 16, 4, (False,), False, True),
-         (128, 32, 64, 12, True, 64, 4, (True,), False, True), (64, 32, 64, 12, False, 64, 4, (True,), False, True),
-         # IDX_AHEAD: L2 prefetch hints on the index (and slot) tables, b 16 fprop (multi-block steps) and bprop
-         (16, 16, 64, 8, True, 16, 4, (False,), False, True, 64), (16, 16, 128, 8, False, 16, 4, (False,), False, True, 64),
-         (32, 32, 32, 12, True, 16, 4, (False,), False, True, 64))
+         (128, 32, 64, 12, True, 64, 4, (True,), False, True), (64, 32, 64, 12, False, 64, 4, (True,), False, True))
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
-        m_inner, prefetch, idx_ahead = (list(flags) + [False, False, 0])[:3]
+        m_inner, prefetch = (list(flags) + [False, False])[:2]
         for swap in swaps:
             # the first case also as a programmatic dependent launch (mode 2, the default on sm90)
             pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) else 0
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
-                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl, IDX_AHEAD=idx_ahead)
+                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl)
             sig = {}
             for name in fn.arg_names:
                 if name in const:
@@ -136,8 +133,7 @@ def small_cases(quick: bool):
             aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                        if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
-                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "")
-                   + (f" idx_ahead{idx_ahead}" if idx_ahead else "") + (" pdl" if pdl else ""), fn, sig,
+                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
 

@@ -71,23 +71,6 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 
-@pytest.mark.parametrize("idx_ahead", [1, 32, 256])
-@pytest.mark.parametrize("m", [1, 37], ids=lambda m: f"m{m}")
-@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("block_size, block_k", [(16, 64), (16, 128), (32, 32), (64, 64)], ids=lambda v: str(v))
-def test_dds_small_idx_ahead_is_bitwise_the_plain_prefetch(block_size, block_k, trans, m, idx_ahead):
-    # L2 prefetch hints on the index tables (past a run's end: clamped to its last entry)
-    # move no data into registers: results bitwise those without them, and right
-    from tilesparse.kernels import bsmm_small
-
-    operands, expected = _dds_case(block_size, torch.bfloat16, trans, m)
-    plain = bsmm_small.SmallConfig(16, block_k, 16 if m == 1 else 64, 4, 8, prefetch=True)
-    hinted = dataclasses.replace(plain, idx_ahead=idx_ahead)
-    out = kernels.dds(*operands, config=hinted)
-    assert_close(out, expected, torch.bfloat16, "dds idx_ahead")
-    assert torch.equal(out, kernels.dds(*operands, config=plain))
-
-
 @pytest.mark.parametrize("m", [100, 200, 300, 512], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])

@@ -59,21 +59,3 @@ def test_prefetch_is_checked_and_off_by_default():
     assert not bsmm_small.small_config(1, 16, torch.bfloat16).prefetch
     with pytest.raises(ValueError, match="prefetch"):
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, prefetch=1)
-
-
-def test_idx_ahead_is_checked():
-    assert bsmm_small.small_config(1, 16, torch.bfloat16).idx_ahead == 0
-    assert bsmm_small.SmallConfig(16, 64, 16, 4, 2, prefetch=True, idx_ahead=64).idx_ahead == 64
-    for bad in (-1, True, 2.0):
-        with pytest.raises(ValueError, match="idx_ahead"):
-            bsmm_small.SmallConfig(16, 64, 16, 4, 2, prefetch=True, idx_ahead=bad)
-    with pytest.raises(ValueError, match="only with prefetch"):
-        bsmm_small.SmallConfig(16, 64, 16, 4, 2, idx_ahead=64)
-
-
-@pytest.mark.parametrize("block_size, block_k", [(16, 64), (64, 32)], ids=["b16-k64", "b64-k32"])
-def test_idx_ahead_under_the_interpreter_is_the_plain_prefetch(block_size, block_k):
-    # the PTX hint is switched off for interpreted launches; the config still runs there
-    layout = make_layout("random", 3, 5, block_size)
-    for trans in (True, False):
-        _check(layout, 5, trans, bsmm_small.SmallConfig(16, block_k, 16, 4, 2, prefetch=True, idx_ahead=32))

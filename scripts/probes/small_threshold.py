@@ -30,7 +30,7 @@ from tilesparse.kernels import bsmm_resident as RS
 from tilesparse.kernels import bsmm_ws_group as WG
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
-# [, prefetch[, idx_ahead]]]]]]]]); block_m follows M unless given (None: follows M)
+# [, prefetch]]]]]]]); block_m follows M unless given (None: follows M)
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -118,19 +118,6 @@ ALL_VARIANTS = {
     "s32k32st12SP": (32, 32, 12, 4, 1, 1, False, True, False, None, True),
     "s64k64st8SIP": (64, 64, 8, 4, 1, 1, False, True, True, None, True),
     "s64k64st6Sw8m128IP": (64, 64, 6, 8, 1, 1, False, True, True, 128, True),
-    # 'aN' (12th field, idx_ahead): with prefetch, L2 prefetch hints on the index (and slot)
-    # tables N entries ahead (thirty-fourth session): the index load two steps ahead, which
-    # each step waits on one step later, streamed from HBM (a run's indices are read once)
-    "s16k64st8Pa32": (16, 64, 8, 4, 1, 1, False, False, False, None, True, 32),
-    "s16k64st8Pa64": (16, 64, 8, 4, 1, 1, False, False, False, None, True, 64),
-    "s16k64st8Pa128": (16, 64, 8, 4, 1, 1, False, False, False, None, True, 128),
-    "s16k64st8Pa256": (16, 64, 8, 4, 1, 1, False, False, False, None, True, 256),
-    "s16k128st8Pa64": (16, 128, 8, 4, 1, 1, False, False, False, None, True, 64),
-    "s16k128st8Pa128": (16, 128, 8, 4, 1, 1, False, False, False, None, True, 128),
-    "s32k32st12Pa64": (32, 32, 12, 4, 1, 1, False, False, False, None, True, 64),
-    "s32k32st12Pa128": (32, 32, 12, 4, 1, 1, False, False, False, None, True, 128),
-    "s32k64st12Pa64": (32, 64, 12, 4, 1, 1, False, False, False, None, True, 64),
-    "s32k128st8Pa64": (32, 128, 8, 4, 1, 1, False, False, False, None, True, 64),
     # panels (kernels/bsmm_panel.py; fourteenth session): G output block-columns per program
     # sharing each activation tile, for b 16 / 32 at M 128-512, where the one-block-row
     # slices read the activations M / b times the weight's bytes from L2.
@@ -250,12 +237,10 @@ def variant_config(fields: tuple, block_m: int) -> (S.SmallConfig | P.PanelConfi
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)
     sub, block_k, stages, warps, *more = fields
-    defaults = [1, 1, False, False, False, block_m, False, 0]
-    splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch, idx_ahead = \
-        (list(more) + defaults[len(more):])[:8]
+    defaults = [1, 1, False, False, False, block_m, False]
+    splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch = (list(more) + defaults[len(more):])[:7]
     return S.SmallConfig(sub, block_k, own_block_m or block_m, warps, stages, splits=splits, chunks=chunks,
-                         longest_first=longest_first, swap=swap, m_inner=m_inner, prefetch=prefetch,
-                         idx_ahead=idx_ahead)
+                         longest_first=longest_first, swap=swap, m_inner=m_inner, prefetch=prefetch)
 
 
 def kernel_ms(fn, copies: int = 1) -> float:

@@ -30,7 +30,6 @@ import triton.language as tl
 
 from ._alloc import new_output
 from ._device import cached_table
-from ._l2_prefetch import l2_prefetch_on, prefetch_l2
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
@@ -45,7 +44,7 @@ def _dds_small_kernel(
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = 0, IDX_AHEAD: tl.constexpr = 0,
+    PDL: tl.constexpr = 0,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -75,9 +74,6 @@ def _dds_small_kernel(
     activation gather it feeds sits on the step's critical path; Triton's pipeliner
     streams only the weight tiles (their address needs no load, in fprop).
     PDL: the programmatic-dependent-launch mode (``tilesparse.kernels._pdl``).
-    IDX_AHEAD > 0 (with PREFETCH): each step also asks L2 for the index (and slot) tables'
-    lines IDX_AHEAD entries ahead (a prefetch hint, nothing waits on it), so the index load
-    two steps ahead hits L2 instead of waiting on HBM (``tilesparse.kernels._l2_prefetch``).
     """
     wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
@@ -136,8 +132,6 @@ def _dds_small_kernel(
                 x = x_next
                 x_next = _x_tile(a_ptr, blk_b, k_in, k_ok & (e + G < end), offs_m, m_ok, stride_am, stride_ak, B)
                 blk_b = tl.load(idx_ptr + e + 2 * G, mask=k_ok & (e + 2 * G < end), other=0).to(tl.int64)
-                if IDX_AHEAD > 0:
-                    _prefetch_tables(idx_ptr, slot_ptr, tl.minimum(e0 + IDX_AHEAD, end - 1), HAS_SLOT)
             else:
                 blk = tl.load(idx_ptr + e, mask=ok, other=0).to(tl.int64)
             if HAS_SLOT:
@@ -169,8 +163,6 @@ def _dds_small_kernel(
                 x_next = _x_tile(a_ptr, blk_b, k_in_n, (k_in_n < B) & (t + 1 < t_end), offs_m, m_ok, stride_am,
                                  stride_ak, B)
                 blk_b = tl.load(idx_ptr + (t + 2) // K_STEPS, mask=t + 2 < t_end, other=0).to(tl.int64)
-                if IDX_AHEAD > 0:
-                    _prefetch_tables(idx_ptr, slot_ptr, tl.minimum(e + IDX_AHEAD, end - 1), HAS_SLOT)
             else:
                 blk = tl.load(idx_ptr + e).to(tl.int64)
             if HAS_SLOT:
@@ -211,14 +203,6 @@ def _dds_small_kernel(
                 tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
-
-
-@triton.jit
-def _prefetch_tables(idx_ptr, slot_ptr, e, HAS_SLOT: tl.constexpr):
-    """L2 prefetch hints for entry ``e`` of the index table (and of the slot table)."""
-    prefetch_l2(idx_ptr + e)
-    if HAS_SLOT:
-        prefetch_l2(slot_ptr + e)
 
 
 @triton.jit
@@ -288,9 +272,7 @@ class SmallConfig:
     from HBM once per row tile; matters only where M > ``block_m``); ``prefetch``: each
     step's block index and activation tile loaded ahead of it (off the step's critical
     path: with the weight alone streamed by the pipeliner, each step waited on an index
-    load and the gather it feeds); ``idx_ahead`` (with ``prefetch``): entries of the index
-    tables asked into L2 ahead of the index loads (0: none), so those loads, which each
-    step waits on one step later, hit L2 rather than HBM."""
+    load and the gather it feeds)."""
 
     sub: int
     block_k: int
@@ -303,7 +285,6 @@ class SmallConfig:
     swap: bool = False
     m_inner: bool = False
     prefetch: bool = False
-    idx_ahead: int = 0
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -315,10 +296,6 @@ class SmallConfig:
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
         check_bools(self, "longest_first", "swap", "m_inner", "prefetch")
-        if (isinstance(self.idx_ahead, bool) or not isinstance(self.idx_ahead, int) or self.idx_ahead < 0
-                or (self.idx_ahead and not self.prefetch)):
-            raise ValueError(f"SmallConfig.idx_ahead must be an int >= 0, and > 0 only with prefetch=True, got "
-                             f"idx_ahead={self.idx_ahead!r}, prefetch={self.prefetch!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -455,7 +432,6 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        IDX_AHEAD=cfg.idx_ahead if l2_prefetch_on(c) else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
