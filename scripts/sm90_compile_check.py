@@ -35,6 +35,7 @@ from ptxas_report import spill_report  # noqa: E402  (this folder's)
 from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E402  (this folder's)
 
 from tilesparse.kernels import block_scatter  # noqa: E402
+from tilesparse.kernels import bsmm_gemv  # noqa: E402
 from tilesparse.kernels import bsmm_panel  # noqa: E402
 from tilesparse.kernels import bsmm_resident, bsmm_resident_columns  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
@@ -135,6 +136,24 @@ def small_cases(quick: bool):
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
                    + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
+
+
+def gemv_cases(quick: bool):
+    """The few-row FMA dds (``bsmm_gemv``): steps over several b 16 blocks and within a b 128
+    block, 1 and 8 rows, both table directions, both accumulator forms."""
+    fn = bsmm_gemv._dds_gemv_kernel
+    cases = ((16, 16, 256, 1, True, False),) if quick else (
+        (16, 16, 256, 1, True, False), (16, 16, 512, 1, False, True), (16, 16, 64, 8, True, True),
+        (32, 32, 128, 1, True, False), (128, 32, 64, 4, False, True), (128, 32, 32, 8, True, True))
+    for block, sub, block_k, m_pad, trans, reduce_each_step in cases:
+        const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, M_PAD=m_pad, TRANS_V=trans, HAS_SLOT=not trans,
+                     HAS_BIAS=True, REDUCE_EACH_STEP=reduce_each_step, stride_ak=1, stride_cn=1, PDL=0)
+        sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
+               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                   if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
+        yield (f"gemv dds b{block} sub{sub} k{block_k} M{m_pad} {'fprop' if trans else 'bprop'}"
+               + (" reduce" if reduce_each_step else ""), fn, sig, const, 4, 1, aligned)
 
 
 def panel_cases(quick: bool):
@@ -373,7 +392,7 @@ def main() -> int:
     args = parser.parse_args()
     failures = 0
     for label, fn, signature, constexprs, warps, stages, *extra in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *panel_cases(args.quick),
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *gemv_cases(args.quick), *panel_cases(args.quick),
             *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
             *ws_cases(args.quick), *ws_group_cases(args.quick), *resident_cases(args.quick), *ws_sdd_group_cases(args.quick),
