@@ -53,7 +53,8 @@
 #            adopt with measure_small_crossover.py --adopt small-prefetch-b16.json
 #   small-gemv - the FMA kernel (kernels/bsmm_gemv.py) at M 1-8 against the dispatcher's choice,
 #            every block size, density 0.5 / 0.1 (SMALL_GEMV_ARGS e.g. "--ms 2")
-#   small-gemv-b16 - the FMA kernel at b 16, M 2-4: 4 and 8 warps, 64-256-wide steps
+#   small-gemv-b16 - the FMA kernel at b 16, M 2-4: 4 and 8 warps, 32-256-wide steps
+#            (SMALL_GEMV_ARGS="--ms 1 5 8" for the other row counts)
 #   small-swap - M 32 and 64: the swapped product orientation (batch rows as the MMA's M,
 #            wgmma at M 64) against the default configs and the tuned choice
 #   small-skew - the dispatcher's own choice (--auto: chunks on skewed layouts) against whole
@@ -196,7 +197,7 @@ for step in ${STEPS:-large dtypes graph}; do
               v32k256r v32k64r v32k64 v32k128r v32k32r v64k128r ${SMALL_GEMV_ARGS:-} \
               --out "$OUT/small-gemv.json" > "$OUT/small-gemv.log" 2>&1 ;;
     small-gemv-b16) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 16 \
-              --densities 0.5 0.1 --ms 2 3 4 --auto --variants v16k128 v16k64 v16k128w8 v16k256w8 ${SMALL_GEMV_ARGS:-} \
+              --densities 0.5 0.1 --ms 2 3 4 --auto --variants v16k128 v16k64 v16k32 v16k128w8 v16k256w8 ${SMALL_GEMV_ARGS:-} \
               --out "$OUT/small-gemv-b16.json" > "$OUT/small-gemv-b16.log" 2>&1 ;;
     small-chunks) timeout "${SMALL_TIMEOUT:-200}" python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 \
               --densities 0.25 0.1 0.03 --ms 1 32 --variants s32k128st8 s32k128st8c2 s32k128st8c3 s32k128st8L \

@@ -211,6 +211,8 @@ ALL_VARIANTS = {
     "v64k128r": ("gemv", 64, 128, True, 4),
     # M 2-4 (b 16 at M 4 fprop: 84 us against the dispatcher's 80): 8 warps, shorter steps
     "v16k64": ("gemv", 16, 64, False, 4),
+    # M 5-8: 32-wide steps keep the accumulator at 71 registers (64-wide: 112, two programs' waves)
+    "v16k32": ("gemv", 16, 32, False, 4),
     "v16k128w8": ("gemv", 16, 128, False, 8),
     "v16k256w8": ("gemv", 16, 256, False, 8),
 }
