@@ -272,6 +272,14 @@ def _use_tma(cfg: KernelConfig, block_size: int, *operands) -> bool:
     return all(bsmm_tma.row_major_tma_ok(t) for t in operands if t is not None)
 
 
+def _fall_back(config, why: str, kernel: str, chosen_here: bool) -> None:
+    """None (the other kernels) for a tuned entry these operands cannot take; for the
+    caller's own config, a ValueError saying why the kernel refuses it."""
+    if not chosen_here:
+        raise ValueError(f"config={config}: the {kernel} {why}")
+    return None
+
+
 def dds(
     a: torch.Tensor,
     values: torch.Tensor,
@@ -329,15 +337,13 @@ def dds(
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
-                         "PanelConfig, WsConfig, WsGroupConfig or ResidentConfig")
+                         "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
     if isinstance(config, bsmm_resident.ResidentConfig):
         why = bsmm_resident.resident_supported(a, values, c, trans, config)
         if why is None and bsmm_resident.launch_dds_resident(a, values, c, bias, meta, block_rows, block_cols, config):
             return c
         why = why or "has no chunk table for this layout (columns out of order, or first asked for in a graph capture)"
-        if not chosen_here:
-            raise ValueError(f"config={config}: the resident-activation kernel {why}")
-        config = None  # a tuned entry these operands cannot take: the other kernels
+        config = _fall_back(config, why, "resident-activation kernel", chosen_here)
     if isinstance(config, bsmm_ws_group.WsGroupConfig):
         why = bsmm_ws_group.dds_refusal(a, values, c, meta, block_rows, block_cols, trans, config)
         if why is None and chosen_here and density < bsmm_ws_group.MIN_DENSITY:
@@ -345,25 +351,19 @@ def dds(
         if why is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, config)
             return c
-        if not chosen_here:
-            raise ValueError(f"config={config}: the grouped warp-specialized kernel {why}")
-        config = None  # a tuned entry these operands cannot take: the other kernels
+        config = _fall_back(config, why, "grouped warp-specialized kernel", chosen_here)
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:
             _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v, meta, trans)
             return c
-        if not chosen_here:
-            raise ValueError(f"config={config}: the warp-specialized kernel {why}")
-        config = None  # a tuned entry these operands cannot take (a strided view, say): the other kernels
+        config = _fall_back(config, why, "warp-specialized kernel", chosen_here)  # (a strided view, say)
     if isinstance(config, bsmm_gemv.GemvConfig):
         why = bsmm_gemv.gemv_supported(m, a.dtype)
         if why is None:
             bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
             return c
-        if not chosen_here:
-            raise ValueError(f"config={config}: the FMA kernel {why}")
-        config = None  # a tuned entry these operands cannot take: the other kernels
+        config = _fall_back(config, why, "FMA kernel", chosen_here)
     if isinstance(config, bsmm_panel.PanelConfig):
         bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
         return c
