@@ -6,8 +6,9 @@
 #   graph  - kernel time (CUDA-graph replay) on the main shape
 #   ceiling - the Triton GEMM-ceiling probe
 #   small  - the 'small' suite (batch 1..512, achieved bandwidth; SMALL_ARGS, e.g. --quick)
-#   small-a, small-b - the small suite in two steps (M 1-64, then M 128-512: the whole suite
-#            needs more than one 300 s step), merged into $OUT/small-m1-512.csv after small-b
+#   small-a, small-a2, small-b - the small suite in three steps (M 1-8, M 16-64, then M 128-512:
+#            the whole suite needs more than one 300 s step), merged into $OUT/small-m1-512.csv after small-b
+#            (from whichever of small-a / small-a2 ran in the same call)
 #   lstm   - the 'lstm' suite (BlockSparseLSTM vs cuDNN; LSTM_ARGS, e.g. "--quick --cuda-graph")
 #   attention - the 'attention' suite (vs FlexAttention and SDPA; ATTN_ARGS, e.g. --quick)
 #   attention-long - the 'attention-long' suite (S 131072 at 2-5 % of blocks: time and peak memory)
@@ -132,11 +133,12 @@ for step in ${STEPS:-large dtypes graph}; do
     small)  timeout "${SMALL_TIMEOUT:-300}" python3 -m tilesparse bench --suite small ${SMALL_ARGS:-} --out "$OUT" \
               > "$OUT/bench-small.log" 2>&1 ;;
     small-a) timeout "${SMALL_TIMEOUT:-290}" python3 -m tilesparse bench --suite small --shape 1x12288x12288 \
-              8x12288x12288 16x12288x12288 32x12288x12288 64x12288x12288 --out "$OUT/small-a" \
-              > "$OUT/bench-small-a.log" 2>&1 ;;
+              2x12288x12288 4x12288x12288 8x12288x12288 --out "$OUT/small-a" > "$OUT/bench-small-a.log" 2>&1 ;;
+    small-a2) timeout "${SMALL_TIMEOUT:-290}" python3 -m tilesparse bench --suite small --shape 16x12288x12288 \
+              32x12288x12288 64x12288x12288 --out "$OUT/small-a2" > "$OUT/bench-small-a2.log" 2>&1 ;;
     small-b) timeout "${SMALL_TIMEOUT:-290}" python3 -m tilesparse bench --suite small --shape 128x12288x12288 \
               256x12288x12288 512x12288x12288 --out "$OUT/small-b" --no-plot > "$OUT/bench-small-b.log" 2>&1
-            python3 scripts/merge_results.py "$OUT/small-m1-512.csv" "$OUT"/small-a/*-small.csv \
+            python3 scripts/merge_results.py "$OUT/small-m1-512.csv" "$OUT"/small-a*/*-small.csv \
               "$OUT"/small-b/*-small.csv >> "$OUT/bench-small-b.log" 2>&1 ;;
     lstm)   timeout "${LSTM_TIMEOUT:-300}" python3 -m tilesparse bench --suite lstm ${LSTM_ARGS:-} --out "$OUT" \
               > "$OUT/bench-lstm.log" 2>&1 ;;

@@ -84,7 +84,7 @@ def test_small_table_full_and_quick():
     assert full["graph"] is True and full["cold_l2"] is True
     assert full["dtypes"] == ["bf16"] and full["ops"] == ["fprop", "bprop"]
     assert full["blocks"] == [16, 32, 64, 128] and full["densities"] == [0.5, 0.25, 0.1, 0.03]
-    batch = [1, 8, 16, 32, 64, 128, 256, 512]
+    batch = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     assert full["shapes"] == [(m, 12288, 12288) for m in batch] + [(m, 4096, 4096) for m in batch]
 
     quick = prepare("small", quick=True)
