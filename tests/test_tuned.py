@@ -107,6 +107,24 @@ def test_the_shipped_tables_read_as_configs():
         assert int(block) in (16, 32, 64, 128)
 
 
+def test_shipped_gemv_entries_are_dds_at_rows_the_kernel_takes():
+    # the FMA kernel takes 1-8 rows of fprop / bprop: an entry elsewhere would always fall back;
+    # the H200's b 16 entries at 1-4 rows are its measured wins (thirty-fourth session)
+    from tilesparse.kernels import bsmm_gemv
+
+    tuned.reload()
+    shipped = tuned._read_shipped()
+    gemv = {k: c for k, c in shipped.items() if isinstance(c, bsmm_gemv.GemvConfig)}
+    for k in gemv:
+        _, op, _, _, m, *_ = k.split("|")
+        assert op in ("fprop", "bprop") and int(m) <= bsmm_gemv.MAX_ROWS, k
+    for op in ("fprop", "bprop"):
+        for m in (1, 2, 4):
+            for density in tuned.DENSITY_BUCKETS[:-1]:
+                assert f"nvidia-h200|{op}|bf16|16|{m}|{density:g}" in gemv
+        assert not isinstance(shipped.get(f"nvidia-h200|{op}|bf16|16|8|0.5"), bsmm_gemv.GemvConfig)
+
+
 def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
     # A CUDA device is only named here (no GPU needed): the slug is faked.
     monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
