@@ -28,7 +28,7 @@ GPU = pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
 def test_gemv_matches_the_reference(kind, trans, block_size, sub, block_k, reduce_each_step):
     layout = make_layout(kind, 3, 5, block_size)
-    config = bsmm_gemv.GemvConfig(sub, block_k, num_stages=1, reduce_each_step=reduce_each_step)
+    config = bsmm_gemv.GemvConfig(sub, block_k, reduce_each_step=reduce_each_step)
     dtype = torch.float16 if kind == "random" else torch.float32
     m = 3 if kind == "random" else 8
     out, expected = dds_against_reference(layout, dtype, trans, m, config, device="cpu")
@@ -49,7 +49,7 @@ def test_gemv_runs_of_few_steps(block_size, block_k, run, m):
     mask[2, 5] = True
     layout = BlockLayout(mask, block_size)
     for trans in (True, False):
-        config = bsmm_gemv.GemvConfig(16, block_k, num_stages=1)
+        config = bsmm_gemv.GemvConfig(16, block_k)
         out, expected = dds_against_reference(layout, torch.float32, trans, m, config, device="cpu")
         assert_close(out, expected, torch.float32, f"gemv run {run}")
 

@@ -219,8 +219,13 @@ def test_dds_and_sdd_use_a_tuned_config(monkeypatch):
 @pytest.mark.parametrize("block", [16, 32, 64, 128])
 @pytest.mark.parametrize("fp32", [False, True])
 def test_search_spaces_are_valid_configs(m, block, fp32):
-    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig, WsConfig, WsGroupConfig)
+    from tilesparse.kernels.bsmm_gemv import GemvConfig
+
+    kinds = (kernels.KernelConfig, SmallConfig, PanelConfig, WsConfig, WsGroupConfig, GemvConfig)
     dds = list(tune_mod.dds_space(m, block, fp32))
+    gemv = [c for c in dds if isinstance(c, GemvConfig)]
+    assert bool(gemv) == (m <= 8)  # the FMA kernel at 1-8 rows
+    assert all(c.sub <= max(16, block) for c in gemv)
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
     assert all(isinstance(c, kinds) for c in dds)

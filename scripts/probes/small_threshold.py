@@ -238,7 +238,7 @@ def variant_config(fields: tuple, block_m: int) -> (S.SmallConfig | P.PanelConfi
                                  columns=columns, box=box)
     if fields[0] == "gemv":
         sub, block_k, reduce_each_step, warps = fields[1:]
-        return GV.GemvConfig(sub, block_k, num_warps=warps, num_stages=1, reduce_each_step=reduce_each_step)
+        return GV.GemvConfig(sub, block_k, num_warps=warps, reduce_each_step=reduce_each_step)
     if fields[0] == "group":
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)

@@ -27,6 +27,7 @@ from ..kernels.bsmm_sdd_group import SMEM_LIMIT, SddGroupConfig
 from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
+from ..kernels.bsmm_gemv import MAX_ROWS as GEMV_MAX_ROWS, GemvConfig
 from ..kernels.bsmm_ws_group import WsGroupConfig
 from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
@@ -39,7 +40,7 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
     warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
-    several block-columns at b <= 32; the streaming kernel at small M, at M 128-512 with
+    several block-columns at b <= 32; the FMA kernel at 1-8 rows; the streaming kernel at small M, at M 128-512 with
     a slice's row tiles inner (16-bit), and at large M for b 16 in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
     if m <= 256:
@@ -61,6 +62,13 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
                     if splits == 1:
                         yield SmallConfig(sub, bk, block_m, 4, stages, swap=True, prefetch=True)
+    if m <= GEMV_MAX_ROWS:
+        # the FMA kernel (no MMA padding of the rows to 16): on the H200 the b 16 default at
+        # 1-4 rows, 128-wide steps at one row and 64-wide at 2-4 (its accumulator's registers
+        # grow with the rows: 32-wide steps for 5-8)
+        for sub, bk in ((16, 128), (16, 64), (16, 32), (32, 128), (32, 64)):
+            if sub <= tile:
+                yield GemvConfig(sub, bk)
     if not fp32 and 64 < m <= 512:
         # M 128-512: a slice's row tiles as consecutive programs (sharing it through L2),
         # 128-row programs, wider slices, runs split in 2 to fill the SMs (16-wide slices

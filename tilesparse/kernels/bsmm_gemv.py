@@ -10,8 +10,9 @@ Here each step's weight tile [SUB, BLOCK_K] (a slice of one block, or G whole bl
 side by side) is multiplied elementwise by the gathered activations [M_PAD, BLOCK_K]
 and added into an fp32 accumulator of the same shape; the reduction over k happens once,
 after the loop. Per weight element that is M_PAD FMAs, cheap next to its HBM bytes at
-M <= 8. The activations are read from global memory (L2) straight into registers; the
-weight tiles stream through Triton's software pipeline.
+M <= 8. Weight and activations are read from global memory straight into registers.
+Triton pipelines only loads that feed a dot, so the loop prefetches for itself: each
+step's tiles one step ahead, its block indices two steps ahead.
 
 Same tables, same result contract as the other dds kernels: every output written once,
 a fixed reduction order (bitwise deterministic), fp32 accumulation.
@@ -161,21 +162,20 @@ def _tiles(v_ptr, a_ptr, blk, slot, k_in, ok, offs_f, f_ok, offs_m, m_ok, stride
 class GemvConfig:
     """Launch parameters of the FMA kernel: ``sub`` output features per program (a slice
     of a block-row), ``block_k`` reduction step (past the tile side: that many lanes over
-    consecutive blocks), ``num_warps``, ``num_stages`` (the weight tiles' pipeline depth),
-    ``reduce_each_step`` (a [rows, sub] accumulator, the step's products summed over k at
-    once, instead of a [rows, sub, block_k] one summed after the loop)."""
+    consecutive blocks), ``num_warps``, ``reduce_each_step`` (a [rows, sub] accumulator,
+    the step's products summed over k at once, instead of a [rows, sub, block_k] one summed
+    after the loop). No pipeline depth: Triton's pipeliner leaves a loop without a dot
+    alone, and the kernel prefetches one step ahead itself."""
 
     sub: int
     block_k: int
     num_warps: int = 4
-    num_stages: int = 8
     reduce_each_step: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k")
-        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
-            raise ValueError(f"GemvConfig needs num_warps in 1..16 (a power of two) and num_stages >= 1, got "
-                             f"{self.num_warps!r}, {self.num_stages!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"GemvConfig.num_warps must be a power of two in 1..16, got {self.num_warps!r}")
         check_bools(self, "reduce_each_step")
 
 
@@ -203,4 +203,4 @@ def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: 
            B=b, TILE_B=tile, SUB=config.sub, BLOCK_K=config.block_k, M_PAD=next_power_of_2(m),
            TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
            REDUCE_EACH_STEP=config.reduce_each_step,
-           num_warps=config.num_warps, num_stages=config.num_stages, **pdl_options(c))
+           num_warps=config.num_warps, num_stages=1, **pdl_options(c))  # nothing for Triton's pipeliner
