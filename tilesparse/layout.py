@@ -191,9 +191,8 @@ class BlockLayout:
     def from_coords(cls, coords, block_rows: int, block_cols: int, block_size: int) -> "BlockLayout":
         """Build from (block-row, block-col) pairs. Storage order is always row-major:
         values for this layout must follow ``layout.coords``, not the input order."""
-        for name, value in (("block_rows", block_rows), ("block_cols", block_cols)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        _check_count("block_rows", block_rows)
+        _check_count("block_cols", block_cols)
         given = torch.as_tensor(coords)
         if given.numel() and (given.is_floating_point() or given.is_complex() or given.dtype == torch.bool):
             raise TypeError(f"coords must hold integer block indices, got dtype {given.dtype}")
@@ -368,12 +367,17 @@ class BlockLayout:
         )
 
 
+def _check_count(name: str, value) -> None:
+    """``value`` a non-negative int (numpy's included, bools not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
 def check_divisible(rows: int, cols: int, block_size: int) -> None:
     """rows and cols non-negative ints, block_size a positive one dividing both."""
     if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     for name, value in (("rows", rows), ("cols", cols)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        _check_count(name, value)
         if value % block_size:
             raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")

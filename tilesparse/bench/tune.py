@@ -22,12 +22,12 @@ from .. import layouts
 from ..kernels import bsmm as K
 from ..kernels import tuned
 from ..kernels._tiles import tile_for
+from ..kernels.bsmm_gemv import MAX_ROWS as GEMV_MAX_ROWS, GemvConfig
 from ..kernels.bsmm_panel import PanelConfig
 from ..kernels.bsmm_sdd_group import SMEM_LIMIT, SddGroupConfig
 from ..kernels.bsmm_sdd_tile import SddTileConfig
 from ..kernels.bsmm_small import SmallConfig, rows_per_program
 from ..kernels.bsmm_ws import WsConfig
-from ..kernels.bsmm_gemv import MAX_ROWS as GEMV_MAX_ROWS, GemvConfig
 from ..kernels.bsmm_ws_group import WsGroupConfig
 from ..kernels.bsmm_ws_sdd_group import WsSddGroupConfig
 from ..kernels.bsmm_ws_sdd_rows import WsSddRowsConfig
@@ -40,8 +40,9 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
     warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
-    several block-columns at b <= 32; the FMA kernel at 1-8 rows; the streaming kernel at small M, at M 128-512 with
-    a slice's row tiles inner (16-bit), and at large M for b 16 in 16-bit (feature-major tiles)."""
+    several block-columns at b <= 32; the FMA kernel at 1-8 rows; the streaming kernel at
+    small M, at M 128-512 with a slice's row tiles inner (16-bit), and at large M for b 16
+    in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
     if m <= 256:
         block_m = rows_per_program(m)

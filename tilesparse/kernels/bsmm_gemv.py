@@ -189,14 +189,12 @@ def gemv_supported(m: int, dtype: torch.dtype) -> str | None:
 
 
 def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: GemvConfig):
-    """C = A @ op(S) (+ bias) for 1-8 rows of A; arguments as prepared by bsmm.dds."""
+    """C = A @ op(S) (+ bias) for 1-8 rows of A (bsmm.dds has checked them:
+    :func:`gemv_supported`); arguments as prepared by bsmm.dds."""
     b = values.shape[-1]
     tile = tile_for(b)
     check_fits_tile(config, tile, "sub")
     m = a.shape[0]
-    why = gemv_supported(m, a.dtype)
-    if why is not None:
-        raise ValueError(f"config={config}: the FMA kernel {why}")
     launch(_dds_gemv_kernel, (n_out * (tile // config.sub),),
            a, values, bias if bias is not None else c, c, ptr, idx, slot if slot is not None else ptr,
            m, a.stride(0), a.stride(1), c.stride(0), c.stride(1),
