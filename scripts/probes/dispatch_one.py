@@ -1,6 +1,7 @@
 """Run the shipped choice of kernel for one product a few times, for a profiler (ncu) to
 catch: whatever the dispatcher picks (tuned entry, default or heuristic), no config
-forced. ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
+forced (``--gemv SUB,BLOCK_K,WARPS``: the FMA kernel of 1-8 rows instead, to profile a
+candidate). ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 import tilesparse as ts
 from tilesparse.bench.tune import product
+from tilesparse.kernels.bsmm_gemv import GemvConfig
 
 
 def main() -> None:
@@ -19,6 +21,8 @@ def main() -> None:
     p.add_argument("--block", type=int, default=64)
     p.add_argument("--density", type=float, default=0.25)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--gemv", default=None, metavar="SUB,BLOCK_K,WARPS",
+                   help="force the FMA kernel (fprop / bprop at 1-8 rows) with this config")
     args = p.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
     layout = ts.layouts.random(n, k, args.block, args.density, seed=0, device="cuda")
@@ -27,8 +31,12 @@ def main() -> None:
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     call = product(args.op, x, dy, values, meta, args.block, layout.block_rows, layout.block_cols)
+    cfg = None
+    if args.gemv:
+        sub, block_k, warps = (int(v) for v in args.gemv.split(","))
+        cfg = GemvConfig(sub=sub, block_k=block_k, num_warps=warps)
     for _ in range(args.repeats):
-        call()
+        call(cfg)
     torch.cuda.synchronize()
 
 
