@@ -20,8 +20,10 @@ GPU = pytest.mark.gpu
 
 @pytest.mark.parametrize("reduce_each_step", [False, True], ids=["acc3d", "reduce"])
 @pytest.mark.parametrize("block_size, sub, block_k", [(16, 16, 64), (8, 16, 64), (24, 16, 128), (32, 32, 32),
-                                                     (64, 32, 16), (128, 32, 64), (48, 16, 256)],
-                         ids=["b16-k64", "b8-k64", "b24-k128", "b32-k32", "b64-k16", "b128-k64", "b48-k256"])
+                                                     (64, 32, 16), (128, 32, 64), (48, 16, 256), (16, 8, 128),
+                                                     (24, 4, 32)],
+                         ids=["b16-k64", "b8-k64", "b24-k128", "b32-k32", "b64-k16", "b128-k64", "b48-k256",
+                              "b16-sub8-k128", "b24-sub4-k32"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("kind", LAYOUT_KINDS)
 @pytest.mark.interpreter
@@ -57,6 +59,12 @@ def test_gemv_runs_of_few_steps(block_size, block_k, run, m):
 def test_gemv_config_and_rows_are_checked():
     with pytest.raises(ValueError, match="block_k"):
         bsmm_gemv.GemvConfig(16, 48)
+    with pytest.raises(ValueError, match="block_k"):
+        bsmm_gemv.GemvConfig(16, 8)
+    with pytest.raises(ValueError, match="sub"):
+        bsmm_gemv.GemvConfig(2, 64)
+    with pytest.raises(ValueError, match="sub"):
+        bsmm_gemv.GemvConfig(12, 64)
     with pytest.raises(ValueError, match="reduce_each_step"):
         bsmm_gemv.GemvConfig(16, 64, reduce_each_step=1)
     with pytest.raises(ValueError, match="num_warps"):
@@ -77,9 +85,10 @@ def test_gemv_config_and_rows_are_checked():
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("block_size, sub, block_k, reduce_each_step",
                          [(16, 16, 128, False), (16, 16, 64, False), (16, 16, 32, False), (16, 16, 512, True),
-                          (32, 32, 128, False), (64, 32, 64, True), (128, 32, 128, True), (48, 16, 64, False)],
+                          (32, 32, 128, False), (64, 32, 64, True), (128, 32, 128, True), (48, 16, 64, False),
+                          (16, 8, 128, False), (16, 8, 64, False)],
                          ids=["b16-k128", "b16-k64", "b16-k32", "b16-k512r", "b32-k128", "b64-k64r", "b128-k128r",
-                              "b48-k64"])
+                              "b48-k64", "b16-sub8-k128", "b16-sub8-k64"])
 def test_gemv_on_the_gpu(block_size, sub, block_k, reduce_each_step, trans, m, dtype):
     layout = make_layout("empty_rows_cols", 6, 7, block_size)
     config = bsmm_gemv.GemvConfig(sub, block_k, reduce_each_step=reduce_each_step)

@@ -215,6 +215,13 @@ ALL_VARIANTS = {
     "v16k32": ("gemv", 16, 32, False, 4),
     "v16k128w8": ("gemv", 16, 128, False, 8),
     "v16k256w8": ("gemv", 16, 256, False, 8),
+    # b 16 launches only 768 programs on a 12288-wide weight (0.83 of a wave at M 8, ncu):
+    # half-block slices double the programs, each a 2 KB step at 128 wide
+    "v8k128": ("gemv", 8, 128, False, 4),
+    "v8k256": ("gemv", 8, 256, False, 4),
+    "v8k128w8": ("gemv", 8, 128, False, 8),
+    "v8k64": ("gemv", 8, 64, False, 4),
+    "v8k32": ("gemv", 8, 32, False, 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 

@@ -173,7 +173,8 @@ class GemvConfig:
     reduce_each_step: bool = False
 
     def __post_init__(self):
-        check_power_of_two(self, "sub", "block_k")
+        check_power_of_two(self, "block_k")
+        check_power_of_two(self, "sub", minimum=4)  # no dot: slices narrower than 16 are fine
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemvConfig.num_warps must be a power of two in 1..16, got {self.num_warps!r}")
         check_bools(self, "reduce_each_step")
