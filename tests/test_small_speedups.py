@@ -32,14 +32,14 @@ def test_table_is_the_generators_output_for_its_csv():
     for op in ("fprop", "bprop"):  # every block size 16-128 at M 1-512, densities 0.03-0.5
         assert sorted(H200[op]) == [16, 32, 64, 128]
         for by_m in H200[op].values():
-            assert sorted(by_m) == [1, 8, 16, 32, 64, 128, 256, 512]
+            assert sorted(by_m) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
             assert all([d for d, _ in points] == [0.03, 0.1, 0.25, 0.5] for points in by_m.values())
 
 
 BIG = dd.SMALL_MIN_WEIGHT  # weight elements at which the table applies
 
 
-@pytest.mark.parametrize("rows", [1, 8, 32, 128, 512])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8, 32, 128, 512])
 def test_measured_row_counts_read_their_own_points(rows):
     fprop, bprop = H200["fprop"][128][rows][-1][1], H200["bprop"][128][rows][-1][1]
     args = dict(rows=rows, block_size=128, density=0.5, weight_elements=BIG)
@@ -47,7 +47,7 @@ def test_measured_row_counts_read_their_own_points(rows):
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, training=True, **args) == pytest.approx(min(fprop, bprop))
 
 
-@pytest.mark.parametrize("rows, below, above", [(2, 1, 8), (5, 1, 8), (100, 64, 128), (200, 128, 256)])
+@pytest.mark.parametrize("rows, below, above", [(3, 2, 4), (5, 4, 8), (100, 64, 128), (200, 128, 256)])
 def test_rows_between_measurements_take_the_lower_of_the_two(rows, below, above):
     # the measurements need not be monotonic in M (tile shapes change between buckets)
     by_m = H200["fprop"][64]
@@ -77,6 +77,8 @@ def test_small_rows_slower_than_dense_warn_and_keep_the_kernels(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # faster than dense, or a weight too small to claim anything: silent
         assert not dd._decide("nvidia-h200", torch.bfloat16, 32, 128, 0.1, True, BIG)
+        for rows in (1, 2, 3, 4):  # b 16 at density 0.5 on the FMA kernel: faster than dense, both ways
+            assert not dd._decide("nvidia-h200", torch.bfloat16, rows, 16, 0.5, True, BIG)
         assert not dd._decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False, 1024 * 1024)
     with pytest.warns(UserWarning, match="runs as dense"):  # the large-batch rows still dispatch
         assert dd._decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True, BIG)
