@@ -10,6 +10,7 @@ cases live in ``sm90_attention_cases.py`` beside it.
     python scripts/sm90_compile_check.py            # the attention, 2:4 and small-batch kernels, all variants
     python scripts/sm90_compile_check.py --quick    # one variant of each (tests/test_sm90_codegen.py)
     python scripts/sm90_compile_check.py --spills --match "dK/dV"   # with ptxas's spill bytes per case
+    python scripts/sm90_compile_check.py --sass-loop --match gemv     # the main loop's SASS instruction mix
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402  (private: Gluon's AST source)
 
-from ptxas_report import spill_report  # noqa: E402  (this folder's)
+from ptxas_report import loop_report, spill_report  # noqa: E402  (this folder's)
 from sm90_attention_cases import attention_cases, attention_ws_cases  # noqa: E402  (this folder's)
 
 from tilesparse.kernels import block_scatter  # noqa: E402
@@ -140,12 +141,14 @@ def small_cases(quick: bool):
 
 def gemv_cases(quick: bool):
     """The few-row FMA dds (``bsmm_gemv``): steps over several b 16 blocks and within a b 128
-    block, 1 and 8 rows, both table directions, both accumulator forms."""
+    block, 1-8 rows, both table directions, both accumulator forms, the H200's shipped
+    configs (b 16: 128-wide steps and 8 warps at 1 row, 64-wide at 2-4) and half-block slices."""
     fn = bsmm_gemv._dds_gemv_kernel
-    cases = ((16, 16, 256, 1, True, False),) if quick else (
-        (16, 16, 256, 1, True, False), (16, 16, 512, 1, False, True), (16, 16, 64, 8, True, True),
-        (32, 32, 128, 1, True, False), (128, 32, 64, 4, False, True), (128, 32, 32, 8, True, True))
-    for block, sub, block_k, m_pad, trans, reduce_each_step in cases:
+    cases = ((16, 16, 256, 1, True, False, 4),) if quick else (
+        (16, 16, 256, 1, True, False, 4), (16, 16, 512, 1, False, True, 4), (16, 16, 64, 8, True, True, 4),
+        (32, 32, 128, 1, True, False, 4), (128, 32, 64, 4, False, True, 4), (128, 32, 32, 8, True, True, 4),
+        (16, 16, 128, 1, True, False, 8), (16, 16, 64, 4, False, False, 4), (16, 8, 128, 1, True, False, 4))
+    for block, sub, block_k, m_pad, trans, reduce_each_step, warps in cases:
         const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, M_PAD=m_pad, TRANS_V=trans, HAS_SLOT=not trans,
                      HAS_BIAS=True, REDUCE_EACH_STEP=reduce_each_step, stride_ak=1, stride_cn=1, PDL=0)
         sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
@@ -153,7 +156,8 @@ def gemv_cases(quick: bool):
         aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                    if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
         yield (f"gemv dds b{block} sub{sub} k{block_k} M{m_pad} {'fprop' if trans else 'bprop'}"
-               + (" reduce" if reduce_each_step else ""), fn, sig, const, 4, 1, aligned)
+               + (" reduce" if reduce_each_step else "") + (f" w{warps}" if warps != 4 else ""),
+               fn, sig, const, warps, 1, aligned)
 
 
 def panel_cases(quick: bool):
@@ -383,11 +387,22 @@ def _ptxas_log(ptx: str) -> str:
     return res.stdout + res.stderr
 
 
+def _sass(cubin: bytes) -> str:
+    """The bundled nvdisasm's listing of a compiled kernel (labels and branch targets kept)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([triton.knobs.nvidia.nvdisasm.path, "-c", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one variant of each kernel")
     parser.add_argument("--spills", action="store_true",
                         help="also run ptxas -v on each case and print its stack frame and spill bytes")
+    parser.add_argument("--sass-loop", action="store_true",
+                        help="also disassemble each case (nvdisasm) and print its longest loop's instruction mix")
     parser.add_argument("--match", default="", help="only the cases whose label contains this")
     args = parser.parse_args()
     failures = 0
@@ -435,6 +450,8 @@ def main() -> int:
                                    "cannot keep")
             if args.spills:
                 mma += ", " + spill_report(log)
+            if args.sass_loop:
+                mma += ", " + loop_report(_sass(compiled.asm["cubin"]))
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1

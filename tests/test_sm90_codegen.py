@@ -65,3 +65,29 @@ def test_spill_report_reads_ptxas_last_kernel_line():
            "ptxas info    : Used 168 registers, used 3 barriers, 80 bytes cumulative stack size\n")
     assert report.spill_report(log) == "stack 80 B, spill stores 132 B, spill loads 124 B"
     assert report.spill_report("ptxas info    : Used 32 registers\n") == "spills: no report"
+
+
+def test_loop_report_counts_the_longest_loop_of_an_nvdisasm_listing():
+    # scripts/sm90_compile_check.py --sass-loop: the span from a label to the last branch
+    # back to it; a forward branch is not a loop, and the longer of two loops is reported
+    from script_modules import load_script
+
+    report = load_script("scripts/ptxas_report.py")
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   FFMA R2, R3, R4, R2 ;
+        /*0020*/               @P0 BRA `(.L_x_0) ;
+        /*0030*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0040*/                   PRMT R5, R6, 0x7632, R5 ;
+        /*0050*/                   FFMA.FTZ R2, R3, R4, R2 ;
+        /*0060*/                   FFMA R7, R3, R4, R7 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/              @!P1 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0090*/                   EXIT ;
+"""
+    assert report.loop_report(sass) == "loop 5 instructions: FFMA 2, BAR 1, BRA 1, PRMT 1"
+    assert report.loop_report(sass, top=1) == "loop 5 instructions: FFMA 2"
+    assert report.loop_report("        /*0000*/                   EXIT ;\n") == "loop: none found"
