@@ -98,3 +98,27 @@ def test_gemv_on_the_gpu(block_size, sub, block_k, reduce_each_step, trans, m, d
     torch.manual_seed(0)
     again, _ = dds_against_reference(layout, dtype, trans, m, config)
     assert torch.equal(out, again)  # a fixed reduction order: bitwise repeatable
+
+
+@GPU
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("density", [0.5, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+def test_dispatchers_own_choice_at_few_rows(trans, m, dtype, density):
+    # no config: whatever the tuned table (on an H200, the FMA kernel at 1-4 rows, b 16,
+    # with 8 warps at one row) or the heuristic picks, with bias, against float64
+    from tilesparse import layouts
+    from tilesparse.kernels import tuned
+
+    layout = layouts.random(40 * 16, 24 * 16, 16, density, seed=m)
+    torch.manual_seed(m)
+    out, expected = dds_against_reference(layout, dtype, trans, m, None)
+    assert_close(out, expected, dtype, f"dds m{m} d{density}")
+    chosen = tuned.lookup("fprop" if trans else "bprop", dtype, 16, m, layout.nnz / (40 * 24), out.device,
+                          tuned.weight_shape(40, 24, 16))
+    if "H200" in torch.cuda.get_device_name():
+        assert isinstance(chosen, bsmm_gemv.GemvConfig) == (m <= 4), chosen
+        if m == 1:
+            assert chosen.num_warps == 8
