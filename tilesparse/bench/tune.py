@@ -65,11 +65,11 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                         yield SmallConfig(sub, bk, block_m, 4, stages, swap=True, prefetch=True)
     if m <= GEMV_MAX_ROWS:
         # the FMA kernel (no MMA padding of the rows to 16): on the H200 the b 16 default at
-        # 1-4 rows, 128-wide steps at one row and 64-wide at 2-4 (its accumulator's registers
-        # grow with the rows: 32-wide steps for 5-8)
-        for sub, bk in ((16, 128), (16, 64), (16, 32), (32, 128), (32, 64)):
+        # 1-4 rows, 128-wide steps with 8 warps at one row and 64-wide with 4 at 2-4 (slower
+        # than the MMA kernel at 5-8 rows in every config timed, 32-wide steps included)
+        for sub, bk, warps in ((16, 128, 8), (16, 128, 4), (16, 64, 4), (16, 32, 4), (32, 128, 4), (32, 64, 4)):
             if sub <= tile:
-                yield GemvConfig(sub, bk)
+                yield GemvConfig(sub, bk, warps)
     if not fp32 and 64 < m <= 512:
         # M 128-512: a slice's row tiles as consecutive programs (sharing it through L2),
         # 128-row programs, wider slices, runs split in 2 to fill the SMs (16-wide slices
