@@ -139,6 +139,18 @@ def small_cases(quick: bool):
                    const, warps, stages, aligned)
 
 
+def bf16_signature(fn, const: dict, tables: tuple[str, ...], aligned_ints: tuple[str, ...] = ("stride_am", "stride_cm")):
+    """(signature, attrs) of ``fn`` with constexprs ``const``: the index ``tables`` int32
+    pointers, every other pointer bf16, other arguments i32; the pointers and
+    ``aligned_ints`` divisible by 16, as launches with 16-byte aligned tensors and row
+    strides specialize them."""
+    sig = {name: "constexpr" if name in const else "*i32" if name in tables else "*bf16" if name.endswith("_ptr")
+           else "i32" for name in fn.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+               if name.endswith("_ptr") or name in aligned_ints}
+    return sig, aligned
+
+
 def gemv_cases(quick: bool):
     """The few-row FMA dds (``bsmm_gemv``): steps over several b 16 blocks and within a b 128
     block, 1-8 rows, both table directions, both accumulator forms, the H200's shipped
@@ -151,10 +163,7 @@ def gemv_cases(quick: bool):
     for block, sub, block_k, m_pad, trans, reduce_each_step, warps in cases:
         const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, M_PAD=m_pad, TRANS_V=trans, HAS_SLOT=not trans,
                      HAS_BIAS=True, REDUCE_EACH_STEP=reduce_each_step, stride_ak=1, stride_cn=1, PDL=0)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                   if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
+        sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr"))
         yield (f"gemv dds b{block} sub{sub} k{block_k} M{m_pad} {'fprop' if trans else 'bprop'}"
                + (" reduce" if reduce_each_step else "") + (f" w{warps}" if warps != 4 else ""),
                fn, sig, const, warps, 1, aligned)

@@ -367,16 +367,16 @@ class BlockLayout:
         )
 
 
-def _check_count(name: str, value) -> None:
-    """``value`` a non-negative int (numpy's included, bools not)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+def _check_count(name: str, value, minimum: int = 0) -> None:
+    """``value`` an int >= ``minimum`` (0 or 1; numpy's ints included, bools not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name} must be a {kind} int, got {value!r}")
 
 
 def check_divisible(rows: int, cols: int, block_size: int) -> None:
     """rows and cols non-negative ints, block_size a positive one dividing both."""
-    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    _check_count("block_size", block_size, minimum=1)
     for name, value in (("rows", rows), ("cols", cols)):
         _check_count(name, value)
         if value % block_size:

@@ -61,10 +61,7 @@ def _dds_gemv_rows_kernel(a_ptr, v_ptr, c_ptr, ptr_ptr, idx_ptr, M, stride_am, s
 
 
 def _loop(fn, const: dict) -> str:
-    sig = {name: "constexpr" if name in const else "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr")
-           else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-               if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
+    sig, aligned = check.bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr"))
     compiled = triton.compile(ASTSource(fn, sig, const, aligned), target=check.TARGET,
                               options={"num_warps": 4, "num_stages": 1})
     return loop_report(check._sass(compiled.asm["cubin"]))

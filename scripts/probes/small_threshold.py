@@ -211,12 +211,14 @@ ALL_VARIANTS = {
     "v64k128r": ("gemv", 64, 128, True, 4),
     # M 2-4 (b 16 at M 4 fprop: 84 us against the dispatcher's 80): 8 warps, shorter steps
     "v16k64": ("gemv", 16, 64, False, 4),
-    # M 5-8: 32-wide steps keep the accumulator at 71 registers (64-wide: 112, two programs' waves)
+    # M 5-8: 32-wide steps keep the accumulator at 71 registers (64-wide: 112, two programs' waves);
+    # timed in the thirty-fifth session at 102-112 us against the MMA kernel's 66-81: not adopted
     "v16k32": ("gemv", 16, 32, False, 4),
     "v16k128w8": ("gemv", 16, 128, False, 8),
     "v16k256w8": ("gemv", 16, 256, False, 8),
     # b 16 launches only 768 programs on a 12288-wide weight (0.83 of a wave at M 8, ncu):
-    # half-block slices double the programs, each a 2 KB step at 128 wide
+    # half-block slices double the programs, each a 2 KB step at 128 wide (level at M 1, slower
+    # at 2-8: not adopted)
     "v8k128": ("gemv", 8, 128, False, 4),
     "v8k256": ("gemv", 8, 256, False, 4),
     "v8k128w8": ("gemv", 8, 128, False, 8),
