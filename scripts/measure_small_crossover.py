@@ -108,7 +108,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         for name, ms in r.items():
             if name in _variants().ALL_VARIANTS:
                 try:
-                    times[name] = (_config(name, r["M"]), ms)
+                    times[name] = (_config(name, r["M"], r["block"]), ms)
                 except ValueError:  # not a valid config (e.g. splits with chunks)
                     pass
         current = next((n for n, (cfg, _) in times.items() if cfg == heuristic), None)
@@ -125,7 +125,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
             continue
         times = {n: ms for n, (_, ms) in times.items()}
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
-        entries[key] = _config(best, r["M"])
+        entries[key] = _config(best, r["M"], r["block"])
         notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
         print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
@@ -142,11 +142,11 @@ def _variants():
     return probe
 
 
-def _config(name: str, m: int):
-    """The config a variant sweep's name stood for at M rows, from the sweep's own table
-    (ALL_VARIANTS, with the sweep's own rows-per-program rule)."""
+def _config(name: str, m: int, block: int):
+    """The config a variant sweep's name stood for at M rows and block size ``block``, from
+    the sweep's own table (ALL_VARIANTS, with the sweep's own rows-per-program rule)."""
     probe = _variants()
-    return probe.variant_config(probe.ALL_VARIANTS[name], probe.variant_block_m(m))
+    return probe.variant_config(probe.ALL_VARIANTS[name], probe.variant_block_m(m), block)
 
 
 def main() -> None:

@@ -139,13 +139,14 @@ def small_cases(quick: bool):
                    const, warps, stages, aligned)
 
 
-def bf16_signature(fn, const: dict, tables: tuple[str, ...], aligned_ints: tuple[str, ...] = ("stride_am", "stride_cm")):
+def bf16_signature(fn, const: dict, tables: tuple[str, ...], aligned_ints: tuple[str, ...] = ("stride_am", "stride_cm"),
+                   fp32: tuple[str, ...] = ()):
     """(signature, attrs) of ``fn`` with constexprs ``const``: the index ``tables`` int32
-    pointers, every other pointer bf16, other arguments i32; the pointers and
-    ``aligned_ints`` divisible by 16, as launches with 16-byte aligned tensors and row
-    strides specialize them."""
-    sig = {name: "constexpr" if name in const else "*i32" if name in tables else "*bf16" if name.endswith("_ptr")
-           else "i32" for name in fn.arg_names}
+    pointers, the ``fp32`` ones fp32 (split partials), every other pointer bf16, other
+    arguments i32; the pointers and ``aligned_ints`` divisible by 16, as launches with
+    16-byte aligned tensors and row strides specialize them."""
+    sig = {name: "constexpr" if name in const else "*i32" if name in tables else "*fp32" if name in fp32
+           else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or name in aligned_ints}
     return sig, aligned
@@ -176,11 +177,19 @@ def panel_cases(quick: bool):
     cases = ((64, 8),) if quick else ((64, 1), (64, 8), (32, 8), (16, 8))
     for block_m, splits in cases:
         const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=splits, TRANS_V=True, HAS_BIAS=True, GROUP_M=8,
-                     INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1)
+                     INPUT_PRECISION="ieee", ENTRIES=1, SWAP=False, stride_ak=1, stride_cn=1)
         sig = {name: "constexpr" if name in const else "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr")
                else ("*fp32" if name == "c_ptr" and splits > 1 else "*bf16") if name.endswith("_ptr") else "i32"
                for name in fn.arg_names}
         yield f"panel dds b16 G8 M{block_m} splits {splits}", fn, sig, const, 4, 4
+    # deep steps with the features on the MMA's M side (few rows): expected wgmma, cp.async
+    deep = ((64, True, 4),) if quick else ((64, True, 4), (32, True, 4), (16, True, 4), (64, False, 4), (16, True, 8))
+    for block_m, trans_v, entries in deep:
+        const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=4, TRANS_V=trans_v, HAS_BIAS=True, GROUP_M=8,
+                     INPUT_PRECISION="ieee", ENTRIES=entries, SWAP=True, stride_ak=1, stride_cn=1)
+        sig, aligned = bf16_signature(fn, const, ("pptr_ptr", "pk_ptr", "pslots_ptr"), fp32=("c_ptr",))
+        yield (f"panel dds b16 G8 M{block_m} e{entries} swap {'fprop' if trans_v else 'bprop'}", fn, sig, const, 4, 4,
+               aligned)
 
 
 def sdd_group_cases(quick: bool):
@@ -464,7 +473,8 @@ def main() -> int:
             print(f"ok    {label}: shared memory {compiled.metadata.shared} B, {mma}")
         except Exception as exc:  # noqa: BLE001 (report every failure, then exit 1)
             failures += 1
-            print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[-1500:]}")
+            cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+            print(f"FAIL  {label}: {type(exc).__name__}: {str(exc)[-1500:]}{cause[:1500]}")
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

@@ -439,6 +439,21 @@ def test_dds_panel_kernel(layout_kind, trans, group, splits):
     check_dds(layout, a, values, bias, trans, torch.float32, bsmm_panel.PanelConfig(group, block_m=32, splits=splits))
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("entries,swap", [(2, False), (1, True), (4, True)], ids=["e2", "e1swap", "e4swap"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_dds_panel_kernel_deep_steps_and_swap(layout_kind, trans, entries, swap, splits):
+    # several union entries per step (a partial last step: 3 columns are not a multiple of
+    # 2 or 4) and the features as the MMA's M side, against float64
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout(layout_kind, 5, 3, 16)
+    a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+    cfg = bsmm_panel.PanelConfig(4, block_m=16, splits=splits, entries=entries, swap=swap)
+    check_dds(layout, a, values, bias, trans, torch.float32, cfg)
+
+
 def test_panel_tables_list_the_union_of_each_group():
     from tilesparse.kernels import bsmm_panel
 

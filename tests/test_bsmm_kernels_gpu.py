@@ -105,6 +105,26 @@ def test_dds_panel_kernel(block_size, dtype, trans, m, group, splits):
     assert_close(out, expected, dtype, "dds panel")
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("entries,swap", [(4, True), (8, True), (2, False)], ids=["e4swap", "e8swap", "e2"])
+@pytest.mark.parametrize("m", [8, 37], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
+def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entries, swap, splits):
+    # several union entries per step (the last one partial where the union's length is not
+    # a multiple), the features as the MMA's M side; rows fewer than a tile
+    from tilesparse.kernels import bsmm_panel
+
+    if entries * block_size > 256:
+        pytest.skip("reduction steps deeper than 256 are refused")
+    operands, expected = _dds_case(block_size, dtype, trans, m)
+    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=splits, entries=entries,
+                                 swap=swap)
+    out = kernels.dds(*operands, config=cfg)
+    assert_close(out, expected, dtype, "dds panel, deep steps")
+
+
 # --------------------------------------------------------------------------- feature-major tiles (large M)
 
 

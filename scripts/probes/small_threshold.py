@@ -138,6 +138,18 @@ ALL_VARIANTS = {
     "pG8m64w4st4x16": ("panel", 8, 64, 4, 4, 8, 16),
     "pG8m64w8st4x8": ("panel", 8, 64, 8, 4, 8, 8),
     "pG4m64w4st4x8": ("panel", 4, 64, 4, 4, 8, 8),
+    # deep steps and the features as the MMA's M side (thirty-sixth session):
+    # ("panel", G, block_m, warps, stages, group_m, splits, entries, swap); G is for b 16 (halved at b 32)
+    "pG8m16x4e4S": ("panel", 8, 16, 4, 4, 8, 4, 4, True),
+    "pG8m16x2e4S": ("panel", 8, 16, 4, 4, 8, 2, 4, True),
+    "pG8m16x4e8S": ("panel", 8, 16, 4, 4, 8, 4, 8, True),
+    "pG8m32x4e4S": ("panel", 8, 32, 4, 4, 8, 4, 4, True),
+    "pG8m64x4e4S": ("panel", 8, 64, 4, 4, 8, 4, 4, True),
+    "pG8m64x2e4S": ("panel", 8, 64, 4, 4, 8, 2, 4, True),
+    "pG8m64x8e4S": ("panel", 8, 64, 4, 4, 8, 8, 4, True),
+    "pG8m64w8x4e4S": ("panel", 8, 64, 8, 4, 8, 4, 4, True),
+    "pG4m64x4e4S": ("panel", 4, 64, 4, 4, 8, 4, 4, True),
+    "pG8m64x4e8S": ("panel", 8, 64, 4, 4, 8, 4, 8, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
@@ -234,10 +246,15 @@ def variant_block_m(m: int) -> int:
     return S.rows_per_program(m)
 
 
-def variant_config(fields: tuple, block_m: int) -> (S.SmallConfig | P.PanelConfig | WG.WsGroupConfig | RS.ResidentConfig
-                                                    | GV.GemvConfig):
+def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConfig | P.PanelConfig | WG.WsGroupConfig
+                                                                     | RS.ResidentConfig | GV.GemvConfig):
     """The SmallConfig (PanelConfig for a "panel" entry, WsGroupConfig for a "group" one) of
-    an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own)."""
+    an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own).
+    A deep-step panel's G and entries are b 16's: scaled to ``block`` (same features and depth)."""
+    if fields[0] == "panel" and len(fields) > 7:
+        group, own_block_m, warps, stages, group_m, splits, entries, swap = fields[1:]
+        return P.PanelConfig(max(1, group * 16 // block), own_block_m, warps, stages, group_m, splits,
+                             max(1, entries * 16 // block), swap)
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
     if fields[0] == "resident":
@@ -313,7 +330,7 @@ def main() -> None:
                     for name, fields in SMALL_VARIANTS.items():
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
-                        elif fields[0] == "panel" and (b > 32 or fields[1] * b > 128):
+                        elif fields[0] == "panel" and (b > 32 or (len(fields) <= 7 and fields[1] * b > 128)):
                             continue  # panels for small blocks, at most 128 features wide
                         elif fields[0] == "group" and (b > 64 or dt not in (torch.bfloat16, torch.float16)
                                                        or variant_config(fields, 64).accumulator_registers(b) > 128
@@ -329,7 +346,7 @@ def main() -> None:
                         elif fields[0] not in ("panel", "group", "resident", "gemv") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:
-                            cfg = variant_config(fields, variant_block_m(m))
+                            cfg = variant_config(fields, variant_block_m(m), b)
                         out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
                         err = ((out - ref).norm() / ref.norm()).item()
                         if not err < 1e-2:

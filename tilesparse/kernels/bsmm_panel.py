@@ -32,7 +32,17 @@ from ..layout import table_views
 from ._device import build_outside_graph_pools
 from ._alloc import new_output
 from ._launch import launch
-from ._tiles import cdiv, check_ints, check_power_of_two, grouped_tile
+from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile
+
+
+@triton.jit
+def _panel_dot(acc, a, panel, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += a @ panel, or its transpose acc^T += panel^T @ a^T (SWAP)."""
+    if SWAP:
+        acc = tl.dot(tl.trans(panel), tl.trans(a), acc, input_precision=INPUT_PRECISION)
+    else:
+        acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -43,12 +53,17 @@ def _dds_panel_kernel(
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    ENTRIES: tl.constexpr = 1, SWAP: tl.constexpr = False,
 ):
     """Program (m-tile, group q, split p): C[m-tile, q*G*B : (q+1)*G*B] = sum over union
     entries u of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] =
     op(V[pslots[u, g]]) (zero where pslots[u, g] < 0). SPLITS > 1: split p takes the p-th
     of SPLITS equal runs of the group's entries and stores its fp32 partial sum (no bias)
-    at c + p * split_stride; the launcher adds the partials in a fixed order."""
+    at c + p * split_stride; the launcher adds the partials in a fixed order.
+    ENTRIES > 1: each step takes ENTRIES consecutive union entries, one [ENTRIES*B, G*B]
+    panel (a deeper reduction step: b 16's 16-deep steps were the panel's limit).
+    SWAP: the step is computed as acc^T[G*B, BLOCK_M] += panel^T @ A-tile^T, the panel's
+    features as the MMA's M side, so few activation rows (16-64) fill the narrow side."""
     pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, B)
@@ -60,24 +75,64 @@ def _dds_panel_kernel(
     end = tl.load(pptr_ptr + q + 1).to(tl.int64)
     if SPLITS > 1:
         run = (end - start + SPLITS - 1) // SPLITS
+        if ENTRIES > 1:  # runs of whole steps, so only a group's last step is partial
+            run = (run + ENTRIES - 1) // ENTRIES * ENTRIES
         start = tl.minimum(start + tl.program_id(1) * run, end)
         end = tl.minimum(start + run, end)
-    acc = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
-    for u in range(start, end):
-        k = tl.load(pk_ptr + u).to(tl.int64)
-        slots = tl.load(pslots_ptr + u * G + g_of_n)  # the slot of each panel column
-        present = slots >= 0
-        base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
-        if TRANS_V:  # op(V)[k, n] = V[n, k]
-            panel_ptrs = base[None, :] + n_in_block[None, :] * B + offs_k[:, None]
-        else:
-            panel_ptrs = base[None, :] + offs_k[:, None] * B + n_in_block[None, :]
-        panel = tl.load(panel_ptrs, mask=present[None, :], other=0.0)
-        a = tl.load(
-            a_ptr + offs_m[:, None] * stride_am + (k * B + offs_k)[None, :] * stride_ak,
-            mask=m_ok[:, None], other=0.0,
-        )
-        acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
+    if SWAP:
+        acc = tl.zeros((G * B, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
+    if ENTRIES == 1:
+        for u in range(start, end):
+            k = tl.load(pk_ptr + u).to(tl.int64)
+            slots = tl.load(pslots_ptr + u * G + g_of_n)  # the slot of each panel column
+            present = slots >= 0
+            base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
+            if TRANS_V:  # op(V)[k, n] = V[n, k]
+                panel_ptrs = base[None, :] + n_in_block[None, :] * B + offs_k[:, None]
+            else:
+                panel_ptrs = base[None, :] + offs_k[:, None] * B + n_in_block[None, :]
+            panel = tl.load(panel_ptrs, mask=present[None, :], other=0.0)
+            a = tl.load(
+                a_ptr + offs_m[:, None] * stride_am + (k * B + offs_k)[None, :] * stride_ak,
+                mask=m_ok[:, None], other=0.0,
+            )
+            acc = _panel_dot(acc, a, panel, SWAP, INPUT_PRECISION)
+    else:
+        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. The tiles are
+        # loaded as 3-D with a block's contiguous axis last and the two last axes merged
+        # for the product, so the loads stay 16-byte wide and pipelined, and a slot is
+        # loaded once per block row (not once per element).
+        offs_e = tl.arange(0, ENTRIES)
+        offs_b = tl.arange(0, B)
+        offs_r = tl.arange(0, ENTRIES * B)
+        for u0 in range(start, end, ENTRIES):
+            u = u0 + offs_e
+            u_ok = u < end
+            k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
+            if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
+                ue = u0 + offs_r // B
+                slots = tl.load(pslots_ptr + u[None, :] * G + g_of_n[:, None], mask=u_ok[None, :], other=-1)  # [N, E]
+                present = slots >= 0
+                base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
+                w_ptrs = base[:, :, None] + n_in_block[:, None, None] * B + offs_b[None, None, :]
+                w = tl.load(w_ptrs, mask=present[:, :, None], other=0.0)  # absent blocks: zeros, no bytes read
+                panel = tl.trans(tl.reshape(w, (G * B, ENTRIES * B)))
+            else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
+                ue = u0 + offs_r // B
+                slots = tl.load(pslots_ptr + ue[:, None] * G + tl.arange(0, G)[None, :], mask=(ue < end)[:, None],
+                                other=-1)  # [E*B, G]
+                present = slots >= 0
+                base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
+                w_ptrs = base[:, :, None] + (offs_r % B)[:, None, None] * B + offs_b[None, None, :]
+                w = tl.load(w_ptrs, mask=present[:, :, None], other=0.0)
+                panel = tl.reshape(w, (ENTRIES * B, G * B))
+            a_ptrs = a_ptr + offs_m[:, None, None] * stride_am + (k[None, :, None] * B + offs_b[None, None, :]) * stride_ak
+            a = tl.load(a_ptrs, mask=m_ok[:, None, None] & u_ok[None, :, None], other=0.0)
+            acc = _panel_dot(acc, tl.reshape(a, (BLOCK_M, ENTRIES * B)), panel, SWAP, INPUT_PRECISION)
+    if SWAP:
+        acc = tl.trans(acc)  # [BLOCK_M, G * B], as the stores below expect
     cols = q.to(tl.int64) * (G * B) + offs_n
     col_ok = cols < n_out_cols
     if SPLITS > 1:
@@ -95,7 +150,9 @@ class PanelConfig:
     summing a run of its union entries into an fp32 workspace (summed in a fixed order):
     for few activation rows, where one program per panel walking the whole reduction
     left too few programs (b 16 at 16-64 rows: 2-11x slower than the small-batch kernel
-    without splits, docs/performance.md)."""
+    without splits, docs/performance.md). ``entries`` union entries per reduction step
+    (``entries`` * b deep); ``swap``: the panel's G * b features as the MMA's M side and
+    the activation rows as its N side (few rows)."""
 
     group: int
     block_m: int = 128
@@ -103,11 +160,14 @@ class PanelConfig:
     num_stages: int = 3
     group_m: int = 8
     splits: int = 1
+    entries: int = 1
+    swap: bool = False
 
     def __post_init__(self):
-        check_power_of_two(self, "group", minimum=1)
+        check_power_of_two(self, "group", "entries", minimum=1)
         check_power_of_two(self, "block_m")
         check_ints(self, "splits")
+        check_bools(self, "swap")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1 or self.splits < 1:
             raise ValueError(f"bad PanelConfig {self!r}: num_warps a power of two <= 16, num_stages, group_m and "
                              "splits >= 1")
@@ -163,6 +223,9 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
     if cfg.group * b > 256:
         raise ValueError(f"PanelConfig.group={cfg.group} makes panels of {cfg.group * b} columns at b = {b}; "
                          "at most 256")
+    if cfg.entries * b > 256:
+        raise ValueError(f"PanelConfig.entries={cfg.entries} makes reduction steps {cfg.entries * b} deep at b = {b}; "
+                         "at most 256")
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     m = a.shape[0]
@@ -175,7 +238,7 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ENTRIES=cfg.entries, SWAP=cfg.swap, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)
