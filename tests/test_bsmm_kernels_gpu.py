@@ -116,8 +116,9 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     # a multiple), the features as the MMA's M side; rows fewer than a tile
     from tilesparse.kernels import bsmm_panel
 
-    if entries * block_size > 256:
-        pytest.skip("reduction steps deeper than 256 are refused")
+    if entries * block_size > (128 if dtype == torch.float32 else 256):
+        pytest.skip("reduction steps deeper than 256 are refused; fp32's 256-deep steps need more shared memory "
+                    "than an H200 has")
     operands, expected = _dds_case(block_size, dtype, trans, m)
     cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=splits, entries=entries,
                                  swap=swap)

@@ -1,11 +1,13 @@
 """Run the shipped choice of kernel for one product a few times, for a profiler (ncu) to
 catch: whatever the dispatcher picks (tuned entry, default or heuristic), no config
-forced (``--gemv SUB,BLOCK_K,WARPS``: the FMA kernel of 1-8 rows instead, to profile a
-candidate). ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
+forced (``--gemv SUB,BLOCK_K,WARPS``: the FMA kernel of 1-8 rows instead; ``--variant NAME``:
+one of ``small_threshold.py``'s variants; either to profile a candidate). ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -23,6 +25,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--gemv", default=None, metavar="SUB,BLOCK_K,WARPS",
                    help="force the FMA kernel (fprop / bprop at 1-8 rows) with this config")
+    p.add_argument("--variant", default=None, help="force a variant of scripts/probes/small_threshold.py")
     args = p.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
     layout = ts.layouts.random(n, k, args.block, args.density, seed=0, device="cuda")
@@ -35,6 +38,11 @@ def main() -> None:
     if args.gemv:
         sub, block_k, warps = (int(v) for v in args.gemv.split(","))
         cfg = GemvConfig(sub=sub, block_k=block_k, num_warps=warps)
+    if args.variant:
+        spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).with_name("small_threshold.py"))
+        probe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(probe)
+        cfg = probe.variant_config(probe.ALL_VARIANTS[args.variant], probe.variant_block_m(m), args.block)
     for _ in range(args.repeats):
         call(cfg)
     torch.cuda.synchronize()
