@@ -156,6 +156,11 @@ ALL_VARIANTS = {
     "pG8m16st6x8e8S": ("panel", 8, 16, 4, 6, 8, 8, 8, True),
     "pG16m16x4e4S": ("panel", 16, 16, 4, 4, 8, 4, 4, True),
     "pG16m16w8x4e4S": ("panel", 16, 16, 8, 4, 8, 4, 4, True),
+    "pG8m16x8e8S": ("panel", 8, 16, 4, 4, 8, 8, 8, True),
+    "pG8m32x4e8S": ("panel", 8, 32, 4, 4, 8, 4, 8, True),
+    "pG8m32x8e8S": ("panel", 8, 32, 4, 4, 8, 8, 8, True),
+    "pG8m64x8e8S": ("panel", 8, 64, 4, 4, 8, 8, 8, True),
+    "pG4m16x4e8S": ("panel", 4, 16, 4, 4, 8, 4, 8, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
