@@ -46,6 +46,22 @@ def _panel_dot(acc, a, panel, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr)
 
 
 @triton.jit
+def _merge_offsets(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Offsets x [ROWS, E, B] as [ROWS, COLS = E*B], declared contiguous (and aligned) in
+    runs of B along the merged axis: the reshape drops what Triton knew of x's runs."""
+    B: tl.constexpr = x.shape[2]
+    y = tl.reshape(tl.broadcast_to(x, (ROWS, x.shape[1], B)), (ROWS, COLS))
+    return tl.max_contiguous(tl.multiple_of(y, [1, B]), [1, B])
+
+
+@triton.jit
+def _merge_mask(x, ROWS: tl.constexpr, E: tl.constexpr, B: tl.constexpr):
+    """A mask x [ROWS, E, 1] as [ROWS, E*B], declared constant in runs of B."""
+    y = tl.reshape(tl.broadcast_to(x, (ROWS, E, B)), (ROWS, E * B))
+    return tl.max_constancy(y, [1, B])
+
+
+@triton.jit
 def _dds_panel_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
     pptr_ptr, pk_ptr, pslots_ptr,
@@ -100,10 +116,11 @@ def _dds_panel_kernel(
             )
             acc = _panel_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     else:
-        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. The tiles are
-        # loaded as 3-D with a block's contiguous axis last and the two last axes merged
-        # for the product, so the loads stay 16-byte wide and pipelined, and a slot is
-        # loaded once per block row (not once per element).
+        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. A slot is
+        # loaded once per block row, its offsets broadcast over the block's contiguous
+        # axis and merged into 2-D tiles with that axis declared contiguous, so the loads
+        # stay 16-byte wide and the tiles land in the MMA's swizzled shared layout (a 3-D
+        # tile reshaped after the load left an unswizzled one: 7.6-way bank conflicts).
         offs_e = tl.arange(0, ENTRIES)
         offs_b = tl.arange(0, B)
         offs_r = tl.arange(0, ENTRIES * B)
@@ -112,25 +129,23 @@ def _dds_panel_kernel(
             u_ok = u < end
             k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
             if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
-                ue = u0 + offs_r // B
                 slots = tl.load(pslots_ptr + u[None, :] * G + g_of_n[:, None], mask=u_ok[None, :], other=-1)  # [N, E]
-                present = slots >= 0
-                base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
-                w_ptrs = base[:, :, None] + n_in_block[:, None, None] * B + offs_b[None, None, :]
-                w = tl.load(w_ptrs, mask=present[:, :, None], other=0.0)  # absent blocks: zeros, no bytes read
-                panel = tl.trans(tl.reshape(w, (G * B, ENTRIES * B)))
+                row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
+                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :], G * B, ENTRIES * B)
+                ok = _merge_mask((slots >= 0)[:, :, None], G * B, ENTRIES, B)
+                panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
             else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
                 ue = u0 + offs_r // B
                 slots = tl.load(pslots_ptr + ue[:, None] * G + tl.arange(0, G)[None, :], mask=(ue < end)[:, None],
                                 other=-1)  # [E*B, G]
-                present = slots >= 0
-                base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
-                w_ptrs = base[:, :, None] + (offs_r % B)[:, None, None] * B + offs_b[None, None, :]
-                w = tl.load(w_ptrs, mask=present[:, :, None], other=0.0)
-                panel = tl.reshape(w, (ENTRIES * B, G * B))
-            a_ptrs = a_ptr + offs_m[:, None, None] * stride_am + (k[None, :, None] * B + offs_b[None, None, :]) * stride_ak
-            a = tl.load(a_ptrs, mask=m_ok[:, None, None] & u_ok[None, :, None], other=0.0)
-            acc = _panel_dot(acc, tl.reshape(a, (BLOCK_M, ENTRIES * B)), panel, SWAP, INPUT_PRECISION)
+                row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
+                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :], ENTRIES * B, G * B)
+                ok = _merge_mask((slots >= 0)[:, :, None], ENTRIES * B, G, B)
+                panel = tl.load(v_ptr + offs, mask=ok, other=0.0)
+            a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :], 1, ENTRIES * B)
+            a_ok = _merge_mask(u_ok[None, :, None], 1, ENTRIES, B)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
+            acc = _panel_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     if SWAP:
         acc = tl.trans(acc)  # [BLOCK_M, G * B], as the stores below expect
     cols = q.to(tl.int64) * (G * B) + offs_n
