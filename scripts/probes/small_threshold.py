@@ -161,6 +161,15 @@ ALL_VARIANTS = {
     "pG8m32x8e8S": ("panel", 8, 32, 4, 4, 8, 8, 8, True),
     "pG8m64x8e8S": ("panel", 8, 64, 4, 4, 8, 8, 8, True),
     "pG4m16x4e8S": ("panel", 4, 16, 4, 4, 8, 4, 8, True),
+    # after the swizzled 2-D tiles (994902d): 64-wide panels, more splits, fewer stages, 32-deep steps
+    "pG4m16x4e4S": ("panel", 4, 16, 4, 4, 8, 4, 4, True),
+    "pG4m32x4e4S": ("panel", 4, 32, 4, 4, 8, 4, 4, True),
+    "pG4m64x8e4S": ("panel", 4, 64, 4, 4, 8, 8, 4, True),
+    "pG8m16x8e4S": ("panel", 8, 16, 4, 4, 8, 8, 4, True),
+    "pG8m32x8e4S": ("panel", 8, 32, 4, 4, 8, 8, 4, True),
+    "pG8m32st3x4e4S": ("panel", 8, 32, 4, 3, 8, 4, 4, True),
+    "pG8m64st3x4e4S": ("panel", 8, 64, 4, 3, 8, 4, 4, True),
+    "pG8m64x4e2S": ("panel", 8, 64, 4, 4, 8, 4, 2, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
