@@ -126,6 +126,61 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     assert_close(out, expected, dtype, "dds panel, deep steps")
 
 
+def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_captures():
+    # the panel tables need a host sync: a caller's config inside a capture before any call
+    # is refused with the reason; after one eager call the same config captures and replays
+    from tilesparse.kernels import bsmm_panel
+
+    operands, expected = _dds_case(16, torch.bfloat16, True, 8)
+    cfg = bsmm_panel.PanelConfig(8, block_m=16, splits=2, entries=4, swap=True)
+    torch.cuda.synchronize()
+    with pytest.raises(ValueError, match="CUDA graph is being captured"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            kernels.dds(*operands, config=cfg)
+    kernels.dds(*operands, config=cfg)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.dds(*operands, config=cfg)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert_close(out, expected, torch.bfloat16, "captured dds panel")
+
+
+def test_the_h200_table_sends_b16_half_dense_products_at_few_rows_to_the_deep_panel(monkeypatch):
+    # the shipped entries (W 12288², b 16, density 0.5: bprop at 5-64 rows, fprop at 33-64):
+    # the dispatcher runs the panel kernel; inside a capture on a layout whose panel tables
+    # are not built yet it runs another kernel rather than raising
+    from tilesparse.kernels import bsmm_panel, tuned
+
+    if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
+        pytest.skip("the entries are in the H200's table")
+    calls = []
+    real = bsmm_panel.launch_dds_panel
+    monkeypatch.setattr(bsmm_panel, "launch_dds_panel", lambda *args: calls.append(1) or real(*args))
+    layout = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=3, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    for m, trans in ((40, True), (8, False)):
+        a = torch.randn(m, 12288, device=DEVICE, dtype=torch.bfloat16)
+        reference = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans,
+                                config=kernels.dds_config(m, 16, torch.bfloat16)).float()
+        calls.clear()
+        out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
+        assert calls == [1]
+        assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+    fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device=DEVICE)
+    fresh_values = random_values(fresh, torch.bfloat16, DEVICE)
+    reference = kernels.dds(a, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, False,
+                            config=kernels.dds_config(8, 16, torch.bfloat16)).float()
+    torch.cuda.synchronize()
+    calls.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.dds(a, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, False)
+    graph.replay()
+    assert calls == []  # no panel tables for the fresh layout inside the capture: another kernel
+    assert ((captured.float() - reference).norm() / reference.norm()).item() < 1e-2
+
+
 # --------------------------------------------------------------------------- feature-major tiles (large M)
 
 

@@ -372,40 +372,6 @@ def test_column_major_short_activation_boxes_keep_the_bits(m, dtype, monkeypatch
 
 @pytest.mark.gpu
 @needs_hopper
-def test_the_h200_table_sends_b16_half_dense_fprop_at_33_to_64_rows_to_the_column_kernel(monkeypatch):
-    # the shipped entry (W 12288², b 16, density 0.5, 33-64 rows): the dispatcher runs the
-    # column-major kernel; inside a capture on a layout without chunk tables yet it falls back
-    # to another kernel rather than raising
-    from tilesparse.kernels import bsmm_resident_columns, tuned
-
-    if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
-        pytest.skip("the entry is in the H200's table")
-    calls = []
-    real = bsmm_resident_columns.launch_columns
-    monkeypatch.setattr(bsmm_resident_columns, "launch_columns", lambda *args: calls.append(1) or real(*args))
-    layout = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=3, device="cuda")
-    values = random_values(layout, torch.bfloat16, "cuda")
-    x = torch.randn(40, 12288, device="cuda", dtype=torch.bfloat16)
-    reference = kernels.dds(x, values, layout.meta, None, layout.block_rows, layout.block_cols, True,
-                            config=kernels.dds_config(40, 16, torch.bfloat16)).float()
-    out = kernels.dds(x, values, layout.meta, None, layout.block_rows, layout.block_cols, True)
-    assert calls == [1]
-    assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
-    fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device="cuda")
-    fresh_values = random_values(fresh, torch.bfloat16, "cuda")
-    reference = kernels.dds(x, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, True,
-                            config=kernels.dds_config(40, 16, torch.bfloat16)).float()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = kernels.dds(x, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, True)
-    graph.replay()
-    assert calls == [1]  # no chunk table for the fresh layout inside the capture: another kernel
-    assert ((captured.float() - reference).norm() / reference.norm()).item() < 1e-2
-
-
-@pytest.mark.gpu
-@needs_hopper
 def test_column_major_refuses_boxes_past_tma_rows():
     layout = make_layout("random", 4, 4, 64)
     values = random_values(layout, torch.bfloat16, "cuda")

@@ -271,8 +271,12 @@ def dds(
             return c
         config = _fall_back(config, why, "FMA kernel", chosen_here)
     if isinstance(config, bsmm_panel.PanelConfig):
-        bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, config)
-        return c
+        why = bsmm_panel.panel_refusal(meta, block_rows, block_cols, trans, b, config)
+        if why is None:
+            bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision,
+                                        config)
+            return c
+        config = _fall_back(config, why, "panel kernel", chosen_here)
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
         small_cfg = config or bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
         if chosen_here and small_cfg.chunks == 1 and small_cfg.splits == 1:

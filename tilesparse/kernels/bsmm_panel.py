@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..layout import table_views
-from ._device import build_outside_graph_pools
+from ._device import cached_table
 from ._alloc import new_output
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile
@@ -193,20 +193,36 @@ def panel_supported(block_size: int) -> bool:
     return block_size >= 16 and block_size & (block_size - 1) == 0
 
 
+_TABLES = "_tilesparse_panel_tables"
+
+
 def panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int):
     """(pptr [Q+1], pk [U], pslots [U, G]) int32 for output block-columns grouped G at a
     time: group q's union entries are pptr[q]:pptr[q+1], each naming a reduction block
     pk[u] and the storage slots of the G blocks (reduction block, output column), -1 for
     an absent block. trans=True (fprop) groups block-rows of S; trans=False groups
-    block-columns. Built on meta's device and remembered on ``meta`` (the nonzero() syncs
-    once: not under CUDA-graph capture)."""
-    cache = meta.__dict__.setdefault("_tilesparse_panel_tables", {})
-    key = (block_rows, block_cols, trans, group)
-    if key not in cache:
-        # built outside CUDA graphs' private pools and complete before any stream reads it
-        cache[key] = build_outside_graph_pools(meta.device, lambda: _build_panel_tables(
-            meta, block_rows, block_cols, trans, group))
-    return cache[key]
+    block-columns. Built on meta's device and remembered on ``meta``; the build's
+    nonzero() syncs, so during a CUDA-graph capture tables not built before are None."""
+    return cached_table(meta, _TABLES, (block_rows, block_cols, trans, group),
+                        lambda: _build_panel_tables(meta, block_rows, block_cols, trans, group),
+                        build_while_capturing=False)
+
+
+def panel_refusal(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, block: int,
+                  cfg: PanelConfig) -> str | None:
+    """Why the panel kernel cannot run this call (block size, panel width or step depth
+    past what it tiles, or its tables first asked for during a CUDA-graph capture), or None."""
+    if not panel_supported(block):
+        return f"needs a power-of-two block size >= 16, got {block}"
+    if cfg.group * block > 256:
+        return f"makes panels of {cfg.group * block} columns at b = {block} (group={cfg.group}); at most 256"
+    if cfg.entries * block > 256:
+        return f"makes reduction steps {cfg.entries * block} deep at b = {block} (entries={cfg.entries}); at most 256"
+    if (meta.is_cuda and torch.cuda.is_current_stream_capturing()
+            and (block_rows, block_cols, trans, cfg.group) not in meta.__dict__.get(_TABLES, {})):
+        return ("builds its tables with a host sync, not allowed while a CUDA graph is being captured: "
+                "call it once before capturing")
+    return None
 
 
 def _build_panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, trans: bool, group: int):
@@ -233,14 +249,9 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
     """C = A @ op(S) (+ bias) with the panel kernel; ``trans`` picks the grouping (fprop
     groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds)."""
     b = values.shape[-1]
-    if not panel_supported(b):
-        raise ValueError(f"the panel kernel needs a power-of-two block size >= 16, got {b}")
-    if cfg.group * b > 256:
-        raise ValueError(f"PanelConfig.group={cfg.group} makes panels of {cfg.group * b} columns at b = {b}; "
-                         "at most 256")
-    if cfg.entries * b > 256:
-        raise ValueError(f"PanelConfig.entries={cfg.entries} makes reduction steps {cfg.entries * b} deep at b = {b}; "
-                         "at most 256")
+    why = panel_refusal(meta, block_rows, block_cols, trans, b, cfg)
+    if why is not None:
+        raise ValueError(f"config={cfg}: the panel kernel {why}")
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     m = a.shape[0]
