@@ -225,6 +225,9 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     dds = list(tune_mod.dds_space(m, block, fp32))
     gemv = [c for c in dds if isinstance(c, GemvConfig)]
     assert bool(gemv) == (m <= 8)  # the FMA kernel at 1-8 rows
+    deep = [c for c in dds if isinstance(c, PanelConfig) and c.swap]  # deep panels: b 16, 16-bit, <= 64 rows
+    assert bool(deep) == (block == 16 and m <= 64 and not fp32)
+    assert all(c.entries * block <= 256 and c.group * block <= 256 and c.block_m >= 16 for c in deep)
     assert all(c.sub <= max(16, block) for c in gemv)
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd
