@@ -63,6 +63,12 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
                     if splits == 1:
                         yield SmallConfig(sub, bk, block_m, 4, stages, swap=True, prefetch=True)
+    if tile == 16 and m <= 64 and not fp32:
+        # deep panels: 128 / 64 output features per program sharing each activation tile,
+        # 64-deep steps (zeros for absent blocks), features as the MMA's M side; on the
+        # H200 1.1-1.7x the small kernel at 8-64 rows, density 0.25-0.5 (docs/performance.md)
+        for group in (8, 4):
+            yield PanelConfig(group, rows_per_program(m), 4, 3, splits=4, entries=4, swap=True)
     if m <= GEMV_MAX_ROWS:
         # the FMA kernel (no MMA padding of the rows to 16): on the H200 the b 16 default at
         # 1-4 rows, 128-wide steps with 8 warps at one row and 64-wide with 4 at 2-4 (slower
@@ -92,12 +98,6 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                 yield K.KernelConfig(bm, bk, warps, stages, tma=tma)
         return
     if tile <= 16 and m > 256:  # 16-bit only (fp32 returned above)
-        if tile == 16 and m <= 64 and not fp32:
-            # deep panels: 128 / 64 output features per program sharing each activation tile,
-            # 64-deep steps (zeros for absent blocks), features as the MMA's M side; on the
-            # H200 1.1-1.7x the small kernel at 8-64 rows, density 0.25-0.5 (docs/performance.md)
-            for group in (8, 4):
-                yield PanelConfig(group, block_m, 4, 3, splits=4, entries=4, swap=True)
         # feature-major tiles: the streaming kernel with a W slice as the MMA's M side and
         # 128-256 activation rows as its N side (each W slice read serves N >> b columns);
         # on the H200 1.02-1.14x at b 16, 0.87-1.01x at b 64 / 32 (...-feature-major.log)
