@@ -170,6 +170,10 @@ ALL_VARIANTS = {
     "pG8m32st3x4e4S": ("panel", 8, 32, 4, 3, 8, 4, 4, True),
     "pG8m64st3x4e4S": ("panel", 8, 64, 4, 3, 8, 4, 4, True),
     "pG8m64x4e2S": ("panel", 8, 64, 4, 4, 8, 4, 2, True),
+    # longer runs of one block-row per step in fprop (4 rows x 8 entries, 128-deep)
+    "pG4m32x4e8S": ("panel", 4, 32, 4, 4, 8, 4, 8, True),
+    "pG4m64x4e8S": ("panel", 4, 64, 4, 4, 8, 4, 8, True),
+    "pG4m16x8e8S": ("panel", 4, 16, 4, 4, 8, 8, 8, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
