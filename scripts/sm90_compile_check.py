@@ -117,36 +117,32 @@ def small_cases(quick: bool):
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl)
-            sig = {}
-            for name in fn.arg_names:
-                if name in const:
-                    sig[name] = "constexpr"
-                elif name in ("ptr_ptr", "idx_ptr", "slot_ptr", "sem_ptr", "order_ptr"):
-                    sig[name] = "*i32"
-                elif name == "ws_ptr":
-                    sig[name] = "*fp32"
-                else:
-                    sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it), and
             # the row strides multiples of 16, as at every width the suites run (K, N = 4096-12288):
             # without the strides' divisibility the activation gather compiles to eight 2-byte loads
             # per thread and step instead of one 16-byte load (b 16 with prefetch: 520 lines of
             # SASS instead of 320), which is not what runs
-            aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                       if name.endswith("_ptr") or name in ("stride_am", "stride_cm")}
+            sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr", "sem_ptr", "order_ptr"),
+                                          fp32=("ws_ptr",))
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
                    + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
 
+def signature(fn, const: dict, int32: tuple[str, ...] = (), fp32: tuple[str, ...] = (), dtype: str = "bf16") -> dict:
+    """The argument types of ``fn`` with constexprs ``const``: the ``int32`` pointers (index
+    tables, counters) int32, the ``fp32`` ones fp32 (split partials, workspaces), every other
+    pointer ``dtype``, other arguments i32."""
+    return {name: "constexpr" if name in const else "*i32" if name in int32 else "*fp32" if name in fp32
+            else f"*{dtype}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+
+
 def bf16_signature(fn, const: dict, tables: tuple[str, ...], aligned_ints: tuple[str, ...] = ("stride_am", "stride_cm"),
                    fp32: tuple[str, ...] = ()):
-    """(signature, attrs) of ``fn`` with constexprs ``const``: the index ``tables`` int32
-    pointers, the ``fp32`` ones fp32 (split partials), every other pointer bf16, other
-    arguments i32; the pointers and ``aligned_ints`` divisible by 16, as launches with
-    16-byte aligned tensors and row strides specialize them."""
-    sig = {name: "constexpr" if name in const else "*i32" if name in tables else "*fp32" if name in fp32
-           else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+    """(signature, attrs) of ``fn`` with constexprs ``const``: :func:`signature` with the
+    index ``tables`` int32 and the rest bf16; the pointers and ``aligned_ints`` divisible
+    by 16, as launches with 16-byte aligned tensors and row strides specialize them."""
+    sig = signature(fn, const, tables, fp32)
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or name in aligned_ints}
     return sig, aligned
@@ -178,9 +174,7 @@ def panel_cases(quick: bool):
     for block_m, splits in cases:
         const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=splits, TRANS_V=True, HAS_BIAS=True, GROUP_M=8,
                      INPUT_PRECISION="ieee", ENTRIES=1, SWAP=False, stride_ak=1, stride_cn=1)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr")
-               else ("*fp32" if name == "c_ptr" and splits > 1 else "*bf16") if name.endswith("_ptr") else "i32"
-               for name in fn.arg_names}
+        sig = signature(fn, const, ("pptr_ptr", "pk_ptr", "pslots_ptr"), ("c_ptr",) if splits > 1 else ())
         yield f"panel dds b16 G8 M{block_m} splits {splits}", fn, sig, const, 4, 4
     # deep steps with the features on the MMA's M side (few rows): expected wgmma, cp.async
     deep = ((64, True, 4),) if quick else ((64, True, 4), (32, True, 4), (16, True, 4), (64, False, 4), (16, True, 8))
@@ -204,16 +198,8 @@ def sdd_group_cases(quick: bool):
     for block, group, swap, warps, stages in cases:
         const = dict(B=block, TILE_B=max(16, block), GROUP=group, BLOCK_M=64, SWAP=swap, INPUT_PRECISION="ieee",
                      stride_ar=1, stride_bc=1)
-        sig = {}
-        for name in fn.arg_names:
-            if name in const:
-                sig[name] = "constexpr"
-            elif name in ("starts_ptr", "row_ptr_ptr", "row_of_ptr", "cols_ptr"):
-                sig[name] = "*i32"
-            else:
-                sig[name] = "*bf16" if name.endswith("_ptr") else "i32"
-        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                   if name.endswith("_ptr") or name in ("M", "m_per_split", "stride_am", "stride_bm")}
+        sig, aligned = bf16_signature(fn, const, ("starts_ptr", "row_ptr_ptr", "row_of_ptr", "cols_ptr"),
+                                      ("M", "m_per_split", "stride_am", "stride_bm"))
         yield f"sdd group b{block} G{group} swap={swap}", fn, sig, const, warps, stages, aligned
 
 
@@ -230,10 +216,7 @@ def sdd_tile_cases(quick: bool):
     for kernel, block, rows, cols, block_m, warps, stages in cases:
         const = dict(B=block, TILE_R=rows, TILE_C=cols, BLOCK_M=block_m, INPUT_PRECISION="ieee",
                      stride_ar=1, stride_bc=1)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("slots_ptr", "order_ptr")
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in kernel.arg_names}
-        aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-                   if name.endswith("_ptr") or name in ("M", "stride_am", "stride_bm")}
+        sig, aligned = bf16_signature(kernel, const, ("slots_ptr", "order_ptr"), ("M", "stride_am", "stride_bm"))
         name = "persistent " if kernel is persistent else ""
         yield f"sdd tile {name}b{block} {rows}x{cols} m{block_m}", kernel, sig, const, warps, stages, aligned
 
@@ -262,9 +245,7 @@ def ws_cases(quick: bool):
                      HAS_BIAS=True, GROUP_M=8, LOAD_REGS=cfg.load_regs, PINGPONG=pingpong, MMA_REGS=cfg.mma_regs,
                      SCHEDULED=balanced, a_layout=lay.a, v_layout=lay.v,
                      c_layout=lay.c, num_warps=warps)
-        sig = {name: "constexpr" if name in const else
-               "*i32" if name in ("ptr_ptr", "idx_ptr", "slot_ptr", "sched_ptr")
-               else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        sig = signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr", "sched_ptr"), dtype=dt)
         suffix = ("" if dt == "bf16" else f" {dt}") + (" balanced" if balanced else "")
         yield (f"ws dds b{block} m{block_m} w{warps} {'fprop' if trans else 'bprop'} pingpong={pingpong}{suffix}", fn,
                sig, const, warps, stages, None, GluonASTSource)
@@ -273,8 +254,7 @@ def ws_cases(quick: bool):
         lay_ab, lay_out = bsmm_ws_sdd._sdd_layouts(block_m, block, torch.bfloat16)
         const = dict(B=block, BLOCK_M=block_m, STAGES=stages, LOAD_REGS=40, ab_layout=lay_ab, out_layout=lay_out,
                      num_warps=warps)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("rows_ptr", "cols_ptr")
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in sdd.arg_names}
+        sig = signature(sdd, const, ("rows_ptr", "cols_ptr"))
         yield f"ws sdd b{block} m{block_m} w{warps}", sdd, sig, const, warps, stages, None, GluonASTSource
 
 
@@ -300,9 +280,7 @@ def ws_group_cases(quick: bool):
         const = dict(B=block, G=group, BLOCK_M=cfg.block_m, STAGES=stages, TRANS_V=trans, HAS_BIAS=True, GROUP_M=8,
                      LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs, A_REGS=a_regs, E=entries, a_layout=lay.a,
                      v_layout=lay.v, c_layout=lay.c, num_warps=4)
-        sig = {name: "constexpr" if name in const else
-               "*i32" if name in ("pptr_ptr", "pk_ptr", "pslots_ptr", "pmask_ptr")
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        sig = signature(fn, const, ("pptr_ptr", "pk_ptr", "pslots_ptr", "pmask_ptr"))
         yield (f"ws group dds b{block} G{group} st{stages} {'fprop' if trans else 'bprop'} "
                f"a_from_registers={a_regs} entries_per_stage={entries}", fn, sig, const, 4, stages, None,
                GluonASTSource)
@@ -320,8 +298,7 @@ def ws_sdd_group_cases(quick: bool):
         lay_in, lay_out = bsmm_ws_sdd._sdd_layouts(block_k, 64, torch.bfloat16)
         const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, GROUP_M=8, LOAD_REGS=cfg.load_regs,
                      MMA_REGS=cfg.mma_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
-        sig = {name: "constexpr" if name in const else "*i32" if name == "slots_ptr"
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        sig = signature(fn, const, ("slots_ptr",))
         yield f"ws group sdd b64 G{group} k{block_k} st{stages} overlap={overlap}", fn, sig, const, 4, stages, None, GluonASTSource
 
 
@@ -338,8 +315,7 @@ def ws_sdd_rows_cases(quick: bool):
         lay_in, lay_out = bsmm_ws_sdd._sdd_layouts(block_k, 64, torch.bfloat16)
         const = dict(B=64, G=group, BLOCK_K=block_k, STAGES=stages, LOAD_REGS=cfg.load_regs, MMA_REGS=cfg.mma_regs,
                      A_REGS=a_regs, OVERLAP=overlap, in_layout=lay_in, out_layout=lay_out, num_warps=4)
-        sig = {name: "constexpr" if name in const else "*i32" if name in ("units_ptr", "row_ptr_ptr", "row_cols_ptr")
-               else "*bf16" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+        sig = signature(fn, const, ("units_ptr", "row_ptr_ptr", "row_cols_ptr"))
         yield (f"ws group sdd rows b64 G{group} k{block_k} st{stages} a_from_registers={a_regs} overlap={overlap}",
                fn, sig, const, 4, stages, None, GluonASTSource)
 
@@ -348,10 +324,8 @@ def _resident_signature(fn, const: dict, split: bool, dt: str) -> dict:
     """The argument types of a resident kernel (both variants share their arguments): int32
     tables and semaphores, an fp32 workspace with splits (an int32 stand-in without), ``dt``
     operands."""
-    return {name: "constexpr" if name in const else
-            "*i32" if name in ("sem_ptr", "first_ptr", "mask_ptr") or (name == "ws_ptr" and not split)
-            else "*fp32" if name == "ws_ptr"
-            else f"*{dt}" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+    return signature(fn, const, ("sem_ptr", "first_ptr", "mask_ptr") + (() if split else ("ws_ptr",)),
+                     ("ws_ptr",) if split else (), dt)
 
 
 def resident_cases(quick: bool):
@@ -424,7 +398,7 @@ def main() -> int:
     parser.add_argument("--match", default="", help="only the cases whose label contains this")
     args = parser.parse_args()
     failures = 0
-    for label, fn, signature, constexprs, warps, stages, *extra in (
+    for label, fn, sig, constexprs, warps, stages, *extra in (
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *gemv_cases(args.quick), *panel_cases(args.quick),
             *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
@@ -436,7 +410,7 @@ def main() -> int:
         try:
             attrs = extra[0] if extra else None
             source_kind = extra[1] if len(extra) > 1 else ASTSource
-            source = source_kind(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            source = source_kind(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=TARGET, options={"num_warps": warps, "num_stages": stages})
             ptx = compiled.asm["ptx"]
             mma = f"wgmma {ptx.count('wgmma.mma_async')}, mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async')}"

@@ -454,6 +454,41 @@ def test_dds_panel_kernel_deep_steps_and_swap(layout_kind, trans, entries, swap,
     check_dds(layout, a, values, bias, trans, torch.float32, cfg)
 
 
+@pytest.mark.parametrize("cfg, pattern", [
+    (lambda P: P(32), "panels of 512 columns"),
+    (lambda P: P(2, entries=32), "reduction steps 512 deep"),
+], ids=["too-wide", "too-deep"])
+def test_panel_kernel_refuses_tiles_past_256_by_name(cfg, pattern):
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout("random", 2, 2, 16)
+    a, values, _ = dds_inputs(layout, 4, torch.float32, True, False)
+    with pytest.raises(ValueError, match=pattern):
+        run_dds(layout, a, values, None, True, cfg(bsmm_panel.PanelConfig))
+
+
+@pytest.mark.parametrize("kwargs, field", [({"entries": 3}, "entries"), ({"swap": 1}, "swap"),
+                                           ({"splits": 0}, "splits")])
+def test_panel_config_validates_its_fields(kwargs, field):
+    from tilesparse.kernels import bsmm_panel
+
+    with pytest.raises(ValueError, match=field):
+        bsmm_panel.PanelConfig(2, **kwargs)
+
+
+def test_a_tuned_panel_entry_the_kernel_refuses_runs_another_kernel(monkeypatch):
+    # a tuned entry is the dispatcher's choice, not the caller's: a refusal falls back
+    from tilesparse.kernels import bsmm_panel, tuned
+
+    monkeypatch.setattr(tuned, "lookup", lambda *args, **kwargs: bsmm_panel.PanelConfig(2, entries=32, swap=True))
+    launched = []
+    monkeypatch.setattr(bsmm_panel, "launch_dds_panel", lambda *args: launched.append(args))
+    layout = make_layout("random", 3, 4, 16)
+    a, values, bias = dds_inputs(layout, 9, torch.float32, True, True)
+    check_dds(layout, a, values, bias, True, torch.float32, None)
+    assert launched == []
+
+
 def test_panel_tables_list_the_union_of_each_group():
     from tilesparse.kernels import bsmm_panel
 

@@ -116,14 +116,23 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     # a multiple), the features as the MMA's M side; rows fewer than a tile
     from tilesparse.kernels import bsmm_panel
 
-    if entries * block_size > (128 if dtype == torch.float32 else 256):
-        pytest.skip("reduction steps deeper than 256 are refused; fp32's 256-deep steps need more shared memory "
-                    "than an H200 has")
+    if dtype == torch.float32 and entries * block_size > 128:
+        pytest.skip("fp32's 256-deep steps need more shared memory than an H200 has (the fallback test covers it)")
     operands, expected = _dds_case(block_size, dtype, trans, m)
     cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=splits, entries=entries,
                                  swap=swap)
     out = kernels.dds(*operands, config=cfg)
     assert_close(out, expected, dtype, "dds panel, deep steps")
+
+
+def test_panel_config_past_the_shared_memory_is_refused_by_name():
+    # a config whose tiles do not fit (fp32, b 32, 256-deep steps: ~300 KB) names the reason
+    # instead of Triton's launch error; a tuned entry like it would run another kernel
+    from tilesparse.kernels import bsmm_panel
+
+    operands, _ = _dds_case(32, torch.float32, True, 37)
+    with pytest.raises(ValueError, match="more shared memory than this GPU has"):
+        kernels.dds(*operands, config=bsmm_panel.PanelConfig(4, block_m=64, entries=8, swap=True))
 
 
 def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_captures():

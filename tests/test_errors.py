@@ -289,6 +289,35 @@ def test_attention_layout_builder_errors(call, pattern):
         call(attention_layouts)
 
 
+def test_counts_take_numpy_ints_and_store_python_ints():
+    # one count check (tilesparse/_counts.py) at the layout, layout-generator, module and
+    # attention-layout entry points: numpy's integers are counts, bools and floats are not
+    import numpy as np
+
+    from tilesparse.attention import layouts as attention_layouts
+
+    linear = tilesparse.nn.BlockSparseLinear(np.int64(32), np.int32(64), block_size=np.int64(16), density=0.5)
+    assert (linear.in_features, linear.out_features) == (32, 64)
+    assert all(type(v) is int for v in (linear.in_features, linear.out_features))
+    block = tilesparse.BlockLayout(torch.eye(2, dtype=torch.bool), np.int64(16))
+    assert type(block.block_size) is int
+    assert tilesparse.layouts.random(64, 64, np.int64(16), 0.5, seed=0).block_size == 16
+    assert torch.equal(tilesparse.BlockLayout.from_coords([[0, 1]], np.int64(2), np.int64(2), 16).mask,
+                       torch.tensor([[False, True], [False, False]]))
+    assert torch.equal(attention_layouts.longformer(256, 64, window=64, global_tokens=np.int64(2)).mask,
+                       attention_layouts.longformer(256, 64, window=64, global_tokens=2).mask)
+    layout = attention_layouts.local(np.int64(256), np.int64(64), np.int64(64))
+    assert type(layout.block_size) is int and type(layout.seq_len) is int
+    assert torch.equal(layout.mask, attention_layouts.local(256, 64, 64).mask)
+    assert torch.equal(attention_layouts.bigbird(256, 64, window_blocks=np.int64(3), seed=np.int64(1)).mask,
+                       attention_layouts.bigbird(256, 64, window_blocks=3, seed=1).mask)
+    for bad in (True, 16.0, -16):
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            tilesparse.nn.BlockSparseLinear(32, 64, block_size=bad, density=0.5)
+    with pytest.raises(ValueError, match=r"window must be a non-negative int, got 2\.0"):
+        attention_layouts.longformer(256, 64, window=2.0)
+
+
 def test_longformer_takes_numpy_and_tensor_token_indices():
     import numpy as np
 

@@ -15,10 +15,11 @@ column table ``A @ S``.
 from __future__ import annotations
 
 import numbers
-
 from dataclasses import dataclass
 
 import torch
+
+from ._counts import check_count
 
 __all__ = ["BlockLayout", "LayoutTables", "split_meta", "table_views", "meta_numel", "coords_with_nnz", "longest_runs",
            "block_counts"]
@@ -178,10 +179,8 @@ class BlockLayout:
         if mask.dim() != 2:
             raise ValueError(f"mask must be 2-D [block_rows, block_cols], got shape {tuple(mask.shape)}")
         check_mask_values(mask)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.mask = mask.to(torch.bool).contiguous()
-        self.block_size = block_size
+        self.block_size = check_count("block_size", block_size, 1)
         self._meta_by_device: dict[torch.device, torch.Tensor] = {}
         self._coords: torch.Tensor | None = None
         self._nnz: int | None = None
@@ -191,8 +190,8 @@ class BlockLayout:
     def from_coords(cls, coords, block_rows: int, block_cols: int, block_size: int) -> "BlockLayout":
         """Build from (block-row, block-col) pairs. Storage order is always row-major:
         values for this layout must follow ``layout.coords``, not the input order."""
-        _check_count("block_rows", block_rows)
-        _check_count("block_cols", block_cols)
+        block_rows = check_count("block_rows", block_rows)
+        block_cols = check_count("block_cols", block_cols)
         given = torch.as_tensor(coords)
         if given.numel() and (given.is_floating_point() or given.is_complex() or given.dtype == torch.bool):
             raise TypeError(f"coords must hold integer block indices, got dtype {given.dtype}")
@@ -224,8 +223,9 @@ class BlockLayout:
         past the weight's blocks); ``runs`` is trusted."""
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be bool, got {mask.dtype}")
-        if isinstance(nnz, bool) or not isinstance(nnz, int) or not 0 <= nnz <= mask.numel():
+        if isinstance(nnz, bool) or not isinstance(nnz, numbers.Integral) or not 0 <= nnz <= mask.numel():
             raise ValueError(f"nnz must be an int in [0, {mask.numel()}], got {nnz!r}")
+        nnz = int(nnz)
         torch._assert_async(mask.sum() == nnz, f"from_mask_with_nnz: the mask does not hold nnz={nnz} blocks")
         layout = cls(mask, block_size)
         coords = coords_with_nnz(layout.mask, nnz)
@@ -367,17 +367,10 @@ class BlockLayout:
         )
 
 
-def _check_count(name: str, value, minimum: int = 0) -> None:
-    """``value`` an int >= ``minimum`` (0 or 1; numpy's ints included, bools not)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        kind = "positive" if minimum == 1 else "non-negative"
-        raise ValueError(f"{name} must be a {kind} int, got {value!r}")
-
-
 def check_divisible(rows: int, cols: int, block_size: int) -> None:
     """rows and cols non-negative ints, block_size a positive one dividing both."""
-    _check_count("block_size", block_size, minimum=1)
+    check_count("block_size", block_size, minimum=1)
     for name, value in (("rows", rows), ("cols", cols)):
-        _check_count(name, value)
+        check_count(name, value)
         if value % block_size:
             raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")

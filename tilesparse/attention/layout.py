@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .._counts import check_count
 from ..layout import cache_device, check_mask_values
 
 __all__ = ["AttentionLayout", "attention_table_views", "attention_meta_nnz"]
@@ -79,12 +80,10 @@ class AttentionLayout:
             raise ValueError(f"mask must be [H, nb, nb] or [nb, nb] (square per head), got shape "
                              f"{tuple(mask.shape)}")
         check_mask_values(mask)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        block_size = check_count("block_size", block_size, 1)
         nb = mask.shape[-1]
         if seq_len is not None:
-            if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-                raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+            seq_len = check_count("seq_len", seq_len, 1)
             if -(-seq_len // block_size) != nb:
                 raise ValueError(f"mask has {nb} blocks per side but seq_len={seq_len} with "
                                  f"block_size={block_size} needs ceil(S/b)={-(-seq_len // block_size)}")

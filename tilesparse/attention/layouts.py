@@ -12,10 +12,12 @@ reproducible on every machine (a CPU ``torch.Generator``).
 from __future__ import annotations
 
 import operator
+import numbers
 from typing import Iterable
 
 import torch
 
+from .._counts import check_count
 from .layout import AttentionLayout
 
 __all__ = ["causal", "local", "strided", "fixed", "bigbird", "longformer", "random",
@@ -23,19 +25,14 @@ __all__ = ["causal", "local", "strided", "fixed", "bigbird", "longformer", "rand
 
 
 def _check(S: int, b: int) -> int:
-    for name, value in (("S", S), ("b", b)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return -(-S // b)
+    return -(-check_count("S", S, 1) // check_count("b", b, 1))
 
 
 def _check_heads(num_heads) -> int:
     """How many patterns to draw: 1 for None (shared), else a positive int."""
     if num_heads is None:
         return 1
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads must be a positive int or None, got {num_heads!r}")
-    return num_heads
+    return check_count("num_heads", num_heads, 1, or_none=True)
 
 
 def _block_ranges(S: int, b: int):
@@ -57,8 +54,7 @@ def local(S: int, b: int, window: int, *, causal: bool = False) -> AttentionLayo
     """Sliding window of ``window`` tokens: query i sees keys j with |i - j| < window
     (0 <= i - j < window when ``causal``). Blocks holding any such pair are computed."""
     _check(S, b)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}")
+    window = check_count("window", window, 1)
     qs, qe = _block_ranges(S, b)
     ks, ke = qs, qe
     # smallest i - j over the block pair is qs - ke, largest is qe - ks
@@ -71,9 +67,9 @@ def local(S: int, b: int, window: int, *, causal: bool = False) -> AttentionLayo
 
 
 def _stride_blocks(stride: int, b: int, name: str = "stride") -> int:
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1 or stride % b:
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1 or stride % b:
         raise ValueError(f"{name} must be a positive multiple of the block size b={b}, got {stride!r}")
-    return stride // b
+    return int(stride) // b
 
 
 def strided(S: int, b: int, stride: int, *, causal: bool = True) -> AttentionLayout:
@@ -97,8 +93,9 @@ def fixed(S: int, b: int, stride: int, *, summary: int | None = None, causal: bo
     nb = _check(S, b)
     l = _stride_blocks(stride, b)
     summary = b if summary is None else summary
-    if isinstance(summary, bool) or not isinstance(summary, int) or not 1 <= summary <= stride:
+    if isinstance(summary, bool) or not isinstance(summary, numbers.Integral) or not 1 <= summary <= stride:
         raise ValueError(f"summary must be an int in [1, stride={stride}], got {summary!r}")
+    summary = int(summary)
     blocks = torch.arange(nb)
     same_chunk = (blocks[:, None] // l) == (blocks[None, :] // l)
     ks, ke = _block_ranges(S, b)
@@ -111,9 +108,9 @@ def fixed(S: int, b: int, stride: int, *, summary: int | None = None, causal: bo
 
 
 def _generator(seed) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(int(seed))
 
 
 def bigbird(S: int, b: int, *, window_blocks: int = 3, global_blocks: int = 1, random_blocks: int = 2,
@@ -125,10 +122,9 @@ def bigbird(S: int, b: int, *, window_blocks: int = 3, global_blocks: int = 1, r
     those not yet computed (fewer when none are left). ``num_heads`` draws a different
     random part per head (a per-head layout); None shares one."""
     nb = _check(S, b)
-    for name, value in (("window_blocks", window_blocks), ("global_blocks", global_blocks),
-                        ("random_blocks", random_blocks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    window_blocks = check_count("window_blocks", window_blocks)
+    global_blocks = check_count("global_blocks", global_blocks)
+    random_blocks = check_count("random_blocks", random_blocks)
     gen = _generator(seed)
     blocks = torch.arange(nb)
     base = (blocks[:, None] - blocks[None, :]).abs() <= window_blocks // 2
@@ -154,15 +150,14 @@ def longformer(S: int, b: int, *, window: int, global_tokens: int | Iterable[int
     are attended by everything. ``global_tokens`` is a count n (the first n tokens) or
     an iterable of token indices; the whole block row and column of each are computed."""
     _check(S, b)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be a non-negative int, got {window!r}")
+    window = check_count("window", window)
     mask = local(S, b, window // 2 + 1).mask[0].clone()
     if isinstance(global_tokens, bool):
         raise ValueError(f"global_tokens must be a count or token indices, got {global_tokens!r}")
-    if isinstance(global_tokens, int):
+    if isinstance(global_tokens, numbers.Integral):
         if global_tokens < 0:
             raise ValueError(f"global_tokens must be a non-negative count, got {global_tokens}")
-        tokens = list(range(global_tokens))
+        tokens = list(range(int(global_tokens)))
     else:
         tokens = []
         for t in global_tokens:
@@ -217,9 +212,7 @@ def to_block_mask(layout: AttentionLayout, B: int | None = None, *, device=None)
 
     if not isinstance(layout, AttentionLayout):
         raise TypeError(f"layout must be an AttentionLayout, got {type(layout).__name__}")
-    batch = 1 if B is None else B
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"B must be a positive int or None, got {B!r}")
+    batch = 1 if B is None else check_count("B", B, 1, or_none=True)
     mask = layout.mask.to("cpu" if device is None else device)  # [L, nb, nb]
     nb, b = layout.num_blocks, layout.block_size
     num = mask.sum(-1).to(torch.int32)

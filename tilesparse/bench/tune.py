@@ -63,10 +63,12 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, swap=True)
                     if splits == 1:
                         yield SmallConfig(sub, bk, block_m, 4, stages, swap=True, prefetch=True)
-    if tile == 16 and m <= 64 and not fp32:
+    if block == 16 and m <= 64 and not fp32:
         # deep panels: 128 / 64 output features per program sharing each activation tile,
         # 64-deep steps (zeros for absent blocks), features as the MMA's M side; on the
-        # H200 1.1-1.7x the small kernel at 8-64 rows, density 0.25-0.5 (docs/performance.md)
+        # H200 (W 12288²) 1.1-1.8x the small kernel's heuristic config where they won: bprop
+        # at 5-64 rows and density 0.5, at 17-64 rows and 0.25, fprop at 33-64 rows
+        # (docs/performance.md, thirty-sixth session)
         for group in (8, 4):
             yield PanelConfig(group, rows_per_program(m), 4, 3, splits=4, entries=4, swap=True)
     if m <= GEMV_MAX_ROWS:

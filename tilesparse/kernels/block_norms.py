@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._counts import check_count
 from ..layouts.magnitude import blockwise_norms
 from ._alloc import new_output
 from ._launch import launch
@@ -159,8 +160,7 @@ def block_grad_norms(dy: torch.Tensor, x: torch.Tensor, block_size: int) -> torc
     """
     if not isinstance(dy, torch.Tensor) or not isinstance(x, torch.Tensor):
         raise TypeError("dy and x must be tensors")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = check_count("block_size", block_size, 1)
     if dy.dim() < 1 or x.dim() < 1 or dy.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"dy {tuple(dy.shape)} and x {tuple(x.shape)} must share their leading dims")
     for name, t in (("dy", dy), ("x", x)):

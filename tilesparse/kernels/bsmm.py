@@ -26,6 +26,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..layout import longest_runs, table_views
 from . import (bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws,
@@ -273,9 +274,12 @@ def dds(
     if isinstance(config, bsmm_panel.PanelConfig):
         why = bsmm_panel.panel_refusal(meta, block_rows, block_cols, trans, b, config)
         if why is None:
-            bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision,
-                                        config)
-            return c
+            try:
+                bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
+                                            precision, config)
+                return c
+            except OutOfResources as exc:  # found at its first compile, before anything ran
+                why = f"needs more shared memory than this GPU has ({exc})"
         config = _fall_back(config, why, "panel kernel", chosen_here)
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
         small_cfg = config or bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))

@@ -13,11 +13,17 @@ activation tile instead of up to G narrow ones, and G times less activation traf
 when the rows overlap; the price is the zeros' FLOPs, so it pays where the G rows
 share most of their reduction blocks (high density, or layouts built that way).
 
+For few activation rows (16-64 per program) the same panels run with deep steps
+(``entries`` union entries per step) and the panel's features as the MMA's M side
+(``swap``): on the H200 the b 16 entries of the shipped table at 5-64 rows.
+
 The panel tables (union entries per group and the G storage slots of each) are built
 on the device from the layout's packed tables, once per (meta, direction, G), and
 remembered on the ``meta`` tensor like the other table views. Same results, same
-determinism as the other dds kernels; chosen by config (``PanelConfig``) only, until
-the dispatcher has measurements.
+determinism as the other dds kernels, with one difference: an absent block is multiplied
+as zeros, so an inf in the activation columns of a union entry gives NaN in the whole
+panel's outputs (as the dense-masked product does), where the one-block kernels skip
+absent blocks. Chosen by config (``PanelConfig``) or by a tuned entry.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ def _panel_dot(acc, a, panel, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr)
 @triton.jit
 def _merge_offsets(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Offsets x [ROWS, E, B] as [ROWS, COLS = E*B], declared contiguous (and aligned) in
-    runs of B along the merged axis: the reshape drops what Triton knew of x's runs."""
+    runs of B along the merged axis: the reshape drops what Triton knew of x's runs. True
+    only for x[r, e, i] = start(r, e) + i with every start a multiple of B, which each
+    caller builds (a block's slot times B*B plus a row times B; a block column times B)."""
     B: tl.constexpr = x.shape[2]
     y = tl.reshape(tl.broadcast_to(x, (ROWS, x.shape[1], B)), (ROWS, COLS))
     return tl.max_contiguous(tl.multiple_of(y, [1, B]), [1, B])
@@ -74,7 +82,8 @@ def _dds_panel_kernel(
     """Program (m-tile, group q, split p): C[m-tile, q*G*B : (q+1)*G*B] = sum over union
     entries u of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] =
     op(V[pslots[u, g]]) (zero where pslots[u, g] < 0). SPLITS > 1: split p takes the p-th
-    of SPLITS equal runs of the group's entries and stores its fp32 partial sum (no bias)
+    of SPLITS equal runs of the group's entries (whole steps: rounded up to a multiple of
+    ENTRIES, so the last splits may be short or empty) and stores its fp32 partial sum (no bias)
     at c + p * split_stride; the launcher adds the partials in a fixed order.
     ENTRIES > 1: each step takes ENTRIES consecutive union entries, one [ENTRIES*B, G*B]
     panel (a deeper reduction step: b 16's 16-deep steps were the panel's limit).

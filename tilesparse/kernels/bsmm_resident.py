@@ -28,8 +28,9 @@ Slower than the small-batch kernel (W 12288², b 16, density 0.5: ~155 µs at ev
 against its 80-166 µs, dense 74): each stored block costs the producer and the consumer
 ~100 cycles of issue apiece, and the two do not overlap (docs/performance.md, thirty-first
 session). Opt-in; its column-major variant (:mod:`tilesparse.kernels.bsmm_resident_columns`,
-``columns=True``), which shares its tables, launcher and epilogue, is the H200's shipped
-entry where it measured faster.
+``columns=True``), which shares its tables, launcher and epilogue, was the H200's shipped
+entry where it measured faster, until the deep panel (:mod:`tilesparse.kernels.bsmm_panel`)
+beat it there (thirty-sixth session); both are opt-in now.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Measured (H200, docs/performance.md, thirty-second session): its time follows th
 its copies land in shared memory (~2.7-3.7 TB/s over the GPU, zero-filled rows included),
 so the activation copies take only M's rows rounded up to 16 / 32 / 64. b 16, density 0.5,
 W 12288²: 116-121 µs at 33-64 rows, against the small kernel's 126-168 (the shipped entry
-there); slower than the small kernel at fewer rows and lower densities, and than dense
+there until the deep panel took 101 µs, thirty-sixth session); slower than the small kernel at fewer rows and lower densities, and than dense
 (72-81 µs) everywhere.
 """
 

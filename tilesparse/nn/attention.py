@@ -4,12 +4,11 @@ only on a block layout's (query block, key block) pairs, by the fused kernels of
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import nn
 
 from .._checks import check_module_input
+from .._counts import check_count
 from ..attention import AttentionLayout
 
 __all__ = ["BlockSparseSelfAttention"]
@@ -44,9 +43,9 @@ class BlockSparseSelfAttention(nn.Module):
                  causal: bool = True, bias: bool = True, deterministic: bool = True, device=None, dtype=None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        embed_dim = check_count("embed_dim", embed_dim, 1)
+        num_heads = check_count("num_heads", num_heads, 1)
+        num_kv_heads = check_count("num_kv_heads", num_kv_heads, 1)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         if num_heads % num_kv_heads:
@@ -81,9 +80,7 @@ class BlockSparseSelfAttention(nn.Module):
         """The layout for a sequence of ``seq_len`` tokens: the module's, or its top-left
         ceil(seq_len / b) blocks (cached; without a ``seq_len`` of their own, since they
         serve every length with that many blocks)."""
-        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
-            raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-        seq_len = int(seq_len)
+        seq_len = check_count("seq_len", seq_len, 1)
         if seq_len > self.max_seq_len:
             raise ValueError(f"sequence length {seq_len} exceeds the layout's {self.max_seq_len} tokens")
         blocks = -(-seq_len // self.layout.block_size)

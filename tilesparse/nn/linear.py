@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from .. import layouts as layout_generators
+from .._counts import check_count
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
 
@@ -35,11 +36,10 @@ class BlockSparseLinear(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        block_size = check_count("block_size", block_size, 1)
+        in_features = check_count("in_features", in_features, 1)
+        out_features = check_count("out_features", out_features, 1)
         for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
             if value % block_size:
                 raise ValueError(f"{name}={value} is not divisible by block_size={block_size}")
         if layout is None:

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from .. import layouts as layout_generators
 from .._checks import check_module_input
+from .._counts import check_count
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
 from ..ops.lstm import lstm_sequence
@@ -86,11 +87,9 @@ class BlockSparseLSTM(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        for name, value in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        input_size = check_count("input_size", input_size, 1)
+        hidden_size = check_count("hidden_size", hidden_size, 1)
+        block_size = check_count("block_size", block_size, 1)
         if hidden_size % block_size:
             raise ValueError(f"hidden_size={hidden_size} is not divisible by block_size={block_size}")
         if sparse_input and input_size % block_size:

@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import layouts as layout_generators
 from .._checks import SUPPORTED_DTYPES
+from .._counts import check_count
 from ..layout import BlockLayout
 from ..layouts._common import check_density
 from ..nn import BlockSparseLinear
@@ -363,8 +364,7 @@ def _plan_blocks(model, block_size, density, layout, filter_fn, seed, semi24_opt
     if density is None or block_size is None:
         raise ValueError("sparsify(pattern='block') needs block_size and density")
     check_density(density)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    block_size = check_count("block_size", block_size, 1)
     make_layout = _layout_fn(layout, density, seed)
     layout_name = layout if isinstance(layout, str) else getattr(layout, "__name__", type(layout).__name__)
     report = SparsifyReport(block_size=block_size, density=float(density), layout=layout_name)

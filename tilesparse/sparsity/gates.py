@@ -21,6 +21,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from .._counts import check_count
 from ..layout import BlockLayout
 from ..nn import BlockSparseLinear
 from ..ops.bsmm import block_sparse_linear
@@ -83,8 +84,7 @@ class HardConcreteGate(nn.Module):
         dtype=None,
     ):
         super().__init__()
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n (the number of gates) must be a non-negative int, got {n!r}")
+        n = check_count("n (the number of gates)", n)
         if not 0.0 < droprate_init < 1.0:
             raise ValueError(f"droprate_init must be in (0, 1), got {droprate_init!r}")
         if beta <= 0:
