@@ -22,6 +22,7 @@ from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, dense_of, make_layout, r
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_small
+from tilesparse.kernels import _alloc
 from tilesparse.kernels._alloc import poison_enabled
 from tolerances import assert_close
 
@@ -146,7 +147,7 @@ def test_dds_small_kernel_chunks_leave_their_counters_at_zero():
     config = bsmm_small.SmallConfig(16, 16, 32, num_warps=4, num_stages=2, chunks=3)
     first = run_dds(layout, a, values, bias, True, config)
     assert_close(first, dds_expected(layout, a, values, bias, True), torch.float32, "dds chunks")
-    counters = bsmm_small._arrival_counters(a.device, 1)
+    counters = _alloc.arrival_counters(a.device, 1)
     assert int(counters.abs().sum()) == 0
     assert torch.equal(run_dds(layout, a, values, bias, True, config), first)
 
@@ -194,7 +195,7 @@ def test_dds_small_kernel_chunks_in_any_arrival_order(program_order, block_size,
                                     swap=swap)
     out = run_dds(layout, a, values, bias, trans, config)
     assert_close(out, dds_expected(layout, a, values, bias, trans), torch.float32, "dds chunks")
-    assert int(bsmm_small._arrival_counters(a.device, 1).abs().sum()) == 0
+    assert int(_alloc.arrival_counters(a.device, 1).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("kwargs, field", [({"splits": 2, "chunks": 2}, "chunks"), ({"chunks": 0}, "chunks"),
@@ -487,6 +488,25 @@ def test_a_tuned_panel_entry_the_kernel_refuses_runs_another_kernel(monkeypatch)
     a, values, bias = dds_inputs(layout, 9, torch.float32, True, True)
     check_dds(layout, a, values, bias, True, torch.float32, None)
     assert launched == []
+
+
+@pytest.mark.parametrize("splits", [2, 5], ids=lambda s: f"splits{s}")  # 5: some splits empty
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
+def test_dds_panel_fused_split_sum(layout_kind, trans, splits):
+    # the last split of each tile sums the partials in split order and writes C (with the
+    # bias); the counters are left zero, and a second call gives the same bits
+    from tilesparse.kernels import bsmm_panel
+
+    layout = make_layout(layout_kind, 5, 3, 16)
+    a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
+    cfg = bsmm_panel.PanelConfig(4, block_m=16, splits=splits, entries=2, swap=True, fused_sum=True)
+    first = run_dds(layout, a, values, bias, trans, cfg)
+    assert_close(first, dds_expected(layout, a, values, bias, trans), torch.float32, "dds panel, fused split sum")
+    assert int(_alloc.arrival_counters(a.device, 8).abs().sum()) == 0
+    assert torch.equal(first, run_dds(layout, a, values, bias, trans, cfg))
+    unfused = run_dds(layout, a, values, bias, trans, dataclasses.replace(cfg, fused_sum=False))
+    assert torch.equal(first, unfused)  # the same fixed-order fp32 sum
 
 
 def test_panel_tables_list_the_union_of_each_group():

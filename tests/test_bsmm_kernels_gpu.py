@@ -125,6 +125,31 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     assert_close(out, expected, dtype, "dds panel, deep steps")
 
 
+@pytest.mark.parametrize("m", [8, 37], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
+def test_dds_panel_fused_split_sum(block_size, dtype, trans, m):
+    # each tile's last split sums the partials in split order: right, bitwise repeatable,
+    # counters left zero (a second call and a captured replay agree)
+    from tilesparse.kernels import _alloc, bsmm_panel
+
+    operands, expected = _dds_case(block_size, dtype, trans, m)
+    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=3,
+                                 entries=64 // block_size, swap=True, fused_sum=True)
+    first = kernels.dds(*operands, config=cfg)
+    assert_close(first, expected, dtype, "dds panel, fused split sum")
+    assert torch.equal(first, kernels.dds(*operands, config=cfg))
+    assert int(_alloc.arrival_counters(first.device, 64).abs().sum()) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = kernels.dds(*operands, config=cfg)
+    captured.fill_(float("nan"))
+    for _ in range(2):
+        graph.replay()
+        assert torch.equal(captured, first)
+
+
 def test_panel_config_past_the_shared_memory_is_refused_by_name():
     # a config whose tiles do not fit (fp32, b 32, 256-deep steps: ~300 KB) names the reason
     # instead of Triton's launch error; a tuned entry like it would run another kernel

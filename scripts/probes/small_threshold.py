@@ -174,6 +174,14 @@ ALL_VARIANTS = {
     "pG4m32x4e8S": ("panel", 4, 32, 4, 4, 8, 4, 8, True),
     "pG4m64x4e8S": ("panel", 4, 64, 4, 4, 8, 4, 8, True),
     "pG4m16x8e8S": ("panel", 4, 16, 4, 4, 8, 8, 8, True),
+    # the shipped deep panels with the split partials summed in-kernel (fused_sum: two
+    # fewer kernels per call); the 10th field
+    "pG8m16x4e4SF": ("panel", 8, 16, 4, 3, 8, 4, 4, True, True),
+    "pG8m32x4e4SF": ("panel", 8, 32, 4, 3, 8, 4, 4, True, True),
+    "pG8m64x4e4SF": ("panel", 8, 64, 4, 3, 8, 4, 4, True, True),
+    "pG4m32x4e4SF": ("panel", 4, 32, 4, 3, 8, 4, 4, True, True),
+    "pG4m64x4e4SF": ("panel", 4, 64, 4, 3, 8, 4, 4, True, True),
+    "pG8m64x8e4SF": ("panel", 8, 64, 4, 3, 8, 8, 4, True, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
@@ -276,9 +284,9 @@ def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConf
     an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own).
     A deep-step panel's G and entries are b 16's: scaled to ``block`` (same features and depth)."""
     if fields[0] == "panel" and len(fields) > 7:
-        group, own_block_m, warps, stages, group_m, splits, entries, swap = fields[1:]
+        group, own_block_m, warps, stages, group_m, splits, entries, swap, *fused = fields[1:]
         return P.PanelConfig(max(1, group * 16 // block), own_block_m, warps, stages, group_m, splits,
-                             max(1, entries * 16 // block), swap)
+                             max(1, entries * 16 // block), swap, *fused)
     if fields[0] == "panel":
         return P.PanelConfig(*fields[1:])
     if fields[0] == "resident":

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..layout import table_views
 from ._device import cached_table
-from ._alloc import new_output
+from ._alloc import arrival_counters, new_output
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile
 
@@ -72,12 +72,12 @@ def _merge_mask(x, ROWS: tl.constexpr, E: tl.constexpr, B: tl.constexpr):
 @triton.jit
 def _dds_panel_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
-    pptr_ptr, pk_ptr, pslots_ptr,
+    pptr_ptr, pk_ptr, pslots_ptr, ws_ptr, sem_ptr,
     M, n_out_cols, n_groups, split_stride,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    ENTRIES: tl.constexpr = 1, SWAP: tl.constexpr = False,
+    ENTRIES: tl.constexpr = 1, SWAP: tl.constexpr = False, FUSED_SUM: tl.constexpr = False,
 ):
     """Program (m-tile, group q, split p): C[m-tile, q*G*B : (q+1)*G*B] = sum over union
     entries u of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] =
@@ -88,7 +88,11 @@ def _dds_panel_kernel(
     ENTRIES > 1: each step takes ENTRIES consecutive union entries, one [ENTRIES*B, G*B]
     panel (a deeper reduction step: b 16's 16-deep steps were the panel's limit).
     SWAP: the step is computed as acc^T[G*B, BLOCK_M] += panel^T @ A-tile^T, the panel's
-    features as the MMA's M side, so few activation rows (16-64) fill the narrow side."""
+    features as the MMA's M side, so few activation rows (16-64) fill the narrow side.
+    FUSED_SUM (with SPLITS > 1): the partials go to ws, and the last program of a tile to
+    count itself on sem sums them in split order (deterministic, whatever the arrival
+    order), adds the bias, writes C and leaves its counter zero for the next launch: no
+    partial-sum kernels after this one."""
     pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, B)
@@ -159,6 +163,23 @@ def _dds_panel_kernel(
         acc = tl.trans(acc)  # [BLOCK_M, G * B], as the stores below expect
     cols = q.to(tl.int64) * (G * B) + offs_n
     col_ok = cols < n_out_cols
+    if SPLITS > 1 and FUSED_SUM:
+        tile = q.to(tl.int64) * tl.cdiv(M, BLOCK_M) + pid_m
+        ws_tile = ws_ptr + tile * (SPLITS * BLOCK_M * G * B)
+        offs_ws = tl.arange(0, BLOCK_M)[:, None] * (G * B) + offs_n[None, :]
+        tl.store(ws_tile + tl.program_id(1) * (BLOCK_M * G * B) + offs_ws, acc, cache_modifier=".cg")
+        tl.debug_barrier()  # every thread's partial is stored before the count below
+        arrived = tl.atomic_add(sem_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:  # the last split of this tile to finish
+            total = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
+            for p in range(0, SPLITS):
+                total += tl.load(ws_tile + p * (BLOCK_M * G * B) + offs_ws, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + cols[None, :] * stride_cn
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
+            tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")
+        return
     if SPLITS > 1:
         c_ptr += tl.program_id(1).to(tl.int64) * split_stride
     if HAS_BIAS and SPLITS == 1:
@@ -176,7 +197,9 @@ class PanelConfig:
     left too few programs (b 16 at 16-64 rows: 2-11x slower than the small-batch kernel
     without splits, docs/performance.md). ``entries`` union entries per reduction step
     (``entries`` * b deep); ``swap``: the panel's G * b features as the MMA's M side and
-    the activation rows as its N side (few rows)."""
+    the activation rows as its N side (few rows); ``fused_sum``: with splits, the last
+    program of each tile sums the partials in split order, instead of a torch sum and copy
+    after the kernel (two fewer kernels per call)."""
 
     group: int
     block_m: int = 128
@@ -186,12 +209,13 @@ class PanelConfig:
     splits: int = 1
     entries: int = 1
     swap: bool = False
+    fused_sum: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "group", "entries", minimum=1)
         check_power_of_two(self, "block_m")
         check_ints(self, "splits")
-        check_bools(self, "swap")
+        check_bools(self, "swap", "fused_sum")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1 or self.group_m < 1 or self.splits < 1:
             raise ValueError(f"bad PanelConfig {self!r}: num_warps a power of two <= 16, num_stages, group_m and "
                              "splits >= 1")
@@ -264,18 +288,27 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     m = a.shape[0]
-    out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
+    fused = cfg.fused_sum and cfg.splits > 1
+    split_out = cfg.splits > 1 and not fused
+    out = new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device) if split_out else c
     grid = (cdiv(m, cfg.block_m) * n_groups, cfg.splits)
+    ws = sem = pptr  # placeholders: only the fused sum reads them
+    if fused:
+        tiles = grid[0]
+        # one [block_m, G*b] fp32 partial per split of every tile (NaN-poisoned under
+        # TILESPARSE_POISON=1, so a partial read unwritten shows)
+        ws = new_output(tiles * cfg.splits * cfg.block_m * cfg.group * b, dtype=torch.float32, device=c.device)
+        sem = arrival_counters(c.device, tiles)
     launch(_dds_panel_kernel, grid,
         a, values, bias if bias is not None else c, out,
-        pptr, pk, pslots,
-        m, c.shape[1], n_groups, out.stride(0) if cfg.splits > 1 else 0,
+        pptr, pk, pslots, ws, sem,
+        m, c.shape[1], n_groups, out.stride(0) if split_out else 0,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
-        ENTRIES=cfg.entries, SWAP=cfg.swap, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
+    if split_out:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)
         if bias is not None:
             total += bias.float()

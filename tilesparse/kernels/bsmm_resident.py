@@ -48,7 +48,7 @@ from ..layout import table_views
 from ._device import cached_table, shared_memory_bytes
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_register_budgets
-from .bsmm_small import _arrival_counters
+from ._alloc import arrival_counters
 from .bsmm_tma import ensure_allocator, row_major_tma_ok
 from .bsmm_ws import _alloc_ring, _nvmma
 from .bsmm_ws_group import small_block_reason
@@ -415,7 +415,7 @@ def launch_dds_resident(a, values, c, bias, meta, block_rows: int, block_cols: i
     ws = sem = firsts  # (unused with one split)
     if splits > 1:
         ws = torch.empty(splits, MAX_M, n_out, dtype=torch.float32, device=a.device)
-        sem = _arrival_counters(a.device, n_groups)
+        sem = arrival_counters(a.device, n_groups)
     x_layout, v_layout = _layouts(b, a.dtype)
     ensure_allocator()
     if cfg.columns:

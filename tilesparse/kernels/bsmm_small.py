@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._alloc import new_output
+from ._alloc import arrival_counters, new_output
 from ._device import cached_table
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
@@ -375,24 +375,6 @@ def auto_chunks(longest: int | None, nnz: int, n_out: int, block_size: int, sub:
     return 2 if longest >= CHUNK_SKEW * mean and per_program >= CHUNK_MIN_BYTES else 1
 
 
-_COUNTERS: dict = {}
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the chunked mode's last-to-arrive reduction, one per
-    output tile. Every launch leaves them zero again, so one buffer per (device, stream)
-    serves every launch on that stream (launches on one stream never overlap). Inside a
-    CUDA-graph capture a fresh buffer is made (its zeroing is captured) and not kept."""
-    if torch.cuda.is_available() and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (device, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
 def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
     """The tables of ``ptr`` ordered by run length, longest first (stable), int32; built on
     ptr's device without a host sync and remembered on the ptr tensor (layout tables are
@@ -422,7 +404,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
         # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
         ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
-        sem = _arrival_counters(c.device, tiles)
+        sem = arrival_counters(c.device, tiles)
     launch(_dds_small_kernel, grid,
         a, values, bias if bias is not None else c, out,
         ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
