@@ -20,9 +20,13 @@ the same compressed Hs^T only with a transposable selection, which this does not
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .._counts import check_count
 
 __all__ = ["SquaredReLUFFN", "sparsify_24"]
 
@@ -73,10 +77,9 @@ class SquaredReLUFFN(nn.Module):
 
     def __init__(self, dim: int, hidden: int, bias: bool = True, device=None, dtype=None, *, sparse: bool = True):
         super().__init__()
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 4 or hidden % 4:
+        if isinstance(hidden, bool) or not isinstance(hidden, numbers.Integral) or hidden < 4 or hidden % 4:
             raise ValueError(f"hidden={hidden!r} must be a positive multiple of 4 (2:4 groups along it)")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        hidden, dim = int(hidden), check_count("dim", dim, 1)
         factory = {"device": device, "dtype": dtype}
         self.dim, self.hidden, self.sparse = dim, hidden, sparse
         self.fc1 = nn.Linear(dim, hidden, bias=bias, **factory)

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .._counts import check_count
 from . import dispatch as _dispatch
 from .cusparselt import cslt_algorithm, cslt_product, sparse_unavailable_reason
 from .functional import _is_tile24, _masked, _warn_once, semi24_linear
@@ -86,17 +87,15 @@ class SemiSparseLinear(nn.Module):
         mode: str = "auto",
     ):
         super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        in_features = check_count("in_features", in_features, 1)
+        out_features = check_count("out_features", out_features, 1)
         if in_features % 4:
             raise ValueError(f"in_features={in_features} must be a multiple of 4 (2:4 groups along it)")
         if transposable and out_features % 4:
             raise ValueError(f"out_features={out_features} must be a multiple of 4 for transposable=True")
         if method not in ("optimal", "greedy"):
             raise ValueError(f"method must be 'optimal' or 'greedy', got {method!r}")
-        if isinstance(mask_every, bool) or not isinstance(mask_every, int) or mask_every < 1:
-            raise ValueError(f"mask_every must be a positive int, got {mask_every!r}")
+        mask_every = check_count("mask_every", mask_every, 1)
         if not srste_decay >= 0:
             raise ValueError(f"srste_decay must be >= 0, got {srste_decay!r}")
         _dispatch.check_mode(mode)

@@ -44,13 +44,13 @@ Usage::
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Iterable, Mapping, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from .._counts import check_count
 from ..kernels.block_norms import block_grad_norms
 from ..layout import BlockLayout
 from ..nn import BlockSparseLinear
@@ -73,8 +73,7 @@ def rewire(
     Returns the number of blocks grown (= dropped): ``min(n, inactive blocks)``."""
     if not isinstance(module, BlockSparseLinear):
         raise TypeError(f"module must be a tilesparse.nn.BlockSparseLinear, got {type(module).__name__}")
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    n = check_count("n", n)
     mask = module.layout_mask
     weight = module.weight
     nnz = weight.shape[0]
@@ -180,14 +179,12 @@ class RigL:
             if type(m.weight).__name__ == "DTensor" or type(m.weight.data).__name__ == "DTensor":
                 raise TypeError(f"{name or type(m).__name__}: RigL does not rewire FSDP2-sharded (DTensor) weights "
                                 "yet; use DistributedDataParallel, whose ranks RigL keeps in agreement")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+        every = check_count("every", every, 1)
         if not 0.0 <= float(drop_fraction) <= 1.0:
             raise ValueError(f"drop_fraction must be in [0, 1], got {drop_fraction!r}")
         if schedule not in _SCHEDULES:
             raise ValueError(f"schedule must be one of {_SCHEDULES}, got {schedule!r}")
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+        total_steps = check_count("total_steps", total_steps, 1)
         for m in modules.values():
             m.layout.coords  # built (with nonzero's one sync) now, not on the first rewire
         self.modules: dict[str, BlockSparseLinear] = modules
