@@ -85,6 +85,10 @@
 #            then against the small kernel's default and the dispatcher's choice, W 12288², b 16 / 32 / 64,
 #            d 0.5 / 0.25 / 0.1, M 1-64 (RESIDENT_VARIANTS overrides the variants), $OUT/small-resident.json;
 #            RESIDENT_TESTS=0 / RESIDENT_PROBE=0 leave out either half (two calls fit the 600 s limit)
+#   small-panel-next - the deep panel's open questions (thirty-sixth session), b 16, W 12288², with the
+#            dispatcher's choice and the heuristic in the same run: the fused split sum against the shipped
+#            torch sum, 4 block-rows x 8 entries (longer runs per row) for fprop, and densities 0.2 / 0.15
+#            (the 0.25 bucket's low end); adopt with measure_small_crossover.py --adopt ... --per-shape
 #   small-panel-split - b 16 / 32 at 16-64 rows: the panel dds (G block-rows sharing each activation tile)
 #            with its reduction split over 8-16 programs, against the small kernel's default and the
 #            dispatcher's choice; adopt with measure_small_crossover.py --adopt small-panel-split.json
@@ -247,6 +251,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --blocks 16 32 64 --densities 0.5 0.25 0.1 --ms 1 16 32 64 --variants default \
               ${RESIDENT_VARIANTS:-rR12x2 rC6x1 rC8x1 rC6x1k4 rC12x2c8 rC4x1c24 rC3x1b32 rC4x2b32 rC2x1b64} --auto \
               --out "$OUT/small-resident.json" > "$OUT/small-resident.log" 2>&1; fi ;;
+    small-panel-next) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 \
+              --densities 0.5 0.25 0.2 0.15 --ms 8 16 32 64 --variants default pG8m16x4e4S pG8m16x4e4SF \
+              pG8m32x4e4S pG8m32x4e4SF pG8m64x4e4S pG8m64x4e4SF pG4m32x4e4SF pG4m64x4e4SF pG4m16x4e8S \
+              pG4m32x4e8S pG4m64x4e8S --auto --out "$OUT/small-panel-next.json" > "$OUT/small-panel-next.log" 2>&1 ;;
     small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
               --densities 0.5 0.25 0.1 --ms 16 32 64 --variants default pG8m16w4st4x8 pG8m32w4st4x8 pG8m64w4st4x8 \
               pG8m64w4st4x16 pG8m64w8st4x8 pG4m64w4st4x8 --auto --out "$OUT/small-panel-split.json" \
