@@ -102,3 +102,14 @@ def grouped_tile(tile, num_pid_m, n_out_blocks, GROUP_M: tl.constexpr):
     pid_m = first_m + (tile % pids_per_group) % group_rows
     pid_n = (tile % pids_per_group) // group_rows
     return pid_m, pid_n
+
+
+@triton.jit
+def swappable_dot(acc, a, b, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """acc += a @ b, or its transpose acc^T += b^T @ a^T (SWAP: the small kernels' choice of
+    which operand is the MMA's M side; the accumulator is kept transposed)."""
+    if SWAP:
+        acc = tl.dot(tl.trans(b), tl.trans(a), acc, input_precision=INPUT_PRECISION)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+    return acc

@@ -38,17 +38,7 @@ from ..layout import table_views
 from ._device import cached_table
 from ._alloc import arrival_counters, new_output
 from ._launch import launch
-from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile
-
-
-@triton.jit
-def _panel_dot(acc, a, panel, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """acc += a @ panel, or its transpose acc^T += panel^T @ a^T (SWAP)."""
-    if SWAP:
-        acc = tl.dot(tl.trans(panel), tl.trans(a), acc, input_precision=INPUT_PRECISION)
-    else:
-        acc = tl.dot(a, panel, acc, input_precision=INPUT_PRECISION)
-    return acc
+from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile, swappable_dot
 
 
 @triton.jit
@@ -127,7 +117,7 @@ def _dds_panel_kernel(
                 a_ptr + offs_m[:, None] * stride_am + (k * B + offs_k)[None, :] * stride_ak,
                 mask=m_ok[:, None], other=0.0,
             )
-            acc = _panel_dot(acc, a, panel, SWAP, INPUT_PRECISION)
+            acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     else:
         # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. A slot is
         # loaded once per block row, its offsets broadcast over the block's contiguous
@@ -158,7 +148,7 @@ def _dds_panel_kernel(
             a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :], 1, ENTRIES * B)
             a_ok = _merge_mask(u_ok[None, :, None], 1, ENTRIES, B)
             a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
-            acc = _panel_dot(acc, a, panel, SWAP, INPUT_PRECISION)
+            acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     if SWAP:
         acc = tl.trans(acc)  # [BLOCK_M, G * B], as the stores below expect
     cols = q.to(tl.int64) * (G * B) + offs_n

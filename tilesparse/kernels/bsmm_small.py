@@ -32,7 +32,8 @@ from ._alloc import arrival_counters, new_output
 from ._device import cached_table
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
-from ._tiles import MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
+from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
+                     tile_for)
 
 
 @triton.jit
@@ -140,7 +141,7 @@ def _dds_small_kernel(
                 slot = e.to(tl.int64)
             if PREFETCH:
                 w = _w_tile(v_ptr + slot * (B * B), k_in, ok, offs_f, f_ok, B, TRANS_V)
-                acc = _mma(acc, w, x, SWAP, INPUT_PRECISION)
+                acc = swappable_dot(acc, w, x, SWAP, INPUT_PRECISION)
             else:
                 acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
                             stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
@@ -170,8 +171,8 @@ def _dds_small_kernel(
             else:
                 slot = e.to(tl.int64)
             if PREFETCH:
-                acc = _mma(acc, _w_tile(v_ptr + slot * (B * B), k_in, k_ok, offs_f, f_ok, B, TRANS_V), x, SWAP,
-                           INPUT_PRECISION)
+                w = _w_tile(v_ptr + slot * (B * B), k_in, k_ok, offs_f, f_ok, B, TRANS_V)
+                acc = swappable_dot(acc, w, x, SWAP, INPUT_PRECISION)
             else:
                 acc = _step(acc, v_ptr + slot * (B * B), blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am,
                             stride_ak, B, TRANS_V, SWAP, INPUT_PRECISION)
@@ -213,7 +214,7 @@ def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, strid
     block's (scalars) or, for steps over several blocks, each k lane's."""
     w = _w_tile(v_base, k_in, k_ok, offs_f, f_ok, B, TRANS_V)
     x = _x_tile(a_ptr, blk, k_in, k_ok, offs_m, m_ok, stride_am, stride_ak, B)
-    return _mma(acc, w, x, SWAP, INPUT_PRECISION)
+    return swappable_dot(acc, w, x, SWAP, INPUT_PRECISION)
 
 
 @triton.jit
@@ -231,16 +232,6 @@ def _x_tile(a_ptr, blk, k_in, k_ok, offs_m, m_ok, stride_am, stride_ak, B: tl.co
     """A[m, blk * B + k]^T of one step, [k, m] (zeros where k or m is out of range)."""
     return tl.load(a_ptr + offs_m[None, :] * stride_am + (blk * B + k_in)[:, None] * stride_ak,
                    mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _mma(acc, w, x, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    """acc += w @ x ([features, m]), or its transpose (SWAP: acc [m, features])."""
-    if SWAP:
-        acc = tl.dot(tl.trans(x), tl.trans(w), acc, input_precision=INPUT_PRECISION)
-    else:
-        acc = tl.dot(w, x, acc, input_precision=INPUT_PRECISION)
-    return acc
 
 
 @triton.jit
