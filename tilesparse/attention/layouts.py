@@ -18,6 +18,7 @@ from typing import Iterable
 import torch
 
 from .._counts import check_count
+from ..layouts._common import check_seed
 from .layout import AttentionLayout
 
 __all__ = ["causal", "local", "strided", "fixed", "bigbird", "longformer", "random",
@@ -108,9 +109,7 @@ def fixed(S: int, b: int, stride: int, *, summary: int | None = None, causal: bo
 
 
 def _generator(seed) -> torch.Generator:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    return torch.Generator().manual_seed(int(seed))
+    return torch.Generator().manual_seed(check_seed(seed))
 
 
 def bigbird(S: int, b: int, *, window_blocks: int = 3, global_blocks: int = 1, random_blocks: int = 2,
