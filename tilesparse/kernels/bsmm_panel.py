@@ -42,20 +42,20 @@ from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_t
 
 
 @triton.jit
-def _merge_offsets(x, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Offsets x [ROWS, E, B] as [ROWS, COLS = E*B], declared contiguous (and aligned) in
-    runs of B along the merged axis: the reshape drops what Triton knew of x's runs. True
-    only for x[r, e, i] = start(r, e) + i with every start a multiple of B, which each
-    caller builds (a block's slot times B*B plus a row times B; a block column times B)."""
+def _merge_offsets(x):
+    """Offsets x [ROWS, E, B] as [ROWS, E*B], declared contiguous (and aligned) in runs of
+    B along the merged axis: the reshape drops what Triton knew of x's runs. True only for
+    x[r, e, i] = start(r, e) + i with every start a multiple of B, which each caller builds
+    (a block's slot times B*B plus a row times B; a block column times B)."""
     B: tl.constexpr = x.shape[2]
-    y = tl.reshape(tl.broadcast_to(x, (ROWS, x.shape[1], B)), (ROWS, COLS))
+    y = tl.reshape(x, (x.shape[0], x.shape[1] * B))
     return tl.max_contiguous(tl.multiple_of(y, [1, B]), [1, B])
 
 
 @triton.jit
-def _merge_mask(x, ROWS: tl.constexpr, E: tl.constexpr, B: tl.constexpr):
+def _merge_mask(x, B: tl.constexpr):
     """A mask x [ROWS, E, 1] as [ROWS, E*B], declared constant in runs of B."""
-    y = tl.reshape(tl.broadcast_to(x, (ROWS, E, B)), (ROWS, E * B))
+    y = tl.reshape(tl.broadcast_to(x, (x.shape[0], x.shape[1], B)), (x.shape[0], x.shape[1] * B))
     return tl.max_constancy(y, [1, B])
 
 
@@ -134,19 +134,19 @@ def _dds_panel_kernel(
             if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
                 slots = tl.load(pslots_ptr + u[None, :] * G + g_of_n[:, None], mask=u_ok[None, :], other=-1)  # [N, E]
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
-                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :], G * B, ENTRIES * B)
-                ok = _merge_mask((slots >= 0)[:, :, None], G * B, ENTRIES, B)
+                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
+                ok = _merge_mask((slots >= 0)[:, :, None], B)
                 panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
             else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
                 ue = u0 + offs_r // B
                 slots = tl.load(pslots_ptr + ue[:, None] * G + tl.arange(0, G)[None, :], mask=(ue < end)[:, None],
                                 other=-1)  # [E*B, G]
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
-                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :], ENTRIES * B, G * B)
-                ok = _merge_mask((slots >= 0)[:, :, None], ENTRIES * B, G, B)
+                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
+                ok = _merge_mask((slots >= 0)[:, :, None], B)
                 panel = tl.load(v_ptr + offs, mask=ok, other=0.0)
-            a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :], 1, ENTRIES * B)
-            a_ok = _merge_mask(u_ok[None, :, None], 1, ENTRIES, B)
+            a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :])
+            a_ok = _merge_mask(u_ok[None, :, None], B)
             a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
             acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     if SWAP:
