@@ -270,11 +270,9 @@ def _build_panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, tr
 
 def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, cfg: PanelConfig):
     """C = A @ op(S) (+ bias) with the panel kernel; ``trans`` picks the grouping (fprop
-    groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds)."""
+    groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds, which
+    first asks :func:`panel_refusal` whether the kernel takes the call)."""
     b = values.shape[-1]
-    why = panel_refusal(meta, block_rows, block_cols, trans, b, cfg)
-    if why is not None:
-        raise ValueError(f"config={cfg}: the panel kernel {why}")
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     m = a.shape[0]
