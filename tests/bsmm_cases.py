@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tilesparse import BlockLayout, layouts
+from tilesparse.kernels import bsmm as kernels
 from tolerances import assert_close
 
 # Layout classes that stress different table shapes:
@@ -233,3 +234,34 @@ def assert_tuned_entry_runs_only_from_its_density(monkeypatch, tuned_config, lau
     assert bool(launched) == used
     expected = layout.gather(dy.double().cpu().t() @ x.double().cpu())
     assert_close(got, expected, torch.bfloat16, f"sdd after a tuned {tuned_config} at density {density}")
+
+# --------------------------------------------------------------------------- dds under test
+# The launcher called directly, its float64 reference and inputs: shared by the
+# interpreter files (test_bsmm_interpreter.py, test_bsmm_panel_interpreter.py).
+
+
+def run_dds(layout, a, values, bias, trans, config=None):
+    return kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans, config=config)
+
+
+def dds_expected(layout, a, values, bias, trans):
+    s = dense_of(values, layout)
+    out = a.double() @ (s.t() if trans else s)
+    if bias is not None:
+        out = out + bias.double()
+    return out
+
+
+def dds_inputs(layout, m, dtype, trans, with_bias):
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows).to(dtype)
+    values = random_values(layout, dtype)
+    n_out = rows if trans else cols
+    bias = torch.randn(n_out).to(dtype) if with_bias else None
+    return a, values, bias
+
+
+def check_dds(layout, a, values, bias, trans, dtype, config=None):
+    out = run_dds(layout, a, values, bias, trans, config)
+    assert out.dtype == dtype
+    assert_close(out, dds_expected(layout, a, values, bias, trans), dtype, "dds")
