@@ -89,6 +89,8 @@
 #            dispatcher's choice and the heuristic in the same run: the fused split sum against the shipped
 #            torch sum, 4 block-rows x 8 entries (longer runs per row) for fprop, and densities 0.2 / 0.15
 #            (the 0.25 bucket's low end); adopt with measure_small_crossover.py --adopt ... --per-shape
+#   small-panel-wide - deep panels (128 x 128 tiles, 64-deep steps) at 128-512 rows, b 16 / 32, where
+#            b 16 ran 3.5-4x slower than dense; adopt with measure_small_crossover.py --adopt ... --per-shape
 #   small-panel-split - b 16 / 32 at 16-64 rows: the panel dds (G block-rows sharing each activation tile)
 #            with its reduction split over 8-16 programs, against the small kernel's default and the
 #            dispatcher's choice; adopt with measure_small_crossover.py --adopt small-panel-split.json
@@ -255,6 +257,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.5 0.25 0.2 0.15 --ms 8 16 32 64 --variants default pG8m16x4e4S pG8m16x4e4SF \
               pG8m32x4e4S pG8m32x4e4SF pG8m64x4e4S pG8m64x4e4SF pG4m32x4e4SF pG4m64x4e4SF pG4m16x4e8S \
               pG4m32x4e8S pG4m64x4e8S --auto --out "$OUT/small-panel-next.json" > "$OUT/small-panel-next.log" 2>&1 ;;
+    small-panel-wide) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
+              --densities 0.5 0.25 0.1 --ms 128 256 512 --variants default pG8m128x1e4 pG8m128x2e4F pG8m128x4e4F \
+              pG8m128w8x2e4F pG8m128x2e2F pG8m128x2e4SF pG8m64x2e4SF pG4m128x2e4F --auto \
+              --out "$OUT/small-panel-wide.json" > "$OUT/small-panel-wide.log" 2>&1 ;;
     small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
               --densities 0.5 0.25 0.1 --ms 16 32 64 --variants default pG8m16w4st4x8 pG8m32w4st4x8 pG8m64w4st4x8 \
               pG8m64w4st4x16 pG8m64w8st4x8 pG4m64w4st4x8 --auto --out "$OUT/small-panel-split.json" \

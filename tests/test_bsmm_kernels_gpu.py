@@ -116,8 +116,6 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     # a multiple), the features as the MMA's M side; rows fewer than a tile
     from tilesparse.kernels import bsmm_panel
 
-    if dtype == torch.float32 and entries * block_size > 128:
-        pytest.skip("fp32's 256-deep steps need more shared memory than an H200 has (the fallback test covers it)")
     operands, expected = _dds_case(block_size, dtype, trans, m)
     cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=splits, entries=entries,
                                  swap=swap)
@@ -125,18 +123,21 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     assert_close(out, expected, dtype, "dds panel, deep steps")
 
 
-@pytest.mark.parametrize("m", [8, 37], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("swap,m", [(True, 8), (True, 37), (False, 37), (False, 150)],
+                         ids=["swap-m8", "swap-m37", "m37", "m150"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
-def test_dds_panel_fused_split_sum(block_size, dtype, trans, m):
+def test_dds_panel_fused_split_sum(block_size, dtype, trans, swap, m):
     # each tile's last split sums the partials in split order: right, bitwise repeatable,
-    # counters left zero (a second call and a captured replay agree)
+    # counters left zero (a second call and a captured replay agree); the swapped few-row
+    # tiles and the 128 x 128 tiles of 128-512 rows (two row tiles at 150, the second partial)
     from tilesparse.kernels import _alloc, bsmm_panel
 
     operands, expected = _dds_case(block_size, dtype, trans, m)
-    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=16 if m <= 16 else 64, splits=3,
-                                 entries=64 // block_size, swap=True, fused_sum=True)
+    block_m = (16 if m <= 16 else 64) if swap else 128
+    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=block_m, splits=3,
+                                 entries=64 // block_size, swap=swap, fused_sum=True)
     first = kernels.dds(*operands, config=cfg)
     assert_close(first, expected, dtype, "dds panel, fused split sum")
     assert torch.equal(first, kernels.dds(*operands, config=cfg))
@@ -151,13 +152,14 @@ def test_dds_panel_fused_split_sum(block_size, dtype, trans, m):
 
 
 def test_panel_config_past_the_shared_memory_is_refused_by_name():
-    # a config whose tiles do not fit (fp32, b 32, 256-deep steps: ~300 KB) names the reason
-    # instead of Triton's launch error; a tuned entry like it would run another kernel
+    # a config whose tiles do not fit (bf16, b 32, 256 features x 256-deep steps, 4 stages:
+    # ~160 KB a stage) names the reason instead of Triton's launch error; a tuned entry like
+    # it would run another kernel. (fp32 at 256 deep with the exact dot does fit on an H200.)
     from tilesparse.kernels import bsmm_panel
 
-    operands, _ = _dds_case(32, torch.float32, True, 37)
+    operands, _ = _dds_case(32, torch.bfloat16, True, 37)
     with pytest.raises(ValueError, match="more shared memory than this GPU has"):
-        kernels.dds(*operands, config=bsmm_panel.PanelConfig(4, block_m=64, entries=8, swap=True))
+        kernels.dds(*operands, config=bsmm_panel.PanelConfig(8, block_m=64, entries=8, swap=True, num_stages=4))
 
 
 def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_captures():
@@ -180,10 +182,10 @@ def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_capture
     assert_close(out, expected, torch.bfloat16, "captured dds panel")
 
 
-def test_the_h200_table_sends_b16_half_dense_products_at_few_rows_to_the_deep_panel(monkeypatch):
-    # the shipped entries (W 12288², b 16, density 0.5: bprop at 5-64 rows, fprop at 33-64):
-    # the dispatcher runs the panel kernel; inside a capture on a layout whose panel tables
-    # are not built yet it runs another kernel rather than raising
+def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_deep_panel(monkeypatch):
+    # the shipped entries (W 12288², b 16, density 0.5: bprop at 5-64 rows, fprop at 33-64,
+    # both at 65-512): the dispatcher runs the panel kernel; inside a capture on a layout whose
+    # panel tables are not built yet it runs another kernel rather than raising
     from tilesparse.kernels import bsmm_panel, tuned
 
     if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
@@ -193,7 +195,7 @@ def test_the_h200_table_sends_b16_half_dense_products_at_few_rows_to_the_deep_pa
     monkeypatch.setattr(bsmm_panel, "launch_dds_panel", lambda *args: calls.append(1) or real(*args))
     layout = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=3, device=DEVICE)
     values = random_values(layout, torch.bfloat16, DEVICE)
-    for m, trans in ((40, True), (8, False)):
+    for m, trans in ((40, True), (8, False), (128, True), (300, False)):
         a = torch.randn(m, 12288, device=DEVICE, dtype=torch.bfloat16)
         reference = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans,
                                 config=kernels.dds_config(m, 16, torch.bfloat16)).float()
@@ -203,6 +205,7 @@ def test_the_h200_table_sends_b16_half_dense_products_at_few_rows_to_the_deep_pa
         assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
     fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device=DEVICE)
     fresh_values = random_values(fresh, torch.bfloat16, DEVICE)
+    a = torch.randn(8, 12288, device=DEVICE, dtype=torch.bfloat16)
     reference = kernels.dds(a, fresh_values, fresh.meta, None, fresh.block_rows, fresh.block_cols, False,
                             config=kernels.dds_config(8, 16, torch.bfloat16)).float()
     torch.cuda.synchronize()

@@ -80,17 +80,18 @@ def test_a_tuned_panel_entry_the_kernel_refuses_runs_another_kernel(monkeypatch)
     assert launched == []
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "rows-as-M"])
 @pytest.mark.parametrize("splits", [2, 5], ids=lambda s: f"splits{s}")  # 5: some splits empty
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_panel_fused_split_sum(layout_kind, trans, splits):
+def test_dds_panel_fused_split_sum(layout_kind, trans, splits, swap):
     # the last split of each tile sums the partials in split order and writes C (with the
     # bias); the counters are left zero, and a second call gives the same bits
     from tilesparse.kernels import bsmm_panel
 
     layout = make_layout(layout_kind, 5, 3, 16)
     a, values, bias = dds_inputs(layout, 37, torch.float32, trans, True)
-    cfg = bsmm_panel.PanelConfig(4, block_m=16, splits=splits, entries=2, swap=True, fused_sum=True)
+    cfg = bsmm_panel.PanelConfig(4, block_m=16, splits=splits, entries=2, swap=swap, fused_sum=True)
     first = run_dds(layout, a, values, bias, trans, cfg)
     assert_close(first, dds_expected(layout, a, values, bias, trans), torch.float32, "dds panel, fused split sum")
     assert int(_alloc.arrival_counters(a.device, 8).abs().sum()) == 0

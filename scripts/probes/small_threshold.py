@@ -182,6 +182,17 @@ ALL_VARIANTS = {
     "pG4m32x4e4SF": ("panel", 4, 32, 4, 3, 8, 4, 4, True, True),
     "pG4m64x4e4SF": ("panel", 4, 64, 4, 3, 8, 4, 4, True, True),
     "pG8m64x8e4SF": ("panel", 8, 64, 4, 3, 8, 8, 4, True, True),
+    # deep panels at 128-512 rows (thirty-seventh session), where b 16 ran 3.5-4x slower than
+    # dense: 128 x 128 tiles over 64-deep steps; the union of 8 random block-rows is nearly
+    # full at density 0.5, so the work approaches dense's FLOPs on half its weight bytes
+    "pG8m128x1e4": ("panel", 8, 128, 4, 3, 8, 1, 4, False),
+    "pG8m128x2e4F": ("panel", 8, 128, 4, 3, 8, 2, 4, False, True),
+    "pG8m128x4e4F": ("panel", 8, 128, 4, 3, 8, 4, 4, False, True),
+    "pG8m128w8x2e4F": ("panel", 8, 128, 8, 3, 8, 2, 4, False, True),
+    "pG8m128x2e2F": ("panel", 8, 128, 4, 4, 8, 2, 2, False, True),
+    "pG8m128x2e4SF": ("panel", 8, 128, 4, 3, 8, 2, 4, True, True),
+    "pG8m64x2e4SF": ("panel", 8, 64, 4, 3, 8, 2, 4, True, True),
+    "pG4m128x2e4F": ("panel", 4, 128, 4, 3, 8, 2, 4, False, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
