@@ -91,6 +91,7 @@
 #            (the 0.25 bucket's low end); adopt with measure_small_crossover.py --adopt ... --per-shape
 #   small-panel-wide - deep panels (128 x 128 tiles, 64-deep steps) at 128-512 rows, b 16 / 32, where
 #            b 16 ran 3.5-4x slower than dense; adopt with measure_small_crossover.py --adopt ... --per-shape
+#   small-panel-wide2 - the next round at 128 / 256 rows: 256-wide panels, 256 rows, deeper pipelines
 #   small-panel-split - b 16 / 32 at 16-64 rows: the panel dds (G block-rows sharing each activation tile)
 #            with its reduction split over 8-16 programs, against the small kernel's default and the
 #            dispatcher's choice; adopt with measure_small_crossover.py --adopt small-panel-split.json
@@ -261,6 +262,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.5 0.25 0.1 --ms 128 256 512 --variants default pG8m128x1e4 pG8m128x2e4F pG8m128x4e4F \
               pG8m128w8x2e4F pG8m128x2e2F pG8m128x2e4SF pG8m64x2e4SF pG4m128x2e4F --auto \
               --out "$OUT/small-panel-wide.json" > "$OUT/small-panel-wide.log" 2>&1 ;;
+    small-panel-wide2) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
+              --densities 0.5 0.25 --ms 128 256 --variants pG8m128w8x2e4F pG4m128x2e4F pG16m128w8x2e4F \
+              pG16m64w8x2e4F pG8m256w8x2e4F pG8m128w8st4x2e4F pG4m128w8x2e4F pG4m128x4e4F pG8m128w8x4e2F --auto \
+              --out "$OUT/small-panel-wide2.json" > "$OUT/small-panel-wide2.log" 2>&1 ;;
     small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
               --densities 0.5 0.25 0.1 --ms 16 32 64 --variants default pG8m16w4st4x8 pG8m32w4st4x8 pG8m64w4st4x8 \
               pG8m64w4st4x16 pG8m64w8st4x8 pG4m64w4st4x8 --auto --out "$OUT/small-panel-split.json" \

@@ -193,6 +193,15 @@ ALL_VARIANTS = {
     "pG8m128x2e4SF": ("panel", 8, 128, 4, 3, 8, 2, 4, True, True),
     "pG8m64x2e4SF": ("panel", 8, 64, 4, 3, 8, 2, 4, True, True),
     "pG4m128x2e4F": ("panel", 4, 128, 4, 3, 8, 2, 4, False, True),
+    # ... and past them (after pG8m128w8x2e4F / pG4m128x2e4F won at 1.5x dense): 256 features
+    # (the activation tile shared twice as far), 256 rows, deeper pipelines, more splits
+    "pG16m128w8x2e4F": ("panel", 16, 128, 8, 3, 8, 2, 4, False, True),
+    "pG16m64w8x2e4F": ("panel", 16, 64, 8, 3, 8, 2, 4, False, True),
+    "pG8m256w8x2e4F": ("panel", 8, 256, 8, 3, 8, 2, 4, False, True),
+    "pG8m128w8st4x2e4F": ("panel", 8, 128, 8, 4, 8, 2, 4, False, True),
+    "pG4m128w8x2e4F": ("panel", 4, 128, 8, 3, 8, 2, 4, False, True),
+    "pG4m128x4e4F": ("panel", 4, 128, 4, 3, 8, 4, 4, False, True),
+    "pG8m128w8x4e2F": ("panel", 8, 128, 8, 4, 8, 4, 2, False, True),
     # the column-grouped warp-specialized kernel (kernels/bsmm_ws_group.py, shipped at M >= 513)
     # at 16-64 rows, thirtieth session: G output block-columns share each activation tile, so
     # the activations' L2 traffic (M / b times the weight's bytes at one block-column per
