@@ -228,6 +228,10 @@ def test_search_spaces_are_valid_configs(m, block, fp32):
     deep = [c for c in dds if isinstance(c, PanelConfig) and c.swap]  # deep panels: b 16, 16-bit, <= 64 rows
     assert bool(deep) == (block == 16 and m <= 64 and not fp32)
     assert all(c.entries * block <= 256 and c.group * block <= 256 and c.block_m >= 16 for c in deep)
+    # ... and with 128 x 128 tiles, the rows as the MMA's M side, sums in-kernel: b 16 / 32, 65-512 rows
+    wide = [c for c in dds if isinstance(c, PanelConfig) and c.block_m == 128 and c.fused_sum]
+    assert bool(wide) == (block <= 32 and 64 < m <= 512 and not fp32)
+    assert all(not c.swap and c.splits > 1 and c.entries * block <= 64 and c.group * block <= 128 for c in wide)
     assert all(c.sub <= max(16, block) for c in gemv)
     sdd = list(tune_mod.sdd_space(block, nnz=50, sms=132, fp32=fp32))
     assert dds and sdd

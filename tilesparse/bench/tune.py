@@ -40,7 +40,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
     """The dds candidates that mattered in the H200 sweeps (docs/performance.md): tile
     height, reduction step, warps, stages and TMA at b >= 64, and there on Hopper the
     warp-specialized Gluon kernel (elsewhere it refuses to run and is skipped); panels of
-    several block-columns at b <= 32; the FMA kernel at 1-8 rows; the streaming kernel at
+    several block-columns at b <= 32 (deep ones at b 16 for <= 64 rows, at b 16 / 32 for
+    65-512); the FMA kernel at 1-8 rows; the streaming kernel at
     small M, at M 128-512 with a slice's row tiles inner (16-bit), and at large M for b 16
     in 16-bit (feature-major tiles)."""
     tile = tile_for(block)
@@ -71,6 +72,14 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
         # (docs/performance.md, thirty-sixth session)
         for group in (8, 4):
             yield PanelConfig(group, rows_per_program(m), 4, 3, splits=4, entries=4, swap=True)
+    if block in (16, 32) and 64 < m <= 512 and not fp32:
+        # deep panels with 128 x 128 tiles (the activation rows as the MMA's M side), 64-deep
+        # steps, splits summed in-kernel; on the H200 (W 12288²) 1.1-2.5x the dispatcher's
+        # choice before them at b 16 and at b 32, density 0.5 (thirty-seventh session)
+        features = 128 // block
+        for group, warps, splits, entries in ((features, 8, 2, 4), (features // 2, 4, 2, 4), (features, 4, 4, 4),
+                                              (features, 4, 2, 2)):
+            yield PanelConfig(group, 128, warps, 3, splits=splits, entries=entries * 16 // block, fused_sum=True)
     if m <= GEMV_MAX_ROWS:
         # the FMA kernel (no MMA padding of the rows to 16): on the H200 the b 16 default at
         # 1-4 rows, 128-wide steps with 8 warps at one row and 64-wide with 4 at 2-4 (slower
