@@ -263,7 +263,7 @@ for step in ${STEPS:-large dtypes graph}; do
               pG8m128w8x2e4F pG8m128x2e2F pG8m128x2e4SF pG8m64x2e4SF pG4m128x2e4F --auto \
               --out "$OUT/small-panel-wide.json" > "$OUT/small-panel-wide.log" 2>&1 ;;
     small-panel-wide2) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
-              --densities 0.5 0.25 --ms 128 256 --variants pG8m128w8x2e4F pG4m128x2e4F pG16m128w8x2e4F \
+              --densities 0.5 0.25 --ms 128 256 --variants default pG8m128w8x2e4F pG4m128x2e4F pG16m128w8x2e4F \
               pG16m64w8x2e4F pG8m256w8x2e4F pG8m128w8st4x2e4F pG4m128w8x2e4F pG4m128x4e4F pG8m128w8x4e2F --auto \
               --out "$OUT/small-panel-wide2.json" > "$OUT/small-panel-wide2.log" 2>&1 ;;
     small-panel-split) timeout "${SMALL_TIMEOUT:-300}" python3 scripts/probes/small_threshold.py --blocks 16 32 \
