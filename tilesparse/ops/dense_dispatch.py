@@ -22,9 +22,10 @@ smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
 of that size (``SMALL_MIN_WEIGHT``). There the dense path scatters the whole weight every
 call, traffic comparable to the product itself, so a call slower than dense runs as dense
 only where the model :func:`small_dense_path_faster` says the dense path, copies included,
-is faster (timed at 128-512 rows, ``...-dense-dispatch-small-5af8cc4.json``: forward b 16 at
-density 0.5 from 128 rows, 0.25 from 256 and b 32 at 0.5 at 512; training b 16 at 0.5 from
-256 rows and at 0.25 at 512), and only warns elsewhere.
+is faster (timed at 128-512 rows, ``...-dense-dispatch-small-5af8cc4.json``; with the small
+suite of 2fa57c2, whose deep panels halved b 16's times at 128-512 rows: forward b 16 at
+density 0.5 and 0.25 and b 32 at 0.5, all at 512 rows; no training step), and only warns
+elsewhere.
 513-8191 rows were not timed: nothing is claimed there. The crossover density of
 each block size is where the measured speedup (the geometric mean over the four shapes),
 interpolated linearly in log speedup against log density between the densities timed,
