@@ -15,7 +15,10 @@ share most of their reduction blocks (high density, or layouts built that way).
 
 For few activation rows (16-64 per program) the same panels run with deep steps
 (``entries`` union entries per step) and the panel's features as the MMA's M side
-(``swap``): on the H200 the b 16 entries of the shipped table at 5-64 rows.
+(``swap``): on the H200 the b 16 entries of the shipped table at 5-64 rows. At 65-512
+rows, 128 x 128 tiles over 64-deep steps unswapped, with two splits summed in the kernel
+(``fused_sum``): the b 16 / 32 entries there (the union of 4-8 block-rows is nearly full
+at density 0.5, so these do dense's FLOPs on the stored blocks' bytes).
 
 The panel tables (union entries per group and the G storage slots of each) are built
 on the device from the layout's packed tables, once per (meta, direction, G), and
