@@ -2,6 +2,8 @@
 
 from .attention import BlockSparseSelfAttention
 from .linear import BlockSparseLinear
+from .linear_transposed import TransposedBlockSparseLinear, store_transposed
 from .lstm import BlockSparseLSTM
 
-__all__ = ["BlockSparseLinear", "BlockSparseLSTM", "BlockSparseSelfAttention"]
+__all__ = ["BlockSparseLinear", "BlockSparseLSTM", "BlockSparseSelfAttention", "TransposedBlockSparseLinear",
+           "store_transposed"]

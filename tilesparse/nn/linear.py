@@ -11,6 +11,20 @@ from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
 
 
+def check_loaded_mask(state_dict, key: str, mask: torch.Tensor, what: str) -> None:
+    """A checkpoint's layout mask under ``key`` must equal the module's: the blocks are
+    stored in the layout's order, so loading them onto another layout would scramble them."""
+    if key in state_dict:
+        loaded = state_dict[key]
+        if loaded.shape != mask.shape or not torch.equal(loaded.to(mask.device, torch.bool), mask):
+            raise ValueError(
+                f"{key}: the checkpoint's {what} differs from this module's "
+                f"({int(loaded.sum())} vs {int(mask.sum())} blocks of "
+                f"{tuple(loaded.shape)} vs {tuple(mask.shape)}); build the module "
+                "with the checkpoint's layout (BlockLayout(mask, block_size)) before loading"
+            )
+
+
 class BlockSparseLinear(nn.Module):
     """y = x W^T + b, with W [out_features, in_features] stored as blocks.
 
@@ -181,18 +195,7 @@ class BlockSparseLinear(nn.Module):
 
     # ----------------------------------------------------------------- state_dict
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "layout_mask"
-        if key in state_dict:
-            loaded = state_dict[key]
-            if loaded.shape != self.layout_mask.shape or not torch.equal(
-                loaded.to(self.layout_mask.device, torch.bool), self.layout_mask
-            ):
-                raise ValueError(
-                    f"{key}: the checkpoint's block layout differs from this module's "
-                    f"({int(loaded.sum())} vs {int(self.layout_mask.sum())} blocks of "
-                    f"{tuple(loaded.shape)} vs {tuple(self.layout_mask.shape)}); build the module "
-                    "with the checkpoint's layout (BlockLayout(mask, block_size)) before loading"
-                )
+        check_loaded_mask(state_dict, prefix + "layout_mask", self.layout_mask, "block layout")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -224,16 +224,26 @@ def block_sparse_linear(
     weight: torch.Tensor,
     layout: BlockLayout,
     bias: Optional[torch.Tensor] = None,
+    *,
+    transposed_storage: bool = False,
 ) -> torch.Tensor:
     """Y = X W^T + bias with W [out, in] block-sparse: ``weight`` [nnz, b, b] in
     ``layout.coords`` order, ``layout.shape == (out, in)``. X is [..., in]. Where this
     call was measured slower than dense on this GPU (small blocks at high density, large
     batches: :mod:`tilesparse.ops.dense_dispatch`) it warns once and runs as dense, unless
-    ``TILESPARSE_DENSE_DISPATCH=0``."""
+    ``TILESPARSE_DENSE_DISPATCH=0``.
+
+    ``transposed_storage=True``: ``layout`` and ``weight`` hold W^T instead
+    (``layout.shape == (in, out)``, W^T's blocks in its ``coords`` order; see
+    :class:`tilesparse.nn.TransposedBlockSparseLinear`). The forward then runs as X @ W^T
+    on W^T's block-rows, the faster form for 16x16 blocks at 17-64 rows (the kernels only:
+    no dense dispatch)."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
-    out_features, in_features = layout.shape
+    if not isinstance(transposed_storage, bool):
+        raise TypeError(f"transposed_storage must be a bool, got {type(transposed_storage).__name__}")
+    out_features, in_features = layout.shape[::-1] if transposed_storage else layout.shape
     _checks.check_dim(x.shape[-1], in_features, "x.shape[-1] (in_features)")
     if bias is not None:
         _checks.check_tensor(bias, "bias", dim=1)
@@ -249,7 +259,9 @@ def block_sparse_linear(
     meta = layout.meta_on(x.device)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)
-    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training, layout.shape):
+    if transposed_storage:
+        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, False)
+    elif dense_dispatch.run_dense(x, layout.block_size, layout.density, training, layout.shape):
         y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols)
     else:
         y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)
