@@ -142,6 +142,16 @@ def test_rows_carry_bandwidth(cpu_rows):
         assert r["rel_err"] < 1e-4
 
 
+def test_the_transposed_storage_method_times_fprop_only():
+    # tilesparse_t: W's blocks stored in Wᵀ's order (TransposedBlockSparseLinear), fprop only
+    ctx = RunContext(cuda=False, stamp=STAMP, copy_bandwidth_gbs=20.0, log=lambda text: None)
+    rows = get_suite("small").run("small", dict(TINY, peers=["dense", "tilesparse_t"], copy_reference=False), ctx)
+    flipped = [r for r in rows if r["method"] == "tilesparse_t"]
+    assert {(r["op"], r["block"], r["M"]) for r in flipped} == {("fprop", b, m) for b in (16, 32) for m in (1, 8)}
+    assert all(r["rel_err"] < 1e-4 and r["ms"] > 0 for r in flipped)
+    assert "tilesparse_t/bprop" in ctx.skipped
+
+
 def _random_layout(row):
     from tilesparse import layouts
 

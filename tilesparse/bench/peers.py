@@ -190,8 +190,30 @@ def stk(op: str, o: Operands) -> Result:
     return (fn, None) if fn is not None else (None, f"unknown op {op!r}")
 
 
+# --------------------------------------------------------------------------- tilesparse, W stored as Wᵀ
+
+
+def tilesparse_transposed(op: str, o: Operands) -> Result:
+    """fprop with W's blocks stored in Wᵀ's order (TransposedBlockSparseLinear's storage):
+    X @ S on Wᵀ's block-rows, the fast form at few rows for 16x16 blocks. fprop only (the
+    other products are the 'tilesparse' rows). The copy and its tables are made here, and
+    the call runs once, so a CUDA-graph capture of it finds every table built."""
+    if op != "fprop":
+        return None, "times fprop only (W stored as Wᵀ is for the forward; the other products are tilesparse's)"
+    flipped = o.layout.transpose()
+    values_t = o.values[o.layout.tables.col_slot.to(o.values.device).long()].transpose(1, 2).contiguous()
+    x = o.x
+
+    def fprop():
+        return ts_ops.dds(x, values_t, flipped)
+
+    fprop()
+    return fprop, None
+
+
 ADAPTERS: dict[str, Callable[[str, Operands], Result]] = {
     "tilesparse": tilesparse,
+    "tilesparse_t": tilesparse_transposed,
     "dense": dense,
     "torch_bsr": torch_bsr,
     "stk": stk,
@@ -204,6 +226,9 @@ DESCRIPTIONS = {
         "bprop": "tilesparse.dds(dy, values, layout)",
         "updat": "tilesparse.sdd(dy, x, layout, trans_a=True)",
         "step": "autograd: y = block_sparse_linear(x, w, layout); torch.autograd.grad(y, (x, w), dy)",
+    },
+    "tilesparse_t": {
+        "fprop": "tilesparse.dds(x, values_t, layout.transpose()): W stored as Wᵀ (TransposedBlockSparseLinear)",
     },
     "dense": {
         "fprop": "torch.matmul(x, w.t())",
