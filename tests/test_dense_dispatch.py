@@ -89,6 +89,33 @@ def test_dense_path_is_twice_differentiable():
     assert torch.autograd.gradgradcheck(layer, (x, weight, bias))
 
 
+def test_dense_path_of_the_transposed_storage_computes_the_same_layer(monkeypatch):
+    # W's blocks stored as W^T's (TransposedBlockSparseLinear): the dense path scatters W^T
+    layout = ts.layouts.random(48, 64, 16, 0.5, seed=1)
+    weight = torch.randn(layout.nnz, 16, 16, dtype=torch.float64) * 0.2
+    flipped = layout.transpose()
+    weight_t = weight[layout.tables.col_slot.long()].transpose(1, 2).contiguous().requires_grad_()
+    weight.requires_grad_()
+    bias = torch.randn(48, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(9, 64, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(9, 48, dtype=torch.float64)
+    want = ops.block_sparse_linear(x, weight, layout, bias)
+    want_grads = torch.autograd.grad(want, (x, weight, bias), grad)
+    calls = []
+    monkeypatch.setattr(dd, "run_dense", lambda *args: calls.append(args) or True)
+    got = ops.block_sparse_linear(x, weight_t, flipped, bias, transposed_storage=True)
+    got_grads = torch.autograd.grad(got, (x, weight_t, bias), grad)
+    assert calls and calls[0][1:] == (16, layout.density, True, layout.shape)  # W's shape, not W^T's
+    assert_close(got, want, torch.float64, "dense path output")
+    assert_close(got_grads[0], want_grads[0], torch.float64, "dense path dx")
+    assert_close(got_grads[1], want_grads[1][layout.tables.col_slot.long()].transpose(1, 2), torch.float64,
+                 "dense path dweight (W^T's blocks)")
+    assert_close(got_grads[2], want_grads[2], torch.float64, "dense path dbias")
+    assert torch.autograd.gradgradcheck(
+        lambda x, w: dd.dense_linear(x, w, flipped.meta, None, flipped.block_rows, flipped.block_cols, True),
+        (x[:3].detach().requires_grad_(), weight_t.detach().requires_grad_()))
+
+
 @pytest.mark.parametrize("shape", [(37, 64), (3, 5, 64)])
 def test_dense_path_computes_the_same_layer(shape, monkeypatch):
     layout = ts.layouts.random(48, 64, 16, 0.5, seed=0)

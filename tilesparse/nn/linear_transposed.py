@@ -12,7 +12,7 @@ with the backward slower by as much (``scripts/probes/transposed_storage.py``,
 ``bench/results/2026-12-02-nvidia-h200-transposed-storage-ea44b38.json``). At density 0.25
 the gain starts at 32 rows; with 32x32 blocks or density 0.1 the rows order is as fast or
 1-3 µs faster. So this is for layers that run mostly forward at 17-64 rows: decoding.
-The calls run the kernels only (no dense dispatch).
+Dense dispatch decides as for BlockSparseLinear (its measurements are of the rows order).
 """
 
 from __future__ import annotations

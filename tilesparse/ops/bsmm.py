@@ -236,8 +236,8 @@ def block_sparse_linear(
     ``transposed_storage=True``: ``layout`` and ``weight`` hold W^T instead
     (``layout.shape == (in, out)``, W^T's blocks in its ``coords`` order; see
     :class:`tilesparse.nn.TransposedBlockSparseLinear`). The forward then runs as X @ W^T
-    on W^T's block-rows, the faster form for 16x16 blocks at 17-64 rows (the kernels only:
-    no dense dispatch)."""
+    on W^T's block-rows, the faster form for 16x16 blocks at 17-64 rows. Dense dispatch
+    decides as for W stored by rows (the measurements are of that order)."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
@@ -259,12 +259,11 @@ def block_sparse_linear(
     meta = layout.meta_on(x.device)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)
-    if transposed_storage:
-        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, False)
-    elif dense_dispatch.run_dense(x, layout.block_size, layout.density, training, layout.shape):
-        y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols)
+    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training, (out_features, in_features)):
+        y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols,
+                                        transposed_storage)
     else:
-        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, True)
+        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, not transposed_storage)
     # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
 

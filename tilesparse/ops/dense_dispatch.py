@@ -301,14 +301,17 @@ def gather_blocks(dense: torch.Tensor, meta: torch.Tensor, rows: int, cols: int,
 class _DenseLinear(torch.autograd.Function):
     """Y = X W^T + bias through cuBLAS with W scattered from its blocks for the call. Saves
     the blocks, not the dense W (which would stay alive until the backward): the backward
-    scatters it again for dX and gathers the blocks' gradient from the dense dW."""
+    scatters it again for dX and gathers the blocks' gradient from the dense dW.
+    ``transposed``: the blocks are W^T's (TransposedBlockSparseLinear's storage)."""
 
     @staticmethod
-    def forward(ctx, x, values, bias, meta, rows: int, cols: int):
+    def forward(ctx, x, values, bias, meta, rows: int, cols: int, transposed: bool):
         ctx.save_for_backward(x, values, meta)
         ctx.grid = (rows, cols)
         ctx.has_bias = bias is not None
-        return torch.nn.functional.linear(x, scatter_dense(values, meta, rows, cols), bias)
+        ctx.transposed = transposed
+        stored = scatter_dense(values, meta, rows, cols)
+        return torch.nn.functional.linear(x, stored.t() if transposed else stored, bias)
 
     @staticmethod
     def backward(ctx, grad):  # differentiable ops only: double backward works, as on the kernels' path
@@ -316,15 +319,18 @@ class _DenseLinear(torch.autograd.Function):
         rows, cols = ctx.grid
         grad_x = grad_values = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad @ scatter_dense(values, meta, rows, cols)
+            stored = scatter_dense(values, meta, rows, cols)
+            grad_x = grad @ (stored.t() if ctx.transposed else stored)
         if ctx.needs_input_grad[1]:
-            grad_values = gather_blocks(grad.t() @ x, meta, rows, cols, values.shape[-1])
+            grad_stored = x.t() @ grad if ctx.transposed else grad.t() @ x
+            grad_values = gather_blocks(grad_stored, meta, rows, cols, values.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
-        return grad_x, grad_values, grad_bias, None, None, None
+        return grad_x, grad_values, grad_bias, None, None, None, None
 
 
 def dense_linear(x: torch.Tensor, values: torch.Tensor, meta: torch.Tensor, bias: torch.Tensor | None,
-                 rows: int, cols: int) -> torch.Tensor:
-    """The layer as dense, for a 2-D ``x`` (see :class:`_DenseLinear`)."""
-    return _DenseLinear.apply(x, values, bias, meta, rows, cols)
+                 rows: int, cols: int, transposed: bool = False) -> torch.Tensor:
+    """The layer as dense, for a 2-D ``x`` (see :class:`_DenseLinear`); ``transposed``: the
+    blocks (and ``meta``, ``rows``, ``cols``) are W^T's."""
+    return _DenseLinear.apply(x, values, bias, meta, rows, cols, transposed)
