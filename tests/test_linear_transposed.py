@@ -89,8 +89,57 @@ def test_state_dict_round_trip_and_a_different_layout_is_refused():
     mask = layer.layout.mask.clone()
     mask[0, 0] = not mask[0, 0]
     other = TransposedBlockSparseLinear(tilesparse.BlockLayout(mask, 16), dtype=torch.float32)
-    with pytest.raises(ValueError, match="layout_mask"):
+    with pytest.raises(ValueError, match="transposed_layout_mask"):
         other.load_state_dict(layer.state_dict())
+
+
+def test_a_checkpoint_of_the_other_storage_order_is_refused():
+    # a symmetric layout of a square W would load silently as the wrong function: the mask keys differ
+    rows_layer = BlockSparseLinear(64, 64, block_size=16, density=1.0, dtype=torch.float32)
+    layer = TransposedBlockSparseLinear.from_module(rows_layer)
+    with pytest.raises(RuntimeError, match="transposed_layout_mask"):
+        layer.load_state_dict(rows_layer.state_dict())
+    with pytest.raises(RuntimeError, match="layout_mask"):
+        rows_layer.load_state_dict(layer.state_dict())
+
+
+def test_frozen_parameters_stay_frozen_and_tables_are_built():
+    rows_layer = _layer(dtype=torch.float32)
+    rows_layer.weight.requires_grad_(False)
+    layer = TransposedBlockSparseLinear.from_module(rows_layer)
+    assert not layer.weight.requires_grad and layer.bias.requires_grad
+    assert layer.layout._meta_by_device  # the tables, built at conversion
+    back = layer.to_block_sparse_linear()
+    assert not back.weight.requires_grad and back.bias.requires_grad
+
+
+def test_built_from_a_layout_it_draws_the_row_stored_layers_init():
+    layout = layouts.random(128, 64, 16, 0.5, seed=7)  # W [128, 64]: Wᵀ's layout is its transpose
+    layer = TransposedBlockSparseLinear(layout.transpose(), dtype=torch.float64)
+    assert (layer.in_features, layer.out_features) == (64, 128)
+    fan_in = layout.mask.sum(dim=1).clamp(min=1) * 16  # per output block of W
+    bound = fan_in.double().rsqrt()
+    w = layer.to_dense()  # [out, in]
+    per_output = w.abs().amax(dim=1).view(-1, 16).amax(dim=1)
+    assert bool((per_output <= bound).all()) and bool((per_output[layout.mask.any(dim=1)] > bound / 2).all())
+    assert bool((layer.bias.abs().view(-1, 16).amax(dim=1) <= bound).all())
+    assert layer.double().weight.dtype == torch.float64
+    with pytest.raises(TypeError, match="dtype must be a floating-point"):
+        TransposedBlockSparseLinear(layout.transpose(), dtype=torch.int32)
+
+
+def test_store_transposed_leaves_lstms_and_subclasses_alone():
+    from tilesparse.sparsity import GatedBlockSparseLinear
+
+    lstm = tilesparse.BlockSparseLSTM(32, 32, block_size=16, density=0.5)
+    gated = GatedBlockSparseLinear(32, 32, block_size=16, density=0.5)
+    model = nn.ModuleDict({"lstm": lstm, "gated": gated, "plain": _layer(32, 32)})
+    store_transposed(model)
+    assert model["lstm"] is lstm and isinstance(lstm.hh, BlockSparseLinear)
+    assert model["gated"] is gated
+    assert isinstance(model["plain"], TransposedBlockSparseLinear)
+    with pytest.raises(TypeError, match="not a subclass"):
+        TransposedBlockSparseLinear.from_module(gated)
 
 
 def test_bad_arguments_are_named():

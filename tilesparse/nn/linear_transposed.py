@@ -10,8 +10,9 @@ bf16, 16x16 blocks at density 0.5) the forward at 8 / 16 / 32 / 64 rows took 68 
 91 / 102 µs stored by rows and 64 / 64 / 72 / 84 µs stored transposed (dense 76-79 µs),
 with the backward slower by as much (``scripts/probes/transposed_storage.py``,
 ``bench/results/2026-12-02-nvidia-h200-transposed-storage-ea44b38.json``). At density 0.25
-the gain starts at 32 rows; with 32x32 blocks or density 0.1 the rows order is as fast or
-1-3 µs faster. So this is for layers that run mostly forward at 17-64 rows: decoding.
+the gain starts at 32 rows; with 32x32 blocks the rows order is as fast or 1-3 µs faster,
+and at density 0.1 the two are within 2.5 µs. So this is for 16-bit layers that run mostly
+forward at 17-64 rows: decoding.
 Dense dispatch decides as for BlockSparseLinear (its measurements are of the rows order).
 """
 
@@ -35,53 +36,82 @@ class TransposedBlockSparseLinear(nn.Module):
     """y = x Wᵀ + b, with W [out_features, in_features] stored as Wᵀ's blocks.
 
     Built from a :class:`BlockSparseLinear` (:meth:`from_module`) and turned back into one
-    (:meth:`to_block_sparse_linear`); the same function, stored in the other order.
+    (:meth:`to_block_sparse_linear`); the same function, stored in the other order. Built
+    from a layout, it draws BlockSparseLinear's init (uniform, bound 1/sqrt(fan-in) per output).
     ``weight`` is a Parameter [nnz, b, b] holding Wᵀ's blocks in ``layout.coords`` order,
     where ``layout`` (shape (in_features, out_features)) is Wᵀ's layout; it trains like
-    BlockSparseLinear's. The layout is saved in the state_dict as ``layout_mask`` (Wᵀ's).
-    Use :func:`store_transposed` to convert every BlockSparseLinear of a model.
+    BlockSparseLinear's (16-bit: in fp32 the TF32 kernels copy each block transposed per
+    call). The layout is saved in the state_dict as ``transposed_layout_mask``, so that a
+    checkpoint of the other storage order is refused, not loaded as the wrong function:
+    load a BlockSparseLinear checkpoint first, then convert. RigL and group lasso work on
+    BlockSparseLinear: convert after training. Use :func:`store_transposed` to convert a model.
     """
 
     def __init__(self, layout: BlockLayout, *, bias: bool = True, device=None, dtype=None):
         super().__init__()
         if not isinstance(layout, BlockLayout):
             raise TypeError(f"layout must be a tilesparse.BlockLayout (Wᵀ's), got {type(layout).__name__}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype (the weights are trained), got {dtype!r}")
         self.in_features, self.out_features = layout.shape
         self.block_size = layout.block_size
         layout = layout.to(device if device is not None else "cpu")
         self._layout = layout
-        self.register_buffer("layout_mask", layout.mask.clone())
+        self.register_buffer("transposed_layout_mask", layout.mask.clone())
         factory = {"device": device, "dtype": dtype}
         b = layout.block_size
-        self.weight = nn.Parameter(torch.zeros(layout.nnz, b, b, **factory))
-        self.bias = nn.Parameter(torch.zeros(self.out_features, **factory)) if bias else None
+        self.weight = nn.Parameter(torch.empty(layout.nnz, b, b, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """BlockSparseLinear's init: uniform with bound 1/sqrt(fan-in), each output's actual
+        fan-in (its stored blocks times b; an output is a column of Wᵀ)."""
+        b = self.block_size
+        with torch.no_grad():
+            fan_in = self.transposed_layout_mask.sum(dim=0).clamp(min=1) * b  # per output block
+            bound = fan_in.to(self.weight.device, torch.float32).rsqrt()
+            cols = self.layout.coords[:, 1].to(self.weight.device)
+            noise = torch.rand(self.weight.shape, device=self.weight.device, dtype=torch.float32) * 2 - 1
+            self.weight.copy_(noise * bound[cols][:, None, None])
+            if self.bias is not None:
+                noise = torch.rand(self.out_features, device=self.bias.device, dtype=torch.float32) * 2 - 1
+                self.bias.copy_(noise * bound.repeat_interleave(b).to(self.bias.device))
 
     @property
     def layout(self) -> BlockLayout:
         """Wᵀ's layout, on the module's current device."""
-        if self._layout.device != self.layout_mask.device:
-            self._layout = self._layout.to(self.layout_mask.device)
+        if self._layout.device != self.transposed_layout_mask.device:
+            self._layout = self._layout.to(self.transposed_layout_mask.device)
         return self._layout
 
     def _apply(self, fn, recurse=True):
         """After ``.to()`` / ``.cuda()``: build the layout's tables on the new device now,
         outside any compiled region (as BlockSparseLinear does)."""
         result = super()._apply(fn, recurse)
-        if self.layout_mask.device.type != "meta":
+        if self.transposed_layout_mask.device.type != "meta":
             self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
         return result
 
     @classmethod
     def from_module(cls, module: BlockSparseLinear) -> "TransposedBlockSparseLinear":
-        """The same layer with its blocks (and their layout) stored as Wᵀ's; a copy."""
-        if not isinstance(module, BlockSparseLinear):
-            raise TypeError(f"module must be a tilesparse.nn.BlockSparseLinear, got {type(module).__name__}")
+        """The same layer with its blocks (and their layout) stored as Wᵀ's; a copy (with
+        the Parameters' ``requires_grad``). Only a plain BlockSparseLinear: a subclass
+        (e.g. a gated one) computes more than its blocks, which this would drop."""
+        if type(module) is not BlockSparseLinear:
+            raise TypeError(f"module must be a tilesparse.nn.BlockSparseLinear (not a subclass), "
+                            f"got {type(module).__name__}")
         weight = module.weight.detach()
         out = cls(module.layout.transpose(), bias=module.bias is not None, device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
             out.weight.copy_(_transposed_values(module.layout, weight))
             if module.bias is not None:
                 out.bias.copy_(module.bias.detach())
+        out.weight.requires_grad_(module.weight.requires_grad)
+        if module.bias is not None:
+            out.bias.requires_grad_(module.bias.requires_grad)
+        if weight.device.type != "meta":
+            out.layout.meta  # noqa: B018 (the tables now, not inside a compiled region)
         return out
 
     def to_block_sparse_linear(self) -> BlockSparseLinear:
@@ -94,6 +124,9 @@ class TransposedBlockSparseLinear(nn.Module):
             out.weight.copy_(_transposed_values(self.layout, weight))
             if self.bias is not None:
                 out.bias.copy_(self.bias.detach())
+        out.weight.requires_grad_(self.weight.requires_grad)
+        if self.bias is not None:
+            out.bias.requires_grad_(self.bias.requires_grad)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +138,8 @@ class TransposedBlockSparseLinear(nn.Module):
         return self.layout.to_dense(self.weight.detach()).t()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_loaded_mask(state_dict, prefix + "layout_mask", self.layout_mask, "block layout (of Wᵀ)")
+        check_loaded_mask(state_dict, prefix + "transposed_layout_mask", self.transposed_layout_mask,
+                          "block layout (of Wᵀ)")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -119,11 +153,15 @@ class TransposedBlockSparseLinear(nn.Module):
 
 
 def store_transposed(model: nn.Module) -> nn.Module:
-    """Replace every BlockSparseLinear in ``model`` (in place, the model itself too) by its
-    :class:`TransposedBlockSparseLinear`; returns the model (or the replacement when
-    ``model`` is one). Make optimizers after converting: the Parameters are new."""
-    if isinstance(model, BlockSparseLinear):
+    """Replace every plain BlockSparseLinear in ``model`` (in place, the model itself too)
+    by its :class:`TransposedBlockSparseLinear`; returns the model (or the replacement when
+    ``model`` is one). Inside tilesparse.nn's other modules (BlockSparseLSTM reads its
+    sublayers' blocks itself) nothing is converted, nor are BlockSparseLinear's subclasses.
+    Make optimizers after converting: the Parameters are new."""
+    if type(model) is BlockSparseLinear:
         return TransposedBlockSparseLinear.from_module(model)
+    if type(model).__module__.startswith("tilesparse.nn."):
+        return model  # its own code reads the sublayers' storage
     for name, child in list(model.named_children()):
         converted = store_transposed(child)
         if converted is not child:
