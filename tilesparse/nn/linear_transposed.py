@@ -32,6 +32,18 @@ def _transposed_values(layout: BlockLayout, values: torch.Tensor) -> torch.Tenso
     return values[col_slot].transpose(1, 2).contiguous()
 
 
+def _copy_flipped(source: nn.Module, target: nn.Module) -> None:
+    """``source``'s blocks into ``target`` in the other storage order (both layers compute
+    the same function), its bias, and each Parameter's ``requires_grad``."""
+    with torch.no_grad():
+        target.weight.copy_(_transposed_values(source.layout, source.weight.detach()))
+        if source.bias is not None:
+            target.bias.copy_(source.bias.detach())
+    target.weight.requires_grad_(source.weight.requires_grad)
+    if source.bias is not None:
+        target.bias.requires_grad_(source.bias.requires_grad)
+
+
 class TransposedBlockSparseLinear(nn.Module):
     """y = x Wᵀ + b, with W [out_features, in_features] stored as Wᵀ's blocks.
 
@@ -103,13 +115,7 @@ class TransposedBlockSparseLinear(nn.Module):
                             f"got {type(module).__name__}")
         weight = module.weight.detach()
         out = cls(module.layout.transpose(), bias=module.bias is not None, device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            out.weight.copy_(_transposed_values(module.layout, weight))
-            if module.bias is not None:
-                out.bias.copy_(module.bias.detach())
-        out.weight.requires_grad_(module.weight.requires_grad)
-        if module.bias is not None:
-            out.bias.requires_grad_(module.bias.requires_grad)
+        _copy_flipped(module, out)
         if weight.device.type != "meta":
             out.layout.meta  # noqa: B018 (the tables now, not inside a compiled region)
         return out
@@ -120,13 +126,7 @@ class TransposedBlockSparseLinear(nn.Module):
         layout = self.layout.transpose()  # W's
         out = BlockSparseLinear(self.in_features, self.out_features, block_size=self.block_size, layout=layout,
                                 bias=self.bias is not None, device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            out.weight.copy_(_transposed_values(self.layout, weight))
-            if self.bias is not None:
-                out.bias.copy_(self.bias.detach())
-        out.weight.requires_grad_(self.weight.requires_grad)
-        if self.bias is not None:
-            out.bias.requires_grad_(self.bias.requires_grad)
+        _copy_flipped(self, out)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
