@@ -62,8 +62,11 @@ def render(undocumented: list | None = None) -> str:
                 undocumented.append(f"{module_name}.{name}")
             lines += [f"### `{name}{_signature(obj)}`", "", f"*{kind}*", "", _doc(obj), ""]
             if inspect.isclass(obj):
+                # its own members and those of its private bases (the public class is the interface)
+                owners = [c for c in obj.__mro__ if c is obj or (c.__name__.startswith("_")
+                                                                 and c.__module__.startswith("tilesparse"))]
                 for member_name, member in inspect.getmembers(obj):
-                    if member_name.startswith("_") or member_name not in obj.__dict__:
+                    if member_name.startswith("_") or not any(member_name in c.__dict__ for c in owners):
                         continue
                     if not (inspect.isfunction(member) or isinstance(inspect.getattr_static(obj, member_name),
                                                                      (classmethod, staticmethod, property))):

@@ -70,3 +70,18 @@ def check_values(values, layout: BlockLayout, name: str = "weight") -> torch.Ten
 def check_dim(actual: int, expected: int, what: str) -> None:
     if actual != expected:
         raise ValueError(f"{what} is {actual} but the layout needs {expected}")
+
+
+def check_loaded_mask(state_dict, key: str, mask: torch.Tensor, what: str, layout_class: str = "BlockLayout") -> None:
+    """A checkpoint's layout mask under ``key`` must equal the module's: the module's values
+    are stored in its layout's order, so loading them onto another layout would scramble
+    them. ``what`` names the layout in the message, ``layout_class`` the class to rebuild it with."""
+    if key in state_dict:
+        loaded = state_dict[key]
+        if loaded.shape != mask.shape or not torch.equal(loaded.to(mask.device, torch.bool), mask):
+            raise ValueError(
+                f"{key}: the checkpoint's {what} differs from this module's "
+                f"({int(loaded.sum())} vs {int(mask.sum())} blocks of "
+                f"{tuple(loaded.shape)} vs {tuple(mask.shape)}); build the module "
+                f"with the checkpoint's layout ({layout_class}(mask, block_size)) before loading"
+            )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_module_input
+from .._checks import check_loaded_mask, check_module_input
 from .._counts import check_count
 from ..attention import AttentionLayout
 
@@ -120,16 +120,7 @@ class BlockSparseSelfAttention(nn.Module):
         return result
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        key = prefix + "layout_mask"
-        if key in state_dict:
-            loaded = state_dict[key]
-            if loaded.shape != self.layout_mask.shape or not torch.equal(
-                    loaded.to(self.layout_mask.device, torch.bool), self.layout_mask):
-                raise ValueError(
-                    f"{key}: the checkpoint's attention layout differs from this module's ({int(loaded.sum())} vs "
-                    f"{int(self.layout_mask.sum())} blocks of {tuple(loaded.shape)} vs "
-                    f"{tuple(self.layout_mask.shape)}); build the module with the checkpoint's layout "
-                    "(AttentionLayout(mask, block_size)) before loading")
+        check_loaded_mask(state_dict, prefix + "layout_mask", self.layout_mask, "attention layout", "AttentionLayout")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,25 +7,76 @@ from torch import nn
 
 from .. import layouts as layout_generators
 from .._counts import check_count
+from .._checks import check_loaded_mask
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
 
 
-def check_loaded_mask(state_dict, key: str, mask: torch.Tensor, what: str) -> None:
-    """A checkpoint's layout mask under ``key`` must equal the module's: the blocks are
-    stored in the layout's order, so loading them onto another layout would scramble them."""
-    if key in state_dict:
-        loaded = state_dict[key]
-        if loaded.shape != mask.shape or not torch.equal(loaded.to(mask.device, torch.bool), mask):
-            raise ValueError(
-                f"{key}: the checkpoint's {what} differs from this module's "
-                f"({int(loaded.sum())} vs {int(mask.sum())} blocks of "
-                f"{tuple(loaded.shape)} vs {tuple(mask.shape)}); build the module "
-                "with the checkpoint's layout (BlockLayout(mask, block_size)) before loading"
-            )
+class _BlockStoredLinear(nn.Module):
+    """What a linear layer whose weight is ``b x b`` blocks on a layout needs, whichever
+    order it stores them in (BlockSparseLinear: W's; TransposedBlockSparseLinear: Wᵀ's):
+    the layout and its mask buffer (named ``MASK_BUFFER``) made with the Parameters, the
+    layout following the mask across devices with its tables built on a move, a
+    checkpoint's mask checked on load, and nn.Linear's init by each output's actual fan-in
+    (``OUT_AXIS``: the layout's axis of the outputs). Subclasses set ``out_features`` and
+    ``block_size`` before :meth:`_make_blocks`."""
+
+    MASK_BUFFER = "layout_mask"
+    OUT_AXIS = 0
+    LAYOUT_WHAT = "block layout"
+
+    def _make_blocks(self, layout: BlockLayout, bias: bool, device, dtype) -> None:
+        """The layout (on ``device``), its mask buffer, ``weight`` [nnz, b, b] and ``bias``, initialised."""
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype (the weights are trained), got {dtype!r}")
+        factory = {"device": device, "dtype": dtype}
+        layout = layout.to(device if device is not None else "cpu")
+        self._layout = layout
+        self.register_buffer(self.MASK_BUFFER, layout.mask.clone())
+        b = layout.block_size
+        self.weight = nn.Parameter(torch.empty(layout.nnz, b, b, **factory))
+        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    @property
+    def layout(self) -> BlockLayout:
+        """The layout of the stored blocks, on the module's current device."""
+        mask = getattr(self, self.MASK_BUFFER)
+        if self._layout.device != mask.device:
+            self._layout = self._layout.to(mask.device)
+        return self._layout
+
+    def _apply(self, fn, recurse=True):
+        """After ``.to()`` / ``.cuda()``: follow the mask to its device and build the lookup
+        tables there now, outside any compiled region. Built lazily inside a
+        ``torch.compile(mode="reduce-overhead")`` graph, they would be CUDA-graph outputs
+        that a later replay overwrites."""
+        result = super()._apply(fn, recurse)
+        if getattr(self, self.MASK_BUFFER).device.type != "meta":  # a meta-device mask has no values to index
+            self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
+        return result
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's init (uniform, bound 1/sqrt(fan_in)) with each output's actual fan-in
+        (its stored blocks times b), so the output variance matches a dense layer of the
+        same fan-in."""
+        b = self.block_size
+        with torch.no_grad():
+            blocks = getattr(self, self.MASK_BUFFER).sum(dim=1 - self.OUT_AXIS).clamp(min=1)  # per output block
+            bound = (blocks * b).to(self.weight.device, torch.float32).rsqrt()
+            outputs = self.layout.coords[:, self.OUT_AXIS].to(self.weight.device)
+            noise = torch.rand(self.weight.shape, device=self.weight.device, dtype=torch.float32) * 2 - 1
+            self.weight.copy_(noise * bound[outputs][:, None, None])
+            if self.bias is not None:
+                noise = torch.rand(self.out_features, device=self.bias.device, dtype=torch.float32) * 2 - 1
+                self.bias.copy_(noise * bound.repeat_interleave(b).to(self.bias.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        check_loaded_mask(state_dict, prefix + self.MASK_BUFFER, getattr(self, self.MASK_BUFFER), self.LAYOUT_WHAT)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
-class BlockSparseLinear(nn.Module):
+class BlockSparseLinear(_BlockStoredLinear):
     """y = x W^T + b, with W [out_features, in_features] stored as blocks.
 
     Give either ``density`` (a random layout with that fraction of blocks) or an explicit
@@ -75,34 +126,9 @@ class BlockSparseLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.block_size = block_size
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating-point torch.dtype (the weights are trained), got {dtype!r}")
-        factory = {"device": device, "dtype": dtype}
-        layout = layout.to(device if device is not None else "cpu")
-        self._layout = layout
-        self.register_buffer("layout_mask", layout.mask.clone())
-        self.weight = nn.Parameter(torch.empty(layout.nnz, block_size, block_size, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        self.reset_parameters()
+        self._make_blocks(layout, bias, device, dtype)
 
     # ----------------------------------------------------------------- layout
-    @property
-    def layout(self) -> BlockLayout:
-        """The layout, on the module's current device."""
-        if self._layout.device != self.layout_mask.device:
-            self._layout = self._layout.to(self.layout_mask.device)
-        return self._layout
-
-    def _apply(self, fn, recurse=True):
-        """After ``.to()`` / ``.cuda()``: follow the mask to its device and build the lookup
-        tables there now, outside any compiled region. Built lazily inside a
-        ``torch.compile(mode="reduce-overhead")`` graph, they would be CUDA-graph outputs
-        that a later replay overwrites."""
-        result = super()._apply(fn, recurse)
-        if self.layout_mask.device.type != "meta":  # a meta-device mask has no values to index
-            self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
-        return result
-
     def set_layout(self, layout: BlockLayout, values: torch.Tensor) -> None:
         """Swap in a new layout of the same shape and its blocks ``values`` [nnz, b, b]
         (in ``layout.coords`` order), e.g. after a RigL rewire.
@@ -136,24 +162,6 @@ class BlockSparseLinear(nn.Module):
             self.layout_mask.copy_(layout.mask.to(self.layout_mask.device))
         weight.grad = None
         self._layout = layout.to(self.layout_mask.device)
-
-    def _fan_in_per_row(self) -> torch.Tensor:
-        """Actual fan-in of every output row: stored blocks in its block-row times b."""
-        blocks_per_row = self.layout_mask.sum(dim=1).clamp(min=1)
-        return (blocks_per_row * self.block_size).repeat_interleave(self.block_size)
-
-    def reset_parameters(self) -> None:
-        """nn.Linear's init (uniform, bound 1/sqrt(fan_in)) with each row's actual fan-in,
-        so the output variance matches a dense layer of the same fan-in."""
-        with torch.no_grad():
-            bound = self._fan_in_per_row().to(self.weight.device, torch.float32).rsqrt()  # [out]
-            rows = self.layout.coords[:, 0].to(self.weight.device)
-            row_bound = bound.view(-1, self.block_size)[rows]  # [nnz, b]
-            noise = torch.rand(self.weight.shape, device=self.weight.device, dtype=torch.float32) * 2 - 1
-            self.weight.copy_(noise * row_bound[:, :, None])
-            if self.bias is not None:
-                noise = torch.rand(self.out_features, device=self.bias.device, dtype=torch.float32) * 2 - 1
-                self.bias.copy_(noise * bound)
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -192,11 +200,6 @@ class BlockSparseLinear(nn.Module):
             if linear.bias is not None:
                 module.bias.copy_(linear.bias.detach())
         return module
-
-    # ----------------------------------------------------------------- state_dict
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_loaded_mask(state_dict, prefix + "layout_mask", self.layout_mask, "block layout")
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         """Sizes, block size, density and stored block count, for print(module)."""

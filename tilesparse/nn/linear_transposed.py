@@ -23,7 +23,7 @@ from torch import nn
 
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
-from .linear import BlockSparseLinear, check_loaded_mask
+from .linear import BlockSparseLinear, _BlockStoredLinear
 
 
 def _transposed_values(layout: BlockLayout, values: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def _copy_flipped(source: nn.Module, target: nn.Module) -> None:
         target.bias.requires_grad_(source.bias.requires_grad)
 
 
-class TransposedBlockSparseLinear(nn.Module):
+class TransposedBlockSparseLinear(_BlockStoredLinear):
     """y = x Wᵀ + b, with W [out_features, in_features] stored as Wᵀ's blocks.
 
     Built from a :class:`BlockSparseLinear` (:meth:`from_module`) and turned back into one
@@ -59,51 +59,17 @@ class TransposedBlockSparseLinear(nn.Module):
     BlockSparseLinear: convert after training. Use :func:`store_transposed` to convert a model.
     """
 
+    MASK_BUFFER = "transposed_layout_mask"
+    OUT_AXIS = 1  # an output is a column of Wᵀ
+    LAYOUT_WHAT = "block layout (of Wᵀ)"
+
     def __init__(self, layout: BlockLayout, *, bias: bool = True, device=None, dtype=None):
         super().__init__()
         if not isinstance(layout, BlockLayout):
             raise TypeError(f"layout must be a tilesparse.BlockLayout (Wᵀ's), got {type(layout).__name__}")
-        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating-point torch.dtype (the weights are trained), got {dtype!r}")
         self.in_features, self.out_features = layout.shape
         self.block_size = layout.block_size
-        layout = layout.to(device if device is not None else "cpu")
-        self._layout = layout
-        self.register_buffer("transposed_layout_mask", layout.mask.clone())
-        factory = {"device": device, "dtype": dtype}
-        b = layout.block_size
-        self.weight = nn.Parameter(torch.empty(layout.nnz, b, b, **factory))
-        self.bias = nn.Parameter(torch.empty(self.out_features, **factory)) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """BlockSparseLinear's init: uniform with bound 1/sqrt(fan-in), each output's actual
-        fan-in (its stored blocks times b; an output is a column of Wᵀ)."""
-        b = self.block_size
-        with torch.no_grad():
-            fan_in = self.transposed_layout_mask.sum(dim=0).clamp(min=1) * b  # per output block
-            bound = fan_in.to(self.weight.device, torch.float32).rsqrt()
-            cols = self.layout.coords[:, 1].to(self.weight.device)
-            noise = torch.rand(self.weight.shape, device=self.weight.device, dtype=torch.float32) * 2 - 1
-            self.weight.copy_(noise * bound[cols][:, None, None])
-            if self.bias is not None:
-                noise = torch.rand(self.out_features, device=self.bias.device, dtype=torch.float32) * 2 - 1
-                self.bias.copy_(noise * bound.repeat_interleave(b).to(self.bias.device))
-
-    @property
-    def layout(self) -> BlockLayout:
-        """Wᵀ's layout, on the module's current device."""
-        if self._layout.device != self.transposed_layout_mask.device:
-            self._layout = self._layout.to(self.transposed_layout_mask.device)
-        return self._layout
-
-    def _apply(self, fn, recurse=True):
-        """After ``.to()`` / ``.cuda()``: build the layout's tables on the new device now,
-        outside any compiled region (as BlockSparseLinear does)."""
-        result = super()._apply(fn, recurse)
-        if self.transposed_layout_mask.device.type != "meta":
-            self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
-        return result
+        self._make_blocks(layout, bias, device, dtype)
 
     @classmethod
     def from_module(cls, module: BlockSparseLinear) -> "TransposedBlockSparseLinear":
@@ -136,11 +102,6 @@ class TransposedBlockSparseLinear(nn.Module):
     def to_dense(self) -> torch.Tensor:
         """The dense [out_features, in_features] weight W (a copy, for inspection)."""
         return self.layout.to_dense(self.weight.detach()).t()
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        check_loaded_mask(state_dict, prefix + "transposed_layout_mask", self.transposed_layout_mask,
-                          "block layout (of Wᵀ)")
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         """Sizes, block size, density, stored block count and the storage order, for print(module)."""
