@@ -276,6 +276,9 @@ class TestTransforms:
         values = torch.randn(layout.nnz, b, b, dtype=torch.float64)
         slot = layout.tables.col_slot.long()
         assert torch.equal(t.to_dense(values[slot].transpose(1, 2)), layout.to_dense(values).t())
+        assert torch.equal(layout.transposed_values(values), values[slot].transpose(1, 2))
+        assert layout.transposed_values(values).is_contiguous()
+        assert torch.equal(t.transposed_values(layout.transposed_values(values)), values)  # the round trip
 
     @pytest.mark.parametrize("name", ["empty", "full", "empty_rows_cols", "single_block"])
     def test_to_dense_brute_force(self, name):

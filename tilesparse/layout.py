@@ -323,9 +323,14 @@ class BlockLayout:
         return moved
 
     def transpose(self) -> "BlockLayout":
-        """Layout of the transposed matrix. Its storage order differs: values of W^T are
-        ``values[self.tables.col_slot].transpose(1, 2)``."""
+        """Layout of the transposed matrix. Its storage order differs: the values of W^T are
+        :meth:`transposed_values` of W's."""
         return BlockLayout(self.mask.t(), self.block_size)
+
+    def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
+        """W^T's blocks in :meth:`transpose`'s storage order, from W's ``values`` [nnz, b, b]
+        on this layout (each block transposed; a contiguous copy)."""
+        return values[self.tables.col_slot.to(values.device).long()].transpose(1, 2).contiguous()
 
     def to_dense(self, values: torch.Tensor) -> torch.Tensor:
         """Scatter ``values`` [nnz, b, b] into a dense [rows, cols] tensor (for tests and

@@ -3,7 +3,7 @@
 A block-sparse W [N, K] is stored block-row by block-row. fprop (Y = X Wᵀ) groups output
 block-rows, whose blocks lie in G separate streams; bprop (dX = dY W) groups block-columns,
 whose blocks at one reduction step lie side by side in one block-row. Storing Wᵀ instead
-(``layout.transpose()``, values ``values[col_slot].transpose(1, 2)``) turns fprop into the
+(``layout.transpose()``, values ``layout.transposed_values(values)``) turns fprop into the
 bprop-shaped product ``X @ S`` on Wᵀ and bprop into the fprop-shaped one. If the time
 follows the shape of the product on the stored order, the transposed store is the fast
 one for decoding (fprop only). Times the dispatcher's own choice (CUDA-graph replay, L2
@@ -19,13 +19,10 @@ import torch
 
 import tilesparse as ts
 from tilesparse.bench.env import l2_cache_bytes
-from tilesparse.bench.timing import bench_ms, rotation_copies
+from tilesparse.bench.timing import rotation_copies
 from tilesparse.kernels import bsmm as K
 
-
-def kernel_ms(fn, copies: int) -> float:
-    return bench_ms(fn, cuda=True, graph=True, rep_ms=20) / copies
-
+from small_threshold import kernel_ms  # (this folder's): CUDA-graph replay, per call of ``copies``
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,10 +41,9 @@ def main() -> None:
             layout = ts.layouts.random(n, k, b, d, seed=0, device=dev)
             flipped = layout.transpose()
             meta, meta_t = layout.meta_on(dev), flipped.meta_on(dev)
-            col_slot = layout.tables.col_slot.to(dev).long()
             copies = rotation_copies(layout.nnz * b * b * 2, l2_cache_bytes())
             stored = [torch.randn(layout.nnz, b, b, device=dev, dtype=dt) for _ in range(copies)]
-            stored_t = [v[col_slot].transpose(1, 2).contiguous() for v in stored]
+            stored_t = [layout.transposed_values(v) for v in stored]
             R, C = layout.block_rows, layout.block_cols
             for m in args.ms:
                 x = torch.randn(m, k, device=dev, dtype=dt)

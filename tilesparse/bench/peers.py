@@ -133,8 +133,7 @@ def torch_bsr(op: str, o: Operands) -> Result:
     if op == "fprop":  # Y^T = W @ X^T
         w_bsr, rhs = _bsr(layout, values), o.x
     else:  # dX^T = W^T @ dY^T; W^T's blocks, in its own row-major order
-        slot = layout.tables.col_slot.to(values.device).long()
-        w_bsr, rhs = _bsr(layout.transpose(), values[slot].transpose(1, 2).contiguous()), o.dy
+        w_bsr, rhs = _bsr(layout.transpose(), layout.transposed_values(values)), o.dy
     return (lambda: bsr_dense_mm(w_bsr, rhs.t()).t()), None
 
 
@@ -201,7 +200,7 @@ def tilesparse_transposed(op: str, o: Operands) -> Result:
     if op != "fprop":
         return None, "times fprop only (W stored as Wᵀ is for the forward; the other products are tilesparse's)"
     flipped = o.layout.transpose()
-    values_t = o.values[o.layout.tables.col_slot.to(o.values.device).long()].transpose(1, 2).contiguous()
+    values_t = o.layout.transposed_values(o.values)
     x = o.x
 
     def fprop():

@@ -26,17 +26,11 @@ from ..ops.bsmm import block_sparse_linear
 from .linear import BlockSparseLinear, _BlockStoredLinear
 
 
-def _transposed_values(layout: BlockLayout, values: torch.Tensor) -> torch.Tensor:
-    """``values`` of W on ``layout`` as Wᵀ's blocks in ``layout.transpose()``'s order."""
-    col_slot = layout.tables.col_slot.to(values.device).long()
-    return values[col_slot].transpose(1, 2).contiguous()
-
-
 def _copy_flipped(source: nn.Module, target: nn.Module) -> None:
     """``source``'s blocks into ``target`` in the other storage order (both layers compute
     the same function), its bias, and each Parameter's ``requires_grad``."""
     with torch.no_grad():
-        target.weight.copy_(_transposed_values(source.layout, source.weight.detach()))
+        target.weight.copy_(source.layout.transposed_values(source.weight.detach()))
         if source.bias is not None:
             target.bias.copy_(source.bias.detach())
     target.weight.requires_grad_(source.weight.requires_grad)
