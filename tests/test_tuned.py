@@ -2,6 +2,7 @@
 parts: keys and buckets, JSON round trips, file merging and reading, the launchers
 consulting the table, the search spaces. The sweep itself needs a GPU."""
 
+import functools
 import json
 import re
 
@@ -125,9 +126,15 @@ def test_shipped_gemv_entries_are_dds_at_rows_the_kernel_takes():
         assert not isinstance(shipped.get(f"nvidia-h200|{op}|bf16|16|8|0.5"), bsmm_gemv.GemvConfig)
 
 
+def fake_gpu(monkeypatch, slug="fake-gpu", chip=("0.0", 1)):
+    """Name a CUDA device without a GPU: its slug and chip (capability, SMs) are faked."""
+    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: slug)
+    monkeypatch.setattr(tuned, "_device_chip", lambda index: chip)
+
+
 def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
     # A CUDA device is only named here (no GPU needed): the slug is faked.
-    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    fake_gpu(monkeypatch)
     cuda0 = torch.device("cuda", 0)
     k = tuned.key("fake-gpu", "fprop", torch.bfloat16, 128, 8192, 0.5)
     tuned.record({k: kernels.KernelConfig(256, 64, 8, 3)}, table_file)
@@ -140,7 +147,7 @@ def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
 
 
 def test_fp16_falls_back_to_bf16_entries_after_its_own(table_file, monkeypatch):
-    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    fake_gpu(monkeypatch)
     cuda0 = torch.device("cuda", 0)
     bf16 = tuned.key("fake-gpu", "updat", torch.bfloat16, 64, 8192, 0.5)
     tuned.record({bf16: kernels.KernelConfig(64, 64, 8, 3)}, table_file)
@@ -155,7 +162,7 @@ def test_fp16_falls_back_to_bf16_entries_after_its_own(table_file, monkeypatch):
 
 
 def test_an_entry_for_the_weight_shape_comes_before_the_shape_free_one(table_file, monkeypatch):
-    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    fake_gpu(monkeypatch)
     cuda0 = torch.device("cuda", 0)
     general = tuned.key("fake-gpu", "updat", torch.bfloat16, 128, 8192, 0.5)
     shaped = tuned.key("fake-gpu", "updat", torch.bfloat16, 128, 8192, 0.5, (11008, 4096))
@@ -173,7 +180,7 @@ def test_an_entry_for_the_weight_shape_comes_before_the_shape_free_one(table_fil
 
 def test_the_users_entries_come_before_the_shipped_ones_shaped_or_not(table_file, monkeypatch):
     # a user's own `tilesparse tune` (shape-free) must not be shadowed by a shipped entry for the shape
-    monkeypatch.setattr(tuned, "_gpu_slug", lambda index: "fake-gpu")
+    fake_gpu(monkeypatch)
     shaped = tuned.key("fake-gpu", "fprop", torch.bfloat16, 64, 8192, 0.5, (4096, 4096))
     monkeypatch.setattr(tuned, "_read_shipped", lambda: {shaped: kernels.KernelConfig(128, 64, 8, 3)})
     tuned.reload()
@@ -184,6 +191,43 @@ def test_the_users_entries_come_before_the_shipped_ones_shaped_or_not(table_file
                  table_file)
     assert tuned.lookup("fprop", torch.bfloat16, 64, 8192, 0.5, cuda0, (4096, 4096)) == kernels.KernelConfig(
         64, 64, 4, 4)
+
+
+def test_a_gpu_without_entries_takes_the_shipped_ones_of_its_chip(table_file, monkeypatch):
+    # an H100 SXM (sm_90, 132 SMs) has no table of its own: it takes the H200's
+    sibling = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 32, 0.5)
+    sibling_shaped = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 32, 0.5, (12288, 12288))
+    monkeypatch.setattr(tuned, "_read_shipped", lambda: {sibling: kernels.KernelConfig(64, 64, 4, 3),
+                                                         sibling_shaped: kernels.KernelConfig(128, 64, 8, 3)})
+    monkeypatch.setattr(tuned, "_shipped_chips", functools.lru_cache(maxsize=1)(lambda: {"nvidia-h200": ("9.0", 132)}))
+    tuned.reload()
+    cuda0 = torch.device("cuda", 0)
+    fake_gpu(monkeypatch, "nvidia-h100-80gb-hbm3", ("9.0", 132))
+    assert tuned.lookup("fprop", torch.bfloat16, 16, 32, 0.5, cuda0) == kernels.KernelConfig(64, 64, 4, 3)
+    assert tuned.lookup("fprop", torch.float16, 16, 32, 0.5, cuda0, (12288, 12288)) == kernels.KernelConfig(
+        128, 64, 8, 3)  # fp16 -> bf16 and the shape's entry, as for its own
+    assert tuned.lookup("bprop", torch.bfloat16, 16, 32, 0.5, cuda0) is None
+    # its own entries, shape-free ones included, come before the sibling's
+    tuned.record({tuned.key("nvidia-h100-80gb-hbm3", "fprop", torch.bfloat16, 16, 32, 0.5):
+                  kernels.KernelConfig(32, 64, 4, 4)}, table_file)
+    assert tuned.lookup("fprop", torch.bfloat16, 16, 32, 0.5, cuda0, (12288, 12288)) == kernels.KernelConfig(
+        32, 64, 4, 4)
+    for slug, chip in (("nvidia-h100-pcie", ("9.0", 114)), ("nvidia-a100-sxm4-80gb", ("8.0", 108))):
+        fake_gpu(monkeypatch, slug, chip)  # another chip: heuristics
+        tuned.reload()
+        assert tuned.lookup("fprop", torch.bfloat16, 16, 32, 0.5, cuda0) is None
+
+
+def test_the_shipped_h200_table_names_its_chip_and_tune_records_the_header(table_file):
+    assert tuned.same_chip_slugs("nvidia-h100-80gb-hbm3", ("9.0", 132)) == ("nvidia-h200",)
+    assert tuned.same_chip_slugs("nvidia-h200", ("9.0", 132)) == ()
+    header = {"gpu": "fake-gpu", "capability": "9.0", "sms": 132}
+    k = tuned.key("fake-gpu", "fprop", torch.bfloat16, 16, 32, 0.5)
+    tuned.record({k: kernels.KernelConfig(64, 64, 4, 3)}, table_file, device=header)
+    tuned.record({k: kernels.KernelConfig(64, 64, 8, 3)}, table_file, device={**header, "sms": 1})
+    data = json.loads(table_file.read_text())
+    assert data["device"] == header  # kept, not overwritten
+    assert tuned.from_json(data["entries"][k]["config"]) == kernels.KernelConfig(64, 64, 8, 3)
 
 
 def test_lookups_off_and_on_cpu(monkeypatch):

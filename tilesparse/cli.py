@@ -173,7 +173,7 @@ def cmd_tune(args, parser, console) -> int:
                                 confirm_rounds=args.confirm, log=console.print)
     console.print(json.dumps({"cases": len(rows), "kept": len(entries)}))
     if entries and not args.dry_run:
-        console.print(f"wrote {len(entries)} tuned configs to {tuned.record(entries, out, notes)}")
+        console.print(f"wrote {len(entries)} tuned configs to {tuned.record(entries, out, notes, device=tuned.device_header(torch.cuda.current_device()))}")
     elif not entries:
         console.print("no config beat the current ones by the required margin; nothing written")
     return 0

@@ -25,7 +25,10 @@ Sources, later ones overriding earlier: the tables shipped with the package
 (``tilesparse/kernels/tuned/*.json``), then the user's file (``$TILESPARSE_TUNED`` or
 ``~/.cache/tilesparse/tuned.json``), the one ``tilesparse tune`` writes by default. A
 lookup tries the user's table (the weight shape's entry, then the shape-free one) before
-the shipped ones.
+the shipped ones. A GPU with no entry of its own for a problem takes the shipped entry of a
+GPU of the same chip: same compute capability and SM count, as a shipped file's ``device``
+header names them (an H100 SXM, 132 SMs of sm_90, takes the H200's; the kernels' tiles,
+shared memory and wave counts are the same there, only HBM is slower).
 ``TILESPARSE_TUNED=off`` turns lookups off (heuristics only). Files are read once per
 process (``reload()`` re-reads them).
 """
@@ -44,8 +47,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DENSITY_BUCKETS", "density_bucket", "gpu_slug", "m_bucket", "key", "lookup", "record", "reload",
-           "user_path", "weight_shape"]
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup", "record",
+           "reload", "same_chip_slugs", "user_path", "weight_shape"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
 OPS = ("fprop", "bprop", "updat")
@@ -104,6 +107,23 @@ def _gpu_slug(index: int) -> str:
     return gpu_slug(torch.cuda.get_device_name(index))
 
 
+def device_header(index: int) -> dict:
+    """What a table file records of the GPU it was measured on: its name slug and its chip
+    (compute capability, SM count), by which other GPUs of the same chip find its entries."""
+    props = torch.cuda.get_device_properties(index)
+    return {"gpu": _gpu_slug(index), "capability": f"{props.major}.{props.minor}",
+            "sms": props.multi_processor_count}
+
+
+def _chip(header: dict) -> tuple:
+    return str(header.get("capability")), int(header.get("sms", -1))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_chip(index: int) -> tuple:
+    return _chip(device_header(index))
+
+
 # --------------------------------------------------------------------------- (de)serialization
 
 
@@ -149,15 +169,34 @@ def _read(text: str, origin: str) -> dict:
     return {k: from_json(v["config"]) for k, v in data.get("entries", {}).items()}
 
 
+def _shipped_files():
+    shipped = resources.files(__package__).joinpath("tuned")
+    if shipped.is_dir():
+        yield from (entry for entry in sorted(shipped.iterdir(), key=lambda p: p.name) if entry.name.endswith(".json"))
+
+
 def _read_shipped() -> dict:
     """The tables shipped in ``tilesparse/kernels/tuned/*.json``, merged."""
     table: dict = {}
-    shipped = resources.files(__package__).joinpath("tuned")
-    if shipped.is_dir():
-        for entry in sorted(shipped.iterdir(), key=lambda p: p.name):
-            if entry.name.endswith(".json"):
-                table.update(_read(entry.read_text(), entry.name))
+    for entry in _shipped_files():
+        table.update(_read(entry.read_text(), entry.name))
     return table
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_chips() -> dict:
+    """GPU slug -> chip (capability, SM count) of each shipped file with a ``device`` header."""
+    chips = {}
+    for entry in _shipped_files():
+        header = json.loads(entry.read_text()).get("device")
+        if header:
+            chips[header["gpu"]] = _chip(header)
+    return chips
+
+
+def same_chip_slugs(gpu: str, chip: tuple) -> tuple[str, ...]:
+    """The other GPUs whose shipped tables were measured on this chip (capability, SMs)."""
+    return tuple(sorted(slug for slug, other in _shipped_chips().items() if slug != gpu and other == chip))
 
 
 @functools.lru_cache(maxsize=1)
@@ -182,13 +221,15 @@ def _table() -> dict:
 def reload() -> None:
     """Forget the tables read so far (the next lookup reads the files again)."""
     _tables.cache_clear()
+    _shipped_chips.cache_clear()
     _lookup_cached.cache_clear()
 
 
 def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device,
            weight: tuple[int, int] | None = None):
     """The measured config for this problem on this GPU, or None (use the heuristic):
-    the entry for this weight shape (N, K) if there is one, else the shape-free entry.
+    the entry for this weight shape (N, K) if there is one, else the shape-free entry; with
+    neither, the shipped entry of a GPU of the same chip (see the module docstring).
     Every launch asks, so answers are remembered per problem (building a key costs
     several microseconds of host time)."""
     if device.type != "cuda" or os.environ.get("TILESPARSE_TUNED") == "off":
@@ -202,30 +243,48 @@ def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, devi
 def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
     # `precision` is in the cache key: key() names fp32 by it (tf32 / fp32). The user's
     # table first (their own measurements, shape-specific then shape-free), then the shipped
+    # ones, then the shipped entries of GPUs of the same chip (asked only when needed: the
+    # chip comes from the device's properties)
+    user, shipped = _tables()
     gpu = _gpu_slug(index)
-    keys = []
-    # fp16 without entries of its own takes bf16's: same element size, same tensor-core rate,
-    # and every kernel kind runs both (the tables are tuned in bf16)
-    for dt in (dtype, torch.bfloat16) if dtype == torch.float16 else (dtype,):
-        if weight is not None:
-            keys.append(key(gpu, op, dt, block, m, density, weight))
-        keys.append(key(gpu, op, dt, block, m, density))
-    for table in _tables():
-        for k in keys:
+    own = _keys(gpu, op, dtype, block, m, density, weight)
+    for table in (user, shipped):
+        for k in own:
             found = table.get(k)
+            if found is not None:
+                return found
+    for sibling in same_chip_slugs(gpu, _device_chip(index)):
+        for k in _keys(sibling, op, dtype, block, m, density, weight):
+            found = shipped.get(k)
             if found is not None:
                 return found
     return None
 
 
-def record(entries: dict, path: Path, notes: dict | None = None) -> Path:
+def _keys(gpu, op, dtype, block, m, density, weight) -> list[str]:
+    """The keys a lookup tries, in order: fp16 without entries of its own takes bf16's (same
+    element size, same tensor-core rate, every kernel kind runs both; the tables are tuned
+    in bf16); the weight shape's entry before the shape-free one."""
+    keys = []
+    for dt in (dtype, torch.bfloat16) if dtype == torch.float16 else (dtype,):
+        if weight is not None:
+            keys.append(key(gpu, op, dt, block, m, density, weight))
+        keys.append(key(gpu, op, dt, block, m, density))
+    return keys
+
+
+def record(entries: dict, path: Path, notes: dict | None = None, device: dict | None = None) -> Path:
     """Merge ``entries`` (key -> config) into the JSON file at ``path`` (created if
-    missing), with optional per-key ``notes`` (timings), and forget cached tables."""
+    missing), with optional per-key ``notes`` (timings), and forget cached tables.
+    ``device`` (:func:`device_header`): the GPU measured, kept as the file's header where
+    it has none (a shipped file's header lets GPUs of the same chip use its entries)."""
     data = {"format": FORMAT, "entries": {}}
     if path.is_file():
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"{path}: unknown tuned-config format {data.get('format')!r}")
+    if device is not None:
+        data.setdefault("device", device)
     for k, config in entries.items():
         data["entries"][k] = {"config": to_json(config), **((notes or {}).get(k, {}))}
     path.parent.mkdir(parents=True, exist_ok=True)
