@@ -108,15 +108,19 @@ def small_cases(quick: bool):
          (128, 32, 64, 12, False, 64, 4, (True,), True),  # the swap default's 64-row tiles
          # PREFETCH (block indices two steps ahead, activation tiles one): M 1 and 64, b 128 and 16
          (128, 32, 128, 8, True, 16, 4, (False,), False, True), (16, 16, 64, 8, True, 16, 4, (False,), False, True),
-         (128, 32, 64, 12, True, 64, 4, (True,), False, True), (64, 32, 64, 12, False, 64, 4, (True,), False, True))
+         (128, 32, 64, 12, True, 64, 4, (True,), False, True), (64, 32, 64, 12, False, 64, 4, (True,), False, True),
+         # L2_AHEAD (bulk L2 prefetches of the weight ahead of the ring), fprop: slices that are whole
+         # blocks (b 32, and b 16's steps over 4 blocks) and slices of wider blocks (b 128, b 64 swapped)
+         (32, 32, 32, 12, True, 16, 4, (False,), False, False, 16), (16, 16, 64, 8, True, 16, 4, (False,), False, True, 16),
+         (128, 32, 128, 8, True, 16, 4, (False,), False, False, 8), (64, 32, 64, 12, True, 64, 4, (True,), False, False, 8))
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
-        m_inner, prefetch = (list(flags) + [False, False])[:2]
+        m_inner, prefetch, l2_ahead = (list(flags) + [False, False, 0])[:3]
         for swap in swaps:
             # the first case also as a programmatic dependent launch (mode 2, the default on sm90)
             pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) else 0
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
-                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl)
+                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl, L2_AHEAD=l2_ahead)
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it), and
             # the row strides multiples of 16, as at every width the suites run (K, N = 4096-12288):
             # without the strides' divisibility the activation gather compiles to eight 2-byte loads
@@ -125,7 +129,8 @@ def small_cases(quick: bool):
             sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr", "sem_ptr", "order_ptr"),
                                           fp32=("ws_ptr",))
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
-                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "") + (" pdl" if pdl else ""), fn, sig,
+                   + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "")
+                   + (f" l2_ahead{l2_ahead}" if l2_ahead else "") + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
 

@@ -45,7 +45,7 @@ def _dds_case(block_size, dtype, trans, m):
 
 
 @pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap",
-                                  "small-prefetch", "small-swap-prefetch"])
+                                  "small-prefetch", "small-swap-prefetch", "small-l2ahead"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -68,6 +68,8 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, prefetch=True)
         elif path == "small-swap-prefetch":
             cfg = dataclasses.replace(cfg, swap=True, prefetch=True)
+        elif path == "small-l2ahead":
+            cfg = dataclasses.replace(cfg, l2_ahead=3)
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 
@@ -259,6 +261,36 @@ def test_small_kernel_split_reduction_is_bitwise_deterministic(reduce):
     plain = kernels.dds(g, values, meta, None, layout.block_rows, layout.block_cols, False,
                         config=bsmm_small.SmallConfig(32, 64, 32, 4, 4))
     assert_close(first, plain.double().cpu(), torch.bfloat16, "chunked vs whole runs")
+
+
+@pytest.mark.parametrize("ahead", [1, 4, 64, 256])
+@pytest.mark.parametrize("config", [
+    (16, 64, 16, 8, {}), (16, 64, 16, 8, {"prefetch": True}), (16, 32, 16, 8, {}),  # b 16: 4 / 2 blocks a step
+    (32, 32, 32, 12, {}), (32, 32, 32, 12, {"splits": 3}), (32, 32, 32, 12, {"chunks": 2}),  # whole-block slices
+    (32, 64, 64, 12, {"swap": True}), (16, 32, 16, 8, {"prefetch": True}),  # slices of wider blocks
+], ids=["b16k64", "b16k64pre", "b16k32", "s32", "s32split3", "s32chunks2", "s32k64swap", "s16k32pre"])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128], ids=lambda b: f"b{b}")
+def test_small_kernel_l2_prefetch_changes_no_bit(block_size, config, ahead):
+    # L2 prefetch hints (SmallConfig.l2_ahead) move no data into the program: fprop with them
+    # is bitwise the kernel without, at every reach (past the run's end, longer than any run);
+    # bprop (slot tables) ignores them; and both match the float64 reference.
+    from tilesparse.kernels import bsmm_small
+
+    sub, block_k, block_m, stages, extra = config
+    if sub > block_size or (block_k > block_size and sub < block_size):
+        pytest.skip("slices wider than the block, or multi-block steps over partial slices")
+    layout = tilesparse.layouts.random(1536, 2048, block_size, 0.3, seed=2, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    meta = layout.meta_on(DEVICE)
+    plain = bsmm_small.SmallConfig(sub, block_k, block_m, 4, stages, **extra)
+    hinted = dataclasses.replace(plain, l2_ahead=ahead)
+    for trans, m in ((True, 1), (True, 37), (False, 20)):
+        a = torch.randn(m, layout.shape[1] if trans else layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
+        want = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
+        got = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=hinted)
+        assert torch.equal(got, want), (trans, m)
+        s = dense_of(values, layout)
+        assert_close(got, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"l2_ahead {trans} {m}")
 
 
 def test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph():

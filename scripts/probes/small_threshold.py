@@ -14,6 +14,7 @@ numbers behind ``tilesparse.kernels.bsmm.use_small_kernel``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -28,9 +29,12 @@ from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_resident as RS
 from tilesparse.kernels import bsmm_ws_group as WG
+from tilesparse.kernels import tuned
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
-# [, prefetch]]]]]]]); block_m follows M unless given (None: follows M)
+# [, prefetch[, l2_ahead]]]]]]]]); block_m follows M unless given (None: follows M).
+# ("auto", n): the dispatcher's own small-kernel config (tuned table, else the heuristic) with
+# L2 prefetch hints n blocks ahead (fprop; bprop ignores them and is skipped)
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -288,6 +292,11 @@ ALL_VARIANTS = {
     "v8k128w8": ("gemv", 8, 128, False, 8),
     "v8k64": ("gemv", 8, 64, False, 4),
     "v8k32": ("gemv", 8, 32, False, 4),
+    # L2 prefetch hints ahead of the ring (SmallConfig.l2_ahead), on the dispatcher's config
+    "autoL2": ("auto", 2), "autoL4": ("auto", 4), "autoL8": ("auto", 8), "autoL16": ("auto", 16),
+    "autoL32": ("auto", 32), "autoL64": ("auto", 64),
+    # and on the heuristic's (b 16 at 5-64 rows runs other kernels by default)
+    "defaultL8": ("heuristic", 8), "defaultL16": ("heuristic", 16), "defaultL32": ("heuristic", 32),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -321,10 +330,21 @@ def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConf
         group, stages, entries, load_regs = fields[1:]
         return WG.WsGroupConfig(group, stages, load_regs=load_regs, entries_per_stage=entries)
     sub, block_k, stages, warps, *more = fields
-    defaults = [1, 1, False, False, False, block_m, False]
-    splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch = (list(more) + defaults[len(more):])[:7]
+    defaults = [1, 1, False, False, False, block_m, False, 0]
+    splits, chunks, longest_first, swap, m_inner, own_block_m, prefetch, l2_ahead = \
+        (list(more) + defaults[len(more):])[:8]
     return S.SmallConfig(sub, block_k, own_block_m or block_m, warps, stages, splits=splits, chunks=chunks,
-                         longest_first=longest_first, swap=swap, m_inner=m_inner, prefetch=prefetch)
+                         longest_first=longest_first, swap=swap, m_inner=m_inner, prefetch=prefetch,
+                         l2_ahead=l2_ahead)
+
+
+def dispatched_small_config(op: str, m: int, b: int, density: float, dev, rows: int, cols: int) -> S.SmallConfig | None:
+    """The small-kernel config dds picks by itself for this problem (the tuned table's entry,
+    else the heuristic where the small kernel runs), or None where it picks another kernel."""
+    found = tuned.lookup(op, torch.bfloat16, b, m, density, dev, tuned.weight_shape(rows, cols, b))
+    if found is None and K.use_small_kernel(m, b, torch.bfloat16):
+        found = S.small_config(m, b, torch.bfloat16, K.shared_memory_bytes(dev))
+    return found if isinstance(found, S.SmallConfig) else None
 
 
 def kernel_ms(fn, copies: int = 1) -> float:
@@ -382,6 +402,16 @@ def main() -> None:
                     for name, fields in SMALL_VARIANTS.items():
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
+                        elif fields[0] == "heuristic":
+                            if not trans:
+                                continue
+                            cfg = dataclasses.replace(S.small_config(m, b, dt, K.shared_memory_bytes(dev)),
+                                                      l2_ahead=fields[1])
+                        elif fields[0] == "auto":
+                            cfg = dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C) if trans else None
+                            if cfg is None:
+                                continue  # bprop (slot tables: no hints), or another kernel's problem
+                            cfg = dataclasses.replace(cfg, l2_ahead=fields[1])
                         elif fields[0] == "panel" and (b > 32 or (len(fields) <= 7 and fields[1] * b > 128)):
                             continue  # panels for small blocks, at most 128 features wide
                         elif fields[0] == "group" and (b > 64 or dt not in (torch.bfloat16, torch.float16)

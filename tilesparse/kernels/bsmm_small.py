@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ._alloc import arrival_counters, new_output
 from ._device import cached_table
+from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
@@ -45,7 +46,7 @@ def _dds_small_kernel(
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -75,7 +76,12 @@ def _dds_small_kernel(
     activation gather it feeds sits on the step's critical path; Triton's pipeliner
     streams only the weight tiles (their address needs no load, in fprop).
     PDL: the programmatic-dependent-launch mode (``tilesparse.kernels._pdl``).
+    L2_AHEAD > 0 (fprop's tables, no slots: entry e's block is V[e]): the program asks L2
+    for its slices of its first L2_AHEAD blocks at the start, then, each step, for those
+    L2_AHEAD entries ahead (``tilesparse.kernels._l2_prefetch``), so more bytes are in
+    flight than the shared-memory ring holds.
     """
+    tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT, "L2_AHEAD needs the weight's blocks in table order (fprop)")
     wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
     if M_INNER:
@@ -113,6 +119,8 @@ def _dds_small_kernel(
         acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
     else:
         acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
+    if L2_AHEAD > 0:
+        _prefetch_entries(v_ptr, s, start, end, L2_AHEAD, B, SUB)
     if BLOCK_K > TILE_B:
         # Several whole blocks per step: G consecutive entries of the table, gathered
         # along the reduction axis, so small blocks still make deep steps (a 16-deep
@@ -129,6 +137,8 @@ def _dds_small_kernel(
         for e0 in range(start, end, G):
             e = e0 + e_off
             ok = k_ok & (e < end)
+            if L2_AHEAD > 0:
+                _prefetch_entries(v_ptr, s, e0 + L2_AHEAD, end, G, B, SUB)
             if PREFETCH:
                 x = x_next
                 x_next = _x_tile(a_ptr, blk_b, k_in, k_ok & (e + G < end), offs_m, m_ok, stride_am, stride_ak, B)
@@ -158,6 +168,8 @@ def _dds_small_kernel(
             e = t // K_STEPS
             k_in = (t % K_STEPS) * BLOCK_K + offs_k
             k_ok = k_in < B
+            if L2_AHEAD > 0:
+                _prefetch_entries(v_ptr, s, tl.where(t % K_STEPS == 0, e + L2_AHEAD, end), end, 1, B, SUB)
             if PREFETCH:
                 x = x_next
                 k_in_n = ((t + 1) % K_STEPS) * BLOCK_K + offs_k
@@ -207,6 +219,22 @@ def _dds_small_kernel(
 
 
 @triton.jit
+def _prefetch_entries(v_ptr, s, first, end, COUNT: tl.constexpr, B: tl.constexpr, SUB: tl.constexpr):
+    """L2 prefetch of slice s (features s * SUB ...) of the blocks V[first .. first + COUNT)
+    that lie before ``end``: one byte range where the slices are whole blocks (consecutive
+    entries' blocks are adjacent), else one range per block."""
+    ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
+    if SUB >= B:
+        n = tl.minimum(tl.maximum(end - first, 0), COUNT)
+        prefetch_l2_bytes(v_ptr + first.to(tl.int64) * (B * B), n * (B * B * ELT), n > 0)
+    else:
+        rows = tl.minimum(SUB, B - s * SUB)
+        for q in range(0, COUNT):
+            prefetch_l2_bytes(v_ptr + (first + q).to(tl.int64) * (B * B) + s * (SUB * B), rows * (B * ELT),
+                              (first + q < end) & (rows > 0))
+
+
+@triton.jit
 def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am, stride_ak, B: tl.constexpr,
           TRANS_V: tl.constexpr, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step (SWAP: its
@@ -244,6 +272,7 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
 
 
 MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
+MAX_L2_AHEAD = 256  # blocks ahead of a step that an L2 prefetch may reach
 
 
 @dataclass(frozen=True)
@@ -263,7 +292,10 @@ class SmallConfig:
     from HBM once per row tile; matters only where M > ``block_m``); ``prefetch``: each
     step's block index and activation tile loaded ahead of it (off the step's critical
     path: with the weight alone streamed by the pipeliner, each step waited on an index
-    load and the gather it feeds)."""
+    load and the gather it feeds); ``l2_ahead``: blocks ahead of the step that each
+    program asks L2 to fetch (bulk prefetch hints, sm_90+; 0: none), so more weight bytes
+    are in flight than the shared-memory ring holds. fprop only: a launch with slot tables
+    (bprop) ignores it, as do the interpreter and older GPUs."""
 
     sub: int
     block_k: int
@@ -276,6 +308,7 @@ class SmallConfig:
     swap: bool = False
     m_inner: bool = False
     prefetch: bool = False
+    l2_ahead: int = 0
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -287,6 +320,8 @@ class SmallConfig:
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
         check_bools(self, "longest_first", "swap", "m_inner", "prefetch")
+        if isinstance(self.l2_ahead, bool) or not isinstance(self.l2_ahead, int) or not 0 <= self.l2_ahead <= MAX_L2_AHEAD:
+            raise ValueError(f"SmallConfig.l2_ahead must be an int in 0..{MAX_L2_AHEAD}, got {self.l2_ahead!r}")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -405,6 +440,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        L2_AHEAD=cfg.l2_ahead if slot is None and l2_prefetch_on(values) else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic

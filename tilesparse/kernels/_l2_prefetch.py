@@ -1,0 +1,51 @@
+"""Bulk L2 prefetch: ask for a run of weight bytes to be brought into L2 ahead of the loads.
+
+A memory-bound kernel streams at the rate its loads in flight allow. The small-batch
+kernel's weight loads go through a shared-memory ring a few stages deep, and each program
+walks its own run of blocks, so the bytes in flight per SM are bounded by the ring (and
+fall when short runs finish while long ones go on). ``cp.async.bulk.prefetch.L2`` (sm_90)
+asks the copy engine for a whole byte range with one instruction, writes no register and
+no shared memory, and nothing waits on it: issued some blocks ahead of the ring, it keeps
+many more bytes in flight, and the ring's loads then hit L2.
+
+A prefetch moves no data into the program, so results never depend on it; L2 is the point
+of coherence, so a prefetched line is never stale. It is PTX, which the Triton interpreter
+cannot run: launchers switch it on through :func:`l2_prefetch_on` (false for interpreted
+launches, CPUs, ROCm and GPUs older than sm_90).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._device import capability_major
+
+__all__ = ["l2_prefetch_on", "prefetch_l2_bytes"]
+
+
+def l2_prefetch_on(t: torch.Tensor) -> bool:
+    """Whether a kernel launched on ``t``'s device may issue bulk L2 prefetches: an NVIDIA
+    (not ROCm) GPU of compute capability 9 or newer, and not the interpreter."""
+    return (t.is_cuda and torch.version.hip is None and not triton.knobs.runtime.interpret
+            and capability_major(t.device) >= 9)
+
+
+@triton.jit
+def prefetch_l2_bytes(ptr, nbytes, on):
+    """Hint that the ``nbytes`` bytes from ``ptr`` (a scalar pointer) are read soon, when the
+    scalar ``on`` is nonzero: one bulk prefetch into L2, issued by the program's first thread.
+    The range is widened to 16-byte boundaries, as the instruction needs (a 16-byte chunk that
+    holds a byte of the tensor lies in the same page as that byte, so the widening cannot fault)."""
+    start = ptr.to(tl.int64, bitcast=True)
+    lo = start & -16
+    size = (((start + nbytes + 15) & -16) - lo).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %tsp_first, %tsp_on; .reg .u32 %tsp_tid;\n"
+        " mov.u32 %tsp_tid, %tid.x;\n"
+        " setp.eq.u32 %tsp_first, %tsp_tid, 0;\n"
+        " setp.ne.and.s32 %tsp_on, $3, 0, %tsp_first;\n"
+        " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
+        " mov.u32 $0, 0; }",
+        "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
