@@ -112,7 +112,10 @@ def small_cases(quick: bool):
          # L2_AHEAD (bulk L2 prefetches of the weight ahead of the ring), fprop: slices that are whole
          # blocks (b 32, and b 16's steps over 4 blocks) and slices of wider blocks (b 128, b 64 swapped)
          (32, 32, 32, 12, True, 16, 4, (False,), False, False, 16), (16, 16, 64, 8, True, 16, 4, (False,), False, True, 16),
-         (128, 32, 128, 8, True, 16, 4, (False,), False, False, 8), (64, 32, 64, 12, True, 64, 4, (True,), False, False, 8))
+         (128, 32, 128, 8, True, 16, 4, (False,), False, False, 8), (64, 32, 64, 12, True, 64, 4, (True,), False, False, 8),
+         # and bprop (slot tables: whole blocks, slots loaded a block ahead)
+         (32, 32, 32, 12, False, 16, 4, (False,), False, False, 16), (128, 32, 128, 8, False, 16, 4, (False,), False, False, 8),
+         (64, 32, 64, 12, False, 64, 4, (True,), False, True, 8))
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
         m_inner, prefetch, l2_ahead = (list(flags) + [False, False, 0])[:3]
         for swap in swaps:

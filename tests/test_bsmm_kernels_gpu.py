@@ -271,9 +271,10 @@ def test_small_kernel_split_reduction_is_bitwise_deterministic(reduce):
 ], ids=["b16k64", "b16k64pre", "b16k32", "s32", "s32split3", "s32chunks2", "s32k64swap", "s16k32pre"])
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128], ids=lambda b: f"b{b}")
 def test_small_kernel_l2_prefetch_changes_no_bit(block_size, config, ahead):
-    # L2 prefetch hints (SmallConfig.l2_ahead) move no data into the program: fprop with them
-    # is bitwise the kernel without, at every reach (past the run's end, longer than any run);
-    # bprop (slot tables) ignores them; and both match the float64 reference.
+    # L2 prefetch hints (SmallConfig.l2_ahead) move no data into the program: with them the
+    # kernel is bitwise the kernel without, at every reach (past the run's end, longer than any
+    # run), fprop (slices of blocks in table order) and bprop (whole blocks through the slot
+    # table; ignored for b 16's steps over several blocks), and both match the float64 reference.
     from tilesparse.kernels import bsmm_small
 
     sub, block_k, block_m, stages, extra = config

@@ -30,11 +30,13 @@ from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_resident as RS
 from tilesparse.kernels import bsmm_ws_group as WG
 from tilesparse.kernels import tuned
+from tilesparse.kernels._tiles import tile_for
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
 # [, prefetch[, l2_ahead]]]]]]]]); block_m follows M unless given (None: follows M).
 # ("auto", n): the dispatcher's own small-kernel config (tuned table, else the heuristic) with
-# L2 prefetch hints n blocks ahead (fprop; bprop ignores them and is skipped)
+# L2 prefetch hints n blocks ahead; ("heuristic", n): the heuristic's (bprop's multi-block steps
+# take no hints: skipped)
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -405,15 +407,11 @@ def main() -> None:
                     for name, fields in SMALL_VARIANTS.items():
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
-                        elif fields[0] == "heuristic":
-                            if not trans:
-                                continue
-                            cfg = dataclasses.replace(S.small_config(m, b, dt, K.shared_memory_bytes(dev)),
-                                                      l2_ahead=fields[1])
-                        elif fields[0] == "auto":
-                            cfg = dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C) if trans else None
-                            if cfg is None:
-                                continue  # bprop (slot tables: no hints), or another kernel's problem
+                        elif fields[0] in ("heuristic", "auto"):
+                            cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
+                                else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
+                            if cfg is None or (not trans and cfg.block_k > tile_for(b)):
+                                continue  # another kernel's problem, or bprop's multi-block steps (no hints)
                             cfg = dataclasses.replace(cfg, l2_ahead=fields[1])
                         elif fields[0] == "panel" and (b > 32 or (len(fields) <= 7 and fields[1] * b > 128)):
                             continue  # panels for small blocks, at most 128 features wide

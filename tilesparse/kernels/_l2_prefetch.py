@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ._device import capability_major
 
-__all__ = ["l2_prefetch_on", "prefetch_l2_bytes"]
+__all__ = ["l2_prefetch_on", "prefetch_l2_bytes", "prefetch_l2_bytes_each"]
 
 
 def l2_prefetch_on(t: torch.Tensor) -> bool:
@@ -46,6 +46,23 @@ def prefetch_l2_bytes(ptr, nbytes, on):
         " mov.u32 %tsp_tid, %tid.x;\n"
         " setp.eq.u32 %tsp_first, %tsp_tid, 0;\n"
         " setp.ne.and.s32 %tsp_on, $3, 0, %tsp_first;\n"
+        " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
+        " mov.u32 $0, 0; }",
+        "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_l2_bytes_each(ptrs, nbytes, on):
+    """:func:`prefetch_l2_bytes` for each element of a tensor of pointers ``ptrs`` (with
+    ``on`` a tensor of flags of its shape and ``nbytes`` a scalar), issued by the thread that
+    holds the element. A tensor smaller than the program's threads is held by several
+    threads each, which then issue the same prefetch: give it at least as many elements."""
+    start = ptrs.to(tl.int64, bitcast=True)
+    lo = start & -16
+    size = (((start + nbytes + 15) & -16) - lo).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred %tsp_on;\n"
+        " setp.ne.s32 %tsp_on, $3, 0;\n"
         " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
         " mov.u32 $0, 0; }",
         "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ._alloc import arrival_counters, new_output
 from ._device import cached_table
-from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes
+from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes, prefetch_l2_bytes_each
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
@@ -76,12 +76,15 @@ def _dds_small_kernel(
     activation gather it feeds sits on the step's critical path; Triton's pipeliner
     streams only the weight tiles (their address needs no load, in fprop).
     PDL: the programmatic-dependent-launch mode (``tilesparse.kernels._pdl``).
-    L2_AHEAD > 0 (fprop's tables, no slots: entry e's block is V[e]): the program asks L2
-    for its slices of its first L2_AHEAD blocks at the start, then, each step, for those
-    L2_AHEAD entries ahead (``tilesparse.kernels._l2_prefetch``), so more bytes are in
-    flight than the shared-memory ring holds.
+    L2_AHEAD > 0: the program asks L2 for its first L2_AHEAD blocks at the start, then, at
+    each block, for the one L2_AHEAD entries ahead (``tilesparse.kernels._l2_prefetch``), so
+    more bytes are in flight than the shared-memory ring holds. Without slots (fprop) entry
+    e's block is V[e] and each program asks for its own slice of it; with slots (bprop, whose
+    programs read column strips) each block is asked for whole, by one of the SUBS programs
+    that read it, its slot loaded one block ahead of the hint so nothing waits on the load.
     """
-    tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT, "L2_AHEAD needs the weight's blocks in table order (fprop)")
+    tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT or BLOCK_K <= TILE_B,
+                     "L2_AHEAD with slot tables needs steps within one block")
     wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
     if M_INNER:
@@ -120,7 +123,11 @@ def _dds_small_kernel(
     else:
         acc = tl.zeros((SUB, BLOCK_M), dtype=tl.float32)
     if L2_AHEAD > 0:
-        _prefetch_entries(v_ptr, s, start, end, L2_AHEAD, B, SUB)
+        if HAS_SLOT:
+            _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, L2_AHEAD, B, SUBS)
+            slot_ahead = tl.load(slot_ptr + start + L2_AHEAD, mask=start + L2_AHEAD < end, other=0)
+        else:
+            _prefetch_entries(v_ptr, s, start, end, L2_AHEAD, B, SUB)
     if BLOCK_K > TILE_B:
         # Several whole blocks per step: G consecutive entries of the table, gathered
         # along the reduction axis, so small blocks still make deep steps (a 16-deep
@@ -169,7 +176,17 @@ def _dds_small_kernel(
             k_in = (t % K_STEPS) * BLOCK_K + offs_k
             k_ok = k_in < B
             if L2_AHEAD > 0:
-                _prefetch_entries(v_ptr, s, tl.where(t % K_STEPS == 0, e + L2_AHEAD, end), end, 1, B, SUB)
+                first_step = t % K_STEPS == 0
+                e_ahead = e + L2_AHEAD
+                if HAS_SLOT:  # the whole block, by the program e_ahead % SUBS of its column
+                    prefetch_l2_bytes(v_ptr + slot_ahead.to(tl.int64) * (B * B),
+                                      B * B * (v_ptr.dtype.element_ty.primitive_bitwidth // 8),
+                                      first_step & (e_ahead < end) & (e_ahead % SUBS == s))
+                    slot_ahead = tl.where(first_step, tl.load(slot_ptr + e_ahead + 1,
+                                                              mask=first_step & (e_ahead + 1 < end), other=0),
+                                          slot_ahead)
+                else:
+                    _prefetch_entries(v_ptr, s, tl.where(first_step, e_ahead, end), end, 1, B, SUB)
             if PREFETCH:
                 x = x_next
                 k_in_n = ((t + 1) % K_STEPS) * BLOCK_K + offs_k
@@ -235,6 +252,18 @@ def _prefetch_entries(v_ptr, s, first, end, COUNT: tl.constexpr, B: tl.constexpr
 
 
 @triton.jit
+def _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, COUNT: tl.constexpr, B: tl.constexpr, SUBS: tl.constexpr):
+    """L2 prefetch of the whole blocks V[slot[e]] of the entries e in [start, start + COUNT)
+    before ``end`` that fall to this program (e % SUBS == s), in one pass over a tensor at
+    least as long as the program's threads (no thread repeats another's prefetch)."""
+    ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
+    e = start + tl.arange(0, HEAD_LANES)
+    ok = (e < start + COUNT) & (e < end) & (e % SUBS == s)
+    slots = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
+    prefetch_l2_bytes_each(v_ptr + slots * (B * B), B * B * ELT, ok)
+
+
+@triton.jit
 def _step(acc, v_base, blk, k_in, k_ok, offs_f, f_ok, a_ptr, offs_m, m_ok, stride_am, stride_ak, B: tl.constexpr,
           TRANS_V: tl.constexpr, SWAP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     """acc += op(V)[features, k] @ A[m, blk * B + k]^T over one reduction step (SWAP: its
@@ -273,6 +302,7 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
 
 MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
 MAX_L2_AHEAD = 256  # blocks ahead of a step that an L2 prefetch may reach
+HEAD_LANES: tl.constexpr = tl.constexpr(256)  # >= MAX_L2_AHEAD and >= the threads of 8 warps
 
 
 @dataclass(frozen=True)
@@ -294,8 +324,8 @@ class SmallConfig:
     path: with the weight alone streamed by the pipeliner, each step waited on an index
     load and the gather it feeds); ``l2_ahead``: blocks ahead of the step that each
     program asks L2 to fetch (bulk prefetch hints, sm_90+; 0: none), so more weight bytes
-    are in flight than the shared-memory ring holds. fprop only: a launch with slot tables
-    (bprop) ignores it, as do the interpreter and older GPUs."""
+    are in flight than the shared-memory ring holds. bprop's steps over several blocks
+    (b 16's 64-deep steps) ignore it, as do the interpreter and older GPUs."""
 
     sub: int
     block_k: int
@@ -440,7 +470,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        L2_AHEAD=cfg.l2_ahead if slot is None and l2_prefetch_on(values) else 0,
+        L2_AHEAD=cfg.l2_ahead if (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values) else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
