@@ -91,8 +91,11 @@ def adopt(path: Path, per_shape: bool = False) -> None:
     the variant that equals the heuristic config, and the large-batch kernel, by more than
     3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
     skipped. The sweep's variant names are looked up in its own table (ALL_VARIANTS of
-    scripts/probes/small_threshold.py). per_shape: keyed by the sweep's weight shape too
-    (the entries then apply to that weight only)."""
+    scripts/probes/small_threshold.py), or, for its per-problem variants (the dispatcher's or
+    the heuristic's config with a change, e.g. autoL16), read from the config it recorded;
+    where no variant equals the heuristic, the dispatcher's own choice (--auto) is the one
+    to beat. per_shape: keyed by the sweep's weight shape too (the entries then apply to that
+    weight only)."""
     data = json.loads(path.read_text())
     gpu = tuned.gpu_slug(data["gpu"])
     weight = tuple(map(int, data["weight"].split("x"))) if per_shape else None
@@ -106,7 +109,9 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         heuristic = S.small_config(r["M"], r["block"], dt, 227 << 10)  # the H200's shared memory per block
         times = {}
         for name, ms in r.items():
-            if name in _variants().ALL_VARIANTS:
+            if name + "_config" in r:  # resolved by the sweep for this problem (its auto / heuristic variants)
+                times[name] = (S.SmallConfig(**r[name + "_config"]), ms)
+            elif name in _variants().ALL_VARIANTS:
                 try:
                     times[name] = (_config(name, r["M"], r["block"]), ms)
                 except ValueError:  # not a valid config (e.g. splits with chunks)
@@ -115,18 +120,23 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         if current is None and "default" in r:  # the sweep's own "default" variant: the heuristic config
             times["default"] = (heuristic, r["default"])
             current = "default"
+        if current is None and "auto" in r and r.get("auto_err", 1.0) < 1e-2:
+            times["auto"] = (None, r["auto"])  # the dispatcher's own choice is what a winner must beat
+            current = "auto"
         best = min(times, key=lambda n: times[n][1], default=None)
-        if current is None or best is None:
+        if current is None or best is None or best == current:
             continue
         # adopted only if clearly ahead of the heuristic and of the large-batch kernel
         # (and of the dispatcher's own choice, a tuned entry, where the sweep timed it (--auto) right)
         auto = r["auto"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2 else float("inf")
         if times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"] or times[best][1] >= auto:
             continue
+        best_config = times[best][0]
         times = {n: ms for n, (_, ms) in times.items()}
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
-        entries[key] = _config(best, r["M"], r["block"])
-        notes[key] = {"small_ms": round(times[best], 5), "heuristic_ms": round(times[current], 5),
+        entries[key] = best_config
+        notes[key] = {"small_ms": round(times[best], 5), f"{'dispatched' if current == 'auto' else 'heuristic'}_ms":
+                      round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
         print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
     tuned.record(entries, SHIPPED / f"{gpu}.json", notes)
