@@ -110,7 +110,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         times = {}
         for name, ms in r.items():
             if name + "_config" in r:  # resolved by the sweep for this problem (its auto / heuristic variants)
-                times[name] = (S.SmallConfig(**r[name + "_config"]), ms)
+                times[name] = (tuned.from_json(r[name + "_config"]), ms)
             elif name in _variants().ALL_VARIANTS:
                 try:
                     times[name] = (_config(name, r["M"], r["block"]), ms)

@@ -164,13 +164,18 @@ def gemv_cases(quick: bool):
     cases = ((16, 16, 256, 1, True, False, 4),) if quick else (
         (16, 16, 256, 1, True, False, 4), (16, 16, 512, 1, False, True, 4), (16, 16, 64, 8, True, True, 4),
         (32, 32, 128, 1, True, False, 4), (128, 32, 64, 4, False, True, 4), (128, 32, 32, 8, True, True, 4),
-        (16, 16, 128, 1, True, False, 8), (16, 16, 64, 4, False, False, 4), (16, 8, 128, 1, True, False, 4))
-    for block, sub, block_k, m_pad, trans, reduce_each_step, warps in cases:
+        (16, 16, 128, 1, True, False, 8), (16, 16, 64, 4, False, False, 4), (16, 8, 128, 1, True, False, 4),
+        # L2 prefetch hints (fprop): whole blocks over multi-block steps, slices of a b 128 block
+        (16, 16, 128, 1, True, False, 8, 16), (16, 16, 64, 4, True, False, 4, 32), (128, 32, 32, 8, True, True, 4, 8))
+    for block, sub, block_k, m_pad, trans, reduce_each_step, warps, *l2 in cases:
+        l2_ahead = l2[0] if l2 else 0
         const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, M_PAD=m_pad, TRANS_V=trans, HAS_SLOT=not trans,
-                     HAS_BIAS=True, REDUCE_EACH_STEP=reduce_each_step, stride_ak=1, stride_cn=1, PDL=0)
+                     HAS_BIAS=True, REDUCE_EACH_STEP=reduce_each_step, stride_ak=1, stride_cn=1, PDL=0,
+                     L2_AHEAD=l2_ahead)
         sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr"))
         yield (f"gemv dds b{block} sub{sub} k{block_k} M{m_pad} {'fprop' if trans else 'bprop'}"
-               + (" reduce" if reduce_each_step else "") + (f" w{warps}" if warps != 4 else ""),
+               + (" reduce" if reduce_each_step else "") + (f" w{warps}" if warps != 4 else "")
+               + (f" l2_ahead{l2_ahead}" if l2_ahead else ""),
                fn, sig, const, warps, 1, aligned)
 
 

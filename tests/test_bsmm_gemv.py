@@ -69,6 +69,10 @@ def test_gemv_config_and_rows_are_checked():
         bsmm_gemv.GemvConfig(16, 64, reduce_each_step=1)
     with pytest.raises(ValueError, match="num_warps"):
         bsmm_gemv.GemvConfig(16, 64, num_warps=3)
+    for bad in (-1, 257, True, 1.0):
+        with pytest.raises(ValueError, match="l2_ahead"):
+            bsmm_gemv.GemvConfig(16, 64, l2_ahead=bad)
+    assert bsmm_gemv.GemvConfig(16, 64).l2_ahead == 0
     layout = make_layout("full", 2, 2, 16)
     a = torch.randn(9, 32)
     values = torch.randn(layout.nnz, 16, 16)
@@ -98,6 +102,29 @@ def test_gemv_on_the_gpu(block_size, sub, block_k, reduce_each_step, trans, m, d
     torch.manual_seed(0)
     again, _ = dds_against_reference(layout, dtype, trans, m, config)
     assert torch.equal(out, again)  # a fixed reduction order: bitwise repeatable
+
+
+@GPU
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("ahead", [1, 8, 256])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("block_size, sub, block_k, reduce_each_step",
+                         [(16, 16, 128, False), (16, 16, 64, False), (16, 8, 128, False), (64, 32, 64, True),
+                          (128, 32, 128, True), (48, 16, 64, False)],
+                         ids=["b16-k128", "b16-k64", "b16-sub8-k128", "b64-k64r", "b128-k128r", "b48-k64"])
+def test_gemv_l2_prefetch_changes_no_bit(block_size, sub, block_k, reduce_each_step, m, ahead):
+    # L2 prefetch hints (GemvConfig.l2_ahead, fprop) move no data into the program: bitwise the
+    # kernel without them at every reach, and bprop (which ignores them) unchanged
+    layout = make_layout("empty_rows_cols", 6, 7, block_size)
+    plain = bsmm_gemv.GemvConfig(sub, block_k, reduce_each_step=reduce_each_step)
+    hinted = bsmm_gemv.GemvConfig(sub, block_k, reduce_each_step=reduce_each_step, l2_ahead=ahead)
+    for trans in (True, False):
+        torch.manual_seed(0)
+        out, expected = dds_against_reference(layout, torch.bfloat16, trans, m, hinted)
+        torch.manual_seed(0)
+        want, _ = dds_against_reference(layout, torch.bfloat16, trans, m, plain)
+        assert torch.equal(out, want), trans
+        assert_close(out, expected, torch.bfloat16, f"gemv l2_ahead {trans}")
 
 
 @GPU

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ._device import capability_major
 
-__all__ = ["l2_prefetch_on", "prefetch_l2_bytes", "prefetch_l2_bytes_each"]
+__all__ = ["l2_prefetch_on", "prefetch_block_slices", "prefetch_l2_bytes", "prefetch_l2_bytes_each"]
 
 
 def l2_prefetch_on(t: torch.Tensor) -> bool:
@@ -66,3 +66,20 @@ def prefetch_l2_bytes_each(ptrs, nbytes, on):
         " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
         " mov.u32 $0, 0; }",
         "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_block_slices(v_ptr, s, first, end, COUNT: tl.constexpr, B: tl.constexpr, SUB: tl.constexpr):
+    """L2 prefetch of slice s (rows s * SUB ... of each B x B block) of the blocks
+    V[first .. first + COUNT) that lie before ``end``, for blocks stored in table order (a
+    row table's entry e is V[e]): one byte range where the slices are whole blocks
+    (consecutive entries' blocks are adjacent), else one range per block."""
+    ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
+    if SUB >= B:
+        n = tl.minimum(tl.maximum(end - first, 0), COUNT)
+        prefetch_l2_bytes(v_ptr + first.to(tl.int64) * (B * B), n * (B * B * ELT), n > 0)
+    else:
+        rows = tl.minimum(SUB, B - s * SUB)
+        for q in range(0, COUNT):
+            prefetch_l2_bytes(v_ptr + (first + q).to(tl.int64) * (B * B) + s * (SUB * B), rows * (B * ELT),
+                              (first + q < end) & (rows > 0))

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._l2_prefetch import l2_prefetch_on, prefetch_block_slices
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
@@ -39,7 +40,7 @@ def _dds_gemv_kernel(
     M, stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, M_PAD: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, REDUCE_EACH_STEP: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0,
 ):
     """Program j * SUBS + s computes C[:, j*B + s*SUB + (0..SUB)] =
     sum over entries e of table j: A[:, idx e block] @ op(V[slot e])[rows s, :]^T.
@@ -54,7 +55,11 @@ def _dds_gemv_kernel(
     REDUCE_EACH_STEP: the accumulator is [M_PAD, SUB], each step's products summed over k
     at once (fewer registers, a reduction per step); else [M_PAD, SUB, BLOCK_K], summed
     over k once after the loop.
+    L2_AHEAD > 0 (fprop: no slots): L2 prefetch hints of the program's slices of its first
+    L2_AHEAD blocks at the start, then of each step's blocks L2_AHEAD entries ahead
+    (``tilesparse.kernels._l2_prefetch``): the loop itself keeps only one step in flight.
     """
+    tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT, "L2_AHEAD needs the blocks in table order (fprop)")
     wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
     pid = tl.program_id(0)
@@ -82,6 +87,8 @@ def _dds_gemv_kernel(
         STEP: tl.constexpr = 1
     t_end = end * K_STEPS
     t0 = start * K_STEPS
+    if L2_AHEAD > 0:
+        prefetch_block_slices(v_ptr, s, start, end, L2_AHEAD, B, SUB)
     # step t's lanes: entries t // K_STEPS + e_off (or t + e_off for multi-entry steps), block lanes k_in
     e_a, k_a, ok_a = _step_lanes(t0, e_off, t_end, K_STEPS, STEP, BLOCK_K, TILE_B, B)
     blk_a, slot_a = _tables(idx_ptr, slot_ptr, e_a, ok_a, HAS_SLOT)
@@ -90,6 +97,12 @@ def _dds_gemv_kernel(
     e_b, k_b, ok_b = _step_lanes(t0 + STEP, e_off, t_end, K_STEPS, STEP, BLOCK_K, TILE_B, B)
     blk_b, slot_b = _tables(idx_ptr, slot_ptr, e_b, ok_b, HAS_SLOT)
     for t in range(t0, t_end, STEP):
+        if L2_AHEAD > 0:  # the step's entries L2_AHEAD ahead (at a block's first step when steps split blocks)
+            if STEP > 1:
+                prefetch_block_slices(v_ptr, s, t + L2_AHEAD, end, STEP, B, SUB)
+            else:
+                prefetch_block_slices(v_ptr, s, tl.where(t % K_STEPS == 0, t // K_STEPS + L2_AHEAD, end), end, 1,
+                                      B, SUB)
         w = w_next
         x = x_next
         w_next, x_next = _tiles(v_ptr, a_ptr, blk_b, slot_b, k_b, ok_b, offs_f, f_ok, offs_m, m_ok, stride_am,
@@ -165,12 +178,15 @@ class GemvConfig:
     consecutive blocks), ``num_warps``, ``reduce_each_step`` (a [rows, sub] accumulator,
     the step's products summed over k at once, instead of a [rows, sub, block_k] one summed
     after the loop). No pipeline depth: Triton's pipeliner leaves a loop without a dot
-    alone, and the kernel prefetches one step ahead itself."""
+    alone, and the kernel prefetches one step ahead itself; ``l2_ahead``: blocks ahead of
+    the step that each program asks L2 to fetch (bulk prefetch hints, sm_90+, fprop; 0:
+    none; bprop, the interpreter and older GPUs ignore it)."""
 
     sub: int
     block_k: int
     num_warps: int = 4
     reduce_each_step: bool = False
+    l2_ahead: int = 0
 
     def __post_init__(self):
         check_power_of_two(self, "block_k")
@@ -178,6 +194,8 @@ class GemvConfig:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemvConfig.num_warps must be a power of two in 1..16, got {self.num_warps!r}")
         check_bools(self, "reduce_each_step")
+        if isinstance(self.l2_ahead, bool) or not isinstance(self.l2_ahead, int) or not 0 <= self.l2_ahead <= 256:
+            raise ValueError(f"GemvConfig.l2_ahead must be an int in 0..256, got {self.l2_ahead!r}")
 
 
 def gemv_supported(m: int, dtype: torch.dtype) -> str | None:
@@ -202,4 +220,5 @@ def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: 
            B=b, TILE_B=tile, SUB=config.sub, BLOCK_K=config.block_k, M_PAD=next_power_of_2(m),
            TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
            REDUCE_EACH_STEP=config.reduce_each_step,
+           L2_AHEAD=config.l2_ahead if slot is None and l2_prefetch_on(values) else 0,
            num_warps=config.num_warps, num_stages=1, **pdl_options(c))  # nothing for Triton's pipeliner

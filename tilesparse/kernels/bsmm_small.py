@@ -30,7 +30,7 @@ import triton.language as tl
 
 from ._alloc import arrival_counters, new_output
 from ._device import cached_table
-from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes, prefetch_l2_bytes_each
+from ._l2_prefetch import l2_prefetch_on, prefetch_block_slices, prefetch_l2_bytes, prefetch_l2_bytes_each
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
@@ -127,7 +127,7 @@ def _dds_small_kernel(
             _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, L2_AHEAD, B, SUBS)
             slot_ahead = tl.load(slot_ptr + start + L2_AHEAD, mask=start + L2_AHEAD < end, other=0)
         else:
-            _prefetch_entries(v_ptr, s, start, end, L2_AHEAD, B, SUB)
+            prefetch_block_slices(v_ptr, s, start, end, L2_AHEAD, B, SUB)
     if BLOCK_K > TILE_B:
         # Several whole blocks per step: G consecutive entries of the table, gathered
         # along the reduction axis, so small blocks still make deep steps (a 16-deep
@@ -145,7 +145,7 @@ def _dds_small_kernel(
             e = e0 + e_off
             ok = k_ok & (e < end)
             if L2_AHEAD > 0:
-                _prefetch_entries(v_ptr, s, e0 + L2_AHEAD, end, G, B, SUB)
+                prefetch_block_slices(v_ptr, s, e0 + L2_AHEAD, end, G, B, SUB)
             if PREFETCH:
                 x = x_next
                 x_next = _x_tile(a_ptr, blk_b, k_in, k_ok & (e + G < end), offs_m, m_ok, stride_am, stride_ak, B)
@@ -186,7 +186,7 @@ def _dds_small_kernel(
                                                               mask=first_step & (e_ahead + 1 < end), other=0),
                                           slot_ahead)
                 else:
-                    _prefetch_entries(v_ptr, s, tl.where(first_step, e_ahead, end), end, 1, B, SUB)
+                    prefetch_block_slices(v_ptr, s, tl.where(first_step, e_ahead, end), end, 1, B, SUB)
             if PREFETCH:
                 x = x_next
                 k_in_n = ((t + 1) % K_STEPS) * BLOCK_K + offs_k
@@ -233,22 +233,6 @@ def _dds_small_kernel(
                 tl.atomic_xchg(sem_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, stride_cn, HAS_BIAS)
-
-
-@triton.jit
-def _prefetch_entries(v_ptr, s, first, end, COUNT: tl.constexpr, B: tl.constexpr, SUB: tl.constexpr):
-    """L2 prefetch of slice s (features s * SUB ...) of the blocks V[first .. first + COUNT)
-    that lie before ``end``: one byte range where the slices are whole blocks (consecutive
-    entries' blocks are adjacent), else one range per block."""
-    ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
-    if SUB >= B:
-        n = tl.minimum(tl.maximum(end - first, 0), COUNT)
-        prefetch_l2_bytes(v_ptr + first.to(tl.int64) * (B * B), n * (B * B * ELT), n > 0)
-    else:
-        rows = tl.minimum(SUB, B - s * SUB)
-        for q in range(0, COUNT):
-            prefetch_l2_bytes(v_ptr + (first + q).to(tl.int64) * (B * B) + s * (SUB * B), rows * (B * ELT),
-                              (first + q < end) & (rows > 0))
 
 
 @triton.jit
