@@ -186,7 +186,7 @@ def panel_cases(quick: bool):
     cases = ((64, 8),) if quick else ((64, 1), (64, 8), (32, 8), (16, 8))
     for block_m, splits in cases:
         const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=splits, TRANS_V=True, HAS_BIAS=True, GROUP_M=8,
-                     INPUT_PRECISION="ieee", ENTRIES=1, SWAP=False, FUSED_SUM=False, stride_ak=1, stride_cn=1)
+                     INPUT_PRECISION="ieee", ENTRIES=1, SWAP=False, FUSED_SUM=False, stride_ak=1, stride_cn=1, L2_AHEAD=0)
         sig = signature(fn, const, ("pptr_ptr", "pk_ptr", "pslots_ptr", "sem_ptr"),
                         ("c_ptr", "ws_ptr") if splits > 1 else ("ws_ptr",))
         yield f"panel dds b16 G8 M{block_m} splits {splits}", fn, sig, const, 4, 4
@@ -194,14 +194,19 @@ def panel_cases(quick: bool):
     # (the last two: the split partials summed in-kernel by each tile's last split, FUSED_SUM)
     deep = ((64, True, 4, False),) if quick else ((64, True, 4, False), (32, True, 4, False), (16, True, 4, False),
                                                   (64, False, 4, False), (16, True, 8, False), (16, False, 4, True),
-                                                  (64, True, 4, True))
-    for block_m, trans_v, entries, fused in deep:
+                                                  (64, True, 4, True),
+                                                  # L2 prefetch hints of the union's blocks ahead (the 5th field)
+                                                  (32, True, 4, False, 16), (64, False, 4, True, 8), (16, True, 8, False, 32))
+    for block_m, trans_v, entries, fused, *l2 in deep:
+        l2_ahead = l2[0] if l2 else 0
         const = dict(B=16, G=8, BLOCK_M=block_m, SPLITS=4, TRANS_V=trans_v, HAS_BIAS=True, GROUP_M=8,
-                     INPUT_PRECISION="ieee", ENTRIES=entries, SWAP=True, FUSED_SUM=fused, stride_ak=1, stride_cn=1)
+                     INPUT_PRECISION="ieee", ENTRIES=entries, SWAP=True, FUSED_SUM=fused, stride_ak=1, stride_cn=1,
+                     L2_AHEAD=l2_ahead)
         sig, aligned = bf16_signature(fn, const, ("pptr_ptr", "pk_ptr", "pslots_ptr", "sem_ptr"),
                                       fp32=("ws_ptr",) if fused else ("c_ptr", "ws_ptr"))
         yield (f"panel dds b16 G8 M{block_m} e{entries} swap {'fprop' if trans_v else 'bprop'}"
-               + (" fused sum" if fused else ""), fn, sig, const, 4, 4, aligned)
+               + (" fused sum" if fused else "") + (f" l2_ahead{l2_ahead}" if l2_ahead else ""), fn, sig, const, 4, 4,
+               aligned)
 
 
 def sdd_group_cases(quick: bool):

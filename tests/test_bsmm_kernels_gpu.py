@@ -294,6 +294,35 @@ def test_small_kernel_l2_prefetch_changes_no_bit(block_size, config, ahead):
         assert_close(got, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"l2_ahead {trans} {m}")
 
 
+@pytest.mark.parametrize("ahead", [1, 4, 256])
+@pytest.mark.parametrize("config", [
+    dict(group=8, block_m=32, splits=4, entries=4, swap=True), dict(group=8, block_m=16, splits=4, entries=4,
+                                                                      swap=True, fused_sum=True),
+    dict(group=4, block_m=64, splits=1), dict(group=4, block_m=128, splits=2, entries=4, fused_sum=True),
+], ids=["deep-swap", "deep-swap-fused", "one-entry", "wide-fused"])
+@pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
+def test_panel_l2_prefetch_changes_no_bit(block_size, config, ahead):
+    # the panel's L2 prefetch hints (PanelConfig.l2_ahead: the union's stored blocks ahead,
+    # slots loaded a step early) move no data into the program: bitwise the kernel without them
+    # in both products, at every reach, and against float64
+    from tilesparse.kernels import bsmm_panel
+
+    if config["group"] * block_size > 256 or config.get("entries", 1) * block_size > 256:
+        pytest.skip("panel or step past 256")
+    layout = tilesparse.layouts.random(1536, 2048, block_size, 0.4, seed=3, device=DEVICE)
+    values = random_values(layout, torch.bfloat16, DEVICE)
+    meta = layout.meta_on(DEVICE)
+    plain = bsmm_panel.PanelConfig(**config)
+    hinted = dataclasses.replace(plain, l2_ahead=ahead)
+    for trans, m in ((True, 8), (False, 37), (True, 150)):
+        a = torch.randn(m, layout.shape[1] if trans else layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
+        want = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
+        got = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=hinted)
+        assert torch.equal(got, want), (trans, m)
+        s = dense_of(values, layout)
+        assert_close(got, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"panel l2 {trans} {m}")
+
+
 def test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph():
     # The chunks' arrival counters are per stream and reset by every launch; a launch
     # captured in a CUDA graph gets its own (zeroed inside the graph). Every replay and

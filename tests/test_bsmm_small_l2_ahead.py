@@ -22,6 +22,16 @@ def test_l2_ahead_is_checked_and_off_by_default():
     assert bsmm_small.SmallConfig(32, 32, 16, 4, 2, l2_ahead=bsmm_small.MAX_L2_AHEAD).l2_ahead == 256
 
 
+def test_panel_l2_ahead_is_checked_and_off_by_default():
+    from tilesparse.kernels import bsmm_panel
+
+    assert bsmm_panel.PanelConfig(8).l2_ahead == 0
+    for bad in (3, -2, True, 1.0, 1024):
+        with pytest.raises(ValueError, match="l2_ahead"):
+            bsmm_panel.PanelConfig(8, l2_ahead=bad)
+    assert bsmm_panel.PanelConfig(8, l2_ahead=16).l2_ahead == 16
+
+
 def test_l2_prefetch_is_off_for_cpu_tensors():
     assert not _l2_prefetch.l2_prefetch_on(torch.zeros(1))
 

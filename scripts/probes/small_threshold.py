@@ -341,14 +341,14 @@ def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConf
 
 
 def dispatched_small_config(op: str, m: int, b: int, density: float, dev, rows: int,
-                            cols: int) -> S.SmallConfig | GV.GemvConfig | None:
-    """The small-kernel (or FMA-kernel) config dds picks by itself for this problem (the tuned
-    table's entry, else the heuristic where the small kernel runs), or None where it picks
-    another kernel."""
+                            cols: int) -> S.SmallConfig | GV.GemvConfig | P.PanelConfig | None:
+    """The small-kernel, FMA-kernel or panel config dds picks by itself for this problem (the
+    tuned table's entry, else the heuristic where the small kernel runs), or None where it
+    picks another kernel."""
     found = tuned.lookup(op, torch.bfloat16, b, m, density, dev, tuned.weight_shape(rows, cols, b))
     if found is None and K.use_small_kernel(m, b, torch.bfloat16):
         found = S.small_config(m, b, torch.bfloat16, K.shared_memory_bytes(dev))
-    return found if isinstance(found, (S.SmallConfig, GV.GemvConfig)) else None
+    return found if isinstance(found, (S.SmallConfig, GV.GemvConfig, P.PanelConfig)) else None
 
 
 def kernel_ms(fn, copies: int = 1) -> float:
@@ -412,8 +412,9 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if cfg is None or (not trans and (cfg.block_k > tile_for(b)
-                                                              or isinstance(cfg, GV.GemvConfig))):
+                            takes_no_hints = not trans and (isinstance(cfg, GV.GemvConfig) or (
+                                isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)))
+                            if cfg is None or takes_no_hints:
                                 continue  # another kernel's problem, or a bprop that takes no hints
                             cfg = dataclasses.replace(cfg, l2_ahead=fields[1])
                         elif fields[0] == "panel" and (b > 32 or (len(fields) <= 7 and fields[1] * b > 128)):

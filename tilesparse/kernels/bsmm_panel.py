@@ -40,6 +40,7 @@ import triton.language as tl
 from ..layout import table_views
 from ._device import cached_table
 from ._alloc import arrival_counters, new_output
+from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes_each
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile, swappable_dot
 
@@ -71,6 +72,7 @@ def _dds_panel_kernel(
     B: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
     TRANS_V: tl.constexpr, HAS_BIAS: tl.constexpr, GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     ENTRIES: tl.constexpr = 1, SWAP: tl.constexpr = False, FUSED_SUM: tl.constexpr = False,
+    L2_AHEAD: tl.constexpr = 0,
 ):
     """Program (m-tile, group q, split p): C[m-tile, q*G*B : (q+1)*G*B] = sum over union
     entries u of group q: A[m-tile, pk[u]-block] @ panel(u), panel(u)[:, g*B:(g+1)*B] =
@@ -85,7 +87,11 @@ def _dds_panel_kernel(
     FUSED_SUM (with SPLITS > 1): the partials go to ws, and the last program of a tile to
     count itself on sem sums them in split order (deterministic, whatever the arrival
     order), adds the bias, writes C and leaves its counter zero for the next launch: no
-    partial-sum kernels after this one."""
+    partial-sum kernels after this one.
+    L2_AHEAD > 0 (a power of two): L2 prefetch hints of the stored blocks of the program's
+    first L2_AHEAD union entries at the start, then each step of the step's entries L2_AHEAD
+    ahead, their slots loaded a step before the hints so nothing waits on them
+    (``tilesparse.kernels._l2_prefetch``)."""
     pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, B)
@@ -105,8 +111,14 @@ def _dds_panel_kernel(
         acc = tl.zeros((G * B, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, G * B), dtype=tl.float32)
+    if L2_AHEAD > 0:
+        _prefetch_union_blocks(v_ptr, _union_slots(pslots_ptr, start, end, L2_AHEAD, G), B)
+        pf_slots = _union_slots(pslots_ptr, start + L2_AHEAD, end, ENTRIES, G)
     if ENTRIES == 1:
         for u in range(start, end):
+            if L2_AHEAD > 0:
+                _prefetch_union_blocks(v_ptr, pf_slots, B)
+                pf_slots = _union_slots(pslots_ptr, u + 1 + L2_AHEAD, end, 1, G)
             k = tl.load(pk_ptr + u).to(tl.int64)
             slots = tl.load(pslots_ptr + u * G + g_of_n)  # the slot of each panel column
             present = slots >= 0
@@ -131,6 +143,9 @@ def _dds_panel_kernel(
         offs_b = tl.arange(0, B)
         offs_r = tl.arange(0, ENTRIES * B)
         for u0 in range(start, end, ENTRIES):
+            if L2_AHEAD > 0:
+                _prefetch_union_blocks(v_ptr, pf_slots, B)
+                pf_slots = _union_slots(pslots_ptr, u0 + ENTRIES + L2_AHEAD, end, ENTRIES, G)
             u = u0 + offs_e
             u_ok = u < end
             k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
@@ -181,6 +196,23 @@ def _dds_panel_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _union_slots(pslots_ptr, first, end, COUNT: tl.constexpr, G: tl.constexpr):
+    """The storage slots of the G blocks of union entries first .. first + COUNT - 1 (before
+    ``end``), flat [COUNT * G]; -1 for absent blocks and entries past the run."""
+    lanes = tl.arange(0, COUNT * G)
+    u = first + lanes // G
+    return tl.load(pslots_ptr + u * G + lanes % G, mask=u < end, other=-1)
+
+
+@triton.jit
+def _prefetch_union_blocks(v_ptr, slots, B: tl.constexpr):
+    """An L2 prefetch hint for each stored block of ``slots`` (a tensor; -1: none)."""
+    ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
+    present = slots >= 0
+    prefetch_l2_bytes_each(v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B), B * B * ELT, present)
+
+
 @dataclass(frozen=True)
 class PanelConfig:
     """Launch parameters of the panel kernel: ``group`` output block-columns per program
@@ -192,7 +224,9 @@ class PanelConfig:
     (``entries`` * b deep); ``swap``: the panel's G * b features as the MMA's M side and
     the activation rows as its N side (few rows); ``fused_sum``: with splits, the last
     program of each tile sums the partials in split order, instead of a torch sum and copy
-    after the kernel (two fewer kernels per call)."""
+    after the kernel (two fewer kernels per call); ``l2_ahead``: union entries ahead of the
+    step whose stored blocks each program asks L2 to fetch (bulk prefetch hints, sm_90+; 0:
+    none, else a power of two; the interpreter and older GPUs ignore it)."""
 
     group: int
     block_m: int = 128
@@ -203,9 +237,15 @@ class PanelConfig:
     entries: int = 1
     swap: bool = False
     fused_sum: bool = False
+    l2_ahead: int = 0
 
     def __post_init__(self):
         check_power_of_two(self, "group", "entries", minimum=1)
+        if isinstance(self.l2_ahead, bool) or self.l2_ahead != 0:
+            check_power_of_two(self, "l2_ahead", minimum=1)
+            if self.l2_ahead * self.group > 4096:
+                raise ValueError(f"PanelConfig.l2_ahead * group must be at most 4096, got {self.l2_ahead} * "
+                                 f"{self.group}")
         check_power_of_two(self, "block_m")
         check_ints(self, "splits")
         check_bools(self, "swap", "fused_sum")
@@ -297,7 +337,8 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
-        ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused,
+        L2_AHEAD=cfg.l2_ahead if l2_prefetch_on(values) else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split_out:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)
