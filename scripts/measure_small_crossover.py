@@ -137,8 +137,10 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         entries[key] = best_config
         notes[key] = {"small_ms": round(times[best], 5), f"{'dispatched' if current == 'auto' else 'heuristic'}_ms":
                       round(times[current], 5),
-                      "density": r["density"], "shape": f"{r['M']}x{data['weight']}", "source": "small-variants"}
-        print(f"{key}: {best} {times[best] * 1e3:.1f} us (heuristic {current} {times[current] * 1e3:.1f} us)")
+                      "density": r["density"], "shape": f"{r['M']}x{data['weight']}",
+                      "source": f"small-variants ({path.name})"}
+        print(f"{key}: {best} {times[best] * 1e3:.1f} us ({'dispatched' if current == 'auto' else 'heuristic'} "
+              f"{current} {times[current] * 1e3:.1f} us)")
     tuned.record(entries, SHIPPED / f"{gpu}.json", notes)
 
 
