@@ -281,16 +281,22 @@ def test_small_kernel_l2_prefetch_changes_no_bit(block_size, config, ahead):
     if sub > block_size or (block_k > block_size and sub < block_size):
         pytest.skip("slices wider than the block, or multi-block steps over partial slices")
     layout = tilesparse.layouts.random(1536, 2048, block_size, 0.3, seed=2, device=DEVICE)
+    plain = bsmm_small.SmallConfig(sub, block_k, block_m, 4, stages, **extra)
+    _assert_hints_change_no_bit(layout, plain, ahead, ((True, 1), (True, 37), (False, 20)))
+
+
+def _assert_hints_change_no_bit(layout, plain, ahead, problems):
+    """dds with ``plain`` and with ``plain`` given L2 prefetch hints ``ahead`` blocks ahead:
+    bitwise equal, and against float64, for each (trans, rows) of ``problems``."""
     values = random_values(layout, torch.bfloat16, DEVICE)
     meta = layout.meta_on(DEVICE)
-    plain = bsmm_small.SmallConfig(sub, block_k, block_m, 4, stages, **extra)
     hinted = dataclasses.replace(plain, l2_ahead=ahead)
-    for trans, m in ((True, 1), (True, 37), (False, 20)):
+    s = dense_of(values, layout)
+    for trans, m in problems:
         a = torch.randn(m, layout.shape[1] if trans else layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
         want = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
         got = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=hinted)
-        assert torch.equal(got, want), (trans, m)
-        s = dense_of(values, layout)
+        assert torch.equal(got, want), (plain, trans, m)
         assert_close(got, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"l2_ahead {trans} {m}")
 
 
@@ -310,17 +316,7 @@ def test_panel_l2_prefetch_changes_no_bit(block_size, config, ahead):
     if config["group"] * block_size > 256 or config.get("entries", 1) * block_size > 256:
         pytest.skip("panel or step past 256")
     layout = tilesparse.layouts.random(1536, 2048, block_size, 0.4, seed=3, device=DEVICE)
-    values = random_values(layout, torch.bfloat16, DEVICE)
-    meta = layout.meta_on(DEVICE)
-    plain = bsmm_panel.PanelConfig(**config)
-    hinted = dataclasses.replace(plain, l2_ahead=ahead)
-    for trans, m in ((True, 8), (False, 37), (True, 150)):
-        a = torch.randn(m, layout.shape[1] if trans else layout.shape[0], device=DEVICE, dtype=torch.bfloat16)
-        want = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=plain)
-        got = kernels.dds(a, values, meta, None, layout.block_rows, layout.block_cols, trans, config=hinted)
-        assert torch.equal(got, want), (trans, m)
-        s = dense_of(values, layout)
-        assert_close(got, a.double().cpu() @ (s.t() if trans else s), torch.bfloat16, f"panel l2 {trans} {m}")
+    _assert_hints_change_no_bit(layout, bsmm_panel.PanelConfig(**config), ahead, ((True, 8), (False, 37), (True, 150)))
 
 
 def test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph():

@@ -22,7 +22,10 @@ import triton.language as tl
 
 from ._device import capability_major
 
-__all__ = ["l2_prefetch_on", "prefetch_block_slices", "prefetch_l2_bytes", "prefetch_l2_bytes_each"]
+__all__ = ["MAX_L2_AHEAD", "check_reach", "l2_prefetch_on", "prefetch_block_slices", "prefetch_l2_bytes",
+           "prefetch_l2_bytes_each"]
+
+MAX_L2_AHEAD = 256  # blocks ahead of a step that a kernel's L2 prefetch hints may reach
 
 
 def l2_prefetch_on(t: torch.Tensor) -> bool:
@@ -32,23 +35,26 @@ def l2_prefetch_on(t: torch.Tensor) -> bool:
             and capability_major(t.device) >= 9)
 
 
+# The prefetch, predicated on the flag ($3), by thread 0 only or by each thread that holds an element
+_BY_FIRST_THREAD: tl.constexpr = tl.constexpr(
+    "{ .reg .pred %tsp_first, %tsp_on; .reg .u32 %tsp_tid;\n"
+    " mov.u32 %tsp_tid, %tid.x;\n"
+    " setp.eq.u32 %tsp_first, %tsp_tid, 0;\n"
+    " setp.ne.and.s32 %tsp_on, $3, 0, %tsp_first;\n"
+    " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
+    " mov.u32 $0, 0; }")
+_BY_EACH_THREAD: tl.constexpr = tl.constexpr(
+    "{ .reg .pred %tsp_on;\n"
+    " setp.ne.s32 %tsp_on, $3, 0;\n"
+    " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
+    " mov.u32 $0, 0; }")
+
+
 @triton.jit
 def prefetch_l2_bytes(ptr, nbytes, on):
     """Hint that the ``nbytes`` bytes from ``ptr`` (a scalar pointer) are read soon, when the
-    scalar ``on`` is nonzero: one bulk prefetch into L2, issued by the program's first thread.
-    The range is widened to 16-byte boundaries, as the instruction needs (a 16-byte chunk that
-    holds a byte of the tensor lies in the same page as that byte, so the widening cannot fault)."""
-    start = ptr.to(tl.int64, bitcast=True)
-    lo = start & -16
-    size = (((start + nbytes + 15) & -16) - lo).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred %tsp_first, %tsp_on; .reg .u32 %tsp_tid;\n"
-        " mov.u32 %tsp_tid, %tid.x;\n"
-        " setp.eq.u32 %tsp_first, %tsp_tid, 0;\n"
-        " setp.ne.and.s32 %tsp_on, $3, 0, %tsp_first;\n"
-        " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
-        " mov.u32 $0, 0; }",
-        "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    scalar ``on`` is nonzero: one bulk prefetch into L2, issued by the program's first thread."""
+    _bulk_prefetch(ptr, nbytes, on, _BY_FIRST_THREAD)
 
 
 @triton.jit
@@ -57,15 +63,26 @@ def prefetch_l2_bytes_each(ptrs, nbytes, on):
     ``on`` a tensor of flags of its shape and ``nbytes`` a scalar), issued by the thread that
     holds the element. A tensor smaller than the program's threads is held by several
     threads each, which then issue the same prefetch: give it at least as many elements."""
+    _bulk_prefetch(ptrs, nbytes, on, _BY_EACH_THREAD)
+
+
+@triton.jit
+def _bulk_prefetch(ptrs, nbytes, on, ASM: tl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of ``nbytes`` from each pointer, by the PTX ``ASM``. The
+    range is widened to 16-byte boundaries, as the instruction needs (a 16-byte chunk that
+    holds a byte of the tensor lies in the same page as that byte, so the widening cannot
+    fault)."""
     start = ptrs.to(tl.int64, bitcast=True)
     lo = start & -16
     size = (((start + nbytes + 15) & -16) - lo).to(tl.int32)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred %tsp_on;\n"
-        " setp.ne.s32 %tsp_on, $3, 0;\n"
-        " @%tsp_on cp.async.bulk.prefetch.L2.global [$1], $2;\n"
-        " mov.u32 $0, 0; }",
-        "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(ASM, "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def check_reach(config, maximum: int = MAX_L2_AHEAD) -> None:
+    """Raise ValueError naming ``config.l2_ahead`` unless it is an int in 0..``maximum``."""
+    reach = config.l2_ahead
+    if isinstance(reach, bool) or not isinstance(reach, int) or not 0 <= reach <= maximum:
+        raise ValueError(f"{type(config).__name__}.l2_ahead must be an int in 0..{maximum}, got {reach!r}")
 
 
 @triton.jit

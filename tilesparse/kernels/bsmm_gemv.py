@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._l2_prefetch import l2_prefetch_on, prefetch_block_slices
+from ._l2_prefetch import check_reach, l2_prefetch_on, prefetch_block_slices
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
@@ -194,8 +194,7 @@ class GemvConfig:
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"GemvConfig.num_warps must be a power of two in 1..16, got {self.num_warps!r}")
         check_bools(self, "reduce_each_step")
-        if isinstance(self.l2_ahead, bool) or not isinstance(self.l2_ahead, int) or not 0 <= self.l2_ahead <= 256:
-            raise ValueError(f"GemvConfig.l2_ahead must be an int in 0..256, got {self.l2_ahead!r}")
+        check_reach(self)
 
 
 def gemv_supported(m: int, dtype: torch.dtype) -> str | None:
@@ -220,5 +219,5 @@ def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: 
            B=b, TILE_B=tile, SUB=config.sub, BLOCK_K=config.block_k, M_PAD=next_power_of_2(m),
            TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
            REDUCE_EACH_STEP=config.reduce_each_step,
-           L2_AHEAD=config.l2_ahead if slot is None and l2_prefetch_on(values) else 0,
+           L2_AHEAD=config.l2_ahead if config.l2_ahead and slot is None and l2_prefetch_on(values) else 0,
            num_warps=config.num_warps, num_stages=1, **pdl_options(c))  # nothing for Triton's pipeliner

@@ -338,7 +338,7 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
         B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused,
-        L2_AHEAD=cfg.l2_ahead if l2_prefetch_on(values) else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and l2_prefetch_on(values) else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split_out:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)

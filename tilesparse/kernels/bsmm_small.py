@@ -30,7 +30,8 @@ import triton.language as tl
 
 from ._alloc import arrival_counters, new_output
 from ._device import cached_table
-from ._l2_prefetch import l2_prefetch_on, prefetch_block_slices, prefetch_l2_bytes, prefetch_l2_bytes_each
+from ._l2_prefetch import (MAX_L2_AHEAD, check_reach, l2_prefetch_on, prefetch_block_slices, prefetch_l2_bytes,
+                           prefetch_l2_bytes_each)
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
@@ -285,8 +286,7 @@ def _store_output(acc, c_ptr, bias_ptr, cols, offs_m, f_ok, m_ok, stride_cm, str
 
 
 MAX_CHUNKS = 16  # chunks per output slice (the launch's third grid axis)
-MAX_L2_AHEAD = 256  # blocks ahead of a step that an L2 prefetch may reach
-HEAD_LANES: tl.constexpr = tl.constexpr(256)  # >= MAX_L2_AHEAD and >= the threads of 8 warps
+HEAD_LANES: tl.constexpr = tl.constexpr(max(MAX_L2_AHEAD, 256))  # every reach, and >= the threads of 8 warps
 
 
 @dataclass(frozen=True)
@@ -334,8 +334,7 @@ class SmallConfig:
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
         check_bools(self, "longest_first", "swap", "m_inner", "prefetch")
-        if isinstance(self.l2_ahead, bool) or not isinstance(self.l2_ahead, int) or not 0 <= self.l2_ahead <= MAX_L2_AHEAD:
-            raise ValueError(f"SmallConfig.l2_ahead must be an int in 0..{MAX_L2_AHEAD}, got {self.l2_ahead!r}")
+        check_reach(self)
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -454,7 +453,8 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
         TRANS_V=trans_v, HAS_SLOT=slot is not None,
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        L2_AHEAD=cfg.l2_ahead if (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values) else 0,
+        L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
+        else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
