@@ -99,7 +99,10 @@
 #            NCU_ARGS for scripts/probes/dispatch_one.py (e.g. "--op updat --block 32 --density 0.25"),
 #            NCU_KERNEL a kernel-name regex (default: dds|sdd); SM active cycles against elapsed say
 #            whether programs idle (load balance) or run starved (bandwidth / latency); warp states
-#            and the schedulers' issue say what a starved warp waits on, the source counters where (SASS lines)
+#            and the schedulers' issue say what a starved warp waits on, the source counters where (SASS lines);
+#            NCU_TAG names the report ($OUT/ncu-shipped-<tag>.txt) so that one call can run several
+#   l2-ingest - the SMs' intake with part of the bytes from L2 (scripts/probes/l2_ingest.py: a read of a
+#            151 MB buffer plus 0-4x as many bytes from a 1-16 MB L2-resident one, and L2-only reads)
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
 #            MMA's M side, 128-256 activation rows as N) at large M against the default, fprop, bprop
 #   sdd-group - updat with several blocks of a block-row per program (kernels/bsmm_sdd_group.py)
@@ -274,7 +277,9 @@ for step in ${STEPS:-large dtypes graph}; do
               --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
               --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
               python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
-              > "$OUT/ncu-shipped.txt" 2>&1 ;;
+              > "$OUT/ncu-shipped${NCU_TAG:+-$NCU_TAG}.txt" 2>&1 ;;
+    l2-ingest) timeout "${L2_TIMEOUT:-150}" python3 scripts/probes/l2_ingest.py ${L2_ARGS:-} --out "$OUT/l2-ingest.json" \
+              > "$OUT/l2-ingest.log" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \
               16384x8192x8192 --blocks 64 --densities 0.5 0.25 0.1 --ops updat --variants wsg-g4k64st3 wsr-g4k32st4 \
               wsr-g4k32st4r wsr-g4k64st2 wsr-g2k64st3o wsr-g2k64st3r --out "$OUT/ws-sdd.json" > "$OUT/ws-sdd.log" 2>&1
