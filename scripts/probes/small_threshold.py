@@ -293,6 +293,23 @@ ALL_VARIANTS = {
     "v8k256": ("gemv", 8, 256, False, 4),
     "v8k128w8": ("gemv", 8, 128, False, 8),
     "v8k64": ("gemv", 8, 64, False, 4),
+    # the deep panels with deeper cp.async pipelines (fortieth session): at 3-4 stages Triton
+    # keeps two buffers and waits for every copy at each step's top (one step's loads in
+    # flight, ~1.3 us a step whatever its bytes); 5-6 stages keep two steps in flight, 8 three
+    "pG8m16st6x4e4SF": ("panel", 8, 16, 4, 6, 8, 4, 4, True, True),
+    "pG8m32st6x4e4SF": ("panel", 8, 32, 4, 6, 8, 4, 4, True, True),
+    "pG8m64st6x4e4SF": ("panel", 8, 64, 4, 6, 8, 4, 4, True, True),
+    "pG8m16st8x4e4SF": ("panel", 8, 16, 4, 8, 8, 4, 4, True, True),
+    "pG8m32st8x4e4SF": ("panel", 8, 32, 4, 8, 8, 4, 4, True, True),
+    "pG8m64st8x4e4SF": ("panel", 8, 64, 4, 8, 8, 4, 4, True, True),
+    "pG4m16st6x4e4SF": ("panel", 4, 16, 4, 6, 8, 4, 4, True, True),
+    "pG4m32st6x4e4SF": ("panel", 4, 32, 4, 6, 8, 4, 4, True, True),
+    "pG4m64st6x4e4SF": ("panel", 4, 64, 4, 6, 8, 4, 4, True, True),
+    "pG4m16st8x4e4SF": ("panel", 4, 16, 4, 8, 8, 4, 4, True, True),
+    "pG4m32st8x4e4SF": ("panel", 4, 32, 4, 8, 8, 4, 4, True, True),
+    "pG4m64st8x4e4SF": ("panel", 4, 64, 4, 8, 8, 4, 4, True, True),
+    "pG8m16st8x2e4SF": ("panel", 8, 16, 4, 8, 8, 2, 4, True, True),
+    "pG8m32st8x2e4SF": ("panel", 8, 32, 4, 8, 8, 2, 4, True, True),
     "v8k32": ("gemv", 8, 32, False, 4),
     # L2 prefetch hints ahead of the ring (SmallConfig.l2_ahead), on the dispatcher's config
     "autoL2": ("auto", 2), "autoL4": ("auto", 4), "autoL8": ("auto", 8), "autoL16": ("auto", 16),
