@@ -88,8 +88,8 @@ def record(rows: list[dict], path: Path, gpu: str, weight: str) -> None:
 
 def adopt(path: Path, per_shape: bool = False) -> None:
     """Write a variant sweep's winners into the shipped table of its GPU where they beat, in the same run,
-    the variant that equals the heuristic config, and the large-batch kernel, by more than
-    3 %; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
+    the variant that equals the heuristic config and the dispatcher's own choice (where timed) by
+    more than 3 %, and the large-batch kernel; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
     skipped. The sweep's variant names are looked up in its own table (ALL_VARIANTS of
     scripts/probes/small_threshold.py), or, for its per-problem variants (the dispatcher's or
     the heuristic's config with a change, e.g. autoL16), read from the config it recorded;
@@ -126,10 +126,10 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         best = min(times, key=lambda n: times[n][1], default=None)
         if current is None or best is None or best == current:
             continue
-        # adopted only if clearly ahead of the heuristic and of the large-batch kernel
-        # (and of the dispatcher's own choice, a tuned entry, where the sweep timed it (--auto) right)
+        # adopted only if clearly ahead of the heuristic and of the dispatcher's own choice (a
+        # tuned entry, where the sweep timed it (--auto) right), and ahead of the large-batch kernel
         auto = r["auto"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2 else float("inf")
-        if times[best][1] > 0.97 * times[current][1] or times[best][1] >= r["large_ms"] or times[best][1] >= auto:
+        if times[best][1] > 0.97 * min(times[current][1], auto) or times[best][1] >= r["large_ms"]:
             continue
         best_config = times[best][0]
         times = {n: ms for n, (_, ms) in times.items()}
