@@ -128,20 +128,23 @@ def test_dds_panel_kernel_deep_steps_and_swap(block_size, dtype, trans, m, entri
     assert_close(out, expected, dtype, "dds panel, deep steps")
 
 
+@pytest.mark.parametrize("stages", [3, 6], ids=lambda s: f"st{s}")
 @pytest.mark.parametrize("swap,m", [(True, 8), (True, 37), (False, 37), (False, 150)],
                          ids=["swap-m8", "swap-m37", "m37", "m150"])
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("block_size", [16, 32], ids=lambda b: f"b{b}")
-def test_dds_panel_fused_split_sum(block_size, dtype, trans, swap, m):
+def test_dds_panel_fused_split_sum(block_size, dtype, trans, swap, m, stages):
     # each tile's last split sums the partials in split order: right, bitwise repeatable,
     # counters left zero (a second call and a captured replay agree); the swapped few-row
-    # tiles and the 128 x 128 tiles of 128-512 rows (two row tiles at 150, the second partial)
+    # tiles and the 128 x 128 tiles of 128-512 rows (two row tiles at 150, the second partial);
+    # 3 stages (two buffers, one step's loads in flight) and 6 (three buffers, two steps: the
+    # H200 table's b 16 bprop entries at 5-32 rows)
     from tilesparse.kernels import _alloc, bsmm_panel
 
     operands, expected = _dds_case(block_size, dtype, trans, m)
     block_m = (16 if m <= 16 else 64) if swap else 128
-    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=block_m, splits=3,
+    cfg = bsmm_panel.PanelConfig(128 // block_size, block_m=block_m, num_stages=stages, splits=3,
                                  entries=64 // block_size, swap=swap, fused_sum=True)
     first = kernels.dds(*operands, config=cfg)
     assert_close(first, expected, dtype, "dds panel, fused split sum")
@@ -189,7 +192,7 @@ def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_capture
 
 def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_deep_panel(monkeypatch):
     # the shipped entries (W 12288², b 16, density 0.5: bprop at 5-64 rows, fprop at 33-64,
-    # both at 65-512): the dispatcher runs the panel kernel; inside a capture on a layout whose
+    # both at 65-512; density 0.25: bprop at 5-64 rows): the dispatcher runs the panel kernel; inside a capture on a layout whose
     # panel tables are not built yet it runs another kernel rather than raising
     from tilesparse.kernels import bsmm_panel, tuned
 
@@ -208,6 +211,16 @@ def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_de
         out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
         assert calls == [1]
         assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+    # density 0.25: bprop at 5-32 rows (the 6-stage entries of the fortieth session)
+    quarter = tilesparse.layouts.random(12288, 12288, 16, 0.25, seed=5, device=DEVICE)
+    quarter_values = random_values(quarter, torch.bfloat16, DEVICE)
+    a = torch.randn(16, 12288, device=DEVICE, dtype=torch.bfloat16)
+    reference = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False,
+                            config=kernels.dds_config(16, 16, torch.bfloat16)).float()
+    calls.clear()
+    out = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False)
+    assert calls == [1]
+    assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
     fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device=DEVICE)
     fresh_values = random_values(fresh, torch.bfloat16, DEVICE)
     a = torch.randn(8, 12288, device=DEVICE, dtype=torch.bfloat16)
