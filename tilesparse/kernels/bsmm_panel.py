@@ -150,7 +150,12 @@ def _dds_panel_kernel(
             u_ok = u < end
             k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
             if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
-                slots = tl.load(pslots_ptr + u[None, :] * G + g_of_n[:, None], mask=u_ok[None, :], other=-1)  # [N, E]
+                # the step's slots loaded as one [E, G] tile (16-byte loads along g), then spread
+                # to the panel's rows [N, E]
+                step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
+                                     other=-1)  # [E, G]
+                slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
+                                   (G * B, ENTRIES))  # [N, E]
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
                 offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
                 ok = _merge_mask((slots >= 0)[:, :, None], B)
