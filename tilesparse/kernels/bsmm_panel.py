@@ -134,9 +134,9 @@ def _dds_panel_kernel(
             )
             acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     else:
-        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. A slot is
-        # loaded once per block row, its offsets broadcast over the block's contiguous
-        # axis and merged into 2-D tiles with that axis declared contiguous, so the loads
+        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. The step's
+        # slots are loaded once, spread to the panel's rows, their offsets broadcast over the
+        # block's contiguous axis and merged into 2-D tiles with that axis declared contiguous, so the loads
         # stay 16-byte wide and the tiles land in the MMA's swizzled shared layout (a 3-D
         # tile reshaped after the load left an unswizzled one: 7.6-way bank conflicts).
         offs_e = tl.arange(0, ENTRIES)
@@ -150,8 +150,9 @@ def _dds_panel_kernel(
             u_ok = u < end
             k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
             if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
-                # the step's slots loaded as one [E, G] tile (16-byte loads along g), then spread
-                # to the panel's rows [N, E]
+                # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows
+                # [N, E]: loaded as [N, E] directly they were 4-byte loads, 16 per slot, and the
+                # fprop panel ran 1.4-2x slower than bprop's (fortieth session)
                 step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
                                      other=-1)  # [E, G]
                 slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
@@ -161,9 +162,9 @@ def _dds_panel_kernel(
                 ok = _merge_mask((slots >= 0)[:, :, None], B)
                 panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
             else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
-                ue = u0 + offs_r // B
-                slots = tl.load(pslots_ptr + ue[:, None] * G + tl.arange(0, G)[None, :], mask=(ue < end)[:, None],
-                                other=-1)  # [E*B, G]
+                step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
+                                     other=-1)  # [E, G]
+                slots = tl.reshape(tl.broadcast_to(step_slots[:, None, :], (ENTRIES, B, G)), (ENTRIES * B, G))
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
                 offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
                 ok = _merge_mask((slots >= 0)[:, :, None], B)
