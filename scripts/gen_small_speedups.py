@@ -4,6 +4,7 @@ batch rows (M) and density, for the GPU and weight shape in the file.
 
     python scripts/gen_small_speedups.py bench/results/2026-11-30-nvidia-h200-small-m1-512-ca2277b.csv \
         --update-from bench/results/2026-11-30-nvidia-h200-small-mid-a-fe39cf4.json ...
+    (an --update-from ending in .csv is a later small-suite run: its points replace the base's)
 """
 
 from __future__ import annotations
@@ -58,6 +59,26 @@ def update_from_probe(table: dict, gpu: str, weight: str, path: Path) -> int:
     return replaced
 
 
+def update_from_csv(table: dict, gpu: str, weight: str, path: Path) -> int:
+    """Replace the points a later small-suite CSV (the same GPU and weight; e.g. one block size
+    re-run after a kernel change) timed. Returns the points replaced."""
+    csv_gpu, csv_weight, later = table_from_csv(path)
+    if csv_gpu != gpu or csv_weight != weight:
+        raise SystemExit(f"{path}: {csv_gpu} W {csv_weight}, not {gpu} W {weight}")
+    replaced = 0
+    for op, blocks in later.items():
+        for b, ms in blocks.items():
+            for m, points in ms.items():
+                old = table.get(op, {}).get(b, {}).get(m)
+                if old is None:
+                    continue
+                measured = dict(points)
+                new = tuple((d, measured.get(d, s)) for d, s in old)
+                replaced += sum(a != c for a, c in zip(old, new))
+                table[op][b][m] = new
+    return replaced
+
+
 def _probe_variants() -> dict:
     spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).parent / "probes" /
                                                   "small_threshold.py")
@@ -104,13 +125,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("csv", type=Path)
     p.add_argument("--update-from", type=Path, nargs="*", default=[],
-                   help="small_threshold.py sweeps (--auto) whose points replace the CSV's, in order")
+                   help="small_threshold.py sweeps (--auto) or small-suite CSVs whose points replace the "
+                        "CSV's, in order")
     args = p.parse_args()
     gpu, weight, table = table_from_csv(args.csv)
     root = TARGET.parents[2]
     updates = []
     for path in args.update_from:
-        n = update_from_probe(table, gpu, weight, path)
+        n = (update_from_csv if path.suffix == ".csv" else update_from_probe)(table, gpu, weight, path)
         updates.append(path.resolve().relative_to(root).as_posix())
         print(f"{path}: {n} points replaced")
     source = args.csv.resolve().relative_to(root).as_posix()

@@ -25,8 +25,9 @@ def test_table_is_the_generators_output_for_its_csv():
     gen = _generator()
     gpu, weight, table = gen.table_from_csv(ROOT / small_speedups.SOURCE)
     assert (gpu, weight) == ("nvidia-h200", small_speedups.WEIGHT)
-    for update in small_speedups.UPDATES:  # later sweeps' points, in order
-        assert gen.update_from_probe(table, gpu, weight, ROOT / update) > 0
+    for update in small_speedups.UPDATES:  # later sweeps' or suite runs' points, in order
+        apply = gen.update_from_csv if update.endswith(".csv") else gen.update_from_probe
+        assert apply(table, gpu, weight, ROOT / update) > 0
     text = gen.render(small_speedups.SOURCE, gpu, weight, table, small_speedups.UPDATES)
     assert text == (ROOT / "tilesparse/ops/small_speedups.py").read_text()
     for op in ("fprop", "bprop"):  # every block size 16-128 at M 1-512, densities 0.03-0.5
