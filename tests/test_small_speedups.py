@@ -90,8 +90,9 @@ def test_small_rows_run_as_dense_where_the_dense_path_model_says_faster(monkeypa
     dd._warn_once.cache_clear()
     # the model (fitted to the dense path timed on the H200 at 5af8cc4) against the shipped
     # speedups (the small suite of 2fa57c2, whose deep panels halved b 16's times at 128-512
-    # rows): the forward runs as dense at 512 rows for b 16 at d 0.5 / 0.25 and b 32 at 0.5
-    faster_as_dense = {(512, 16, 0.5), (512, 16, 0.25), (512, 32, 0.5)}
+    # rows, with 51b9550's rows after the panel's slot fix, 5-9 % faster at 512 rows): the
+    # forward runs as dense at 512 rows for b 16 at d 0.5 / 0.25 (b 32 at 0.5 no longer)
+    faster_as_dense = {(512, 16, 0.5), (512, 16, 0.25)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for rows in (128, 256, 512):
