@@ -194,7 +194,8 @@ def stk(op: str, o: Operands) -> Result:
 
 def tilesparse_transposed(op: str, o: Operands) -> Result:
     """fprop with W's blocks stored in Wᵀ's order (TransposedBlockSparseLinear's storage):
-    X @ S on Wᵀ's block-rows, the fast form at few rows for 16x16 blocks. fprop only (the
+    X @ S on Wᵀ's block-rows (once the faster form at few rows for 16x16 blocks; level with
+    the rows order since the fortieth session's deep-panel fix). fprop only (the
     other products are the 'tilesparse' rows). The copy and its tables are made here, and
     the call runs once, so a CUDA-graph capture of it finds every table built."""
     if op != "fprop":

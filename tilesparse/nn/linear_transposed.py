@@ -1,19 +1,16 @@
 """TransposedBlockSparseLinear: BlockSparseLinear with W's blocks stored in Wᵀ's order.
 
-Which of a block-sparse layer's two products is fast at few rows depends on the stored
-order, not on the product. A deep panel whose output features are block-*columns* of
-the stored matrix reads, per reduction step, blocks that lie side by side in one stored
-block-row; one whose features are block-*rows* reads separate short runs. BlockSparseLinear
-stores W by block-rows, so its backward dX = dY W is the fast form and its forward
-Y = X Wᵀ the slow one. Stored as Wᵀ the forward is the fast form: on an H200 (W 12288²,
-bf16, 16x16 blocks at density 0.5) the forward at 8 / 16 / 32 / 64 rows took 68 / 73 /
-91 / 102 µs stored by rows and 64 / 64 / 72 / 84 µs stored transposed (dense 76-79 µs),
-with the backward slower by as much (``scripts/probes/transposed_storage.py``,
-``bench/results/2026-12-02-nvidia-h200-transposed-storage-ea44b38.json``). At density 0.25
-the gain starts at 32 rows; with 32x32 blocks the rows order is as fast or 1-3 µs faster,
-and at density 0.1 the two are within 2.5 µs. So this is for 16-bit layers that run mostly
-forward at 17-64 rows: decoding.
-Dense dispatch decides as for BlockSparseLinear (its measurements are of the rows order).
+The same function as BlockSparseLinear, the forward run as X @ Wᵀ on Wᵀ's block-rows. It
+was built (thirty-seventh session) when the deep panel's forward on W's block-rows ran
+1.2-1.4x slower than the same product on Wᵀ's (b 16, 17-64 rows). The fortieth session
+found that gap in the kernel, not in the order: the forward's slot table was loaded with
+16 four-byte loads per slot; loaded once per step, the forward on W's rows runs as fast
+(H200, W 12288², 16x16 blocks at density 0.5, 8 / 16 / 32 / 64 rows: 57.5 / 58.2 / 65.0 /
+79.8 µs stored by rows, 55.7 / 57.5 / 65.1 / 79.9 µs stored transposed,
+``bench/results/2026-12-03-nvidia-h200-small-b16-m2-64-e5c45a1.csv``; at 2 rows the rows
+order is faster, 49.5 against 56.2 µs, its FMA kernel prefetching ahead). So it no longer
+buys speed; it stays for models and checkpoints that hold Wᵀ's blocks, with converters both
+ways. Dense dispatch decides as for BlockSparseLinear (its measurements are of the rows order).
 """
 
 from __future__ import annotations

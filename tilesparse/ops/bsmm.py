@@ -236,8 +236,8 @@ def block_sparse_linear(
     ``transposed_storage=True``: ``layout`` and ``weight`` hold W^T instead
     (``layout.shape == (in, out)``, W^T's blocks in its ``coords`` order; see
     :class:`tilesparse.nn.TransposedBlockSparseLinear`). The forward then runs as X @ W^T
-    on W^T's block-rows, the faster form for 16x16 blocks at 17-64 rows. Dense dispatch
-    decides as for W stored by rows (the measurements are of that order)."""
+    on W^T's block-rows (as fast as the rows order since the fortieth session's deep-panel
+    fix). Dense dispatch decides as for W stored by rows (the measurements are of that order)."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
