@@ -115,15 +115,22 @@ def small_cases(quick: bool):
          (128, 32, 128, 8, True, 16, 4, (False,), False, False, 8), (64, 32, 64, 12, True, 64, 4, (True,), False, False, 8),
          # and bprop (slot tables: whole blocks, slots loaded a block ahead)
          (32, 32, 32, 12, False, 16, 4, (False,), False, False, 16), (128, 32, 128, 8, False, 16, 4, (False,), False, False, 8),
-         (64, 32, 64, 12, False, 64, 4, (True,), False, True, 8))
+         (64, 32, 64, 12, False, 64, 4, (True,), False, True, 8),
+         # SPREAD_INDEX (b 16's steps over 4 / 8 blocks: one index and slot load per block, not per
+         # lane), the shipped b 16 configs: prefetch fprop and bprop at 16 rows, plain at 64
+         (16, 16, 64, 8, True, 16, 4, (False,), False, True, 0, True),
+         (16, 16, 128, 8, False, 16, 4, (False,), False, True, 0, True),
+         (16, 16, 64, 8, True, 64, 4, (False,), False, False, 0, True),
+         (16, 16, 128, 8, False, 64, 4, (False,), False, False, 0, True))
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
-        m_inner, prefetch, l2_ahead = (list(flags) + [False, False, 0])[:3]
+        m_inner, prefetch, l2_ahead, spread = (list(flags) + [False, False, 0, False])[:4]
         for swap in swaps:
             # the first case also as a programmatic dependent launch (mode 2, the default on sm90)
             pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) else 0
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
-                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl, L2_AHEAD=l2_ahead)
+                         INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl, L2_AHEAD=l2_ahead,
+                         SPREAD_INDEX=spread)
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it), and
             # the row strides multiples of 16, as at every width the suites run (K, N = 4096-12288):
             # without the strides' divisibility the activation gather compiles to eight 2-byte loads
@@ -133,7 +140,8 @@ def small_cases(quick: bool):
                                           fp32=("ws_ptr",))
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
                    + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "")
-                   + (f" l2_ahead{l2_ahead}" if l2_ahead else "") + (" pdl" if pdl else ""), fn, sig,
+                   + (f" l2_ahead{l2_ahead}" if l2_ahead else "") + (" spread_index" if spread else "")
+                   + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
 

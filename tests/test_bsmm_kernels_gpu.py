@@ -10,6 +10,7 @@ import torch
 import tilesparse
 from bsmm_cases import dense_of, make_layout, random_values
 from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels._tiles import tile_for
 from tolerances import assert_close
 
 pytestmark = pytest.mark.gpu
@@ -45,7 +46,8 @@ def _dds_case(block_size, dtype, trans, m):
 
 
 @pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap",
-                                  "small-prefetch", "small-swap-prefetch", "small-l2ahead"])
+                                  "small-prefetch", "small-swap-prefetch", "small-l2ahead", "small-spread",
+                                  "small-prefetch-spread"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -70,6 +72,12 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, swap=True, prefetch=True)
         elif path == "small-l2ahead":
             cfg = dataclasses.replace(cfg, l2_ahead=3)
+        elif path in ("small-spread", "small-prefetch-spread"):
+            # 4-block steps where the tile is at most 32 wide (b 8-32); wider blocks step within
+            # one block, where spread_index is ignored
+            tile = tile_for(block_size)
+            cfg = dataclasses.replace(cfg, block_k=4 * tile if tile <= 32 else cfg.block_k, spread_index=True,
+                                      prefetch=path == "small-prefetch-spread")
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 

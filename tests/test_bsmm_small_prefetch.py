@@ -59,3 +59,33 @@ def test_prefetch_is_checked_and_off_by_default():
     assert not bsmm_small.small_config(1, 16, torch.bfloat16).prefetch
     with pytest.raises(ValueError, match="prefetch"):
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, prefetch=1)
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+@pytest.mark.parametrize("extra", [{}, {"chunks": 2}, {"swap": True}], ids=["whole", "chunks2", "swap"])
+@pytest.mark.parametrize("block_size, block_k", [(16, 128), (24, 64), (64, 32)], ids=["b16-k128", "b24-k64", "b64-k32"])
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+def test_spread_index_matches_the_reference_and_the_per_lane_loads(kind, trans, block_size, block_k, extra, prefetch):
+    # SmallConfig.spread_index: a multi-block step's indices (and slots) loaded once per block
+    # and spread over its lanes; the same products in the same order as one load per lane, so
+    # bitwise the same result (b 64 at 32-deep steps: one-block steps, where it is ignored)
+    layout = make_layout(kind, 3, 5, block_size)
+    per_lane = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch, **extra)
+    spread = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch, spread_index=True,
+                                    **extra)
+    rows, cols = layout.shape
+    a = torch.randn(40, cols if trans else rows)
+    values = random_values(layout, torch.float32)
+    bias = torch.randn(rows if trans else cols)
+    call = [layout.meta, bias, layout.block_rows, layout.block_cols, trans]
+    out = kernels.dds(a, values, *call, config=spread)
+    assert torch.equal(out, kernels.dds(a, values, *call, config=per_lane))
+    s = dense_of(values, layout)
+    assert_close(out, a.double() @ (s.t() if trans else s) + bias.double(), torch.float32, f"dds {spread}")
+
+
+def test_spread_index_is_checked_and_off_by_default():
+    assert not bsmm_small.small_config(8, 16, torch.bfloat16).spread_index
+    with pytest.raises(ValueError, match="spread_index"):
+        bsmm_small.SmallConfig(16, 64, 16, 4, 2, spread_index=1)

@@ -36,7 +36,9 @@ from tilesparse.kernels._tiles import tile_for
 # [, prefetch[, l2_ahead]]]]]]]]); block_m follows M unless given (None: follows M).
 # ("auto", n): the dispatcher's own small-kernel config (tuned table, else the heuristic) with
 # L2 prefetch hints n blocks ahead; ("heuristic", n): the heuristic's (bprop's multi-block steps
-# take no hints: skipped)
+# take no hints: skipped); ("auto", "spread") / ("heuristic", "spread"): those configs with each
+# multi-block step's indices loaded once per block (SmallConfig.spread_index; skipped where the
+# config is not the small kernel's or its steps are within one block)
 ALL_VARIANTS = {
     "s32k64st4": (32, 64, 4, 4),
     "s16k64st6": (16, 64, 6, 4),
@@ -316,6 +318,8 @@ ALL_VARIANTS = {
     "autoL32": ("auto", 32), "autoL64": ("auto", 64),
     # and on the heuristic's (b 16 at 5-64 rows runs other kernels by default)
     "defaultL8": ("heuristic", 8), "defaultL16": ("heuristic", 16), "defaultL32": ("heuristic", 32),
+    # the small kernel's multi-block steps with one index load per block (fortieth session)
+    "autoS": ("auto", "spread"), "defaultS": ("heuristic", "spread"),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -429,11 +433,16 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            takes_no_hints = not trans and (isinstance(cfg, GV.GemvConfig) or (
-                                isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)))
-                            if cfg is None or takes_no_hints:
-                                continue  # another kernel's problem, or a bprop that takes no hints
-                            cfg = dataclasses.replace(cfg, l2_ahead=fields[1])
+                            if fields[1] == "spread":
+                                if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
+                                    continue  # another kernel, or steps within one block: nothing to spread
+                                cfg = dataclasses.replace(cfg, spread_index=True)
+                            else:
+                                takes_no_hints = not trans and (isinstance(cfg, GV.GemvConfig) or (
+                                    isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)))
+                                if cfg is None or takes_no_hints:
+                                    continue  # another kernel's problem, or a bprop that takes no hints
+                                cfg = dataclasses.replace(cfg, l2_ahead=fields[1])
                         elif fields[0] == "panel" and (b > 32 or (len(fields) <= 7 and fields[1] * b > 128)):
                             continue  # panels for small blocks, at most 128 features wide
                         elif fields[0] == "group" and (b > 64 or dt not in (torch.bfloat16, torch.float16)

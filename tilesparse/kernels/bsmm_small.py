@@ -47,7 +47,7 @@ def _dds_small_kernel(
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0,
+    PDL: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, SPREAD_INDEX: tl.constexpr = False,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -83,6 +83,9 @@ def _dds_small_kernel(
     e's block is V[e] and each program asks for its own slice of it; with slots (bprop, whose
     programs read column strips) each block is asked for whole, by one of the SUBS programs
     that read it, its slot loaded one block ahead of the hint so nothing waits on the load.
+    SPREAD_INDEX (steps over several blocks): each step's G block indices (and slots) are
+    loaded once, G values, and spread over their blocks' lanes, instead of one load per
+    reduction lane (BLOCK_K values, TILE_B equal ones per block).
     """
     tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT or BLOCK_K <= TILE_B,
                      "L2_AHEAD with slot tables needs steps within one block")
@@ -139,8 +142,13 @@ def _dds_small_kernel(
         e_off = offs_k // TILE_B
         if PREFETCH:  # the block indices two steps ahead, the activation tile one step ahead
             ok_a = k_ok & (start + e_off < end)
-            blk_a = tl.load(idx_ptr + start + e_off, mask=ok_a, other=0).to(tl.int64)
-            blk_b = tl.load(idx_ptr + start + G + e_off, mask=k_ok & (start + G + e_off < end), other=0).to(tl.int64)
+            if SPREAD_INDEX:
+                blk_a = _per_lane(idx_ptr, start, end, G, TILE_B)
+                blk_b = _per_lane(idx_ptr, start + G, end, G, TILE_B)
+            else:
+                blk_a = tl.load(idx_ptr + start + e_off, mask=ok_a, other=0).to(tl.int64)
+                blk_b = tl.load(idx_ptr + start + G + e_off, mask=k_ok & (start + G + e_off < end),
+                                other=0).to(tl.int64)
             x_next = _x_tile(a_ptr, blk_a, k_in, ok_a, offs_m, m_ok, stride_am, stride_ak, B)
         for e0 in range(start, end, G):
             e = e0 + e_off
@@ -150,10 +158,17 @@ def _dds_small_kernel(
             if PREFETCH:
                 x = x_next
                 x_next = _x_tile(a_ptr, blk_b, k_in, k_ok & (e + G < end), offs_m, m_ok, stride_am, stride_ak, B)
-                blk_b = tl.load(idx_ptr + e + 2 * G, mask=k_ok & (e + 2 * G < end), other=0).to(tl.int64)
+                if SPREAD_INDEX:
+                    blk_b = _per_lane(idx_ptr, e0 + 2 * G, end, G, TILE_B)
+                else:
+                    blk_b = tl.load(idx_ptr + e + 2 * G, mask=k_ok & (e + 2 * G < end), other=0).to(tl.int64)
+            elif SPREAD_INDEX:
+                blk = _per_lane(idx_ptr, e0, end, G, TILE_B)
             else:
                 blk = tl.load(idx_ptr + e, mask=ok, other=0).to(tl.int64)
-            if HAS_SLOT:
+            if HAS_SLOT and SPREAD_INDEX:
+                slot = _per_lane(slot_ptr, e0, end, G, TILE_B)
+            elif HAS_SLOT:
                 slot = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
             else:
                 slot = e.to(tl.int64)
@@ -237,6 +252,17 @@ def _dds_small_kernel(
 
 
 @triton.jit
+def _per_lane(table_ptr, first, end, G: tl.constexpr, TILE_B: tl.constexpr):
+    """table[first + g] (int64; 0 at or past ``end``) of G consecutive entries, each spread
+    over its block's TILE_B lanes of a step [G * TILE_B], declared constant in runs of TILE_B
+    (so the gathers it addresses stay 16-byte loads): G loads where one per lane took G * TILE_B."""
+    g = first + tl.arange(0, G)
+    v = tl.load(table_ptr + g, mask=g < end, other=0).to(tl.int64)
+    lanes = tl.reshape(tl.broadcast_to(v[:, None], (G, TILE_B)), (G * TILE_B,))
+    return tl.max_constancy(lanes, [TILE_B])
+
+
+@triton.jit
 def _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, COUNT: tl.constexpr, B: tl.constexpr, SUBS: tl.constexpr):
     """L2 prefetch of the whole blocks V[slot[e]] of the entries e in [start, start + COUNT)
     before ``end`` that fall to this program (e % SUBS == s), in one pass over a tensor at
@@ -309,7 +335,10 @@ class SmallConfig:
     load and the gather it feeds); ``l2_ahead``: blocks ahead of the step that each
     program asks L2 to fetch (bulk prefetch hints, sm_90+; 0: none), so more weight bytes
     are in flight than the shared-memory ring holds. bprop's steps over several blocks
-    (b 16's 64-deep steps) ignore it, as do the interpreter and older GPUs."""
+    (b 16's 64-deep steps) ignore it, as do the interpreter and older GPUs;
+    ``spread_index``: steps over several blocks load each block's index (and slot) once and
+    spread it over the block's lanes, not once per reduction lane (the deep panel's slots
+    loaded that way ran its forward 1.3-2x faster; fortieth session); ignored by one-block steps."""
 
     sub: int
     block_k: int
@@ -323,6 +352,7 @@ class SmallConfig:
     m_inner: bool = False
     prefetch: bool = False
     l2_ahead: int = 0
+    spread_index: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -333,7 +363,7 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        check_bools(self, "longest_first", "swap", "m_inner", "prefetch")
+        check_bools(self, "longest_first", "swap", "m_inner", "prefetch", "spread_index")
         check_reach(self)
 
 
@@ -455,6 +485,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
         L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
         else 0,
+        SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
