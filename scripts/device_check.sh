@@ -20,14 +20,18 @@ fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   start=$(date +%s)
   rm -f /tmp/gpu_tests_*.log  # a warm machine keeps an earlier call's logs
+  # TESTS is read as shell words, quotes kept: TESTS='tests/x.py -k "panel or spread"' (a plain
+  # expansion split "panel or spread" into three arguments and ran nothing, fortieth session)
+  eval "set -- ${TESTS:-tests}"
   for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do
-    TILESPARSE_SHARD=$i/$SHARD_TOTAL timeout "${SHARD_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests} > /tmp/gpu_tests_$i.log 2>&1 &
+    TILESPARSE_SHARD=$i/$SHARD_TOTAL timeout "${SHARD_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > /tmp/gpu_tests_$i.log 2>&1 &
   done
   wait
   cat /tmp/gpu_tests_*.log > "$OUT/gpu_tests.log"
   echo "GPU tests: $(( $(date +%s) - start )) s"
   for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do  # each shard's summary, or its last line
-    echo "shard $i/$SHARD_TOTAL: $(grep -E "passed|failed|error" /tmp/gpu_tests_$i.log | tail -n 1 || tail -n 1 /tmp/gpu_tests_$i.log)"
+    line=$(grep -iE "passed|failed|error|no tests ran" /tmp/gpu_tests_$i.log | tail -n 1)
+    echo "shard $i/$SHARD_TOTAL: ${line:-$(tail -n 1 /tmp/gpu_tests_$i.log)}"
   done
 fi
 [ "${PROFILE:-1}" = 1 ] && python3 scripts/profile_host.py > "$OUT/profile.txt" 2>&1 && head -3 "$OUT/profile.txt"
