@@ -101,6 +101,9 @@
 #            whether programs idle (load balance) or run starved (bandwidth / latency); warp states
 #            and the schedulers' issue say what a starved warp waits on, the source counters where (SASS lines);
 #            NCU_TAG names the report ($OUT/ncu-shipped-<tag>.txt) so that one call can run several
+#   small-next40 - the fortieth session's next sweeps (W 12288² unless noted): spread_index on a 4096²
+#            weight and at b 8; the deep panel at 32-64 rows with 8 splits; the density-0.25 bucket's
+#            bprop crossover between the deep panel and the small kernel with spread_index
 #   l2-ingest - the SMs' intake with part of the bytes from L2 (scripts/probes/l2_ingest.py: a read of a
 #            151 MB buffer plus 0-4x as many bytes from a 1-16 MB L2-resident one, and L2-only reads)
 #   feature-major - b 64 / 32 / 16: the streaming kernel's feature-major tiles (a W slice as the
@@ -278,6 +281,15 @@ for step in ${STEPS:-large dtypes graph}; do
               --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
               python3 scripts/probes/dispatch_one.py ${NCU_ARGS:-} \
               > "$OUT/ncu-shipped${NCU_TAG:+-$NCU_TAG}.txt" 2>&1 ;;
+    small-next40) timeout 150 python3 scripts/probes/small_threshold.py --weight 4096x4096 --blocks 16 8 \
+              --densities 0.5 0.1 --ms 8 32 --variants default defaultS --auto --out "$OUT/spread-4096.json" \
+              > "$OUT/spread-4096.log" 2>&1
+            timeout 200 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 --ms 32 64 \
+              --variants pG8m32st6x4e4SF pG8m64st6x4e4SF pG8m32st6x8e4SF pG8m64st6x8e4SF pG4m32st6x8e4SF \
+              pG4m64st6x8e4SF --auto --out "$OUT/panel-splits8.json" > "$OUT/panel-splits8.log" 2>&1
+            timeout 150 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.2 0.25 0.3 0.35 \
+              --ms 8 16 --ops bprop --variants defaultS pG8m16st6x4e4SF --auto --out "$OUT/bucket-025.json" \
+              > "$OUT/bucket-025.log" 2>&1 ;;
     l2-ingest) timeout "${L2_TIMEOUT:-150}" python3 scripts/probes/l2_ingest.py ${L2_ARGS:-} --out "$OUT/l2-ingest.json" \
               > "$OUT/l2-ingest.log" 2>&1 ;;
     ws-sdd) timeout "${WS_TIMEOUT:-300}" python3 scripts/probes/ws_sweep.py --shapes 8192x4096x4096 \

@@ -312,6 +312,12 @@ ALL_VARIANTS = {
     "pG4m64st8x4e4SF": ("panel", 4, 64, 4, 8, 8, 4, 4, True, True),
     "pG8m16st8x2e4SF": ("panel", 8, 16, 4, 8, 8, 2, 4, True, True),
     "pG8m32st8x2e4SF": ("panel", 8, 32, 4, 8, 8, 2, 4, True, True),
+    # more programs for the deep panels at 32-64 rows (fortieth session: 2.9 programs per SM,
+    # 18 % occupancy, 0.58 waves at 4 splits): 8 splits at 6 stages
+    "pG8m32st6x8e4SF": ("panel", 8, 32, 4, 6, 8, 8, 4, True, True),
+    "pG8m64st6x8e4SF": ("panel", 8, 64, 4, 6, 8, 8, 4, True, True),
+    "pG4m32st6x8e4SF": ("panel", 4, 32, 4, 6, 8, 8, 4, True, True),
+    "pG4m64st6x8e4SF": ("panel", 4, 64, 4, 6, 8, 8, 4, True, True),
     "v8k32": ("gemv", 8, 32, False, 4),
     # L2 prefetch hints ahead of the ring (SmallConfig.l2_ahead), on the dispatcher's config
     "autoL2": ("auto", 2), "autoL4": ("auto", 4), "autoL8": ("auto", 8), "autoL16": ("auto", 16),
