@@ -22,7 +22,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   rm -f /tmp/gpu_tests_*.log  # a warm machine keeps an earlier call's logs
   # TESTS is read as shell words, quotes kept: TESTS='tests/x.py -k "panel or spread"' (a plain
   # expansion split "panel or spread" into three arguments and ran nothing, fortieth session)
-  eval "set -- ${TESTS:-tests}"
+  eval "set -- ${TESTS:-tests}" || { echo "TESTS does not parse as shell words: $TESTS" >&2; exit 2; }
   for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do
     TILESPARSE_SHARD=$i/$SHARD_TOTAL timeout "${SHARD_TIMEOUT:-3600}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > /tmp/gpu_tests_$i.log 2>&1 &
   done
@@ -30,7 +30,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   cat /tmp/gpu_tests_*.log > "$OUT/gpu_tests.log"
   echo "GPU tests: $(( $(date +%s) - start )) s"
   for i in $(seq "$SHARD_FIRST" $((SHARD_FIRST + SHARDS - 1))); do  # each shard's summary, or its last line
-    line=$(grep -iE "passed|failed|error|no tests ran" /tmp/gpu_tests_$i.log | tail -n 1)
+    line=$(grep -iE "passed|failed|error|no tests ran|deselected" /tmp/gpu_tests_$i.log | tail -n 1)
     echo "shard $i/$SHARD_TOTAL: ${line:-$(tail -n 1 /tmp/gpu_tests_$i.log)}"
   done
 fi

@@ -2,7 +2,7 @@
 
 The same function as BlockSparseLinear, the forward run as X @ Wᵀ on Wᵀ's block-rows. It
 was built (thirty-seventh session) when the deep panel's forward on W's block-rows ran
-1.2-1.4x slower than the same product on Wᵀ's (b 16, 17-64 rows). The fortieth session
+1.2-1.3x slower than the same product on Wᵀ's (b 16, 17-64 rows). The fortieth session
 found that gap in the kernel, not in the order: the forward's slot table was loaded with
 16 four-byte loads per slot; loaded once per step, the forward on W's rows runs as fast
 (H200, W 12288², 16x16 blocks at density 0.5, 8 / 16 / 32 / 64 rows: 57.5 / 58.2 / 65.0 /
