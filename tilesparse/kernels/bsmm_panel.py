@@ -149,12 +149,12 @@ def _dds_panel_kernel(
             u = u0 + offs_e
             u_ok = u < end
             k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
+            # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows:
+            # loaded per row directly they were 16 loads per slot (4-byte ones in fprop, whose
+            # panel ran 1.4-2x slower than bprop's; fortieth session)
+            step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
+                                 other=-1)  # [E, G]
             if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
-                # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows
-                # [N, E]: loaded as [N, E] directly they were 4-byte loads, 16 per slot, and the
-                # fprop panel ran 1.4-2x slower than bprop's (fortieth session)
-                step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
-                                     other=-1)  # [E, G]
                 slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
                                    (G * B, ENTRIES))  # [N, E]
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
@@ -162,8 +162,6 @@ def _dds_panel_kernel(
                 ok = _merge_mask((slots >= 0)[:, :, None], B)
                 panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
             else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
-                step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
-                                     other=-1)  # [E, G]
                 slots = tl.reshape(tl.broadcast_to(step_slots[:, None, :], (ENTRIES, B, G)), (ENTRIES * B, G))
                 row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
                 offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
