@@ -133,14 +133,13 @@ def adopt(path: Path, per_shape: bool = False) -> None:
             continue
         best_config = times[best][0]
         times = {n: ms for n, (_, ms) in times.items()}
+        beaten = "dispatched" if current == "auto" else "heuristic"
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
         entries[key] = best_config
-        notes[key] = {"small_ms": round(times[best], 5), f"{'dispatched' if current == 'auto' else 'heuristic'}_ms":
-                      round(times[current], 5),
+        notes[key] = {"small_ms": round(times[best], 5), f"{beaten}_ms": round(times[current], 5),
                       "density": r["density"], "shape": f"{r['M']}x{data['weight']}",
                       "source": f"small-variants ({path.name})"}
-        print(f"{key}: {best} {times[best] * 1e3:.1f} us ({'dispatched' if current == 'auto' else 'heuristic'} "
-              f"{current} {times[current] * 1e3:.1f} us)")
+        print(f"{key}: {best} {times[best] * 1e3:.1f} us ({beaten} {current} {times[current] * 1e3:.1f} us)")
     tuned.record(entries, SHIPPED / f"{gpu}.json", notes)
 
 
