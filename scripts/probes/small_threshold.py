@@ -318,6 +318,13 @@ ALL_VARIANTS = {
     "pG8m64st6x8e4SF": ("panel", 8, 64, 4, 6, 8, 8, 4, True, True),
     "pG4m32st6x8e4SF": ("panel", 4, 32, 4, 6, 8, 8, 4, True, True),
     "pG4m64st6x8e4SF": ("panel", 4, 64, 4, 6, 8, 8, 4, True, True),
+    # 256-feature panels at 32-64 rows (forty-first session): the activation tile shared by
+    # 16 block-rows, its L2 bytes half the weight's (nearly free, l2_ingest); 8 warps for the
+    # [256, M] accumulator; shallower rings or steps to fit shared memory
+    "pG16m64w8st5x4e4SF": ("panel", 16, 64, 8, 5, 8, 4, 4, True, True),
+    "pG16m64w8st6x4e2SF": ("panel", 16, 64, 8, 6, 8, 4, 2, True, True),
+    "pG16m32w8st6x4e2SF": ("panel", 16, 32, 8, 6, 8, 4, 2, True, True),
+    "pG16m64w8st6x8e2SF": ("panel", 16, 64, 8, 6, 8, 8, 2, True, True),
     "v8k32": ("gemv", 8, 32, False, 4),
     # L2 prefetch hints ahead of the ring (SmallConfig.l2_ahead), on the dispatcher's config
     "autoL2": ("auto", 2), "autoL4": ("auto", 4), "autoL8": ("auto", 8), "autoL16": ("auto", 16),
