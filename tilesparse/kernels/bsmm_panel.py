@@ -94,9 +94,7 @@ def _dds_panel_kernel(
     (``tilesparse.kernels._l2_prefetch``)."""
     pid_m, q = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_groups, GROUP_M)
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, B)
     offs_n = tl.arange(0, G * B)
-    g_of_n = offs_n // B
     n_in_block = offs_n % B
     m_ok = offs_m < M
     start = tl.load(pptr_ptr + q).to(tl.int64)  # int64 loop index: u * G cannot overflow
@@ -114,63 +112,45 @@ def _dds_panel_kernel(
     if L2_AHEAD > 0:
         _prefetch_union_blocks(v_ptr, _union_slots(pslots_ptr, start, end, L2_AHEAD, G), B)
         pf_slots = _union_slots(pslots_ptr, start + L2_AHEAD, end, ENTRIES, G)
-    if ENTRIES == 1:
-        for u in range(start, end):
-            if L2_AHEAD > 0:
-                _prefetch_union_blocks(v_ptr, pf_slots, B)
-                pf_slots = _union_slots(pslots_ptr, u + 1 + L2_AHEAD, end, 1, G)
-            k = tl.load(pk_ptr + u).to(tl.int64)
-            slots = tl.load(pslots_ptr + u * G + g_of_n)  # the slot of each panel column
-            present = slots >= 0
-            base = v_ptr + tl.where(present, slots, 0).to(tl.int64) * (B * B)
-            if TRANS_V:  # op(V)[k, n] = V[n, k]
-                panel_ptrs = base[None, :] + n_in_block[None, :] * B + offs_k[:, None]
-            else:
-                panel_ptrs = base[None, :] + offs_k[:, None] * B + n_in_block[None, :]
-            panel = tl.load(panel_ptrs, mask=present[None, :], other=0.0)
-            a = tl.load(
-                a_ptr + offs_m[:, None] * stride_am + (k * B + offs_k)[None, :] * stride_ak,
-                mask=m_ok[:, None], other=0.0,
-            )
-            acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
-    else:
-        # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. The step's
-        # slots are loaded once, spread to the panel's rows, their offsets broadcast over the
-        # block's contiguous axis and merged into 2-D tiles with that axis declared contiguous, so the loads
-        # stay 16-byte wide and the tiles land in the MMA's swizzled shared layout (a 3-D
-        # tile reshaped after the load left an unswizzled one: 7.6-way bank conflicts).
-        offs_e = tl.arange(0, ENTRIES)
-        offs_b = tl.arange(0, B)
-        offs_r = tl.arange(0, ENTRIES * B)
-        for u0 in range(start, end, ENTRIES):
-            if L2_AHEAD > 0:
-                _prefetch_union_blocks(v_ptr, pf_slots, B)
-                pf_slots = _union_slots(pslots_ptr, u0 + ENTRIES + L2_AHEAD, end, ENTRIES, G)
-            u = u0 + offs_e
-            u_ok = u < end
-            k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
-            # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows:
-            # loaded per row directly they were 16 loads per slot (4-byte ones in fprop, whose
-            # panel ran 1.4-2x slower than bprop's; fortieth session)
-            step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
-                                 other=-1)  # [E, G]
-            if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
-                slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
-                                   (G * B, ENTRIES))  # [N, E]
-                row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
-                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
-                ok = _merge_mask((slots >= 0)[:, :, None], B)
-                panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
-            else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
-                slots = tl.reshape(tl.broadcast_to(step_slots[:, None, :], (ENTRIES, B, G)), (ENTRIES * B, G))
-                row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
-                offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
-                ok = _merge_mask((slots >= 0)[:, :, None], B)
-                panel = tl.load(v_ptr + offs, mask=ok, other=0.0)
-            a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :])
-            a_ok = _merge_mask(u_ok[None, :, None], B)
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
-            acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
+    # ENTRIES entries per step, each a [B, G*B] slice of the step's panel. The step's slots
+    # are loaded once, spread to the panel's rows, their offsets broadcast over the block's
+    # contiguous axis and merged into 2-D tiles with that axis declared contiguous, so the
+    # loads stay 16-byte wide and the tiles land in the MMA's swizzled shared layout (a 3-D
+    # tile reshaped after the load left an unswizzled one: 7.6-way bank conflicts). One entry
+    # per step is the same code (it had its own loop, which loaded each slot once per panel
+    # column, until the forty-first session).
+    offs_e = tl.arange(0, ENTRIES)
+    offs_b = tl.arange(0, B)
+    offs_r = tl.arange(0, ENTRIES * B)
+    for u0 in range(start, end, ENTRIES):
+        if L2_AHEAD > 0:
+            _prefetch_union_blocks(v_ptr, pf_slots, B)
+            pf_slots = _union_slots(pslots_ptr, u0 + ENTRIES + L2_AHEAD, end, ENTRIES, G)
+        u = u0 + offs_e
+        u_ok = u < end
+        k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
+        # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows:
+        # loaded per row directly they were 16 loads per slot (4-byte ones in fprop, whose
+        # panel ran 1.4-2x slower than bprop's; fortieth session)
+        step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
+                             other=-1)  # [E, G]
+        if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
+            slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
+                               (G * B, ENTRIES))  # [N, E]
+            row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
+            offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
+            ok = _merge_mask((slots >= 0)[:, :, None], B)
+            panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
+        else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
+            slots = tl.reshape(tl.broadcast_to(step_slots[:, None, :], (ENTRIES, B, G)), (ENTRIES * B, G))
+            row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
+            offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
+            ok = _merge_mask((slots >= 0)[:, :, None], B)
+            panel = tl.load(v_ptr + offs, mask=ok, other=0.0)
+        a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :])
+        a_ok = _merge_mask(u_ok[None, :, None], B)
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
+        acc = swappable_dot(acc, a, panel, SWAP, INPUT_PRECISION)
     if SWAP:
         acc = tl.trans(acc)  # [BLOCK_M, G * B], as the stores below expect
     cols = q.to(tl.int64) * (G * B) + offs_n
