@@ -124,15 +124,19 @@ def adopt(path: Path, per_shape: bool = False) -> None:
             times["auto"] = (None, r["auto"])  # the dispatcher's own choice is what a winner must beat
             current = "auto"
         best = min(times, key=lambda n: times[n][1], default=None)
-        if current is None or best is None or best == current:
+        if current is None or best is None:
             continue
         # adopted only if clearly ahead of the heuristic and of the dispatcher's own choice (a
-        # tuned entry, where the sweep timed it (--auto) right), and ahead of the large-batch kernel
+        # tuned entry, where the sweep timed it (--auto) right), and ahead of the large-batch kernel;
+        # the heuristic itself is adopted where it beats the dispatcher's entry (which it then shadows)
         auto = r["auto"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2 else float("inf")
-        if times[best][1] > 0.97 * min(times[current][1], auto) or times[best][1] >= r["large_ms"]:
+        rival = auto if best == current else min(times[current][1], auto)
+        if times[best][1] > 0.97 * rival or times[best][1] >= r["large_ms"]:
             continue
         best_config = times[best][0]
         times = {n: ms for n, (_, ms) in times.items()}
+        if best == current:  # the heuristic beat the table's entry
+            current, times["auto"] = "auto", auto
         beaten = "dispatched" if current == "auto" else "heuristic"
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)
         entries[key] = best_config

@@ -47,7 +47,7 @@ def _dds_case(block_size, dtype, trans, m):
 
 @pytest.mark.parametrize("path", ["large", "small", "small-split3", "small-chunks2-longest", "small-swap",
                                   "small-prefetch", "small-swap-prefetch", "small-l2ahead", "small-spread",
-                                  "small-prefetch-spread"])
+                                  "small-prefetch-spread", "small-per-lane"])
 @pytest.mark.parametrize("m", [1, 37, 64, 100], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -72,12 +72,12 @@ def test_dds_both_kernels(block_size, dtype, trans, m, path):
             cfg = dataclasses.replace(cfg, swap=True, prefetch=True)
         elif path == "small-l2ahead":
             cfg = dataclasses.replace(cfg, l2_ahead=3)
-        elif path in ("small-spread", "small-prefetch-spread"):
+        elif path in ("small-spread", "small-prefetch-spread", "small-per-lane"):
             # 4-block steps where the tile is at most 32 wide (b 8-32); wider blocks step within
-            # one block, where spread_index is ignored
+            # one block, where spread_index is ignored; per-lane: one index load per reduction lane
             tile = tile_for(block_size)
-            cfg = dataclasses.replace(cfg, block_k=4 * tile if tile <= 32 else cfg.block_k, spread_index=True,
-                                      prefetch=path == "small-prefetch-spread")
+            cfg = dataclasses.replace(cfg, block_k=4 * tile if tile <= 32 else cfg.block_k,
+                                      spread_index=path != "small-per-lane", prefetch=path == "small-prefetch-spread")
     assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {path}")
 
 

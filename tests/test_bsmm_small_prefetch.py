@@ -71,9 +71,9 @@ def test_spread_index_matches_the_reference_and_the_per_lane_loads(kind, trans, 
     # and spread over its lanes; the same products in the same order as one load per lane, so
     # bitwise the same result (b 64 at 32-deep steps: one-block steps, where it is ignored)
     layout = make_layout(kind, 3, 5, block_size)
-    per_lane = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch, **extra)
-    spread = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch, spread_index=True,
-                                    **extra)
+    per_lane = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch,
+                                      spread_index=False, **extra)
+    spread = bsmm_small.SmallConfig(16, block_k, 64, num_warps=4, num_stages=2, prefetch=prefetch, **extra)
     rows, cols = layout.shape
     a = torch.randn(40, cols if trans else rows)
     values = random_values(layout, torch.float32)
@@ -85,7 +85,7 @@ def test_spread_index_matches_the_reference_and_the_per_lane_loads(kind, trans, 
     assert_close(out, a.double() @ (s.t() if trans else s) + bias.double(), torch.float32, f"dds {spread}")
 
 
-def test_spread_index_is_checked_and_off_by_default():
-    assert not bsmm_small.small_config(8, 16, torch.bfloat16).spread_index
+def test_spread_index_is_checked_and_on_by_default():
+    assert bsmm_small.small_config(8, 16, torch.bfloat16).spread_index
     with pytest.raises(ValueError, match="spread_index"):
         bsmm_small.SmallConfig(16, 64, 16, 4, 2, spread_index=1)

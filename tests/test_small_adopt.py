@@ -45,6 +45,25 @@ def test_adopt_compares_against_the_sweeps_default_variant(crossover, tmp_path, 
         assert tuned.from_json(entries[key]["config"]) == PanelConfig(8, 64, 4, 4, 8, 8)
 
 
+@pytest.mark.parametrize("auto_ms, adopted", [(0.060, True), (0.0505, False)], ids=["beaten", "within-3pct"])
+def test_adopt_writes_the_heuristic_where_it_beats_the_tables_entry(crossover, tmp_path, auto_ms, adopted):
+    # the heuristic is the fastest variant but the dispatcher runs a tuned entry (e.g. a panel)
+    # that is slower: the heuristic's config is written over it, so the dispatcher runs it
+    from tilesparse.kernels import bsmm_small
+
+    row = _row(0.049, 0.070, auto_ms=auto_ms)
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
+    crossover.adopt(sweep)
+    table = tmp_path / "nvidia-h200.json"
+    entries = json.loads(table.read_text())["entries"] if table.exists() else {}
+    key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)
+    assert (key in entries) == adopted
+    if adopted:
+        assert tuned.from_json(entries[key]["config"]) == bsmm_small.small_config(64, 16, torch.bfloat16, 227 << 10)
+        assert entries[key]["dispatched_ms"] == 0.06
+
+
 def test_adopt_records_a_winning_resident_variant(crossover, tmp_path):
     # the resident-activation fprop (its own config kind) is adopted like any small variant
     from tilesparse.kernels.bsmm_resident import ResidentConfig
