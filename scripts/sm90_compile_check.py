@@ -121,21 +121,16 @@ def small_cases(quick: bool):
          (16, 16, 64, 8, True, 16, 4, (False,), False, True, 0, True),
          (16, 16, 128, 8, False, 16, 4, (False,), False, True, 0, True),
          (16, 16, 64, 8, True, 64, 4, (False,), False, False, 0, True),
-         (16, 16, 128, 8, False, 64, 4, (False,), False, False, 0, True),
-         # EARLY_L2 (the head of each run asked of L2 before the PDL wait, mode 2): fprop b 128,
-         # bprop b 16 (slots read before the wait, clamped to the stored blocks)
-         (128, 32, 128, 8, True, 16, 4, (False,), False, False, 0, False, 16),
-         (16, 16, 64, 8, False, 16, 4, (False,), False, False, 0, True, 32))
+         (16, 16, 128, 8, False, 64, 4, (False,), False, False, 0, True))
     for block, sub, block_k, stages, trans, block_m, warps, swaps, *flags in cases:
-        m_inner, prefetch, l2_ahead, spread, early = (list(flags) + [False, False, 0, False, 0])[:5]
+        m_inner, prefetch, l2_ahead, spread = (list(flags) + [False, False, 0, False])[:4]
         for swap in swaps:
             # the first case also as a programmatic dependent launch (mode 2, the default on sm90)
-            pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) \
-                or early else 0
+            pdl = 2 if (block, trans, block_m, swap, m_inner, prefetch) == (128, True, 64, False, False, False) else 0
             const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, SPLITS=1, CHUNKS=1,
                          LONGEST_FIRST=False, SWAP=swap, M_INNER=m_inner, PREFETCH=prefetch, TRANS_V=trans, HAS_SLOT=not trans, HAS_BIAS=True,
                          INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=pdl, L2_AHEAD=l2_ahead,
-                         SPREAD_INDEX=spread, EARLY_L2=early)
+                         SPREAD_INDEX=spread)
             # pointers 16-byte aligned, as the launches' tensors are (Triton specializes on it), and
             # the row strides multiples of 16, as at every width the suites run (K, N = 4096-12288):
             # without the strides' divisibility the activation gather compiles to eight 2-byte loads
@@ -146,7 +141,6 @@ def small_cases(quick: bool):
             yield (f"small dds b{block} sub{sub} M{block_m} {'fprop' if trans else 'bprop'} swap={swap}"
                    + (" m_inner" if m_inner else "") + (" prefetch" if prefetch else "")
                    + (f" l2_ahead{l2_ahead}" if l2_ahead else "") + (" spread_index" if spread else "")
-                   + (f" early_l2{early}" if early else "")
                    + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
 
@@ -456,16 +450,10 @@ def main() -> int:
             if label.endswith(" pdl"):
                 if not ("griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx):
                     raise RuntimeError("a PDL kernel without griddepcontrol.wait / launch_dependents in its PTX")
-                # before the wait: nothing but (EARLY_L2) table loads and L2 prefetch hints, whose
-                # addresses are clamped to the stored blocks and whose values no result uses
-                early = " early_l2" in label
-                accesses = ("st.global", "atom.", "cp.async.ca", "cp.async.cg") + (() if early else ("ld.global",
-                                                                                                   "cp.async.bulk"))
-                first_access = min((i for i in (ptx.find(op) for op in accesses) if i >= 0), default=len(ptx))
+                first_access = min((i for i in (ptx.find(op) for op in ("ld.global", "st.global", "atom.", "cp.async"))
+                                    if i >= 0), default=len(ptx))
                 if ptx.index("griddepcontrol.wait") > first_access:
                     raise RuntimeError("a PDL kernel touches global memory before griddepcontrol.wait")
-                if early and ptx.find("cp.async.bulk.prefetch.L2") > ptx.index("griddepcontrol.wait"):
-                    raise RuntimeError("an EARLY_L2 kernel without L2 prefetches before griddepcontrol.wait")
             if label.startswith("ws attention") and (" staged" in label or " ring_stores" in label):
                 # outputs staged through shared memory leave in 16-byte stores (the point of staging)
                 if "st.global.v4" not in ptx:

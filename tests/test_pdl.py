@@ -4,8 +4,6 @@ launchers pass them; on an sm90 GPU (marked ``gpu``) chained small products and 
 cells give bitwise the same results in every mode, inside a CUDA graph too, and are
 really launched with PDL."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -147,54 +145,3 @@ def test_chained_small_products_and_cells_match_without_pdl_gpu(monkeypatch, set
     pdl_kernels = {key[0].__name__ for key, compiled in _launch._COMPILED.items()
                    if dict(key[3]).get("launch_pdl") and compiled.metadata.launch_pdl}
     assert {"_dds_small_kernel", "_lstm_cell_fwd_kernel"} <= pdl_kernels
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="PDL needs sm90 or newer")
-@pytest.mark.parametrize("setting", ["1", "2", "3"])
-@pytest.mark.parametrize("block, trans", [(64, True), (64, False), (16, True), (16, False)],
-                         ids=["b64-fprop", "b64-bprop", "b16-fprop", "b16-bprop"])
-def test_early_l2_prefetch_before_the_wait_changes_no_result_gpu(monkeypatch, setting, block, trans):
-    # SmallConfig.early_l2: each program asks L2 for its run's head before its PDL wait. The
-    # weights are rewritten between the calls (by PyTorch kernels) and each call reads the
-    # one before it, so a prefetched line must never be served stale: bitwise the results of
-    # the same chain without PDL, eagerly and in a CUDA graph
-    import tilesparse as ts
-    from tilesparse.kernels import bsmm
-
-    layout = ts.layouts.random(1024, 1024, block, 0.25, seed=3, device="cuda")
-    values = torch.randn(layout.nnz, block, block, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
-    cfg = dataclasses.replace(bsmm_small.small_config(8, block, torch.bfloat16), early_l2=8)
-    call = [layout.meta, None, layout.block_rows, layout.block_cols, trans]
-
-    def chain():
-        w = values.clone()
-        y = x
-        outs = []
-        for _ in range(4):
-            y = bsmm.dds(y, w, *call, config=cfg)
-            outs.append(y)
-            w.mul_(0.5).add_(0.25)  # the weights change between the calls
-        return outs
-
-    monkeypatch.setenv("TILESPARSE_PDL", "0")
-    _pdl.reload()
-    expected = chain()
-    monkeypatch.setenv("TILESPARSE_PDL", setting)
-    _pdl.reload()
-    eager = chain()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = chain()
-    graph.replay()
-    torch.cuda.synchronize()
-    for want, got, again in zip(expected, eager, captured):
-        assert torch.equal(want, got) and torch.equal(want, again)
-
-
-def test_early_l2_is_checked():
-    with pytest.raises(ValueError, match="early_l2"):
-        bsmm_small.SmallConfig(32, 32, 16, 4, 2, early_l2=-1)
-    with pytest.raises(ValueError, match="early_l2"):
-        bsmm_small.SmallConfig(32, 32, 16, 4, 2, early_l2=True)

@@ -337,11 +337,6 @@ ALL_VARIANTS = {
     # session): more programs where the weight has few output slices (W 4096² at b 16: 256)
     "defaultC2": ("heuristic", "chunks", 2), "defaultC3": ("heuristic", "chunks", 3),
     "defaultC4": ("heuristic", "chunks", 4),
-    # the dispatcher's config with each run's first n blocks asked of L2 before the PDL wait
-    # (SmallConfig.early_l2; forty-first session): the weight's first bytes stream during the
-    # previous call's tail
-    "autoE4": ("auto", "early", 4), "autoE8": ("auto", "early", 8), "autoE16": ("auto", "early", 16),
-    "autoE32": ("auto", "early", 32), "autoE64": ("auto", "early", 64),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -455,11 +450,7 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if fields[1] == "early":
-                                if not isinstance(cfg, S.SmallConfig):
-                                    continue  # another kernel: no early prefetch
-                                cfg = dataclasses.replace(cfg, early_l2=fields[2])
-                            elif fields[1] == "chunks":
+                            if fields[1] == "chunks":
                                 if not isinstance(cfg, S.SmallConfig) or cfg.splits > 1:
                                     continue  # another kernel, or splits (which chunks cannot join)
                                 cfg = dataclasses.replace(cfg, chunks=fields[2], chunk_every_run=True)

@@ -78,11 +78,11 @@ def _bulk_prefetch(ptrs, nbytes, on, ASM: tl.constexpr):
     tl.inline_asm_elementwise(ASM, "=r,l,r,r", [lo, size, on.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def check_reach(config, maximum: int = MAX_L2_AHEAD, field: str = "l2_ahead") -> None:
-    """Raise ValueError naming ``config.<field>`` unless it is an int in 0..``maximum``."""
-    reach = getattr(config, field)
+def check_reach(config, maximum: int = MAX_L2_AHEAD) -> None:
+    """Raise ValueError naming ``config.l2_ahead`` unless it is an int in 0..``maximum``."""
+    reach = config.l2_ahead
     if isinstance(reach, bool) or not isinstance(reach, int) or not 0 <= reach <= maximum:
-        raise ValueError(f"{type(config).__name__}.{field} must be an int in 0..{maximum}, got {reach!r}")
+        raise ValueError(f"{type(config).__name__}.l2_ahead must be an int in 0..{maximum}, got {reach!r}")
 
 
 @triton.jit

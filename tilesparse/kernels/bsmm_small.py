@@ -42,13 +42,12 @@ from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power
 def _dds_small_kernel(
     a_ptr, v_ptr, bias_ptr, c_ptr,
     ptr_ptr, idx_ptr, slot_ptr, ws_ptr, sem_ptr, order_ptr,
-    M, split_stride, chunk_len, n_blocks,
+    M, split_stride, chunk_len,
     stride_am, stride_ak, stride_cm, stride_cn,
     B: tl.constexpr, TILE_B: tl.constexpr, SUB: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
     SPLITS: tl.constexpr, CHUNKS: tl.constexpr, LONGEST_FIRST: tl.constexpr, SWAP: tl.constexpr,
     M_INNER: tl.constexpr, PREFETCH: tl.constexpr, TRANS_V: tl.constexpr, HAS_SLOT: tl.constexpr, HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     PDL: tl.constexpr = 0, L2_AHEAD: tl.constexpr = 0, SPREAD_INDEX: tl.constexpr = False,
-    EARLY_L2: tl.constexpr = 0,
 ):
     """Program (j * SUBS + s, m-tile, split) computes C[m-tile, j*B + s*SUB + (0..SUB)] as
     acc[SUB, BLOCK_M] = sum over entries e of table j: op(V[slot e])[rows s, :] @ A[m, idx e block]^T.
@@ -87,15 +86,10 @@ def _dds_small_kernel(
     SPREAD_INDEX (steps over several blocks): each step's G block indices (and slots) are
     loaded once, G values, and spread over their blocks' lanes, instead of one load per
     reduction lane (BLOCK_K values, TILE_B equal ones per block).
-    EARLY_L2 > 0 (with PDL on): before its wait for the previous kernel, the program asks L2
-    for the first EARLY_L2 blocks of its run, so the weight's first bytes stream while the
-    previous kernel finishes (L2 is the point of coherence: a line prefetched before the
-    previous kernel writes it is updated by that write). The tables read for the addresses
-    may be stale then, so the addresses are clamped to the n_blocks stored blocks, and every
-    load the results use still comes after the wait.
     """
     tl.static_assert(L2_AHEAD == 0 or not HAS_SLOT or BLOCK_K <= TILE_B,
                      "L2_AHEAD with slot tables needs steps within one block")
+    wait_for_previous_kernel(PDL)
     SUBS: tl.constexpr = TILE_B // SUB
     if M_INNER:
         pid = tl.program_id(1)
@@ -105,24 +99,29 @@ def _dds_small_kernel(
         pid = tl.program_id(0)
         m_tile = tl.program_id(1)
         m_tiles = tl.num_programs(1)
+    if LONGEST_FIRST:
+        j = tl.load(order_ptr + pid // SUBS)
+    else:
+        j = pid // SUBS
     s = pid % SUBS
-    if EARLY_L2 > 0:
-        if PDL != 0 and m_tile == 0:  # one row tile of a weight slice asks for it
-            _, early_start, early_end, _ = _run_bounds(ptr_ptr, order_ptr, pid // SUBS, chunk_len, SPLITS, CHUNKS,
-                                                    LONGEST_FIRST)
-            early_start = tl.minimum(tl.maximum(early_start, 0), n_blocks)
-            early_end = tl.minimum(tl.maximum(early_end, early_start), n_blocks)
-            if HAS_SLOT:
-                _prefetch_slotted_head(v_ptr, slot_ptr, s, early_start, early_end, EARLY_L2, B, SUBS, n_blocks)
-            else:
-                prefetch_block_slices(v_ptr, s, early_start, early_end, EARLY_L2, B, SUB)
-    wait_for_previous_kernel(PDL)
     offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_f = s * SUB + tl.arange(0, SUB)  # output features within the block
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     f_ok = offs_f < B
-    j, start, end, n_chunks = _run_bounds(ptr_ptr, order_ptr, pid // SUBS, chunk_len, SPLITS, CHUNKS, LONGEST_FIRST)
+    start = tl.load(ptr_ptr + j)
+    end = tl.load(ptr_ptr + j + 1)
+    if SPLITS > 1:
+        split = tl.program_id(2)
+        chunk = (end - start + SPLITS - 1) // SPLITS
+        start = tl.minimum(start + split * chunk, end)
+        end = tl.minimum(start + chunk, end)
+    n_chunks = 1
+    if CHUNKS > 1:
+        step = tl.maximum(chunk_len, (end - start + CHUNKS - 1) // CHUNKS)
+        n_chunks = tl.maximum((end - start + step - 1) // step, 1)
+        start = tl.minimum(start + tl.program_id(2) * step, end)
+        end = tl.minimum(start + step, end)
     if SWAP:
         acc = tl.zeros((BLOCK_M, SUB), dtype=tl.float32)
     else:
@@ -253,32 +252,6 @@ def _dds_small_kernel(
 
 
 @triton.jit
-def _run_bounds(ptr_ptr, order_ptr, slice_index, chunk_len, SPLITS: tl.constexpr, CHUNKS: tl.constexpr,
-                LONGEST_FIRST: tl.constexpr):
-    """(j, start, end, n_chunks): the table j and the run of its entries this program walks,
-    for output slice ``slice_index`` (j = order[slice_index] under LONGEST_FIRST), split p of SPLITS or
-    chunk p of CHUNKS (p the grid's third axis); n_chunks: how many chunks its table's run
-    is cut into (1 without CHUNKS)."""
-    if LONGEST_FIRST:
-        j = tl.load(order_ptr + slice_index)
-    else:
-        j = slice_index
-    start = tl.load(ptr_ptr + j)
-    end = tl.load(ptr_ptr + j + 1)
-    if SPLITS > 1:
-        chunk = (end - start + SPLITS - 1) // SPLITS
-        start = tl.minimum(start + tl.program_id(2) * chunk, end)
-        end = tl.minimum(start + chunk, end)
-    n_chunks = 1
-    if CHUNKS > 1:
-        step = tl.maximum(chunk_len, (end - start + CHUNKS - 1) // CHUNKS)
-        n_chunks = tl.maximum((end - start + step - 1) // step, 1)
-        start = tl.minimum(start + tl.program_id(2) * step, end)
-        end = tl.minimum(start + step, end)
-    return j, start, end, n_chunks
-
-
-@triton.jit
 def _per_lane(table_ptr, first, end, G: tl.constexpr, TILE_B: tl.constexpr):
     """table[first + g] (int64; 0 at or past ``end``) of G consecutive entries, each spread
     over its block's TILE_B lanes of a step [G * TILE_B], declared constant in runs of TILE_B
@@ -290,19 +263,14 @@ def _per_lane(table_ptr, first, end, G: tl.constexpr, TILE_B: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, COUNT: tl.constexpr, B: tl.constexpr, SUBS: tl.constexpr,
-                           n_blocks=None):
+def _prefetch_slotted_head(v_ptr, slot_ptr, s, start, end, COUNT: tl.constexpr, B: tl.constexpr, SUBS: tl.constexpr):
     """L2 prefetch of the whole blocks V[slot[e]] of the entries e in [start, start + COUNT)
     before ``end`` that fall to this program (e % SUBS == s), in one pass over a tensor at
-    least as long as the program's threads (no thread repeats another's prefetch). With
-    ``n_blocks`` (slots read before the PDL wait, possibly stale) the slots are clamped to
-    the stored blocks."""
+    least as long as the program's threads (no thread repeats another's prefetch)."""
     ELT: tl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
     e = start + tl.arange(0, HEAD_LANES)
     ok = (e < start + COUNT) & (e < end) & (e % SUBS == s)
     slots = tl.load(slot_ptr + e, mask=ok, other=0).to(tl.int64)
-    if n_blocks is not None:
-        slots = tl.minimum(tl.maximum(slots, 0), n_blocks - 1)
     prefetch_l2_bytes_each(v_ptr + slots * (B * B), B * B * ELT, ok)
 
 
@@ -371,9 +339,6 @@ class SmallConfig:
     ``chunk_every_run``: the chunks cut every run longer than the mean run / ``chunks`` into up
     to ``chunks`` pieces, not only the runs longer than the mean: more programs where the
     weight has few output slices (W 4096² at b 16: 256 slices, under two programs per SM);
-    ``early_l2``: with programmatic dependent launch on (``kernels._pdl``), blocks of its run
-    each program asks L2 for before it waits for the previous kernel (0: none; at most
-    ``MAX_L2_AHEAD``), so the first weight bytes stream during that kernel's tail;
     ``spread_index`` (default): steps over several blocks load each block's index (and slot)
     once and spread it over the block's lanes, not once per reduction lane (0-25 % faster at
     every b 8 / 16 point timed, W 4096² and 12288²; forty-first session); ignored by one-block
@@ -393,7 +358,6 @@ class SmallConfig:
     l2_ahead: int = 0
     spread_index: bool = True
     chunk_every_run: bool = False
-    early_l2: int = 0
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -406,7 +370,6 @@ class SmallConfig:
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
         check_bools(self, "longest_first", "swap", "m_inner", "prefetch", "spread_index", "chunk_every_run")
         check_reach(self)
-        check_reach(self, field="early_l2")
 
 
 # 16-bit (block_k, num_stages) by tile side, measured on the H200 (W 12288², bf16, M 1
@@ -508,7 +471,6 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     if m_inner:
         grid = (grid[1], grid[0], grid[2])
     ws = sem = ptr  # placeholders: only the chunked mode reads them
-    pdl = pdl_options(c)
     chunk_len = 0
     if cfg.chunks > 1:
         tiles = grid[0] * grid[1]
@@ -522,7 +484,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     launch(_dds_small_kernel, grid,
         a, values, bias if bias is not None else c, out,
         ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
-        m, out.stride(0) if cfg.splits > 1 else 0, chunk_len, values.shape[0],
+        m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
         a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
         B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
         CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
@@ -531,8 +493,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
         L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
         else 0,
         SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
-        EARLY_L2=cfg.early_l2 if cfg.early_l2 and pdl["PDL"] and l2_prefetch_on(values) else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
     )
     if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
         total = out.sum(dim=0)
