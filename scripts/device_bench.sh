@@ -104,8 +104,6 @@
 #   small-next40 - the fortieth session's next sweeps (W 12288² unless noted): spread_index on a 4096²
 #            weight and at b 8; the deep panel at 32-64 rows with 8 splits; the density-0.25 bucket's
 #            bprop crossover between the deep panel and the small kernel with spread_index
-#   early-l2 - the small kernel's head of each run asked of L2 before its PDL wait (SmallConfig.early_l2)
-#            against the dispatcher's config, b 128-16, density 0.1 / 0.03, M 1 / 32 (W 12288²)
 #   small-4096 - W 4096² (256 output slices at b 16): the heuristic against every run cut in 2 / 4
 #            chunks (SmallConfig.chunk_every_run) and against dense, b 16-128, density 0.5-0.1, M 1-32;
 #            then b 16 at 256 / 512 rows through the one-entry panels, and the density-0.25 bucket's
@@ -296,10 +294,8 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 150 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.2 0.25 0.3 0.35 \
               --ms 8 16 --ops bprop --variants defaultS pG8m16st6x4e4SF --auto --out "$OUT/bucket-025.json" \
               > "$OUT/bucket-025.log" 2>&1 ;;
-    early-l2) timeout 280 python3 scripts/probes/small_threshold.py --blocks 128 64 32 16 --densities 0.1 0.03 \
-              --ms 1 32 --variants autoE8 autoE16 autoE64 --auto --out "$OUT/early-l2.json" > "$OUT/early-l2.log" 2>&1 ;;
     small-4096) timeout 300 python3 scripts/probes/small_threshold.py --weight 4096x4096 --blocks 16 32 64 128 \
-              --densities 0.5 0.25 0.1 --ms 1 8 32 --variants default defaultC2 defaultC4 autoE16 --auto \
+              --densities 0.5 0.25 0.1 --ms 1 8 32 --variants default defaultC2 defaultC4 --auto \
               --out "$OUT/small-4096.json" > "$OUT/small-4096.log" 2>&1
             timeout 120 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 --ms 256 512 \
               --variants pG4m128w4st3 pG8m128x1e4 --auto --out "$OUT/panel-e1.json" > "$OUT/panel-e1.log" 2>&1
