@@ -333,10 +333,6 @@ ALL_VARIANTS = {
     "defaultL8": ("heuristic", 8), "defaultL16": ("heuristic", 16), "defaultL32": ("heuristic", 32),
     # the small kernel's multi-block steps with one index load per block (fortieth session)
     "autoS": ("auto", "spread"), "defaultS": ("heuristic", "spread"),
-    # the heuristic's config with every run cut in n chunks (SmallConfig.chunk_every_run; forty-first
-    # session): more programs where the weight has few output slices (W 4096² at b 16: 256)
-    "defaultC2": ("heuristic", "chunks", 2), "defaultC3": ("heuristic", "chunks", 3),
-    "defaultC4": ("heuristic", "chunks", 4),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -450,11 +446,7 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if fields[1] == "chunks":
-                                if not isinstance(cfg, S.SmallConfig) or cfg.splits > 1:
-                                    continue  # another kernel, or splits (which chunks cannot join)
-                                cfg = dataclasses.replace(cfg, chunks=fields[2], chunk_every_run=True)
-                            elif fields[1] == "spread":
+                            if fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread
                                 cfg = dataclasses.replace(cfg, spread_index=True)

@@ -336,9 +336,6 @@ class SmallConfig:
     program asks L2 to fetch (bulk prefetch hints, sm_90+; 0: none), so more weight bytes
     are in flight than the shared-memory ring holds. bprop's steps over several blocks
     (b 16's 64-deep steps) ignore it, as do the interpreter and older GPUs;
-    ``chunk_every_run``: the chunks cut every run longer than the mean run / ``chunks`` into up
-    to ``chunks`` pieces, not only the runs longer than the mean: more programs where the
-    weight has few output slices (W 4096² at b 16: 256 slices, under two programs per SM);
     ``spread_index`` (default): steps over several blocks load each block's index (and slot)
     once and spread it over the block's lanes, not once per reduction lane (0-25 % faster at
     every b 8 / 16 point timed, W 4096² and 12288²; forty-first session); ignored by one-block
@@ -357,7 +354,6 @@ class SmallConfig:
     prefetch: bool = False
     l2_ahead: int = 0
     spread_index: bool = True
-    chunk_every_run: bool = False
 
     def __post_init__(self):
         check_power_of_two(self, "sub", "block_k", "block_m")
@@ -368,7 +364,7 @@ class SmallConfig:
                 or (self.chunks > 1 and self.splits > 1)):
             raise ValueError(f"SmallConfig.chunks must be an int in 1..{MAX_CHUNKS} and cannot combine with "
                              f"splits > 1, got chunks={self.chunks!r}, splits={self.splits!r}")
-        check_bools(self, "longest_first", "swap", "m_inner", "prefetch", "spread_index", "chunk_every_run")
+        check_bools(self, "longest_first", "swap", "m_inner", "prefetch", "spread_index")
         check_reach(self)
 
 
@@ -475,8 +471,6 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     if cfg.chunks > 1:
         tiles = grid[0] * grid[1]
         chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
-        if cfg.chunk_every_run:
-            chunk_len = max(1, -(-chunk_len // cfg.chunks))
         # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
         # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
         ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
