@@ -104,8 +104,8 @@
 #   small-next40 - the fortieth session's next sweeps (W 12288² unless noted): spread_index on a 4096²
 #            weight and at b 8; the deep panel at 32-64 rows with 8 splits; the density-0.25 bucket's
 #            bprop crossover between the deep panel and the small kernel with spread_index
-#   small-4096 - W 4096² (256 output slices at b 16): the heuristic against every run cut in 2 / 4
-#            chunks (SmallConfig.chunk_every_run) and against dense, b 16-128, density 0.5-0.1, M 1-32;
+#   small-4096 - W 4096²: the heuristic against the dispatcher's choice (shape-free entries tuned on
+#            12288²) and against dense, b 16-128, density 0.5-0.1, M 1-32;
 #            then b 16 at 256 / 512 rows through the one-entry panels, and the density-0.25 bucket's
 #            forward crossover (small kernel against the deep panel, 8-16 rows)
 #   l2-ingest - the SMs' intake with part of the bytes from L2 (scripts/probes/l2_ingest.py: a read of a
@@ -295,7 +295,7 @@ for step in ${STEPS:-large dtypes graph}; do
               --ms 8 16 --ops bprop --variants defaultS pG8m16st6x4e4SF --auto --out "$OUT/bucket-025.json" \
               > "$OUT/bucket-025.log" 2>&1 ;;
     small-4096) timeout 300 python3 scripts/probes/small_threshold.py --weight 4096x4096 --blocks 16 32 64 128 \
-              --densities 0.5 0.25 0.1 --ms 1 8 32 --variants default defaultC2 defaultC4 --auto \
+              --densities 0.5 0.25 0.1 --ms 1 8 32 --variants default --auto \
               --out "$OUT/small-4096.json" > "$OUT/small-4096.log" 2>&1
             timeout 120 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 --ms 256 512 \
               --variants pG4m128w4st3 pG8m128x1e4 --auto --out "$OUT/panel-e1.json" > "$OUT/panel-e1.log" 2>&1
