@@ -325,6 +325,10 @@ ALL_VARIANTS = {
     "pG16m64w8st6x4e2SF": ("panel", 16, 64, 8, 6, 8, 4, 2, True, True),
     "pG16m32w8st6x4e2SF": ("panel", 16, 32, 8, 6, 8, 4, 2, True, True),
     "pG16m64w8st6x8e2SF": ("panel", 16, 64, 8, 6, 8, 8, 2, True, True),
+    # 128-deep steps after the slot fix (the per-step cost over twice the bytes), rings that fit
+    "pG8m16st5x4e8SF": ("panel", 8, 16, 4, 5, 8, 4, 8, True, True),
+    "pG8m32st5x4e8SF": ("panel", 8, 32, 4, 5, 8, 4, 8, True, True),
+    "pG8m64st4x4e8SF": ("panel", 8, 64, 4, 4, 8, 4, 8, True, True),
     "v8k32": ("gemv", 8, 32, False, 4),
     # L2 prefetch hints ahead of the ring (SmallConfig.l2_ahead), on the dispatcher's config
     "autoL2": ("auto", 2), "autoL4": ("auto", 4), "autoL8": ("auto", 8), "autoL16": ("auto", 16),
