@@ -80,8 +80,8 @@ def update_from_csv(table: dict, gpu: str, weight: str, path: Path) -> int:
 
 
 def _probe_variants() -> dict:
-    spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).parent / "probes" /
-                                                  "small_threshold.py")
+    spec = importlib.util.spec_from_file_location("small_variants", Path(__file__).parent / "probes" /
+                                                  "small_variants.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     return probe.ALL_VARIANTS

@@ -91,7 +91,7 @@ def adopt(path: Path, per_shape: bool = False) -> None:
     the variant that equals the heuristic config and the dispatcher's own choice (where timed) by
     more than 3 %, and the large-batch kernel; rows whose timed pass read under MIN_STREAMED_BYTES (weights possibly in L2) are
     skipped. The sweep's variant names are looked up in its own table (ALL_VARIANTS of
-    scripts/probes/small_threshold.py), or, for its per-problem variants (the dispatcher's or
+    scripts/probes/small_variants.py), or, for its per-problem variants (the dispatcher's or
     the heuristic's config with a change, e.g. autoL16), read from the config it recorded;
     where no variant equals the heuristic, the dispatcher's own choice (--auto) is the one
     to beat. per_shape: keyed by the sweep's weight shape too (the entries then apply to that
@@ -149,9 +149,9 @@ def adopt(path: Path, per_shape: bool = False) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _variants():
-    """scripts/probes/small_threshold.py, the sweep whose variant names adopt() reads."""
-    spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).parent / "probes" /
-                                                  "small_threshold.py")
+    """scripts/probes/small_variants.py, the sweep's table of the variant names adopt() reads."""
+    spec = importlib.util.spec_from_file_location("small_variants", Path(__file__).parent / "probes" /
+                                                  "small_variants.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     return probe

@@ -25,7 +25,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--gemv", default=None, metavar="SUB,BLOCK_K,WARPS",
                    help="force the FMA kernel (fprop / bprop at 1-8 rows) with this config")
-    p.add_argument("--variant", default=None, help="force a variant of scripts/probes/small_threshold.py")
+    p.add_argument("--variant", default=None, help="force a variant of scripts/probes/small_variants.py")
     args = p.parse_args()
     m, n, k = (int(v) for v in args.shape.split("x"))
     layout = ts.layouts.random(n, k, args.block, args.density, seed=0, device="cuda")
@@ -39,7 +39,7 @@ def main() -> None:
         sub, block_k, warps = (int(v) for v in args.gemv.split(","))
         cfg = GemvConfig(sub=sub, block_k=block_k, num_warps=warps)
     if args.variant:
-        spec = importlib.util.spec_from_file_location("small_threshold", Path(__file__).with_name("small_threshold.py"))
+        spec = importlib.util.spec_from_file_location("small_variants", Path(__file__).with_name("small_variants.py"))
         probe = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(probe)
         cfg = probe.variant_config(probe.ALL_VARIANTS[args.variant], probe.variant_block_m(m), args.block)

@@ -30,7 +30,8 @@ from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_resident as RS
 from tilesparse.kernels import bsmm_resident_columns as RC
 
-from small_threshold import ALL_VARIANTS, kernel_ms, variant_config  # (this folder's)
+from small_threshold import kernel_ms  # (this folder's)
+from small_variants import ALL_VARIANTS, variant_config
 
 SWITCHES = ("SHORT_ACTIVATION_BOXES",)
 
