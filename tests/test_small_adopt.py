@@ -27,6 +27,15 @@ def _row(default_ms, panel_ms, large_ms=1.0, auto_ms=None, m=64):
     return row
 
 
+def _adopted_entries(crossover, tmp_path, row) -> dict:
+    """The shipped table's entries after adopting a one-row sweep of W 12288² on the H200."""
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
+    crossover.adopt(sweep)
+    table = tmp_path / "nvidia-h200.json"
+    return json.loads(table.read_text())["entries"] if table.exists() else {}
+
+
 @pytest.mark.parametrize("row, adopted", [
     (_row(0.147, 0.060), True),  # well ahead of the heuristic and the large kernel
     (_row(0.147, 0.145), False),  # within 3 % of the heuristic
@@ -34,11 +43,7 @@ def _row(default_ms, panel_ms, large_ms=1.0, auto_ms=None, m=64):
     (_row(0.147, 0.060, auto_ms=0.055), False),  # the dispatcher's own choice is faster
 ])
 def test_adopt_compares_against_the_sweeps_default_variant(crossover, tmp_path, row, adopted):
-    sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
-    crossover.adopt(sweep)
-    table = tmp_path / "nvidia-h200.json"
-    entries = json.loads(table.read_text())["entries"] if table.exists() else {}
+    entries = _adopted_entries(crossover, tmp_path, row)
     key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)
     assert (key in entries) == adopted
     if adopted:
@@ -51,12 +56,7 @@ def test_adopt_writes_the_heuristic_where_it_beats_the_tables_entry(crossover, t
     # that is slower: the heuristic's config is written over it, so the dispatcher runs it
     from tilesparse.kernels import bsmm_small
 
-    row = _row(0.049, 0.070, auto_ms=auto_ms)
-    sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
-    crossover.adopt(sweep)
-    table = tmp_path / "nvidia-h200.json"
-    entries = json.loads(table.read_text())["entries"] if table.exists() else {}
+    entries = _adopted_entries(crossover, tmp_path, _row(0.049, 0.070, auto_ms=auto_ms))
     key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)
     assert (key in entries) == adopted
     if adopted:
@@ -70,10 +70,7 @@ def test_adopt_records_a_winning_resident_variant(crossover, tmp_path):
 
     row = {"op": "fprop", "block": 16, "density": 0.5, "M": 32, "weight_bytes": 151 << 20, "copies": 3,
            "large_ms": 0.23, "default": 0.091, "rR12x2": 0.050, "rC6x1": 0.045, "auto": 0.091, "auto_err": 1e-3}
-    sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps({"gpu": "NVIDIA H200", "weight": "12288x12288", "rows": [row]}))
-    crossover.adopt(sweep)
-    entries = json.loads((tmp_path / "nvidia-h200.json").read_text())["entries"]
+    entries = _adopted_entries(crossover, tmp_path, row)
     key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 32, 0.5)
     # the column-major variant's fields travel with it
     assert tuned.from_json(entries[key]["config"]) == ResidentConfig(rows=6, splits=1, chunk=16, w_stages=2,
