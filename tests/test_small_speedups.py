@@ -1,6 +1,7 @@
-"""The small-batch speedup table (tilesparse.ops.small_speedups): generated from its
-committed CSV, read at the right M bucket, and used only to warn (never to run a layer
-as dense) at 512 rows and fewer."""
+"""The small-batch speedup tables (tilesparse.ops.small_speedups, one per measured weight):
+generated from their committed results, the nearest weight's read at the right M bucket,
+and used to warn (running a layer as dense only where the dense path's model says so) at
+512 rows and fewer."""
 
 import warnings
 from pathlib import Path
@@ -14,30 +15,55 @@ from tilesparse.ops import dense_dispatch as dd
 from tilesparse.ops import small_speedups
 
 ROOT = Path(__file__).resolve().parents[1]
-H200 = small_speedups.SMALL_SPEEDUPS["nvidia-h200"]
+H200 = small_speedups.TABLES["12288x12288"].SMALL_SPEEDUPS["nvidia-h200"]
+H200_4096 = small_speedups.TABLES["4096x4096"].SMALL_SPEEDUPS["nvidia-h200"]
 
 
 def _generator():
     return load_script("scripts/gen_small_speedups.py")
 
 
-def test_table_is_the_generators_output_for_its_csv():
+@pytest.mark.parametrize("weight", sorted(small_speedups.TABLES))
+def test_each_table_is_the_generators_output_for_its_results(weight):
     gen = _generator()
-    gpu, weight, table = gen.table_from_csv(ROOT / small_speedups.SOURCE)
-    assert (gpu, weight) == ("nvidia-h200", small_speedups.WEIGHT)
-    for update in small_speedups.UPDATES:  # later sweeps' or suite runs' points, in order
+    module = small_speedups.TABLES[weight]
+    base = gen.table_from_csv if module.SOURCE.endswith(".csv") else gen.table_from_probe
+    gpu, measured_weight, table = base(ROOT / module.SOURCE)
+    assert (gpu, measured_weight) == ("nvidia-h200", weight)
+    for update in module.UPDATES:  # later sweeps' or suite runs' points, in order
         apply = gen.update_from_csv if update.endswith(".csv") else gen.update_from_probe
         assert apply(table, gpu, weight, ROOT / update) > 0
-    text = gen.render(small_speedups.SOURCE, gpu, weight, table, small_speedups.UPDATES)
-    assert text == (ROOT / "tilesparse/ops/small_speedups.py").read_text()
-    for op in ("fprop", "bprop"):  # every block size 16-128 at M 1-512, densities 0.03-0.5
-        assert sorted(H200[op]) == [16, 32, 64, 128]
+    text = gen.render(module.SOURCE, gpu, weight, table, module.UPDATES)
+    assert text == gen.target(weight).read_text() == Path(module.__file__).read_text()
+
+
+def test_the_tables_cover_what_they_measured():
+    for op in ("fprop", "bprop"):  # every block size 16-128; 12288²: M 1-512, densities 0.03-0.5
+        assert sorted(H200[op]) == sorted(H200_4096[op]) == [16, 32, 64, 128]
         for by_m in H200[op].values():
             assert sorted(by_m) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
             assert all([d for d, _ in points] == [0.03, 0.1, 0.25, 0.5] for points in by_m.values())
+        for by_m in H200_4096[op].values():  # 4096²: a sweep at M 1, 8, 32, densities 0.1-0.5
+            assert sorted(by_m) == [1, 8, 32]
+            assert all([d for d, _ in points] == [0.1, 0.25, 0.5] for points in by_m.values())
 
 
-BIG = dd.SMALL_MIN_WEIGHT  # weight elements at which the table applies
+@pytest.mark.parametrize("n, k, weight", [(12288, 12288, "12288x12288"), (16384, 16384, "12288x12288"),
+                                          (65536, 65536, "12288x12288"), (8192, 8192, "12288x12288"),
+                                          (6144, 6144, "4096x4096"), (4096, 4096, "4096x4096"),
+                                          (4096, 11008, "4096x4096"), (2048, 2048, "4096x4096")])
+def test_a_weight_takes_the_nearest_measured_table(n, k, weight):
+    # nearest on a log scale of elements; weights past the largest measured one take its table
+    assert small_speedups.nearest_table(n * k) is small_speedups.TABLES[weight]
+
+
+def test_weights_far_below_every_table_get_none():
+    assert small_speedups.nearest_table(2048 * 2048 - 1) is None  # under 4096² / REACH
+    assert small_speedups.nearest_table(None) is None
+    assert small_speedups.nearest_table(0) is None
+
+
+BIG = 12288 * 12288  # weight elements of the 1-512-row table
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 8, 32, 128, 512])
@@ -61,9 +87,13 @@ def test_nothing_claimed_between_the_suites_for_small_weights_or_elsewhere():
     args = dict(block_size=128, density=0.5, training=False, weight_elements=BIG)
     for rows in (0, dd.SMALL_ROWS + 1, 4096, dd.MIN_ROWS - 1):
         assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=rows, **args) is None, rows
-    for elements in (BIG - 1, None):  # smaller weights (4096² is launch- and L2-bound), or not known
+    for elements in (2048 * 2048 - 1, None):  # weights far below every table, or not known
         assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "weight_elements": elements}) \
             is None
+    # the 4096² table measured 1-32 rows: nothing claimed past them
+    small = {**args, "weight_elements": 4096 * 4096}
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=32, **small) == H200_4096["fprop"][128][32][-1][1]
+    assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=33, **small) is None
     assert dd.measured_speedup("nvidia-h200", torch.float32, rows=64, **args) is None
     assert dd.measured_speedup("nvidia-a100-sxm4-80gb", torch.bfloat16, rows=64, **args) is None
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "block_size": 8}) is None
@@ -81,8 +111,19 @@ def test_small_rows_slower_than_dense_warn_and_keep_the_kernels(monkeypatch):
         for rows in (1, 2, 3, 4):  # b 16 at density 0.5 on the FMA kernel: faster than dense, both ways
             assert not dd._decide("nvidia-h200", torch.bfloat16, rows, 16, 0.5, True, BIG)
         assert not dd._decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False, 1024 * 1024)
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 8, 128, 0.25, True, 4096 * 4096)  # 1.44-1.46x
     with pytest.warns(UserWarning, match="runs as dense"):  # the large-batch rows still dispatch
         assert dd._decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True, BIG)
+
+
+def test_a_4096_weight_at_density_05_warns_that_b16_is_slower(monkeypatch):
+    # W 4096², b 16, density 0.5, 8 rows: 0.72-0.77x of dense (every call there is latency-bound);
+    # the dense path was not measured below 128 rows, so it warns and keeps the kernels
+    monkeypatch.setenv("TILESPARSE_DENSE_DISPATCH", "1")
+    dd._warn_once.cache_clear()
+    assert max(H200_4096["fprop"][16][8][-1][1], H200_4096["bprop"][16][8][-1][1]) < 1
+    with pytest.warns(UserWarning, match=r"slower than dense here and runs its kernels.*products near 8 rows"):
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 8, 16, 0.5, True, 4096 * 4096)
 
 
 def test_small_rows_run_as_dense_where_the_dense_path_model_says_faster(monkeypatch):
@@ -118,10 +159,10 @@ def test_small_rows_run_as_dense_where_the_dense_path_model_says_faster(monkeypa
 
 @pytest.mark.gpu
 def test_gpu_layer_at_few_rows_warns_and_matches_the_kernels():
-    if dd._gpu(torch.cuda.current_device()) not in small_speedups.SMALL_SPEEDUPS:
+    if dd._gpu(torch.cuda.current_device()) not in small_speedups.TABLES["12288x12288"].SMALL_SPEEDUPS:
         pytest.skip("no small-batch measurements for this GPU")
     layer = ts.nn.BlockSparseLinear(8192, 8192, block_size=32, density=0.5).cuda().to(torch.bfloat16)
-    assert layer.in_features * layer.out_features >= dd.SMALL_MIN_WEIGHT
+    assert small_speedups.nearest_table(layer.in_features * layer.out_features) is small_speedups.TABLES["12288x12288"]
     x = torch.randn(256, 8192, device="cuda", dtype=torch.bfloat16)
     dd._warn_once.cache_clear()
     with pytest.warns(UserWarning, match="runs its kernels"):

@@ -17,9 +17,9 @@ and 6.44 -> 1.32 ms; b 32 at 0.5 0.56 -> 0.42 and 2.07 -> 1.31 ms.
 
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
-smallest M. At most ``SMALL_ROWS`` (512) rows the small suite's measurements
-(:mod:`tilesparse.ops.small_speedups`, W 12288²) decide for weights of at least a quarter
-of that size (``SMALL_MIN_WEIGHT``). There the dense path scatters the whole weight every
+smallest M. At most ``SMALL_ROWS`` (512) rows the small-batch measurements decide
+(:mod:`tilesparse.ops.small_speedups`: W 12288² at 1-512 rows, W 4096² at 1-32), each for the
+weights nearest its size (from a quarter of it up), up to the most rows it measured. There the dense path scatters the whole weight every
 call, traffic comparable to the product itself, so a call slower than dense runs as dense
 only where the model :func:`small_dense_path_faster` says the dense path, copies included,
 is faster (timed at 128-512 rows, ``...-dense-dispatch-small-5af8cc4.json``; with the small
@@ -49,18 +49,15 @@ import torch
 
 from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
-from .small_speedups import SMALL_SPEEDUPS, WEIGHT
+from .small_speedups import nearest_table
 
-__all__ = ["MIN_ROWS", "SMALL_MIN_WEIGHT", "SMALL_PATH", "SMALL_PATH_MAX_DENSITY", "SMALL_PATH_MIN_ROWS",
+__all__ = ["MIN_ROWS", "SMALL_PATH", "SMALL_PATH_MAX_DENSITY", "SMALL_PATH_MIN_ROWS",
            "SMALL_ROWS", "SPEEDUPS", "crossover_density", "speedup_estimate", "measured_speedup",
            "small_dense_path_faster", "small_path_ratio", "run_dense", "kernels_only", "scatter_dense",
            "gather_blocks", "dense_linear"]
 
 MIN_ROWS = 8192
-SMALL_ROWS = 512  # at most this many rows: the small suite's measurements and the dense path's model
-# ... for weights of at least a quarter of the measured one's elements (smaller ones, down to
-# L2-resident and launch-bound sizes, were not measured the same way)
-SMALL_MIN_WEIGHT = math.prod(map(int, WEIGHT.split("x"))) // 4
+SMALL_ROWS = 512  # at most this many rows: the small-batch measurements and the dense path's model
 
 # GPU -> op -> block size -> ((density, speedup over dense), ...): the geometric mean over the
 # suite's four shapes (8192x4096², 16384x8192², W [11008, 4096] and its transpose) of the eager
@@ -170,19 +167,21 @@ def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, d
                      training: bool, weight_elements: int | None = None) -> float | None:
     """The block-sparse layer's speedup over dense for this call as measured on ``gpu`` (a
     name slug, e.g. "nvidia-h200"), or None where it was not measured (other GPUs and
-    dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the small suite's fprop
-    (training: the lower of fprop and bprop) for weights of at least SMALL_MIN_WEIGHT
-    elements (``weight_elements``; None: not known, no claim); between two measured row
+    dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the fprop (training: the
+    lower of fprop and bprop) of the small-batch table of the measured weight nearest
+    ``weight_elements`` (:func:`tilesparse.ops.small_speedups.nearest_table`; None: not
+    known, no claim), up to the most rows that table measured; between two measured row
     counts, the lower of the two (the measurements are not monotonic in M)."""
     if dtype not in (torch.float16, torch.bfloat16) or SMALL_ROWS < rows < MIN_ROWS or rows < 1:
         return None
     if rows <= SMALL_ROWS:
-        if weight_elements is None or weight_elements < SMALL_MIN_WEIGHT:
+        table = nearest_table(weight_elements)
+        if table is None:
             return None
         estimates = []
         for op in ("fprop", "bprop") if training else ("fprop",):
-            by_m = SMALL_SPEEDUPS.get(gpu, {}).get(op, {}).get(block_size)
-            if not by_m:
+            by_m = table.SMALL_SPEEDUPS.get(gpu, {}).get(op, {}).get(block_size)
+            if not by_m or rows > max(by_m):
                 return None
             above = min((m for m in by_m if m >= rows), default=None)
             below = max((m for m in by_m if m <= rows), default=None)
@@ -253,7 +252,7 @@ def _warn_once(block_size: int, density: float, what: str, speedup: float, dispa
     warnings.warn(
         f"tilesparse: a block-sparse linear layer with {block_size}x{block_size} blocks at density {density} "
         f"{action}: its {what} was measured at {speedup:.2f}x of dense's speed on this GPU "
-        f"(data and crossovers: tilesparse/ops/dense_dispatch.py, small_speedups.py)", stacklevel=5)
+        f"(data and crossovers: tilesparse/ops/dense_dispatch.py, small_speedups/)", stacklevel=5)
 
 
 class _ScatterDense(torch.autograd.Function):
