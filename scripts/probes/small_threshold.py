@@ -107,7 +107,12 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if fields[1] == "spread":
+                            if fields[1] == "stages":
+                                if not isinstance(cfg, (S.SmallConfig, GV.GemvConfig, P.PanelConfig)) \
+                                        or isinstance(cfg, GV.GemvConfig):
+                                    continue  # another kernel (the FMA kernel keeps no ring)
+                                cfg = dataclasses.replace(cfg, num_stages=fields[2])
+                            elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread
                                 cfg = dataclasses.replace(cfg, spread_index=True)

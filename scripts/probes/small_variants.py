@@ -318,6 +318,12 @@ ALL_VARIANTS = {
     "defaultL8": ("heuristic", 8), "defaultL16": ("heuristic", 16), "defaultL32": ("heuristic", 32),
     # the small kernel's multi-block steps with one index load per block (fortieth session)
     "autoS": ("auto", "spread"), "defaultS": ("heuristic", "spread"),
+    # the dispatcher's / heuristic's config with n pipeline stages (forty-first session, found in
+    # the TTGIR on the CPU): where a step's weight address comes from a load in the loop (bprop's
+    # slots, or the index gathers without prefetch) Triton's pipeliner spaces the dependent loads
+    # out, so 8 stages keep a ring of 3 weight buffers (12: 5, 16: 7, 24: 11), not 7
+    "autoSt12": ("auto", "stages", 12), "autoSt16": ("auto", "stages", 16), "autoSt24": ("auto", "stages", 24),
+    "defaultSt12": ("heuristic", "stages", 12), "defaultSt16": ("heuristic", "stages", 16),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
