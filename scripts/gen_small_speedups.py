@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib.util
 import json
 from collections import defaultdict
@@ -36,10 +37,11 @@ def table_from_csv(path: Path) -> tuple[str, str, dict]:
     if len(gpus) != 1 or len(weights) != 1:
         raise SystemExit(f"{path}: expected one GPU and one weight shape, got {sorted(gpus)} {sorted(weights)}")
     table: dict = defaultdict(lambda: defaultdict(dict))
-    for r in rows:
-        table[r["op"]][int(r["block"])].setdefault(int(r["M"]), []).append(
-            (float(r["density"]), round(float(r["speedup_vs_dense"]), 3)))
-    return gpus.pop(), weights.pop(), {op: {b: {m: tuple(sorted(p)) for m, p in sorted(ms.items())}
+    for r in rows:  # a point timed more than once (runs joined in one file): the lower speedup
+        points = table[r["op"]][int(r["block"])].setdefault(int(r["M"]), {})
+        density, speedup = float(r["density"]), round(float(r["speedup_vs_dense"]), 3)
+        points[density] = min(speedup, points.get(density, speedup))
+    return gpus.pop(), weights.pop(), {op: {b: {m: tuple(sorted(p.items())) for m, p in sorted(ms.items())}
                                             for b, ms in sorted(blocks.items())} for op, blocks in table.items()}
 
 
@@ -106,6 +108,7 @@ def update_from_csv(table: dict, gpu: str, weight: str, path: Path) -> int:
     return replaced
 
 
+@functools.lru_cache(maxsize=None)
 def _probe_variants() -> dict:
     spec = importlib.util.spec_from_file_location("small_variants", Path(__file__).parent / "probes" /
                                                   "small_variants.py")

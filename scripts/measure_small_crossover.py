@@ -110,7 +110,10 @@ def adopt(path: Path, per_shape: bool = False) -> None:
         times = {}
         for name, ms in r.items():
             if name + "_config" in r:  # resolved by the sweep for this problem (its auto / heuristic variants)
-                times[name] = (tuned.from_json(r[name + "_config"]), ms)
+                try:
+                    times[name] = (tuned.from_json(r[name + "_config"]), ms)
+                except ValueError:  # a config of a field since removed (a reverted experiment's)
+                    pass
             elif name in _variants().ALL_VARIANTS:
                 try:
                     times[name] = (_config(name, r["M"], r["block"]), ms)
@@ -128,14 +131,18 @@ def adopt(path: Path, per_shape: bool = False) -> None:
             continue
         # adopted only if clearly ahead of the heuristic and of the dispatcher's own choice (a
         # tuned entry, where the sweep timed it (--auto) right), and ahead of the large-batch kernel;
-        # the heuristic itself is adopted where it beats the dispatcher's entry (which it then shadows)
+        # the heuristic itself is adopted where it beats the dispatcher's entry (which it then
+        # shadows), which needs that entry timed
         auto = r["auto"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2 else float("inf")
-        rival = auto if best == current else min(times[current][1], auto)
+        best_is_heuristic = times[best][0] == heuristic  # by config: default and defaultS may be one
+        if best_is_heuristic and auto == float("inf"):
+            continue
+        rival = auto if best_is_heuristic else min(times[current][1], auto)
         if times[best][1] > 0.97 * rival or times[best][1] >= r["large_ms"]:
             continue
         best_config = times[best][0]
         times = {n: ms for n, (_, ms) in times.items()}
-        if best == current:  # the heuristic beat the table's entry
+        if best_is_heuristic:  # the heuristic beat the table's entry
             current, times["auto"] = "auto", auto
         beaten = "dispatched" if current == "auto" else "heuristic"
         key = tuned.key(gpu, r["op"], dt, r["block"], r["M"], r["density"], weight)

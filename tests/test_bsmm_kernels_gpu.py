@@ -200,8 +200,9 @@ def test_panel_config_first_asked_for_in_a_graph_capture_is_refused_then_capture
 
 def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_deep_panel(monkeypatch):
     # the shipped entries (W 12288², b 16, density 0.5: bprop at 5-64 rows, fprop at 33-64,
-    # both at 65-512; density 0.25: bprop at 5-64 rows): the dispatcher runs the panel kernel; inside a capture on a layout whose
-    # panel tables are not built yet it runs another kernel rather than raising
+    # both at 65-512; density 0.25: bprop at 17-64 rows): the dispatcher runs the panel kernel;
+    # at density 0.25 and 5-16 rows bprop runs the small kernel (forty-first session); inside a
+    # capture on a layout whose panel tables are not built yet it runs another kernel rather than raising
     from tilesparse.kernels import bsmm_panel, tuned
 
     if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
@@ -219,16 +220,18 @@ def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_de
         out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
         assert calls == [1]
         assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
-    # density 0.25: bprop at 5-32 rows (the 6-stage entries of the fortieth session)
+    # density 0.25, bprop: the panel at 32 rows (a 6-stage entry of the fortieth session), the
+    # small kernel with spread_index at 16 (35.5 against the panel's 41.3 µs)
     quarter = tilesparse.layouts.random(12288, 12288, 16, 0.25, seed=5, device=DEVICE)
     quarter_values = random_values(quarter, torch.bfloat16, DEVICE)
-    a = torch.randn(16, 12288, device=DEVICE, dtype=torch.bfloat16)
-    reference = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False,
-                            config=kernels.dds_config(16, 16, torch.bfloat16)).float()
-    calls.clear()
-    out = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False)
-    assert calls == [1]
-    assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+    for m, panel_calls in ((32, [1]), (16, [])):
+        a = torch.randn(m, 12288, device=DEVICE, dtype=torch.bfloat16)
+        reference = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False,
+                                config=kernels.dds_config(m, 16, torch.bfloat16)).float()
+        calls.clear()
+        out = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False)
+        assert calls == panel_calls, m
+        assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
     fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device=DEVICE)
     fresh_values = random_values(fresh, torch.bfloat16, DEVICE)
     a = torch.randn(8, 12288, device=DEVICE, dtype=torch.bfloat16)

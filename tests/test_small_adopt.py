@@ -64,6 +64,34 @@ def test_adopt_writes_the_heuristic_where_it_beats_the_tables_entry(crossover, t
         assert entries[key]["dispatched_ms"] == 0.06
 
 
+@pytest.mark.parametrize("extra", [{}, {"auto": 0.060, "auto_err": 0.5}], ids=["no-auto", "auto-wrong"])
+def test_adopt_writes_no_heuristic_without_a_timed_entry_to_beat(crossover, tmp_path, extra):
+    # without the dispatcher's choice timed right nothing shows its entry is slower
+    row = {**_row(0.049, 0.070), **extra}
+    assert _adopted_entries(crossover, tmp_path, row) == {}
+
+
+def test_adopt_takes_equal_configs_for_one(crossover, tmp_path):
+    # "defaultS" was the heuristic with spread_index, now the heuristic itself: a few % of
+    # noise between two names of one config is no win over the heuristic
+    from tilesparse.kernels import bsmm_small, tuned as tuned_module
+
+    heuristic = bsmm_small.small_config(64, 16, torch.bfloat16, 227 << 10)
+    row = {**_row(0.050, 0.070), "defaultS": 0.045, "defaultS_config": tuned_module.to_json(heuristic)}
+    assert _adopted_entries(crossover, tmp_path, row) == {}
+    entries = _adopted_entries(crossover, tmp_path, {**row, "auto": 0.052, "auto_err": 1e-3})
+    assert list(entries) == [tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)]  # beats auto
+
+
+def test_adopt_skips_configs_of_removed_fields(crossover, tmp_path):
+    row = {**_row(0.147, 0.060), "gone": 0.030, "gone_config": {"kind": "small", "sub": 16, "block_k": 64,
+                                                                  "block_m": 64, "num_warps": 4, "num_stages": 8,
+                                                                  "chunk_every_run": True}}
+    entries = _adopted_entries(crossover, tmp_path, row)
+    key = tuned.key("nvidia-h200", "fprop", torch.bfloat16, 16, 64, 0.5)
+    assert tuned.from_json(entries[key]["config"]) == PanelConfig(8, 64, 4, 4, 8, 8)
+
+
 def test_adopt_records_a_winning_resident_variant(crossover, tmp_path):
     # the resident-activation fprop (its own config kind) is adopted like any small variant
     from tilesparse.kernels.bsmm_resident import ResidentConfig

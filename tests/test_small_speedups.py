@@ -57,6 +57,17 @@ def test_a_weight_takes_the_nearest_measured_table(n, k, weight):
     assert small_speedups.nearest_table(n * k) is small_speedups.TABLES[weight]
 
 
+@pytest.mark.parametrize("n, k", [(4096, 11008), (6144, 6144), (5120, 8192)])
+def test_past_the_nearest_tables_rows_the_next_table_answers(n, k):
+    # 4096² measured 1-32 rows: from 33 rows these weights (within a factor 4 of 12288²) take
+    # the 12288² table, as they did before there was a 4096² one
+    assert small_speedups.nearest_table(n * k, 32) is small_speedups.TABLES["4096x4096"]
+    assert small_speedups.nearest_table(n * k, 33) is small_speedups.TABLES["12288x12288"]
+    assert small_speedups.nearest_table(n * k, 512) is small_speedups.TABLES["12288x12288"]
+    got = dd.measured_speedup("nvidia-h200", torch.bfloat16, 64, 16, 0.5, False, weight_elements=n * k)
+    assert got == pytest.approx(H200["fprop"][16][64][-1][1])
+
+
 def test_weights_far_below_every_table_get_none():
     assert small_speedups.nearest_table(2048 * 2048 - 1) is None  # under 4096² / REACH
     assert small_speedups.nearest_table(None) is None
@@ -90,7 +101,8 @@ def test_nothing_claimed_between_the_suites_for_small_weights_or_elsewhere():
     for elements in (2048 * 2048 - 1, None):  # weights far below every table, or not known
         assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=64, **{**args, "weight_elements": elements}) \
             is None
-    # the 4096² table measured 1-32 rows: nothing claimed past them
+    # the 4096² table measured 1-32 rows, and 4096² is too small for the 12288² one: nothing
+    # claimed past 32 rows
     small = {**args, "weight_elements": 4096 * 4096}
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=32, **small) == H200_4096["fprop"][128][32][-1][1]
     assert dd.measured_speedup("nvidia-h200", torch.bfloat16, rows=33, **small) is None
@@ -111,7 +123,7 @@ def test_small_rows_slower_than_dense_warn_and_keep_the_kernels(monkeypatch):
         for rows in (1, 2, 3, 4):  # b 16 at density 0.5 on the FMA kernel: faster than dense, both ways
             assert not dd._decide("nvidia-h200", torch.bfloat16, rows, 16, 0.5, True, BIG)
         assert not dd._decide("nvidia-h200", torch.bfloat16, 200, 16, 0.5, False, 1024 * 1024)
-        assert not dd._decide("nvidia-h200", torch.bfloat16, 8, 128, 0.25, True, 4096 * 4096)  # 1.44-1.46x
+        assert not dd._decide("nvidia-h200", torch.bfloat16, 8, 128, 0.25, True, 4096 * 4096)  # 1.46-1.52x
     with pytest.warns(UserWarning, match="runs as dense"):  # the large-batch rows still dispatch
         assert dd._decide("nvidia-h200", torch.bfloat16, dd.MIN_ROWS, 16, 0.5, True, BIG)
 

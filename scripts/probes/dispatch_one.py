@@ -1,7 +1,7 @@
 """Run the shipped choice of kernel for one product a few times, for a profiler (ncu) to
 catch: whatever the dispatcher picks (tuned entry, default or heuristic), no config
 forced (``--gemv SUB,BLOCK_K,WARPS``: the FMA kernel of 1-8 rows instead; ``--variant NAME``:
-one of ``small_threshold.py``'s variants; either to profile a candidate). ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
+one of ``small_variants.py``'s variants; either to profile a candidate). ``python scripts/probes/dispatch_one.py --op updat --block 32 --density 0.25``."""
 
 from __future__ import annotations
 

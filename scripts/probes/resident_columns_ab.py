@@ -1,7 +1,7 @@
 """A/B of the column-major resident fprop's module switches, in one process.
 
 For W 12288² block-sparse (bf16, random layout) and M rows of activations, times each
-column-major config (small_threshold's ``rC`` variants) with each combination of the
+column-major config (``small_variants.py``'s ``rC`` variants) with each combination of the
 switches of ``bsmm_resident_columns`` (SWITCHES: ``SHORT_ACTIVATION_BOXES``, activation
 copies of M's rows rounded up to 16 / 32 / 64 rather than 64), checks that every
 combination's output is bitwise that of the first correct one and close to the large-batch

@@ -18,8 +18,9 @@ and 6.44 -> 1.32 ms; b 32 at 0.5 0.56 -> 0.42 and 2.07 -> 1.31 ms.
 Where it is known: the GPUs in ``SPEEDUPS`` (by name), bf16 (the suite's dtype; fp16 is
 taken as bf16, which it tracked at b 64 and 128), at least ``MIN_ROWS`` rows: the suite's
 smallest M. At most ``SMALL_ROWS`` (512) rows the small-batch measurements decide
-(:mod:`tilesparse.ops.small_speedups`: W 12288² at 1-512 rows, W 4096² at 1-32), each for the
-weights nearest its size (from a quarter of it up), up to the most rows it measured. There the dense path scatters the whole weight every
+(:mod:`tilesparse.ops.small_speedups`: W 12288² at 1-512 rows, W 4096² at 1-32), the table of the
+measured weight nearest the layer's (from a quarter of it up) among those that measured that many
+rows. There the dense path scatters the whole weight every
 call, traffic comparable to the product itself, so a call slower than dense runs as dense
 only where the model :func:`small_dense_path_faster` says the dense path, copies included,
 is faster (timed at 128-512 rows, ``...-dense-dispatch-small-5af8cc4.json``; with the small
@@ -169,19 +170,20 @@ def measured_speedup(gpu: str, dtype: torch.dtype, rows: int, block_size: int, d
     name slug, e.g. "nvidia-h200"), or None where it was not measured (other GPUs and
     dtypes, 513 to MIN_ROWS - 1 rows). At most SMALL_ROWS rows: the fprop (training: the
     lower of fprop and bprop) of the small-batch table of the measured weight nearest
-    ``weight_elements`` (:func:`tilesparse.ops.small_speedups.nearest_table`; None: not
-    known, no claim), up to the most rows that table measured; between two measured row
-    counts, the lower of the two (the measurements are not monotonic in M)."""
+    ``weight_elements`` among those that measured this many rows
+    (:func:`tilesparse.ops.small_speedups.nearest_table`; None: not known, no claim);
+    between two measured row counts, the lower of the two (the measurements are not
+    monotonic in M)."""
     if dtype not in (torch.float16, torch.bfloat16) or SMALL_ROWS < rows < MIN_ROWS or rows < 1:
         return None
     if rows <= SMALL_ROWS:
-        table = nearest_table(weight_elements)
+        table = nearest_table(weight_elements, rows)
         if table is None:
             return None
         estimates = []
         for op in ("fprop", "bprop") if training else ("fprop",):
             by_m = table.SMALL_SPEEDUPS.get(gpu, {}).get(op, {}).get(block_size)
-            if not by_m or rows > max(by_m):
+            if not by_m:
                 return None
             above = min((m for m in by_m if m >= rows), default=None)
             below = max((m for m in by_m if m <= rows), default=None)
