@@ -324,6 +324,14 @@ ALL_VARIANTS = {
     # out, so 8 stages keep a ring of 3 weight buffers (12: 5, 16: 7, 24: 11), not 7
     "autoSt12": ("auto", "stages", 12), "autoSt16": ("auto", "stages", 16), "autoSt24": ("auto", "stages", 24),
     "defaultSt12": ("heuristic", "stages", 12), "defaultSt16": ("heuristic", "stages", 16),
+    # ... and the deep panels (slots loaded in the loop: 6 stages keep 3 buffers, 8 four, 10 five,
+    # 12 six; at 64 rows 74 / 99 / 123 / 148 KB of shared memory)
+    "pG8m16st10x4e4SF": ("panel", 8, 16, 4, 10, 8, 4, 4, True, True),
+    "pG8m32st10x4e4SF": ("panel", 8, 32, 4, 10, 8, 4, 4, True, True),
+    "pG8m64st10x4e4SF": ("panel", 8, 64, 4, 10, 8, 4, 4, True, True),
+    "pG8m16st12x4e4SF": ("panel", 8, 16, 4, 12, 8, 4, 4, True, True),
+    "pG8m32st12x4e4SF": ("panel", 8, 32, 4, 12, 8, 4, 4, True, True),
+    "pG8m64st12x4e4SF": ("panel", 8, 64, 4, 12, 8, 4, 4, True, True),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
