@@ -107,7 +107,8 @@
 #   small-stages - deeper rings where the loads are indirect (TTGIR: 8 stages keep 3 weight buffers in
 #            the small kernel's bprop and gather paths, 6 stages 3 in the deep panel): the dispatcher's
 #            config at 12 / 16 / 24 stages, b 16 (density 0.25-0.03, M 8-64) and b 32-128 (b 128 at 8
-#            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64); the deep panels at 8-12 stages
+#            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64)
+#   panel-stages - the deep panels at 8-12 stages (6 keep 3 buffers), b 16, density 0.5 / 0.25, M 8-64
 #   small-4096 - W 4096²: the heuristic against the dispatcher's choice (shape-free entries tuned on
 #            12288²) and against dense, b 16-128, density 0.5-0.1, M 1-32;
 #            then b 16 at 256 / 512 rows through the one-entry panels, and the density-0.25 bucket's
@@ -303,8 +304,8 @@ for step in ${STEPS:-large dtypes graph}; do
               > "$OUT/small-stages.log" 2>&1
             timeout 280 python3 scripts/probes/small_threshold.py --blocks 128 64 32 --densities 0.1 0.03 \
               --ms 1 8 32 64 --variants autoSt12 autoSt16 autoSt24 --auto --out "$OUT/small-stages-b32-128.json" \
-              > "$OUT/small-stages-b32-128.log" 2>&1
-            timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 --ms 8 16 32 64 \
+              > "$OUT/small-stages-b32-128.log" 2>&1 ;;
+    panel-stages) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 --ms 8 16 32 64 \
               --variants pG8m16st8x4e4SF pG8m16st10x4e4SF pG8m16st12x4e4SF pG8m32st8x4e4SF pG8m32st10x4e4SF \
               pG8m32st12x4e4SF pG8m64st8x4e4SF pG8m64st10x4e4SF pG8m64st12x4e4SF --auto \
               --out "$OUT/panel-stages.json" > "$OUT/panel-stages.log" 2>&1 ;;
