@@ -129,24 +129,22 @@ def _dds_panel_kernel(
         u = u0 + offs_e
         u_ok = u < end
         k = tl.load(pk_ptr + u, mask=u_ok, other=0).to(tl.int64)
-        # the step's slots loaded once, as one [E, G] tile, then spread to the panel's rows:
-        # loaded per row directly they were 16 loads per slot (4-byte ones in fprop, whose
-        # panel ran 1.4-2x slower than bprop's; fortieth session)
+        # (loaded per panel row, the slots were 16 four-byte loads each: the forward's panel ran
+        # 1.4-2x slower than bprop's until the fortieth session)
         step_slots = tl.load(pslots_ptr + u[:, None] * G + tl.arange(0, G)[None, :], mask=u_ok[:, None],
                              other=-1)  # [E, G]
         if TRANS_V:  # panel^T[g*B + n, e*B + r] = V[slot(e, g)][n, r]: contiguous along r
             slots = tl.reshape(tl.broadcast_to(tl.trans(step_slots)[:, None, :], (G, B, ENTRIES)),
                                (G * B, ENTRIES))  # [N, E]
             row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + n_in_block[:, None] * B
-            offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
-            ok = _merge_mask((slots >= 0)[:, :, None], B)
-            panel = tl.trans(tl.load(v_ptr + offs, mask=ok, other=0.0))  # absent blocks: zeros, no bytes read
         else:  # panel[e*B + r, g*B + n] = V[slot(e, g)][r, n]: contiguous along n
             slots = tl.reshape(tl.broadcast_to(step_slots[:, None, :], (ENTRIES, B, G)), (ENTRIES * B, G))
             row = tl.where(slots >= 0, slots, 0).to(tl.int64) * (B * B) + (offs_r % B)[:, None] * B
-            offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
-            ok = _merge_mask((slots >= 0)[:, :, None], B)
-            panel = tl.load(v_ptr + offs, mask=ok, other=0.0)
+        offs = _merge_offsets(row[:, :, None] + offs_b[None, None, :])
+        ok = _merge_mask((slots >= 0)[:, :, None], B)
+        panel = tl.load(v_ptr + offs, mask=ok, other=0.0)  # absent blocks: zeros, no bytes read
+        if TRANS_V:
+            panel = tl.trans(panel)
         a_cols = _merge_offsets(k[None, :, None] * B + offs_b[None, None, :])
         a_ok = _merge_mask(u_ok[None, :, None], B)
         a = tl.load(a_ptr + offs_m[:, None] * stride_am + a_cols * stride_ak, mask=m_ok[:, None] & a_ok, other=0.0)
