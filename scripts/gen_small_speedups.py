@@ -36,13 +36,20 @@ def table_from_csv(path: Path) -> tuple[str, str, dict]:
     weights = {f"{r['N']}x{r['K']}" for r in rows}
     if len(gpus) != 1 or len(weights) != 1:
         raise SystemExit(f"{path}: expected one GPU and one weight shape, got {sorted(gpus)} {sorted(weights)}")
+    return gpus.pop(), weights.pop(), _table((r["op"], int(r["block"]), int(r["M"]), float(r["density"]),
+                                               float(r["speedup_vs_dense"])) for r in rows)
+
+
+def _table(points) -> dict:
+    """{op: {block: {M: ((density, speedup), ...)}}} of (op, block, M, density, speedup)
+    points, sorted, speedups to 3 decimals; a point measured more than once (runs joined in
+    one file) keeps its lower speedup."""
     table: dict = defaultdict(lambda: defaultdict(dict))
-    for r in rows:  # a point timed more than once (runs joined in one file): the lower speedup
-        points = table[r["op"]][int(r["block"])].setdefault(int(r["M"]), {})
-        density, speedup = float(r["density"]), round(float(r["speedup_vs_dense"]), 3)
-        points[density] = min(speedup, points.get(density, speedup))
-    return gpus.pop(), weights.pop(), {op: {b: {m: tuple(sorted(p.items())) for m, p in sorted(ms.items())}
-                                            for b, ms in sorted(blocks.items())} for op, blocks in table.items()}
+    for op, block, m, density, speedup in points:
+        by_density = table[op][block].setdefault(m, {})
+        by_density[density] = min(round(speedup, 3), by_density.get(density, float("inf")))
+    return {op: {b: {m: tuple(sorted(p.items())) for m, p in sorted(ms.items())} for b, ms in sorted(blocks.items())}
+            for op, blocks in table.items()}
 
 
 def _dispatched_ms(r: dict) -> float:
@@ -59,14 +66,9 @@ def table_from_probe(path: Path) -> tuple[str, str, dict]:
     :func:`table_from_csv` (its rows whose ``auto`` ran right; speedup = dense / the
     dispatcher's time, :func:`_dispatched_ms`)."""
     data = json.loads(path.read_text())
-    table: dict = defaultdict(lambda: defaultdict(dict))
-    for r in data["rows"]:
-        if "auto" in r and r.get("auto_err", 1.0) < 1e-2:
-            table[r["op"]][r["block"]].setdefault(r["M"], []).append(
-                (r["density"], round(r["dense_ms"] / _dispatched_ms(r), 3)))
-    return gpu_slug(data["gpu"]), data["weight"], {
-        op: {b: {m: tuple(sorted(p)) for m, p in sorted(ms.items())} for b, ms in sorted(blocks.items())}
-        for op, blocks in table.items()}
+    return gpu_slug(data["gpu"]), data["weight"], _table(
+        (r["op"], r["block"], r["M"], r["density"], r["dense_ms"] / _dispatched_ms(r))
+        for r in data["rows"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2)
 
 
 def update_from_probe(table: dict, gpu: str, weight: str, path: Path) -> int:

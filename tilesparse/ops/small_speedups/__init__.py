@@ -15,7 +15,7 @@ from . import w4096x4096, w12288x12288
 
 __all__ = ["MOST_ROWS", "REACH", "TABLES", "nearest_table"]
 
-REACH = 4  # a table speaks for weights within this factor of its own elements
+REACH = 4  # a table speaks for weights from this factor below its own elements up
 
 # weight 'NxK' -> its module (SOURCE, UPDATES, WEIGHT, SMALL_SPEEDUPS: GPU -> op -> block -> M -> points)
 TABLES = {module.WEIGHT: module for module in (w12288x12288, w4096x4096)}
