@@ -14,7 +14,9 @@ from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_ws_group as WG
 
 # name -> (sub, block_k, num_stages, num_warps[, splits[, chunks[, longest_first[, swap[, m_inner[, block_m
-# [, prefetch[, l2_ahead]]]]]]]]); block_m follows M unless given (None: follows M).
+# [, prefetch[, l2_ahead]]]]]]]]); block_m follows M unless given (None: follows M). The other
+# fields take SmallConfig's defaults: spread_index is on since the forty-first session, so sweeps
+# before it timed these names with one index load per lane.
 # ("auto", n): the dispatcher's own small-kernel config (tuned table, else the heuristic) with
 # L2 prefetch hints n blocks ahead; ("heuristic", n): the heuristic's (bprop's multi-block steps
 # take no hints: skipped); ("auto", "spread") / ("heuristic", "spread"): those configs with each
