@@ -108,6 +108,9 @@
 #            the small kernel's bprop and gather paths, 6 stages 3 in the deep panel): the dispatcher's
 #            config at 12 / 16 / 24 stages, b 16 (density 0.25-0.03, M 8-64) and b 32-128 (b 128 at 8
 #            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64)
+#   small-tma - b 16 at 8-64 rows through the large kernel's device-descriptor TMA path (one block
+#            per step; ncu: the small kernel is bound on the L1/TEX pipe, which TMA copies skip)
+#   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
 #   panel-stages - the deep panels at 8-12 stages (6 keep 3 buffers), b 16, density 0.5 / 0.25, M 8-64
 #   small-4096 - W 4096²: the heuristic against the dispatcher's choice (shape-free entries tuned on
 #            12288²) and against dense, b 16-128, density 0.5-0.1, M 1-32;
@@ -309,6 +312,15 @@ for step in ${STEPS:-large dtypes graph}; do
               --variants pG8m16st8x4e4SF pG8m16st10x4e4SF pG8m16st12x4e4SF pG8m32st8x4e4SF pG8m32st10x4e4SF \
               pG8m32st12x4e4SF pG8m64st8x4e4SF pG8m64st10x4e4SF pG8m64st12x4e4SF --auto \
               --out "$OUT/panel-stages.json" > "$OUT/panel-stages.log" 2>&1 ;;
+    small-tma) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 0.1 0.03 \
+              --ms 8 16 32 64 --variants tmaM0w4st8 tmaM0w4st12 tmaM0w1st8 tmaM0w2st12 tmaM64w4st8 tmaM64w4st12 \
+              --auto --out "$OUT/small-tma.json" > "$OUT/small-tma.log" 2>&1 ;;
+    small-stages2) timeout 220 python3 scripts/probes/small_threshold.py --blocks 128 64 32 \
+              --densities 0.5 0.25 0.1 0.03 --ms 1 8 32 64 --variants autoSt4 autoSt6 autoSt16 autoSt24 --auto \
+              --out "$OUT/small-stages-b32-128.json" > "$OUT/small-stages-b32-128.log" 2>&1
+            timeout 120 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.25 0.1 0.03 \
+              --ms 8 16 32 64 --variants autoSt4 autoSt6 --auto --out "$OUT/small-stages-b16-shallow.json" \
+              > "$OUT/small-stages-b16-shallow.log" 2>&1 ;;
     small-4096) timeout 300 python3 scripts/probes/small_threshold.py --weight 4096x4096 --blocks 16 32 64 128 \
               --densities 0.5 0.25 0.1 --ms 1 8 32 --variants default --auto \
               --out "$OUT/small-4096.json" > "$OUT/small-4096.log" 2>&1

@@ -135,7 +135,7 @@ def main() -> None:
                             # registers, more shared memory than the GPU has, a box past TMA's 256 rows
                         elif fields[0] == "gemv" and (m > GV.MAX_ROWS or fields[1] > max(16, b)):
                             continue  # 1-8 rows; slices at most the tile
-                        elif fields[0] not in ("panel", "group", "resident", "gemv") and fields[0] > max(16, b):
+                        elif fields[0] not in ("panel", "group", "resident", "gemv", "tma") and fields[0] > max(16, b):
                             continue  # slices wider than the tile
                         else:
                             cfg = variant_config(fields, variant_block_m(m), b)

@@ -8,6 +8,7 @@ sweep so the table (most of the lines, one comment per experiment) reads on its 
 from __future__ import annotations
 
 from tilesparse.kernels import bsmm_gemv as GV
+from tilesparse.kernels.bsmm_config import KernelConfig
 from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_resident as RS
 from tilesparse.kernels import bsmm_small as S
@@ -325,6 +326,8 @@ ALL_VARIANTS = {
     # slots, or the index gathers without prefetch) Triton's pipeliner spaces the dependent loads
     # out, so 8 stages keep a ring of 3 weight buffers (12: 5, 16: 7, 24: 11), not 7
     "autoSt12": ("auto", "stages", 12), "autoSt16": ("auto", "stages", 16), "autoSt24": ("auto", "stages", 24),
+    # ... and shallower (forty-second session: 12-24 stages were 2-68 % slower at every b 16 point)
+    "autoSt4": ("auto", "stages", 4), "autoSt6": ("auto", "stages", 6),
     "defaultSt12": ("heuristic", "stages", 12), "defaultSt16": ("heuristic", "stages", 16),
     # ... and the deep panels (slots loaded in the loop: 6 stages keep 3 buffers, 8 four, 10 five,
     # 12 six; at 64 rows 74 / 99 / 123 / 148 KB of shared memory)
@@ -334,6 +337,14 @@ ALL_VARIANTS = {
     "pG8m16st12x4e4SF": ("panel", 8, 16, 4, 12, 8, 4, 4, True, True),
     "pG8m32st12x4e4SF": ("panel", 8, 32, 4, 12, 8, 4, 4, True, True),
     "pG8m64st12x4e4SF": ("panel", 8, 64, 4, 12, 8, 4, 4, True, True),
+    # ("tma", block_m, warps, stages): the large-batch kernel's device-descriptor TMA path
+    # (kernels/bsmm_tma.py, one block per step, acc [block_m, b]) at few rows (forty-second
+    # session: ncu found b 16's small kernel bound on the L1/TEX pipe, 81 % busy with DRAM at 20 %;
+    # TMA copies skip the LSU, the activation gather and the layout conversion through registers);
+    # block_m 0: variant_block_m(M); 64 rows run wgmma (rows past M zero-filled, never read from HBM)
+    "tmaM0w4st8": ("tma", 0, 4, 8), "tmaM0w4st12": ("tma", 0, 4, 12), "tmaM0w4st16": ("tma", 0, 4, 16),
+    "tmaM0w1st8": ("tma", 0, 1, 8), "tmaM0w2st12": ("tma", 0, 2, 12),
+    "tmaM64w4st8": ("tma", 64, 4, 8), "tmaM64w4st12": ("tma", 64, 4, 12),
 }
 SMALL_VARIANTS = {k: ALL_VARIANTS[k] for k in ("s32k64st4", "s16k64st6")}
 
@@ -345,8 +356,9 @@ def variant_block_m(m: int) -> int:
 
 
 def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConfig | P.PanelConfig | WG.WsGroupConfig
-                                                                     | RS.ResidentConfig | GV.GemvConfig):
-    """The SmallConfig (PanelConfig for a "panel" entry, WsGroupConfig for a "group" one) of
+                                                                     | RS.ResidentConfig | GV.GemvConfig | KernelConfig):
+    """The SmallConfig (PanelConfig for a "panel" entry, WsGroupConfig for a "group" one,
+    the large kernel's TMA KernelConfig for a "tma" one) of
     an ALL_VARIANTS entry, for ``block_m`` activation rows (unless the entry gives its own).
     A deep-step panel's G and entries are b 16's: scaled to ``block`` (same features and depth)."""
     if fields[0] == "panel" and len(fields) > 7:
@@ -360,6 +372,9 @@ def variant_config(fields: tuple, block_m: int, block: int = 16) -> (S.SmallConf
         unroll, columns, box = (list(more) + [4, False, 8][len(more):])[:3]
         return RS.ResidentConfig(rows=rows, splits=splits, chunk=chunk, w_stages=w_stages, unroll=unroll,
                                  columns=columns, box=box)
+    if fields[0] == "tma":
+        own_block_m, warps, stages = fields[1:]
+        return KernelConfig(own_block_m or block_m, min(block, 64), warps, stages, tma=True)
     if fields[0] == "gemv":
         sub, block_k, reduce_each_step, warps = fields[1:]
         return GV.GemvConfig(sub, block_k, num_warps=warps, reduce_each_step=reduce_each_step)
