@@ -42,7 +42,6 @@ from tilesparse.kernels import bsmm_resident, bsmm_resident_columns  # noqa: E40
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
-from tilesparse.kernels import bsmm_small_stream  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_group  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd_group  # noqa: E402
@@ -144,26 +143,6 @@ def small_cases(quick: bool):
                    + (f" l2_ahead{l2_ahead}" if l2_ahead else "") + (" spread_index" if spread else "")
                    + (" pdl" if pdl else ""), fn, sig,
                    const, warps, stages, aligned)
-
-
-def stream_cases(quick: bool):
-    """The balanced-stream small-batch dds (``bsmm_small_stream``): b 16's steps over 4 / 8
-    blocks (fprop and bprop, 16 and 64 rows, one index load per block) and b 128's steps
-    within a block, as a programmatic dependent launch (the default on sm90)."""
-    fn = bsmm_small_stream._dds_stream_kernel
-    # (block, sub, block_k, stages, trans, block_m, warps)
-    cases = ((16, 16, 64, 8, True, 16, 4),) if quick else (
-        (16, 16, 64, 8, True, 16, 4), (16, 16, 128, 8, False, 16, 4), (16, 16, 64, 6, True, 64, 4),
-        (16, 16, 128, 6, False, 64, 4), (32, 32, 32, 12, True, 32, 4), (128, 32, 128, 8, True, 16, 4),
-        (128, 32, 128, 8, False, 16, 4))
-    for block, sub, block_k, stages, trans, block_m, warps in cases:
-        const = dict(B=block, TILE_B=block, SUB=sub, BLOCK_K=block_k, BLOCK_M=block_m, TRANS_V=trans,
-                     HAS_SLOT=not trans, HAS_BIAS=True, INPUT_PRECISION="ieee", stride_ak=1, stride_cn=1, PDL=2,
-                     SPREAD_INDEX=block_k > block)
-        sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr", "steps_ptr", "first_ptr",
-                                                  "sem_ptr"), fp32=("ws_ptr",))
-        yield (f"stream dds b{block} sub{sub} k{block_k} M{block_m} {'fprop' if trans else 'bprop'} stages{stages} pdl",
-               fn, sig, const, warps, stages, aligned)
 
 
 def signature(fn, const: dict, int32: tuple[str, ...] = (), fp32: tuple[str, ...] = (), dtype: str = "bf16") -> dict:
@@ -451,7 +430,7 @@ def main() -> int:
     args = parser.parse_args()
     failures = 0
     for label, fn, sig, constexprs, warps, stages, *extra in (
-            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *stream_cases(args.quick), *gemv_cases(args.quick), *panel_cases(args.quick),
+            *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *gemv_cases(args.quick), *panel_cases(args.quick),
             *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
             *ws_cases(args.quick), *ws_group_cases(args.quick), *resident_cases(args.quick), *ws_sdd_group_cases(args.quick),

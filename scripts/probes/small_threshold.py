@@ -27,7 +27,6 @@ from tilesparse.bench.env import l2_cache_bytes
 from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_gemv as GV
-from tilesparse.kernels import bsmm_small_stream as SS
 from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_resident as RS
@@ -38,14 +37,14 @@ from small_variants import ALL_VARIANTS, SMALL_VARIANTS, variant_block_m, varian
 
 
 def dispatched_small_config(op: str, m: int, b: int, density: float, dev, rows: int,
-                            cols: int) -> S.SmallConfig | GV.GemvConfig | P.PanelConfig | SS.StreamConfig | None:
+                            cols: int) -> S.SmallConfig | GV.GemvConfig | P.PanelConfig | None:
     """The small-kernel, FMA-kernel or panel config dds picks by itself for this problem (the
     tuned table's entry, else the heuristic where the small kernel runs), or None where it
     picks another kernel."""
     found = tuned.lookup(op, torch.bfloat16, b, m, density, dev, tuned.weight_shape(rows, cols, b))
     if found is None and K.use_small_kernel(m, b, torch.bfloat16):
         found = S.small_config(m, b, torch.bfloat16, K.shared_memory_bytes(dev))
-    return found if isinstance(found, (S.SmallConfig, GV.GemvConfig, P.PanelConfig, SS.StreamConfig)) else None
+    return found if isinstance(found, (S.SmallConfig, GV.GemvConfig, P.PanelConfig)) else None
 
 
 def kernel_ms(fn, copies: int = 1) -> float:
@@ -113,11 +112,6 @@ def main() -> None:
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, num_stages=fields[2])
-                            elif fields[1] == "stream":
-                                if not isinstance(cfg, S.SmallConfig) or cfg.swap:
-                                    continue  # another kernel, or the swapped orientation (not in the stream kernel)
-                                cfg = SS.StreamConfig(cfg.sub, cfg.block_k, cfg.block_m, cfg.num_warps, cfg.num_stages,
-                                                      programs_per_sm=fields[2], spread_index=cfg.spread_index)
                             elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread

@@ -342,12 +342,6 @@ ALL_VARIANTS = {
     # session: ncu found b 16's small kernel bound on the L1/TEX pipe, 81 % busy with DRAM at 20 %;
     # TMA copies skip the LSU, the activation gather and the layout conversion through registers);
     # block_m 0: variant_block_m(M); 64 rows run wgmma (rows past M zero-filled, never read from HBM)
-    # ("auto" / "heuristic", "stream", n): that small-kernel config on the balanced step stream
-    # (kernels/bsmm_small_stream.py, n runs per SM; forty-second session: ncu found the SMs active
-    # for 80 % of the small kernel's elapsed cycles at b 16, density 0.1, M 32, waiting on the
-    # longest block-rows); skipped where the config is another kernel's or swapped
-    "autoStream2": ("auto", "stream", 2), "autoStream4": ("auto", "stream", 4), "autoStream8": ("auto", "stream", 8),
-    "autoStream16": ("auto", "stream", 16), "defaultStream4": ("heuristic", "stream", 4),
     "tmaM0w4st8": ("tma", 0, 4, 8), "tmaM0w4st12": ("tma", 0, 4, 12), "tmaM0w4st16": ("tma", 0, 4, 16),
     "tmaM0w1st8": ("tma", 0, 1, 8), "tmaM0w2st12": ("tma", 0, 2, 12),
     "tmaM64w4st8": ("tma", 64, 4, 8), "tmaM64w4st12": ("tma", 64, 4, 12),

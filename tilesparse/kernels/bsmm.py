@@ -29,8 +29,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..layout import longest_runs, table_views
-from . import (bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_small_stream,
-               bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
+from . import (bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws,
+               bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .bsmm_config import KernelConfig, _input_precision, dds_config, sdd_config, use_small_kernel
 from .transpose import transpose_contiguous
 from ._alloc import new_output
@@ -196,8 +196,7 @@ def dds(
     block_cols: int,
     trans: bool,
     config: (KernelConfig | bsmm_small.SmallConfig | bsmm_panel.PanelConfig | bsmm_ws.WsConfig
-             | bsmm_ws_group.WsGroupConfig | bsmm_resident.ResidentConfig | bsmm_gemv.GemvConfig
-             | bsmm_small_stream.StreamConfig | None) = None,
+             | bsmm_ws_group.WsGroupConfig | bsmm_resident.ResidentConfig | bsmm_gemv.GemvConfig | None) = None,
 ) -> torch.Tensor:
     """C = A @ op(S) (+ bias) with S = (values, meta) of block grid [block_rows, block_cols].
     Few rows of A (``use_small_kernel``) run the small-batch kernel of
@@ -209,8 +208,7 @@ def dds(
     tile sharing each activation tile, Hopper, 16-bit, b 16-64;
     ``bsmm_resident.ResidentConfig``: fprop at <= 64 rows with the activations held in shared
     memory while several block-rows stream past them, Hopper, 16-bit, b 16-64;
-    ``bsmm_gemv.GemvConfig``: 1-8 rows, the product in FMAs, no tensor cores;
-    ``bsmm_small_stream.StreamConfig``: few rows, the reduction steps cut into equal runs). Without one,
+    ``bsmm_gemv.GemvConfig``: 1-8 rows, the product in FMAs, no tensor cores). Without one,
     the tuned table or the heuristic picks it, and a skewed layout (whose
     longest runs its tables carry: ``tilesparse.layout.longest_runs``) has its long runs
     cut in chunks on the small-batch kernel (``bsmm_small.auto_chunks``).
@@ -283,9 +281,6 @@ def dds(
             except OutOfResources as exc:  # found at its first compile, before anything ran
                 why = f"needs more shared memory than this GPU has ({exc})"
         config = _fall_back(config, why, "panel kernel", chosen_here)
-    if isinstance(config, bsmm_small_stream.StreamConfig):
-        bsmm_small_stream.launch_dds_small_stream(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config)
-        return c
     if isinstance(config, bsmm_small.SmallConfig) or (config is None and use_small_kernel(m, b, a.dtype)):
         small_cfg = config or bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
         if chosen_here and small_cfg.chunks == 1 and small_cfg.splits == 1:

@@ -129,13 +129,13 @@ def _device_chip(index: int) -> tuple:
 
 def _kinds() -> dict:
     from . import (bsmm, bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile,  # late: bsmm imports this
-                   bsmm_small, bsmm_small_stream, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)
+                   bsmm_small, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd_group, bsmm_ws_sdd_rows)
 
     return {"tile": bsmm.KernelConfig, "small": bsmm_small.SmallConfig, "panel": bsmm_panel.PanelConfig,
             "ws": bsmm_ws.WsConfig, "ws_group": bsmm_ws_group.WsGroupConfig, "sdd_group": bsmm_sdd_group.SddGroupConfig,
             "sdd_tile": bsmm_sdd_tile.SddTileConfig, "ws_sdd_group": bsmm_ws_sdd_group.WsSddGroupConfig,
             "ws_sdd_rows": bsmm_ws_sdd_rows.WsSddRowsConfig, "resident": bsmm_resident.ResidentConfig,
-            "gemv": bsmm_gemv.GemvConfig, "small_stream": bsmm_small_stream.StreamConfig}
+            "gemv": bsmm_gemv.GemvConfig}
 
 
 def to_json(config) -> dict:
