@@ -110,6 +110,8 @@
 #            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64)
 #   small-tma - b 16 at 8-64 rows through the large kernel's device-descriptor TMA path (one block
 #            per step; ncu: the small kernel is bound on the L1/TEX pipe, which TMA copies skip)
+#   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
+#            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
 #   panel-stages - the deep panels at 8-12 stages (6 keep 3 buffers), b 16, density 0.5 / 0.25, M 8-64
 #   small-4096 - W 4096²: the heuristic against the dispatcher's choice (shape-free entries tuned on
@@ -315,6 +317,12 @@ for step in ${STEPS:-large dtypes graph}; do
     small-tma) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 0.1 0.03 \
               --ms 8 16 32 64 --variants tmaM0w4st8 tmaM0w4st12 tmaM0w1st8 tmaM0w2st12 tmaM64w4st8 tmaM64w4st12 \
               --auto --out "$OUT/small-tma.json" > "$OUT/small-tma.log" 2>&1 ;;
+    small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
+              32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
+            timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \
+              512x4096x4096 --out "$OUT/small-4096-b" --no-plot > "$OUT/bench-small-4096-b.log" 2>&1
+            python3 scripts/merge_results.py "$OUT/small-4096-m1-512.csv" "$OUT"/small-4096-a/*-small.csv \
+              "$OUT"/small-4096-b/*-small.csv >> "$OUT/bench-small-4096-b.log" 2>&1 ;;
     small-stages2) timeout 220 python3 scripts/probes/small_threshold.py --blocks 128 64 32 \
               --densities 0.5 0.25 0.1 0.03 --ms 1 8 32 64 --variants autoSt4 autoSt6 autoSt16 autoSt24 --auto \
               --out "$OUT/small-stages-b32-128.json" > "$OUT/small-stages-b32-128.log" 2>&1
