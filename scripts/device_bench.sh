@@ -110,6 +110,7 @@
 #            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64)
 #   small-tma - b 16 at 8-64 rows through the large kernel's device-descriptor TMA path (one block
 #            per step; ncu: the small kernel is bound on the L1/TEX pipe, which TMA copies skip)
+#   panel-next42 - the deep panel at 32-64 rows with two warpgroups or 2-3 splits (b 16, density 0.5 / 0.25)
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -317,6 +318,10 @@ for step in ${STEPS:-large dtypes graph}; do
     small-tma) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 0.1 0.03 \
               --ms 8 16 32 64 --variants tmaM0w4st8 tmaM0w4st12 tmaM0w1st8 tmaM0w2st12 tmaM64w4st8 tmaM64w4st12 \
               --auto --out "$OUT/small-tma.json" > "$OUT/small-tma.log" 2>&1 ;;
+    panel-next42) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 --ms 32 64 \
+              --variants pG8m32st6x4e4SF pG8m64st6x4e4SF pG8m32w8st6x4e4SF pG8m64w8st6x4e4SF pG8m32st6x2e4SF \
+              pG8m64st6x2e4SF pG8m32st6x3e4SF pG8m64st6x3e4SF --auto --out "$OUT/panel-next42.json" \
+              > "$OUT/panel-next42.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

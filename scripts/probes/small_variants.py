@@ -337,6 +337,14 @@ ALL_VARIANTS = {
     "pG8m16st12x4e4SF": ("panel", 8, 16, 4, 12, 8, 4, 4, True, True),
     "pG8m32st12x4e4SF": ("panel", 8, 32, 4, 12, 8, 4, 4, True, True),
     "pG8m64st12x4e4SF": ("panel", 8, 64, 4, 12, 8, 4, 4, True, True),
+    # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
+    # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
+    "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),
+    "pG8m64w8st6x4e4SF": ("panel", 8, 64, 8, 6, 8, 4, 4, True, True),
+    "pG8m32st6x2e4SF": ("panel", 8, 32, 4, 6, 8, 2, 4, True, True),
+    "pG8m64st6x2e4SF": ("panel", 8, 64, 4, 6, 8, 2, 4, True, True),
+    "pG8m32st6x3e4SF": ("panel", 8, 32, 4, 6, 8, 3, 4, True, True),
+    "pG8m64st6x3e4SF": ("panel", 8, 64, 4, 6, 8, 3, 4, True, True),
     # ("tma", block_m, warps, stages): the large-batch kernel's device-descriptor TMA path
     # (kernels/bsmm_tma.py, one block per step, acc [block_m, b]) at few rows (forty-second
     # session: ncu found b 16's small kernel bound on the L1/TEX pipe, 81 % busy with DRAM at 20 %;
