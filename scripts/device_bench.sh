@@ -110,7 +110,8 @@
 #            stages without prefetch: 3 buffers too; density 0.1 / 0.03, M 1-64)
 #   small-tma - b 16 at 8-64 rows through the large kernel's device-descriptor TMA path (one block
 #            per step; ncu: the small kernel is bound on the L1/TEX pipe, which TMA copies skip)
-#   panel-next42 - the deep panel at 32-64 rows with two warpgroups or 2-3 splits (b 16, density 0.5 / 0.25)
+#   panel-next42 - the deep panel at 32-64 rows with two warpgroups or 2-3 splits (b 16, density 0.5 / 0.25);
+#            then the small kernel with K-major activations (autoKmajor), b 16 / 32, density 0.03-0.25, M 16-64
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -321,7 +322,9 @@ for step in ${STEPS:-large dtypes graph}; do
     panel-next42) timeout 240 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 --ms 32 64 \
               --variants pG8m32st6x4e4SF pG8m64st6x4e4SF pG8m32w8st6x4e4SF pG8m64w8st6x4e4SF pG8m32st6x2e4SF \
               pG8m64st6x2e4SF pG8m32st6x3e4SF pG8m64st6x3e4SF --auto --out "$OUT/panel-next42.json" \
-              > "$OUT/panel-next42.log" 2>&1 ;;
+              > "$OUT/panel-next42.log" 2>&1
+            timeout 200 python3 scripts/probes/small_threshold.py --blocks 16 32 --densities 0.25 0.1 0.03 \
+              --ms 16 32 64 --variants autoKmajor --auto --out "$OUT/small-kmajor.json" > "$OUT/small-kmajor.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

@@ -112,6 +112,9 @@ def main() -> None:
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, num_stages=fields[2])
+                            elif fields[1] == "kmajor":
+                                if not isinstance(cfg, S.SmallConfig):
+                                    continue  # the small kernel's gather only (other kernels read A row-major)
                             elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread
@@ -139,8 +142,12 @@ def main() -> None:
                             continue  # slices wider than the tile
                         else:
                             cfg = variant_config(fields, variant_block_m(m), b)
+                        # ("auto" / "heuristic", "kmajor"): the same values stored K-major (A^T contiguous, so
+                        # a block's activation tile is 16 rows of M contiguous elements, not M rows of 32 bytes)
+                        kmajor = fields is not None and fields[0] in ("auto", "heuristic") and fields[1] == "kmajor"
+                        x_in = a.t().contiguous().t() if kmajor else a
                         try:
-                            out = K.dds(a, values, meta, None, R, C, trans, cfg).float()
+                            out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
                         except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
                             print("SKIP", op, b, d, m, name, str(exc).splitlines()[0], flush=True)
                             continue
@@ -148,10 +155,11 @@ def main() -> None:
                         if not err < 1e-2:
                             print("WRONG", op, b, d, m, name, err, flush=True)
                             continue
-                        row[name] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, cfg) for v in all_values],
-                                              copies)
-                        if fields is not None and fields[0] in ("auto", "heuristic"):  # resolved here, per problem
-                            row[name + "_config"] = tuned.to_json(cfg)
+                        row[name] = kernel_ms(lambda: [K.dds(x_in, v, meta, None, R, C, trans, cfg)
+                                                       for v in all_values], copies)
+                        if fields is not None and fields[0] in ("auto", "heuristic") and not kmajor:  # resolved here
+                            row[name + "_config"] = tuned.to_json(cfg)  # (kmajor: a change of input, not of config,
+                            # so nothing for --adopt to write)
                     if args.auto:
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()

@@ -337,6 +337,11 @@ ALL_VARIANTS = {
     "pG8m16st12x4e4SF": ("panel", 8, 16, 4, 12, 8, 4, 4, True, True),
     "pG8m32st12x4e4SF": ("panel", 8, 32, 4, 12, 8, 4, 4, True, True),
     "pG8m64st12x4e4SF": ("panel", 8, 64, 4, 12, 8, 4, 4, True, True),
+    # ("auto" / "heuristic", "kmajor"): that small-kernel config with the activations stored K-major
+    # (A^T contiguous; forty-second session: ncu found the L1/TEX pipe 81 % busy at b 16, density 0.1, M 32,
+    # where each block's activation tile is M rows of 32 bytes, one line per row; K-major it is 16 rows of
+    # M contiguous elements: compiled for sm_90 with M divisible by 16, still 16-byte cp.async)
+    "autoKmajor": ("auto", "kmajor"), "defaultKmajor": ("heuristic", "kmajor"),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
     # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
     "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),
