@@ -192,12 +192,13 @@ def test_gpu_layer_at_few_rows_runs_as_dense_where_faster():
     # checked through dense_linear against the kernels'.
     from tolerances import assert_close
 
-    if dd._gpu(torch.cuda.current_device()) not in dd.SMALL_PATH:
+    gpu = dd._gpu(torch.cuda.current_device())
+    if gpu not in dd.SMALL_PATH:
         pytest.skip("no dense-path measurements for this GPU")
     layer = ts.nn.BlockSparseLinear(8192, 8192, block_size=16, density=0.5).cuda().to(torch.bfloat16)
     x = torch.randn(512, 8192, device="cuda", dtype=torch.bfloat16)
-    speedup = dd.measured_speedup("nvidia-h200", torch.bfloat16, 512, 16, 0.5, False, 8192 * 8192)
-    assert dd.small_dense_path_faster("nvidia-h200", 512, 0.5, False, speedup), "the premise: inference as dense"
+    speedup = dd.measured_speedup(gpu, torch.bfloat16, 512, 16, 0.5, False, 8192 * 8192)
+    assert dd.small_dense_path_faster(gpu, 512, 0.5, False, speedup), "the premise: inference as dense"
     dd._warn_once.cache_clear()
     with torch.no_grad(), pytest.warns(UserWarning, match="runs as dense"):
         got = layer(x)

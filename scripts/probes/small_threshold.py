@@ -142,9 +142,10 @@ def main() -> None:
                             continue  # slices wider than the tile
                         else:
                             cfg = variant_config(fields, variant_block_m(m), b)
+                        per_problem = fields is not None and fields[0] in ("auto", "heuristic")
                         # ("auto" / "heuristic", "kmajor"): the same values stored K-major (A^T contiguous, so
                         # a block's activation tile is 16 rows of M contiguous elements, not M rows of 32 bytes)
-                        kmajor = fields is not None and fields[0] in ("auto", "heuristic") and fields[1] == "kmajor"
+                        kmajor = per_problem and fields[1] == "kmajor"
                         x_in = a.t().contiguous().t() if kmajor else a
                         try:
                             out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
@@ -157,9 +158,8 @@ def main() -> None:
                             continue
                         row[name] = kernel_ms(lambda: [K.dds(x_in, v, meta, None, R, C, trans, cfg)
                                                        for v in all_values], copies)
-                        if fields is not None and fields[0] in ("auto", "heuristic") and not kmajor:  # resolved here
-                            row[name + "_config"] = tuned.to_json(cfg)  # (kmajor: a change of input, not of config,
-                            # so nothing for --adopt to write)
+                        if per_problem and not kmajor:  # resolved here (kmajor: a change of input, not of
+                            row[name + "_config"] = tuned.to_json(cfg)  # config: nothing for --adopt to write)
                     if args.auto:
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()
