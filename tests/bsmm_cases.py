@@ -8,6 +8,8 @@ under the interpreter) and test_bsmm_gpu.py (CUDA).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -29,6 +31,31 @@ INTERPRETER_MARKS = [
     pytest.mark.interpreter,
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
 ]
+
+
+TRANS_CASES = [("T", True), ("N", False)]
+
+
+def pairwise(*axes: list[tuple[str, object]]) -> list:
+    """pytest params that hold every pair of values of any two axes at least once (greedy all-pairs).
+
+    Each axis is a list of (id, value). The full product of four or five knobs runs hundreds
+    of interpreter cases; the kernel bugs found so far came from two knobs meeting (orientation
+    with a split, a layout class with a step width), which covering every pair catches at a
+    fraction of the cost. Deterministic: the same cases, in the same order, on every run."""
+    combos = list(itertools.product(*(range(len(axis)) for axis in axes)))
+
+    def pairs(combo):
+        return {(i, combo[i], j, combo[j]) for i, j in itertools.combinations(range(len(combo)), 2)}
+
+    uncovered = set().union(*map(pairs, combos))
+    chosen = []
+    while uncovered:
+        best = max(combos, key=lambda combo: len(pairs(combo) & uncovered))
+        chosen.append(best)
+        uncovered -= pairs(best)
+    return [pytest.param(*(axes[k][i][1] for k, i in enumerate(combo)),
+                         id="-".join(axes[k][i][0] for k, i in enumerate(combo))) for combo in sorted(chosen)]
 
 
 def hopper() -> bool:

@@ -9,7 +9,7 @@ accumulator forms, 1 to 8 rows; configs checked; bitwise repeatable on the GPU."
 import pytest
 import torch
 
-from bsmm_cases import LAYOUT_KINDS, dds_against_reference, make_layout
+from bsmm_cases import LAYOUT_KINDS, TRANS_CASES, dds_against_reference, make_layout, pairwise
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm, bsmm_gemv
 from tolerances import assert_close
@@ -18,17 +18,17 @@ CUDA = torch.cuda.is_available()
 GPU = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("reduce_each_step", [False, True], ids=["acc3d", "reduce"])
-@pytest.mark.parametrize("block_size, sub, block_k", [(16, 16, 64), (8, 16, 64), (24, 16, 128), (32, 32, 32),
-                                                     (64, 32, 16), (128, 32, 64), (48, 16, 256), (16, 8, 128),
-                                                     (24, 4, 32)],
-                         ids=["b16-k64", "b8-k64", "b24-k128", "b32-k32", "b64-k16", "b128-k64", "b48-k256",
-                              "b16-sub8-k128", "b24-sub4-k32"])
-@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("kind", LAYOUT_KINDS)
+# every pair of layout class, orientation, tile and reduction mode at least once
+@pytest.mark.parametrize("kind, trans, tile, reduce_each_step", pairwise(
+    [(kind, kind) for kind in LAYOUT_KINDS], TRANS_CASES,
+    [("b16-k64", (16, 16, 64)), ("b8-k64", (8, 16, 64)), ("b24-k128", (24, 16, 128)), ("b32-k32", (32, 32, 32)),
+     ("b64-k16", (64, 32, 16)), ("b128-k64", (128, 32, 64)), ("b48-k256", (48, 16, 256)),
+     ("b16-sub8-k128", (16, 8, 128)), ("b24-sub4-k32", (24, 4, 32))],
+    [("acc3d", False), ("reduce", True)]))
 @pytest.mark.interpreter
 @pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
-def test_gemv_matches_the_reference(kind, trans, block_size, sub, block_k, reduce_each_step):
+def test_gemv_matches_the_reference(kind, trans, tile, reduce_each_step):
+    block_size, sub, block_k = tile
     layout = make_layout(kind, 3, 5, block_size)
     config = bsmm_gemv.GemvConfig(sub, block_k, reduce_each_step=reduce_each_step)
     dtype = torch.float16 if kind == "random" else torch.float32

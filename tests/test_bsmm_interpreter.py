@@ -18,8 +18,8 @@ import dataclasses
 import pytest
 import torch
 
-from bsmm_cases import (INTERPRETER_MARKS, LAYOUT_KINDS, check_dds, dds_expected, dds_inputs, make_layout,
-                        random_values, run_dds)
+from bsmm_cases import (INTERPRETER_MARKS, LAYOUT_KINDS, TRANS_CASES, check_dds, dds_expected, dds_inputs, make_layout,
+                        pairwise, random_values, run_dds)
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_small
@@ -79,17 +79,17 @@ def test_dds(block_size, dtype, trans, m, with_bias, path):
 # the reduction split over programs (3 splits of 1-4 entries: some splits empty; or the
 # runs longer than the mean cut in 2-3 chunks summed in-kernel), a step spanning 2 or
 # 4 consecutive blocks (runs that end mid-step), and the swapped product orientation.
-@pytest.mark.parametrize("splits, chunks, longest_first, swap",
-                         [(1, 1, False, False), (3, 1, False, False), (1, 2, False, False), (1, 3, False, False),
-                          (1, 1, True, False), (1, 2, True, False), (1, 1, False, True), (3, 1, False, True),
-                          (1, 2, False, True)],
-                         ids=["whole", "splits3", "chunks2", "chunks3", "longest", "chunks2-longest", "swap",
-                              "splits3-swap", "chunks2-swap"])
-@pytest.mark.parametrize("sub, block_k, block_m", [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
-                                                   (32, 128, 16), (32, 32, 64)])
-@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("layout_kind", LAYOUT_KINDS)
-def test_dds_small_kernel_tiling(layout_kind, trans, sub, block_k, block_m, splits, chunks, longest_first, swap):
+# (every pair of layout class, orientation, tile and knobs at least once: bsmm_cases.pairwise)
+@pytest.mark.parametrize("layout_kind, trans, tile, knobs", pairwise(
+    [(kind, kind) for kind in LAYOUT_KINDS], TRANS_CASES,
+    [(f"s{s}-k{k}-m{m}", (s, k, m)) for s, k, m in [(16, 16, 16), (16, 32, 32), (32, 16, 16), (16, 64, 16),
+                                                   (32, 128, 16), (32, 32, 64)]],
+    [("whole", (1, 1, False, False)), ("splits3", (3, 1, False, False)), ("chunks2", (1, 2, False, False)),
+     ("chunks3", (1, 3, False, False)), ("longest", (1, 1, True, False)), ("chunks2-longest", (1, 2, True, False)),
+     ("swap", (1, 1, False, True)), ("splits3-swap", (3, 1, False, True)), ("chunks2-swap", (1, 2, False, True))]))
+def test_dds_small_kernel_tiling(layout_kind, trans, tile, knobs):
+    sub, block_k, block_m = tile
+    splits, chunks, longest_first, swap = knobs
     layout = make_layout(layout_kind, *GRID, 32)
     a, values, bias = dds_inputs(layout, 40, torch.float32, trans, True)
     config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, splits=splits, chunks=chunks,

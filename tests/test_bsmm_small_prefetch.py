@@ -4,12 +4,14 @@ references under the Triton interpreter: steps within a block (2 and 4 per block
 128 at 32-deep, b 48 on a 64-wide tile at 16-deep) and over several blocks (b 16, 8 and 24,
 4 or 8 blocks a step), runs of zero to five blocks (the prefetches
 past a run's end are masked), splits, chunks, the swapped orientation and row tiles
-inner, both table directions, every layout class."""
+inner, both table directions, every layout class; every pair of these knobs at least
+once (``bsmm_cases.pairwise``), not their full product."""
 
 import pytest
 import torch
 
-from bsmm_cases import INTERPRETER_MARKS, LAYOUT_KINDS, dense_of, make_layout, random_values
+from bsmm_cases import (INTERPRETER_MARKS, LAYOUT_KINDS, TRANS_CASES, dense_of, make_layout, pairwise,
+                        random_values)
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_small
@@ -28,14 +30,14 @@ def _check(layout, m, trans, config, dtype=torch.float32):
     assert_close(out, a.double() @ (s.t() if trans else s) + bias.double(), dtype, f"dds {config}")
 
 
-@pytest.mark.parametrize("extra", [{}, {"splits": 3}, {"chunks": 2}, {"swap": True}, {"m_inner": True}],
-                         ids=["whole", "splits3", "chunks2", "swap", "m_inner"])
-@pytest.mark.parametrize("block_size, sub, block_k", [(64, 32, 32), (16, 16, 64), (8, 16, 64), (32, 32, 32),
-                                                     (128, 32, 32), (48, 16, 16), (24, 16, 64)],
-                         ids=["b64-k32", "b16-k64", "b8-k64", "b32-k32", "b128-k32", "b48-k16", "b24-k64"])
-@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("kind", LAYOUT_KINDS)
-def test_prefetch_matches_the_reference(kind, trans, block_size, sub, block_k, extra):
+@pytest.mark.parametrize("kind, trans, tile, extra", pairwise(
+    [(kind, kind) for kind in LAYOUT_KINDS], TRANS_CASES,
+    [("b64-k32", (64, 32, 32)), ("b16-k64", (16, 16, 64)), ("b8-k64", (8, 16, 64)), ("b32-k32", (32, 32, 32)),
+     ("b128-k32", (128, 32, 32)), ("b48-k16", (48, 16, 16)), ("b24-k64", (24, 16, 64))],
+    [("whole", {}), ("splits3", {"splits": 3}), ("chunks2", {"chunks": 2}), ("swap", {"swap": True}),
+     ("m_inner", {"m_inner": True})]))
+def test_prefetch_matches_the_reference(kind, trans, tile, extra):
+    block_size, sub, block_k = tile
     layout = make_layout(kind, 3, 5, block_size)
     block_m = 16 if extra.get("m_inner") else 64  # m_inner: 3 row tiles of 40 rows
     config = bsmm_small.SmallConfig(sub, block_k, block_m, num_warps=4, num_stages=2, prefetch=True, **extra)
@@ -61,12 +63,13 @@ def test_prefetch_is_checked_and_off_by_default():
         bsmm_small.SmallConfig(16, 16, 16, 4, 2, prefetch=1)
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-@pytest.mark.parametrize("extra", [{}, {"chunks": 2}, {"swap": True}], ids=["whole", "chunks2", "swap"])
-@pytest.mark.parametrize("block_size, block_k", [(16, 128), (24, 64), (64, 32)], ids=["b16-k128", "b24-k64", "b64-k32"])
-@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
-@pytest.mark.parametrize("kind", LAYOUT_KINDS)
-def test_spread_index_matches_the_reference_and_the_per_lane_loads(kind, trans, block_size, block_k, extra, prefetch):
+@pytest.mark.parametrize("kind, trans, tile, extra, prefetch", pairwise(
+    [(kind, kind) for kind in LAYOUT_KINDS], TRANS_CASES,
+    [("b16-k128", (16, 128)), ("b24-k64", (24, 64)), ("b64-k32", (64, 32))],
+    [("whole", {}), ("chunks2", {"chunks": 2}), ("swap", {"swap": True})],
+    [("plain", False), ("prefetch", True)]))
+def test_spread_index_matches_the_reference_and_the_per_lane_loads(kind, trans, tile, extra, prefetch):
+    block_size, block_k = tile
     # SmallConfig.spread_index: a multi-block step's indices (and slots) loaded once per block
     # and spread over its lanes; the same products in the same order as one load per lane, so
     # bitwise the same result (b 64 at 32-deep steps: one-block steps, where it is ignored)
