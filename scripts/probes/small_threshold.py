@@ -112,9 +112,11 @@ def main() -> None:
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, num_stages=fields[2])
-                            elif fields[1] == "kmajor":
+                            elif fields[1] in ("kmajor", "kmajorT"):
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # the small kernel's gather only (other kernels read A row-major)
+                                if len(fields) > 2:
+                                    cfg = dataclasses.replace(cfg, num_stages=fields[2])
                             elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread
@@ -145,8 +147,11 @@ def main() -> None:
                         per_problem = fields is not None and fields[0] in ("auto", "heuristic")
                         # ("auto" / "heuristic", "kmajor"): the same values stored K-major (A^T contiguous, so
                         # a block's activation tile is 16 rows of M contiguous elements, not M rows of 32 bytes)
-                        kmajor = per_problem and fields[1] == "kmajor"
+                        kmajor = per_problem and fields[1] in ("kmajor", "kmajorT")
                         x_in = a.t().contiguous().t() if kmajor else a
+                        # kmajorT: each timed call transposes the row-major activations first
+                        as_called = (lambda: a.t().contiguous().t()) if kmajor and fields[1] == "kmajorT" \
+                            else (lambda: x_in)
                         try:
                             out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
                         except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
@@ -156,7 +161,7 @@ def main() -> None:
                         if not err < 1e-2:
                             print("WRONG", op, b, d, m, name, err, flush=True)
                             continue
-                        row[name] = kernel_ms(lambda: [K.dds(x_in, v, meta, None, R, C, trans, cfg)
+                        row[name] = kernel_ms(lambda: [K.dds(as_called(), v, meta, None, R, C, trans, cfg)
                                                        for v in all_values], copies)
                         if per_problem and not kmajor:  # resolved here (kmajor: a change of input, not of
                             row[name + "_config"] = tuned.to_json(cfg)  # config: nothing for --adopt to write)

@@ -342,6 +342,11 @@ ALL_VARIANTS = {
     # where each block's activation tile is M rows of 32 bytes, one line per row; K-major it is 16 rows of
     # M contiguous elements: compiled for sm_90 with M divisible by 16, still 16-byte cp.async)
     "autoKmajor": ("auto", "kmajor"), "defaultKmajor": ("heuristic", "kmajor"),
+    # ("auto" / "heuristic", "kmajorT"[, stages]): the same, with the transpose of the row-major
+    # activations inside the timed call (what a wrapper that transposes for the kernel pays; forty-third
+    # session: K-major alone took b 16, density 0.1, M 64 from 42 to 22 µs)
+    "autoKmajorT": ("auto", "kmajorT"), "defaultKmajorT": ("heuristic", "kmajorT"),
+    "defaultKmajorSt4": ("heuristic", "kmajor", 4), "defaultKmajorSt12": ("heuristic", "kmajor", 12),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
     # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
     "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),
