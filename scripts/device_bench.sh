@@ -115,6 +115,8 @@
 #   kmajor43 - the small kernel on K-major activations (forty-third session: b 16, density 0.1, M 64 from 42
 #            to 22 µs): with the transpose inside the timed call (autoKmajorT / defaultKmajorT), the heuristic
 #            config where panels are dispatched (defaultKmajor*), b 16 at density 0.5-0.03, M 8-64; b 32 / 64
+#   kmajor43b - the dispatcher's K-major path (bsmm_kmajor) against itself with bsmm.KMAJOR_SMALL off, and
+#            the small kernel behind the tiled transposing copy, b 16 at 16-64 rows (48 too), b 32 at 32-64
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -334,6 +336,12 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 200 python3 scripts/probes/small_threshold.py --blocks 32 64 128 --densities 0.5 0.25 0.1 \
               --ms 8 32 64 --variants autoKmajor autoKmajorT defaultKmajor defaultKmajorT --auto \
               --out "$OUT/kmajor43-b32-128.json" > "$OUT/kmajor43-b32-128.log" 2>&1 ;;
+    kmajor43b) timeout 220 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 0.1 0.03 \
+              --ms 16 32 48 64 --variants autoRowMajor autoKmajorTT defaultKmajorTT autoKmajor defaultKmajor --auto \
+              --out "$OUT/kmajor43b-b16.json" > "$OUT/kmajor43b-b16.log" 2>&1
+            timeout 120 python3 scripts/probes/small_threshold.py --blocks 32 --densities 0.5 0.25 0.1 --ms 32 64 \
+              --variants autoRowMajor autoKmajorTT defaultKmajorTT autoKmajor --auto \
+              --out "$OUT/kmajor43b-b32.json" > "$OUT/kmajor43b-b32.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

@@ -27,6 +27,7 @@ from tilesparse.bench.env import l2_cache_bytes
 from tilesparse.bench.timing import bench_ms, rotation_copies
 from tilesparse.kernels import bsmm as K
 from tilesparse.kernels import bsmm_gemv as GV
+from tilesparse.kernels import bsmm_kmajor as KM
 from tilesparse.kernels import bsmm_panel as P
 from tilesparse.kernels import bsmm_small as S
 from tilesparse.kernels import bsmm_resident as RS
@@ -103,6 +104,7 @@ def main() -> None:
                     row["large_ms"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, large)
                                                          for v in all_values], copies)
                     for name, fields in SMALL_VARIANTS.items():
+                        K.KMAJOR_SMALL = True  # (off only for "autoRowMajor"'s calls)
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
                         elif fields[0] in ("heuristic", "auto"):
@@ -112,7 +114,9 @@ def main() -> None:
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, num_stages=fields[2])
-                            elif fields[1] in ("kmajor", "kmajorT"):
+                            elif fields[1] == "rowmajor":
+                                cfg = None  # the dispatcher itself, with KMAJOR_SMALL off
+                            elif fields[1] in ("kmajor", "kmajorT", "kmajorTT"):
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # the small kernel's gather only (other kernels read A row-major)
                                 if len(fields) > 2:
@@ -147,11 +151,13 @@ def main() -> None:
                         per_problem = fields is not None and fields[0] in ("auto", "heuristic")
                         # ("auto" / "heuristic", "kmajor"): the same values stored K-major (A^T contiguous, so
                         # a block's activation tile is 16 rows of M contiguous elements, not M rows of 32 bytes)
-                        kmajor = per_problem and fields[1] in ("kmajor", "kmajorT")
+                        kmajor = per_problem and fields[1] in ("kmajor", "kmajorT", "kmajorTT")
                         x_in = a.t().contiguous().t() if kmajor else a
-                        # kmajorT: each timed call transposes the row-major activations first
-                        as_called = (lambda: a.t().contiguous().t()) if kmajor and fields[1] == "kmajorT" \
-                            else (lambda: x_in)
+                        # kmajorT / kmajorTT: each timed call transposes the row-major activations first
+                        # (PyTorch's copy / the library's tiled copy)
+                        copy_of = {"kmajorT": lambda: a.t().contiguous().t(), "kmajorTT": lambda: KM.as_kmajor(a)}
+                        as_called = copy_of.get(fields[1] if kmajor else None, lambda: x_in)
+                        K.KMAJOR_SMALL = not (per_problem and fields[1] == "rowmajor")
                         try:
                             out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
                         except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
@@ -163,8 +169,9 @@ def main() -> None:
                             continue
                         row[name] = kernel_ms(lambda: [K.dds(as_called(), v, meta, None, R, C, trans, cfg)
                                                        for v in all_values], copies)
-                        if per_problem and not kmajor:  # resolved here (kmajor: a change of input, not of
-                            row[name + "_config"] = tuned.to_json(cfg)  # config: nothing for --adopt to write)
+                        if per_problem and not kmajor and cfg is not None:  # resolved here (kmajor: a change of
+                            row[name + "_config"] = tuned.to_json(cfg)  # input, not of config: nothing to adopt)
+                    K.KMAJOR_SMALL = True
                     if args.auto:
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()

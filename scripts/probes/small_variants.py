@@ -347,6 +347,10 @@ ALL_VARIANTS = {
     # session: K-major alone took b 16, density 0.1, M 64 from 42 to 22 µs)
     "autoKmajorT": ("auto", "kmajorT"), "defaultKmajorT": ("heuristic", "kmajorT"),
     "defaultKmajorSt4": ("heuristic", "kmajor", 4), "defaultKmajorSt12": ("heuristic", "kmajor", 12),
+    # kmajorTT: the transpose through the library's tiled copy (bsmm_kmajor.as_kmajor), as the dispatcher
+    # does; "autoRowMajor": the dispatcher with bsmm.KMAJOR_SMALL off (the row-major baseline, same run)
+    "autoKmajorTT": ("auto", "kmajorTT"), "defaultKmajorTT": ("heuristic", "kmajorTT"),
+    "autoRowMajor": ("auto", "rowmajor"),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
     # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
     "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),

@@ -29,8 +29,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..layout import longest_runs, table_views
-from . import (bsmm_gemv, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small, bsmm_tma, bsmm_ws,
-               bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
+from . import (bsmm_gemv, bsmm_kmajor, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small,
+               bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .bsmm_config import KernelConfig, _input_precision, dds_config, sdd_config, use_small_kernel
 from .transpose import transpose_contiguous
 from ._alloc import new_output
@@ -158,6 +158,11 @@ _WS_SDD = {kernel.CONFIG: kernel for kernel in (bsmm_ws_sdd, bsmm_ws_sdd_group, 
 # bitwise equal. False: PyTorch's copies.
 TILED_TF32_COPIES = True
 
+# The small kernel on K-major activations where bsmm_kmajor.KMAJOR_WINS measured it faster than the
+# row-major choice, the transposing copy included (b 16 / 32, 16-64 rows, 16-bit, CUDA; only where the
+# dispatcher chooses the config). False: the row-major dispatch (the sweeps' baseline).
+KMAJOR_SMALL = True
+
 
 def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:
     """The warp-specialized dds, with its balanced tile schedule where ``cfg.balanced``
@@ -245,6 +250,10 @@ def dds(
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
                          "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
+    if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density):
+        if not isinstance(config, bsmm_small.SmallConfig):  # (the table's panel, say)
+            config = bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
+        a = bsmm_kmajor.as_kmajor(a)
     if isinstance(config, bsmm_resident.ResidentConfig):
         why = bsmm_resident.resident_supported(a, values, c, trans, config)
         if why is None and bsmm_resident.launch_dds_resident(a, values, c, bias, meta, block_rows, block_cols, config):

@@ -1,0 +1,117 @@
+"""The small kernel on K-major activations (``tilesparse.kernels.bsmm_kmajor``): where the dispatcher
+transposes, that it leaves K-major inputs and a caller's config alone, and (GPU) that the products
+match a float64 reference and the row-major dispatch, bitwise reproducibly."""
+
+import pytest
+import torch
+
+from bsmm_cases import dense_of, make_layout, random_values
+from tilesparse import BlockLayout
+from tilesparse.kernels import bsmm as kernels
+from tilesparse.kernels import bsmm_kmajor, bsmm_small
+from tolerances import assert_close
+
+CUDA = torch.cuda.is_available()
+
+
+def test_is_kmajor_and_as_kmajor_on_the_cpu():
+    a = torch.randn(32, 48)
+    assert not bsmm_kmajor.is_kmajor(a)
+    km = bsmm_kmajor.as_kmajor(a)
+    assert bsmm_kmajor.is_kmajor(km) and torch.equal(km, a) and km.stride() == (1, 32)
+    assert bsmm_kmajor.as_kmajor(km) is km  # no second copy
+    assert not bsmm_kmajor.is_kmajor(torch.randn(1, 48))  # one row: both strides say nothing
+    assert not bsmm_kmajor.is_kmajor(torch.randn(48, 64).t()[:32])  # unit stride, but gaps along K
+
+
+@pytest.mark.parametrize("op, block_size, m, density, expected", [
+    ("fprop", 16, 64, 0.1, True), ("fprop", 16, 48, 0.25, True), ("fprop", 16, 32, 0.03, False),
+    ("fprop", 16, 16, 0.1, False), ("fprop", 16, 64, 0.5, False), ("fprop", 16, 8, 0.1, False),
+    ("fprop", 16, 40, 0.1, False), ("fprop", 16, 128, 0.1, False), ("bprop", 16, 16, 0.25, False),
+    ("bprop", 16, 32, 0.25, True), ("fprop", 32, 64, 0.5, True), ("fprop", 32, 32, 0.5, False),
+    ("fprop", 64, 64, 0.25, False), ("fprop", 128, 64, 0.1, False),
+])
+def test_kmajor_wins_reads_the_measured_table(op, block_size, m, density, expected):
+    assert bsmm_kmajor.kmajor_wins(op, block_size, m, density) is expected
+
+
+def test_kmajor_pays_only_for_16_bit_cuda_activations():
+    # (the table says yes for each; the activations' device and dtype say no)
+    assert not bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256).bfloat16(), 16, 0.1)  # CPU
+    if CUDA:
+        assert bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256, device="cuda").bfloat16(), 16, 0.1)
+        assert not bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256, device="cuda"), 16, 0.1)  # fp32
+
+
+@pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
+@pytest.mark.parametrize("m", [16, 32, 48])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+def test_interpreter_small_kernel_on_kmajor_activations(trans, m, dtype):
+    # the small kernel reads A through its strides: K-major (unit stride along M, M a multiple of 16,
+    # the vector loads the dispatcher's K-major path relies on) gives the row-major product
+    layout = make_layout("empty_rows_cols", 3, 5, 16)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows).to(dtype)
+    values = random_values(layout, dtype)
+    config = bsmm_small.small_config(m, 16, dtype)
+    out = kernels.dds(bsmm_kmajor.as_kmajor(a), values, layout.meta, None, layout.block_rows,
+                      layout.block_cols, trans, config=config)
+    s = dense_of(values, layout)
+    assert_close(out, a.double() @ (s.t() if trans else s), dtype, "dds on K-major activations")
+
+
+def _random_layout(block_rows, block_cols, block_size, density, seed):
+    mask = torch.rand(block_rows, block_cols, generator=torch.Generator().manual_seed(seed)) < density
+    return BlockLayout(mask, block_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block_size, m, density", [(16, 64, 0.1), (16, 32, 0.25), (16, 48, 0.1), (32, 64, 0.5),
+                                                    (16, 16, 0.25)])
+def test_gpu_dispatcher_runs_kmajor_where_it_pays(monkeypatch, trans, dtype, block_size, m, density):
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")  # the heuristic's choice below, whatever the user's table
+    layout = _random_layout(48, 40, block_size, density, seed=m)
+    op = "fprop" if trans else "bprop"
+    pays = bsmm_kmajor.kmajor_wins(op, block_size, m, layout.nnz / (48 * 40))
+    meta = layout.meta_on("cuda")
+    rows, cols = layout.shape
+    a = torch.randn(m, cols if trans else rows, device="cuda").to(dtype)
+    values = random_values(layout, dtype, "cuda")
+    bias = torch.randn(rows if trans else cols, device="cuda").to(dtype)
+    seen = []
+    launch = bsmm_small.launch_dds_small
+    monkeypatch.setattr(bsmm_small, "launch_dds_small",
+                        lambda a_in, *rest: seen.append(bsmm_kmajor.is_kmajor(a_in)) or launch(a_in, *rest))
+    out = kernels.dds(a, values, meta, bias, 48, 40, trans)
+    assert (seen[-1:] == [True]) == pays  # K-major into the small kernel exactly where the table says
+    s = dense_of(values, layout)
+    expected = a.double().cpu() @ (s.t() if trans else s) + bias.double().cpu()
+    assert_close(out, expected, dtype, f"dds {op} K-major")
+    for _ in range(2):  # bitwise reproducible, and the same from activations already K-major
+        assert torch.equal(kernels.dds(a, values, meta, bias, 48, 40, trans), out)
+    assert torch.equal(kernels.dds(bsmm_kmajor.as_kmajor(a), values, meta, bias, 48, 40, trans), out)
+    monkeypatch.setattr(kernels, "KMAJOR_SMALL", False)  # the row-major dispatch: the same product
+    assert_close(kernels.dds(a, values, meta, bias, 48, 40, trans), expected, dtype, f"dds {op} row-major")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_gpu_kmajor_leaves_a_callers_config_and_other_rows_alone(monkeypatch):
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")
+    layout = _random_layout(48, 40, 16, 0.1, seed=3)
+    meta = layout.meta_on("cuda")
+    values = random_values(layout, torch.bfloat16, "cuda")
+    copies = []
+    as_kmajor = bsmm_kmajor.as_kmajor
+    monkeypatch.setattr(bsmm_kmajor, "as_kmajor", lambda a: copies.append(a.shape) or as_kmajor(a))
+    a64 = torch.randn(64, 640, device="cuda", dtype=torch.bfloat16)
+    kernels.dds(a64, values, meta, None, 48, 40, True, config=bsmm_small.small_config(64, 16, torch.bfloat16))
+    kernels.dds(torch.randn(8, 640, device="cuda", dtype=torch.bfloat16), values, meta, None, 48, 40, True)
+    assert copies == []  # a caller's config; 8 rows
+    kernels.dds(a64, values, meta, None, 48, 40, True)
+    assert copies == [(64, 640)]
