@@ -180,6 +180,7 @@ def test_longest_first_orders_the_runs_by_length():
     assert bsmm_small._longest_first(ptr) is bsmm_small._longest_first(ptr)  # remembered on the tensor
 
 
+@pytest.mark.interpreter  # (CPU tensors through the launcher)
 @pytest.mark.parametrize("max_grid_y", [65535, 1], ids=["row-tiles-inner", "too-many-slices"])
 def test_m_inner_puts_the_row_tiles_on_the_grids_x_axis_where_the_slices_fit_y(monkeypatch, max_grid_y):
     layout = BlockLayout(torch.rand(6, 5, generator=torch.Generator().manual_seed(1)) < 0.5, 16)
