@@ -36,12 +36,18 @@ def test_kmajor_wins_reads_the_measured_table(op, block_size, m, density, expect
     assert bsmm_kmajor.kmajor_wins(op, block_size, m, density) is expected
 
 
-def test_kmajor_pays_only_for_16_bit_cuda_activations():
-    # (the table says yes for each; the activations' device and dtype say no)
-    assert not bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256).bfloat16(), 16, 0.1)  # CPU
+BIG = bsmm_kmajor.MEASURED_WEIGHT_ELEMENTS
+
+
+def test_kmajor_pays_only_for_16_bit_cuda_activations_and_copies_only_for_large_weights():
+    # (the table says yes for each; the activations' device and dtype, or the copy's cost, say no)
+    assert not bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256).bfloat16(), 16, 0.1, BIG)  # CPU
     if CUDA:
-        assert bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256, device="cuda").bfloat16(), 16, 0.1)
-        assert not bsmm_kmajor.kmajor_pays("fprop", torch.randn(64, 256, device="cuda"), 16, 0.1)  # fp32
+        a = torch.randn(64, 256, device="cuda").bfloat16()
+        assert bsmm_kmajor.kmajor_pays("fprop", a, 16, 0.1, BIG)
+        assert not bsmm_kmajor.kmajor_pays("fprop", a.float(), 16, 0.1, BIG)  # fp32
+        assert not bsmm_kmajor.kmajor_pays("fprop", a, 16, 0.1, BIG - 1)  # the copy would cost more than it gains
+        assert bsmm_kmajor.kmajor_pays("fprop", bsmm_kmajor.as_kmajor(a), 16, 0.1, 1024)  # no copy: any size
 
 
 @pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
@@ -76,6 +82,7 @@ def _random_layout(block_rows, block_cols, block_size, density, seed):
                                                     (16, 16, 0.25)])
 def test_gpu_dispatcher_runs_kmajor_where_it_pays(monkeypatch, trans, dtype, block_size, m, density):
     monkeypatch.setenv("TILESPARSE_TUNED", "off")  # the heuristic's choice below, whatever the user's table
+    monkeypatch.setattr(bsmm_kmajor, "MEASURED_WEIGHT_ELEMENTS", 0)  # a test-sized weight takes the copy
     layout = _random_layout(48, 40, block_size, density, seed=m)
     op = "fprop" if trans else "bprop"
     pays = bsmm_kmajor.kmajor_wins(op, block_size, m, layout.nnz / (48 * 40))
@@ -102,7 +109,7 @@ def test_gpu_dispatcher_runs_kmajor_where_it_pays(monkeypatch, trans, dtype, blo
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_gpu_kmajor_leaves_a_callers_config_and_other_rows_alone(monkeypatch):
+def test_gpu_kmajor_leaves_a_callers_config_other_rows_and_small_weights_alone(monkeypatch):
     monkeypatch.setenv("TILESPARSE_TUNED", "off")
     layout = _random_layout(48, 40, 16, 0.1, seed=3)
     meta = layout.meta_on("cuda")
@@ -113,6 +120,8 @@ def test_gpu_kmajor_leaves_a_callers_config_and_other_rows_alone(monkeypatch):
     a64 = torch.randn(64, 640, device="cuda", dtype=torch.bfloat16)
     kernels.dds(a64, values, meta, None, 48, 40, True, config=bsmm_small.small_config(64, 16, torch.bfloat16))
     kernels.dds(torch.randn(8, 640, device="cuda", dtype=torch.bfloat16), values, meta, None, 48, 40, True)
-    assert copies == []  # a caller's config; 8 rows
+    kernels.dds(a64, values, meta, None, 48, 40, True)
+    assert copies == []  # a caller's config; 8 rows; a weight smaller than the one measured
+    monkeypatch.setattr(bsmm_kmajor, "MEASURED_WEIGHT_ELEMENTS", 768 * 640)
     kernels.dds(a64, values, meta, None, 48, 40, True)
     assert copies == [(64, 640)]

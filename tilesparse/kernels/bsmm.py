@@ -159,8 +159,9 @@ _WS_SDD = {kernel.CONFIG: kernel for kernel in (bsmm_ws_sdd, bsmm_ws_sdd_group, 
 TILED_TF32_COPIES = True
 
 # The small kernel on K-major activations where bsmm_kmajor.KMAJOR_WINS measured it faster than the
-# row-major choice, the transposing copy included (b 16 / 32, 16-64 rows, 16-bit, CUDA; only where the
-# dispatcher chooses the config). False: the row-major dispatch (the sweeps' baseline).
+# row-major choice, the transposing copy included (b 16 / 32, 16-64 rows, 16-bit, CUDA, weights at least
+# 12288² unless the activations are K-major already; only where the dispatcher chooses the config).
+# False: the row-major dispatch (the sweeps' baseline).
 KMAJOR_SMALL = True
 
 
@@ -250,7 +251,8 @@ def dds(
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
                          "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
-    if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density):
+    if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density,
+                                                                block_rows * block_cols * b * b):
         if not isinstance(config, bsmm_small.SmallConfig):  # (the table's panel, say)
             config = bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
         a = bsmm_kmajor.as_kmajor(a)

@@ -11,8 +11,9 @@ deep panel); at M 8 K-major loses (7.8 -> 11 µs: 16-byte pieces), at b >= 64 it
 rows are already 128 bytes) and at density 0.5 the deep panels stay faster.
 
 So ``dds`` (config chosen by the dispatcher, CUDA, 16-bit) runs the small kernel on K-major activations
-where the table below says the gain outweighs the transposing copy (``transpose.transpose_contiguous``),
-and on activations that are K-major already (``is_kmajor``: e.g. a transposed view) without a copy.
+where the table below says the gain outweighs the transposing copy (``transpose.transpose_contiguous``;
+on weights at least as large as the one measured), and on activations that are K-major already
+(``is_kmajor``: e.g. a transposed view) without a copy.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from .transpose import transpose_contiguous
 
-__all__ = ["is_kmajor", "as_kmajor", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS"]
+__all__ = ["is_kmajor", "as_kmajor", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS", "MEASURED_WEIGHT_ELEMENTS"]
 
 # (op, block size) -> {rows: (lowest density, highest density)} where the dispatcher's small kernel on
 # K-major activations, the tiled transposing copy included (2.5-4 µs at W 12288²), beat its row-major
@@ -38,6 +39,12 @@ KMAJOR_WINS: dict[tuple[str, int], dict[int, tuple[float, float]]] = {
 }
 
 _DTYPES = (torch.bfloat16, torch.float16)
+
+# The weight the table was measured on. The kernel's gain grows with the stored blocks, the copy's cost
+# (2.5-4 µs there, mostly latency) does not: at the closest table point (bprop, density 0.1, 32 rows:
+# 22.9 -> 21.8 µs) a weight with fewer blocks would lose. So the copy is made for weights at least this
+# large only; activations already K-major need no copy and take the table at any size.
+MEASURED_WEIGHT_ELEMENTS = 12288 * 12288
 
 
 def is_kmajor(a: torch.Tensor) -> bool:
@@ -57,8 +64,11 @@ def kmajor_wins(op: str, block_size: int, m: int, density: float) -> bool:
     return low <= density <= high
 
 
-def kmajor_pays(op: str, a: torch.Tensor, block_size: int, density: float) -> bool:
+def kmajor_pays(op: str, a: torch.Tensor, block_size: int, density: float, weight_elements: int) -> bool:
     """Whether ``op`` ('fprop' / 'bprop') on activations ``a`` [M, K] runs faster on the small kernel
-    with K-major activations than on the dispatcher's row-major choice: CUDA, 16-bit, ``kmajor_wins``."""
+    with K-major activations than on the dispatcher's row-major choice: CUDA, 16-bit, ``kmajor_wins``,
+    and either ``a`` K-major already or a weight (``weight_elements`` = N x K) at least as large as the
+    one measured (``MEASURED_WEIGHT_ELEMENTS``), where the gain outweighs the copy."""
     return (a.is_cuda and a.dtype in _DTYPES and a.dim() == 2
-            and kmajor_wins(op, block_size, a.shape[0], density))
+            and kmajor_wins(op, block_size, a.shape[0], density)
+            and (is_kmajor(a) or weight_elements >= MEASURED_WEIGHT_ELEMENTS))
