@@ -13,7 +13,7 @@ import torch
 
 from tilesparse.bench import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS, get_suite, report, suite_names
 from tilesparse.bench.matmul import RunContext
-from tilesparse.bench import stream_reference
+from tilesparse.bench import peers, stream_reference
 from tilesparse.bench.small import COPY_METHOD, READ_METHOD, bytes_moved
 from tilesparse.bench.timing import host_us, rotation_copies
 from tilesparse.cli import main
@@ -150,6 +150,22 @@ def test_the_transposed_storage_method_times_fprop_only():
     assert {(r["op"], r["block"], r["M"]) for r in flipped} == {("fprop", b, m) for b in (16, 32) for m in (1, 8)}
     assert all(r["rel_err"] < 1e-4 and r["ms"] > 0 for r in flipped)
     assert "tilesparse_t/bprop" in ctx.skipped
+
+
+def test_the_kmajor_method_times_fprop_and_bprop_on_kmajor_activations(monkeypatch):
+    # tilesparse_kmajor: the activations handed over K-major (made before the timed call)
+    seen = []
+    as_kmajor = peers.as_kmajor
+    monkeypatch.setattr(peers, "as_kmajor", lambda a: seen.append(as_kmajor(a)) or seen[-1])
+    ctx = RunContext(cuda=False, stamp=STAMP, copy_bandwidth_gbs=20.0, log=lambda text: None)
+    rows = get_suite("small").run("small", dict(TINY, peers=["dense", "tilesparse_kmajor"], copy_reference=False),
+                                  ctx)
+    kmajor = [r for r in rows if r["method"] == "tilesparse_kmajor"]
+    assert {(r["op"], r["block"], r["M"]) for r in kmajor} == {(op, b, m) for op in ("fprop", "bprop")
+                                                                for b in (16, 32) for m in (1, 8)}
+    assert all(r["rel_err"] < 1e-4 and r["ms"] > 0 and r["gbps"] > 0 for r in kmajor)
+    assert seen and all(a.t().is_contiguous() for a in seen)  # A^T contiguous
+    assert all(a.stride(0) == 1 for a in seen if a.shape[0] > 1)  # (one row: its strides say nothing)
 
 
 def _random_layout(row):

@@ -75,10 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--density", nargs="+", type=_density, help="override the densities (fraction of blocks kept)")
     b.add_argument("--shape", nargs="+", type=_shape, metavar="MxNxK", help="override the shapes: X [M, K], W [N, K]")
     b.add_argument("--ops", nargs="+", choices=list(OPS), help="override the ops")
-    b.add_argument("--peers", nargs="+", choices=["tilesparse_t", "torch_bsr", "stk", "none"],
+    b.add_argument("--peers", nargs="+", choices=["tilesparse_t", "tilesparse_kmajor", "torch_bsr", "stk", "none"],
                    help="matmul suites (large, small): the peers timed beside tilesparse and dense "
                         "('none': dense only; default: the suite's, torch_bsr and stk, and in 'small' tilesparse_t: "
-                        "fprop with W stored as Wᵀ)")
+                        "fprop with W stored as Wᵀ, and tilesparse_kmajor: fprop / bprop on activations handed "
+                        "over K-major)")
     b.add_argument("--autograd-threads", choices=["on", "off"], default="on",
                    help="matmul and LSTM suites: 'off' times every method's step with torch.autograd."
                         "set_multithreading_enabled(False) (backward on the calling thread; at 8192x4096², "

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops as ts_ops
+from ..kernels.bsmm_kmajor import as_kmajor
 from ..layout import BlockLayout
 
 __all__ = ["Operands", "ADAPTERS", "DESCRIPTIONS", "torch_bsr_available", "stk_available"]
@@ -211,9 +212,23 @@ def tilesparse_transposed(op: str, o: Operands) -> Result:
     return fprop, None
 
 
+def tilesparse_kmajor(op: str, o: Operands) -> Result:
+    """fprop / bprop with the activations (x, dy) handed over K-major (A^T contiguous), as a
+    producer that writes them so would (e.g. an RNN keeping its state transposed): the small
+    kernel then reads each block's activation tile as b rows of M contiguous elements, with no
+    transposing copy in the call (``tilesparse.kernels.bsmm_kmajor``). The K-major copy is made
+    here, outside the timed call."""
+    if op not in ("fprop", "bprop"):
+        return None, "times fprop and bprop only (the products that gather activation tiles per block)"
+    a = as_kmajor(o.x if op == "fprop" else o.dy)
+    values, layout = o.values, o.layout
+    return (lambda: ts_ops.dds(a, values, layout, trans_b=op == "fprop")), None
+
+
 ADAPTERS: dict[str, Callable[[str, Operands], Result]] = {
     "tilesparse": tilesparse,
     "tilesparse_t": tilesparse_transposed,
+    "tilesparse_kmajor": tilesparse_kmajor,
     "dense": dense,
     "torch_bsr": torch_bsr,
     "stk": stk,
@@ -229,6 +244,10 @@ DESCRIPTIONS = {
     },
     "tilesparse_t": {
         "fprop": "tilesparse.dds(x, values_t, layout.transpose()): W stored as Wᵀ (TransposedBlockSparseLinear)",
+    },
+    "tilesparse_kmajor": {
+        "fprop": "tilesparse.dds(xk, values, layout, trans_b=True), xk = x.t().contiguous().t() made beforehand",
+        "bprop": "tilesparse.dds(dyk, values, layout), dyk = dy.t().contiguous().t() made beforehand",
     },
     "dense": {
         "fprop": "torch.matmul(x, w.t())",

@@ -13,11 +13,12 @@ from . import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS
 
 __all__ = ["write_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
 
-PEER_ORDER = ("tilesparse", "tilesparse_t", "torch_bsr", "stk", "flex", "tilesparse_auto", "tilesparse_act24",
+PEER_ORDER = ("tilesparse", "tilesparse_t", "tilesparse_kmajor", "torch_bsr", "stk", "flex", "tilesparse_auto", "tilesparse_act24",
               "tilesparse_atomic", "copy", "read")
 # Rows of these methods are a suite's dense baseline (the 'dense ms' column), not peers.
 BASELINE_METHODS = ("dense", "cudnn", "sdpa", "act_dense")
-METHOD_STYLES = {"tilesparse": ("-", "o"), "tilesparse_t": ("-.", "D"), "torch_bsr": ("--", "s"),
+METHOD_STYLES = {"tilesparse": ("-", "o"), "tilesparse_t": ("-.", "D"), "tilesparse_kmajor": ("-", "v"),
+                 "torch_bsr": ("--", "s"),
                  "stk": (":", "^"), "copy": ((0, (1, 3)), "."), "read": ((0, (1, 3)), "x")}  # line, marker; copy / read:
 # the small suite's same-traffic streams
 
