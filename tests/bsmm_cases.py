@@ -43,13 +43,15 @@ def pairwise(*axes: list[tuple[str, object]]) -> list:
     of interpreter cases; the kernel bugs found so far came from two knobs meeting (orientation
     with a split, a layout class with a step width), which covering every pair catches at a
     fraction of the cost. Deterministic: the same cases, in the same order, on every run."""
+    if not all(axes):
+        raise ValueError("pairwise: every axis needs at least one value")
     combos = list(itertools.product(*(range(len(axis)) for axis in axes)))
 
     def pairs(combo):
         return {(i, combo[i], j, combo[j]) for i, j in itertools.combinations(range(len(combo)), 2)}
 
     uncovered = set().union(*map(pairs, combos))
-    chosen = []
+    chosen = [] if len(axes) > 1 else combos  # (one axis: no pairs; every value)
     while uncovered:
         best = max(combos, key=lambda combo: len(pairs(combo) & uncovered))
         chosen.append(best)

@@ -25,7 +25,8 @@ def test_is_kmajor_and_as_kmajor_on_the_cpu():
 
 
 @pytest.mark.parametrize("op, block_size, m, density, expected", [
-    ("fprop", 16, 64, 0.1, True), ("fprop", 16, 64, 0.03, True), ("fprop", 16, 48, 0.1, True),
+    ("fprop", 16, 64, 0.1, True), ("fprop", 16, 64, 0.03, True), ("fprop", 16, 64, 0.01, False),
+    ("fprop", 16, 48, 0.1, True),
     ("fprop", 16, 48, 0.25, False), ("fprop", 16, 32, 0.03, False), ("fprop", 16, 16, 0.1, True),
     ("fprop", 16, 64, 0.5, False), ("fprop", 16, 8, 0.1, False), ("fprop", 16, 40, 0.1, False),
     ("fprop", 16, 128, 0.1, False), ("bprop", 16, 16, 0.25, False), ("bprop", 16, 32, 0.25, True),

@@ -104,7 +104,6 @@ def main() -> None:
                     row["large_ms"] = kernel_ms(lambda: [K.dds(a, v, meta, None, R, C, trans, large)
                                                          for v in all_values], copies)
                     for name, fields in SMALL_VARIANTS.items():
-                        K.KMAJOR_SMALL = True  # (off only for "autoRowMajor"'s calls)
                         if fields is None:  # "default": the heuristic
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev))
                         elif fields[0] in ("heuristic", "auto"):
@@ -159,19 +158,21 @@ def main() -> None:
                         as_called = copy_of.get(fields[1] if kmajor else None, lambda: x_in)
                         K.KMAJOR_SMALL = not (per_problem and fields[1] == "rowmajor")
                         try:
-                            out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
-                        except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
-                            print("SKIP", op, b, d, m, name, str(exc).splitlines()[0], flush=True)
-                            continue
-                        err = ((out - ref).norm() / ref.norm()).item()
-                        if not err < 1e-2:
-                            print("WRONG", op, b, d, m, name, err, flush=True)
-                            continue
-                        row[name] = kernel_ms(lambda: [K.dds(as_called(), v, meta, None, R, C, trans, cfg)
-                                                       for v in all_values], copies)
+                            try:
+                                out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
+                            except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
+                                print("SKIP", op, b, d, m, name, str(exc).splitlines()[0], flush=True)
+                                continue
+                            err = ((out - ref).norm() / ref.norm()).item()
+                            if not err < 1e-2:
+                                print("WRONG", op, b, d, m, name, err, flush=True)
+                                continue
+                            row[name] = kernel_ms(lambda: [K.dds(as_called(), v, meta, None, R, C, trans, cfg)
+                                                           for v in all_values], copies)
+                        finally:
+                            K.KMAJOR_SMALL = True
                         if per_problem and not kmajor and cfg is not None:  # resolved here (kmajor: a change of
                             row[name + "_config"] = tuned.to_json(cfg)  # input, not of config: nothing to adopt)
-                    K.KMAJOR_SMALL = True
                     if args.auto:
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()

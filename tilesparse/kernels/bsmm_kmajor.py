@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ._device import capability_major
 from .transpose import transpose_contiguous
 
 __all__ = ["is_kmajor", "as_kmajor", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS", "MEASURED_WEIGHT_ELEMENTS"]
@@ -32,7 +33,7 @@ __all__ = ["is_kmajor", "as_kmajor", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS"
 # rows and density 0.25 (55 -> 60: the K-major tiles of 48 rows are slower without the copy too) and
 # for b 32 everywhere but density 0.5 at 64 rows (64.8 -> 57.2).
 KMAJOR_WINS: dict[tuple[str, int], dict[int, tuple[float, float]]] = {
-    ("fprop", 16): {16: (0.055, 0.35), 32: (0.055, 0.35), 48: (0.055, 0.16), 64: (0.0, 0.35)},
+    ("fprop", 16): {16: (0.055, 0.35), 32: (0.055, 0.35), 48: (0.055, 0.16), 64: (0.016, 0.35)},
     ("bprop", 16): {32: (0.055, 0.35), 64: (0.055, 0.16)},
     ("fprop", 32): {64: (0.35, 0.71)},
     ("bprop", 32): {64: (0.35, 0.71)},
@@ -66,9 +67,10 @@ def kmajor_wins(op: str, block_size: int, m: int, density: float) -> bool:
 
 def kmajor_pays(op: str, a: torch.Tensor, block_size: int, density: float, weight_elements: int) -> bool:
     """Whether ``op`` ('fprop' / 'bprop') on activations ``a`` [M, K] runs faster on the small kernel
-    with K-major activations than on the dispatcher's row-major choice: CUDA, 16-bit, ``kmajor_wins``,
-    and either ``a`` K-major already or a weight (``weight_elements`` = N x K) at least as large as the
-    one measured (``MEASURED_WEIGHT_ELEMENTS``), where the gain outweighs the copy."""
-    return (a.is_cuda and a.dtype in _DTYPES and a.dim() == 2
-            and kmajor_wins(op, block_size, a.shape[0], density)
+    with K-major activations than on the dispatcher's row-major choice: a Hopper GPU (the table was
+    measured on the H200; NVIDIA, compute capability 9), 16-bit, ``kmajor_wins``, and either ``a``
+    K-major already or a weight (``weight_elements`` = N x K) at least as large as the one measured
+    (``MEASURED_WEIGHT_ELEMENTS``), where the gain outweighs the copy."""
+    return (a.is_cuda and torch.version.hip is None and a.dtype in _DTYPES and a.dim() == 2
+            and kmajor_wins(op, block_size, a.shape[0], density) and capability_major(a.device) == 9
             and (is_kmajor(a) or weight_elements >= MEASURED_WEIGHT_ELEMENTS))
