@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matmul suites (large, small): the peers timed beside tilesparse and dense "
                         "('none': dense only; default: the suite's, torch_bsr and stk, and in 'small' tilesparse_t: "
                         "fprop with W stored as Wᵀ, and tilesparse_kmajor: fprop / bprop on activations handed "
-                        "over K-major)")
+                        "over K-major, where the dispatcher's K-major table applies)")
     b.add_argument("--autograd-threads", choices=["on", "off"], default="on",
                    help="matmul and LSTM suites: 'off' times every method's step with torch.autograd."
                         "set_multithreading_enabled(False) (backward on the calling thread; at 8192x4096², "

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops as ts_ops
-from ..kernels.bsmm_kmajor import as_kmajor
+from ..kernels.bsmm_kmajor import as_kmajor, kmajor_wins
 from ..layout import BlockLayout
 
 __all__ = ["Operands", "ADAPTERS", "DESCRIPTIONS", "torch_bsr_available", "stk_available"]
@@ -220,6 +220,8 @@ def tilesparse_kmajor(op: str, o: Operands) -> Result:
     here, outside the timed call."""
     if op not in ("fprop", "bprop"):
         return None, "times fprop and bprop only (the products that gather activation tiles per block)"
+    if not kmajor_wins(op, o.layout.block_size, o.x.shape[0], o.layout.density):
+        return None, "times the points of the dispatcher's K-major table only (bsmm_kmajor.KMAJOR_WINS)"
     a = as_kmajor(o.x if op == "fprop" else o.dy)
     values, layout = o.values, o.layout
     return (lambda: ts_ops.dds(a, values, layout, trans_b=op == "fprop")), None
