@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bsmm_cases import dense_of, make_layout, random_values
-from tilesparse import BlockLayout
+from tilesparse import layouts
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_kmajor, bsmm_small
 from tolerances import assert_close
@@ -71,8 +71,7 @@ def test_interpreter_small_kernel_on_kmajor_activations(trans, m, dtype):
 
 
 def _random_layout(block_rows, block_cols, block_size, density, seed):
-    mask = torch.rand(block_rows, block_cols, generator=torch.Generator().manual_seed(seed)) < density
-    return BlockLayout(mask, block_size)
+    return layouts.random(block_rows * block_size, block_cols * block_size, block_size, density, seed=seed)
 
 
 @pytest.mark.gpu

@@ -248,8 +248,8 @@ DESCRIPTIONS = {
         "fprop": "tilesparse.dds(x, values_t, layout.transpose()): W stored as Wᵀ (TransposedBlockSparseLinear)",
     },
     "tilesparse_kmajor": {
-        "fprop": "tilesparse.dds(xk, values, layout, trans_b=True), xk = x.t().contiguous().t() made beforehand",
-        "bprop": "tilesparse.dds(dyk, values, layout), dyk = dy.t().contiguous().t() made beforehand",
+        "fprop": "tilesparse.dds(xk, values, layout, trans_b=True), xk = bsmm_kmajor.as_kmajor(x) made beforehand",
+        "bprop": "tilesparse.dds(dyk, values, layout), dyk = bsmm_kmajor.as_kmajor(dy) made beforehand",
     },
     "dense": {
         "fprop": "torch.matmul(x, w.t())",
