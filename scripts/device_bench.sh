@@ -117,6 +117,10 @@
 #            config where panels are dispatched (defaultKmajor*), b 16 at density 0.5-0.03, M 8-64; b 32 / 64
 #   kmajor43b - the dispatcher's K-major path (bsmm_kmajor) against itself with bsmm.KMAJOR_SMALL off, and
 #            the small kernel behind the tiled transposing copy, b 16 at 16-64 rows (48 too), b 32 at 32-64
+#   kmajor44 - K-major configs of their own (defaultKmajor* overrides: reduction depth, warps, stages, 32-row
+#            tiles, prefetch), b 16 at 16-64 rows; then K-major against row-major on the LSTM's recurrent
+#            weight (W_hh [4H, H], hidden 4096; b 32 / 64 / 16, batch 32); then the small suite's
+#            tilesparse_kmajor rows (b 16 / 32, 16-64 rows)
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -342,6 +346,16 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 120 python3 scripts/probes/small_threshold.py --blocks 32 --densities 0.5 0.25 0.1 --ms 32 64 \
               --variants autoRowMajor autoKmajorTT defaultKmajorTT autoKmajor --auto \
               --out "$OUT/kmajor43b-b32.json" > "$OUT/kmajor43b-b32.log" 2>&1 ;;
+    kmajor44) timeout 220 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.25 0.1 0.03 \
+              --ms 16 32 48 64 --variants autoKmajor defaultKmajor defaultKmajorK32 defaultKmajorK128 \
+              defaultKmajorW2 defaultKmajorW8 defaultKmajorSt6 defaultKmajorM32 defaultKmajorPf \
+              --out "$OUT/kmajor44-b16.json" > "$OUT/kmajor44-b16.log" 2>&1
+            timeout 120 python3 scripts/probes/small_threshold.py --weight 16384x4096 --blocks 32 64 16 \
+              --densities 0.25 0.1 0.03 --ms 32 --variants autoRowMajor autoKmajor defaultKmajor --auto \
+              --out "$OUT/kmajor44-lstm4096.json" > "$OUT/kmajor44-lstm4096.log" 2>&1
+            timeout 150 python3 -m tilesparse bench --suite small --block 16 32 --shape 16x12288x12288 \
+              32x12288x12288 64x12288x12288 --peers tilesparse_kmajor --no-plot --out "$OUT/kmajor-peer" \
+              > "$OUT/bench-kmajor-peer.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

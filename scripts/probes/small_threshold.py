@@ -118,8 +118,11 @@ def main() -> None:
                             elif fields[1] in ("kmajor", "kmajorT", "kmajorTT"):
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # the small kernel's gather only (other kernels read A row-major)
-                                if len(fields) > 2:
-                                    cfg = dataclasses.replace(cfg, num_stages=fields[2])
+                                if len(fields) > 2:  # a stage count, or a dict of fields to replace
+                                    more = fields[2] if isinstance(fields[2], dict) else {"num_stages": fields[2]}
+                                    if more.get("block_m", 0) > m:
+                                        continue  # row tiles taller than the rows
+                                    cfg = dataclasses.replace(cfg, **more)
                             elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread

@@ -351,6 +351,16 @@ ALL_VARIANTS = {
     # does; "autoRowMajor": the dispatcher with bsmm.KMAJOR_SMALL off (the row-major baseline, same run)
     "autoKmajorTT": ("auto", "kmajorTT"), "defaultKmajorTT": ("heuristic", "kmajorTT"),
     "autoRowMajor": ("auto", "rowmajor"),
+    # K-major configs of their own (forty-fourth session: the table's configs were tuned row-major, and the
+    # heuristic beat them by 12 % at b 16 fprop, density 0.1, M 32): reduction depth, warps, stages, row tiles
+    # of 32 at 64 rows (two programs per slice, run together), the step's index loaded ahead
+    "defaultKmajorK32": ("heuristic", "kmajor", {"block_k": 32}),
+    "defaultKmajorK128": ("heuristic", "kmajor", {"block_k": 128, "num_stages": 6}),
+    "defaultKmajorW2": ("heuristic", "kmajor", {"num_warps": 2}),
+    "defaultKmajorW8": ("heuristic", "kmajor", {"num_warps": 8}),
+    "defaultKmajorSt6": ("heuristic", "kmajor", 6),
+    "defaultKmajorM32": ("heuristic", "kmajor", {"block_m": 32, "m_inner": True}),
+    "defaultKmajorPf": ("heuristic", "kmajor", {"prefetch": True}),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
     # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
     "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),
