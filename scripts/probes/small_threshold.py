@@ -109,10 +109,10 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if fields[1] == "stages":
+                            if fields[1] in ("stages", "warps"):
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
-                                cfg = dataclasses.replace(cfg, num_stages=fields[2])
+                                cfg = dataclasses.replace(cfg, **{"num_" + fields[1]: fields[2]})
                             elif fields[1] == "rowmajor":
                                 cfg = None  # the dispatcher itself, with KMAJOR_SMALL off
                             elif fields[1] in ("kmajor", "kmajorT", "kmajorTT"):
@@ -165,6 +165,10 @@ def main() -> None:
                                 out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
                             except OutOfResources as exc:  # e.g. a ring deeper than shared memory holds
                                 print("SKIP", op, b, d, m, name, str(exc).splitlines()[0], flush=True)
+                                continue
+                            except Exception as exc:  # a config the compiler refuses: the sweep goes on
+                                print("FAIL", op, b, d, m, name, type(exc).__name__,
+                                      (str(exc).splitlines() or [""])[0][:200], flush=True)
                                 continue
                             err = ((out - ref).norm() / ref.norm()).item()
                             if not err < 1e-2:

@@ -361,6 +361,12 @@ ALL_VARIANTS = {
     "defaultKmajorSt6": ("heuristic", "kmajor", 6),
     "defaultKmajorM32": ("heuristic", "kmajor", {"block_m": 32, "m_inner": True}),
     "defaultKmajorPf": ("heuristic", "kmajor", {"prefetch": True}),
+    # fewer warps per program (forty-fourth session: 2 warps beat 4 at every b 16 K-major point, 5-28 %; the
+    # small kernel had only ever run 4 or 8): the dispatcher's / heuristic's config row-major, and K-major
+    "autoW1": ("auto", "warps", 1), "autoW2": ("auto", "warps", 2),
+    "defaultW1": ("heuristic", "warps", 1), "defaultW2": ("heuristic", "warps", 2),
+    "defaultKmajorW1": ("heuristic", "kmajor", {"num_warps": 1}),
+    "defaultKmajorW2St12": ("heuristic", "kmajor", {"num_warps": 2, "num_stages": 12}),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
     # session: never timed since the slot fix; 6-12 stages, 8 splits, G 16 and 128-deep steps all lost)
     "pG8m32w8st6x4e4SF": ("panel", 8, 32, 8, 6, 8, 4, 4, True, True),
