@@ -123,6 +123,9 @@
 #            tilesparse_kmajor rows (b 16 / 32, 16-64 rows)
 #   warps44 - the small kernel at 1 / 2 warps per program (it had only run 4 or 8), row-major (the dispatcher's
 #            and the heuristic's config) and K-major, b 16 at 1-64 rows, then b 32-128 row-major
+#   kmajor45 - after 2 warps went into the heuristic and K-major took the heuristic's config: the dispatcher
+#            (auto) against itself with K-major off (autoRowMajor) and the small kernel behind the tiled copy
+#            (defaultKmajorTT) / on K-major inputs (defaultKmajor), b 16 at 16-64 rows, b 32 at 16-64
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -364,6 +367,12 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 280 python3 scripts/probes/small_threshold.py --blocks 32 64 128 --densities 0.5 0.25 0.1 0.03 \
               --ms 1 16 32 64 --variants autoW1 autoW2 defaultW2 defaultKmajorW2 --auto \
               --out "$OUT/warps44-b32-128.json" > "$OUT/warps44-b32-128.log" 2>&1 ;;
+    kmajor45) timeout 220 python3 scripts/probes/small_threshold.py --blocks 16 --densities 0.5 0.25 0.1 0.03 \
+              --ms 16 32 48 64 --variants autoRowMajor defaultKmajorTT defaultKmajor --auto \
+              --out "$OUT/kmajor45-b16.json" > "$OUT/kmajor45-b16.log" 2>&1
+            timeout 120 python3 scripts/probes/small_threshold.py --blocks 32 --densities 0.5 0.25 0.1 --ms 16 32 64 \
+              --variants autoRowMajor defaultKmajorTT defaultKmajor --auto \
+              --out "$OUT/kmajor45-b32.json" > "$OUT/kmajor45-b32.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

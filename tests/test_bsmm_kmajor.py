@@ -37,6 +37,15 @@ def test_kmajor_wins_reads_the_measured_table(op, block_size, m, density, expect
     assert bsmm_kmajor.kmajor_wins(op, block_size, m, density) is expected
 
 
+@pytest.mark.parametrize("m, block_size", [(16, 16), (32, 16), (48, 16), (64, 16), (64, 32)])
+def test_kmajor_config_is_the_heuristics_not_the_tables(monkeypatch, m, block_size):
+    # the table's entries were tuned row-major; K-major runs the heuristic's tile (2 warps unswapped)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kw: pytest.fail("K-major asked the table"))
+    cfg = bsmm_kmajor.kmajor_config(m, block_size, torch.bfloat16, 228 << 10)
+    assert cfg == bsmm_small.small_config(m, block_size, torch.bfloat16, 228 << 10)
+    assert cfg.num_warps == (4 if cfg.swap else 2)
+
+
 BIG = bsmm_kmajor.MEASURED_WEIGHT_ELEMENTS
 
 

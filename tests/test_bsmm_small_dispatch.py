@@ -210,6 +210,17 @@ def test_m_65_to_512_takes_wide_slices_with_the_row_tiles_inner(block_size):
     assert not bsmm_small.small_config(100, 48, torch.bfloat16).m_inner  # 48 on a 64-wide tile: not timed
 
 
+@pytest.mark.parametrize("m, block_size, dtype, warps", [
+    (1, 32, torch.bfloat16, 2), (16, 128, torch.float16, 2), (32, 16, torch.bfloat16, 2), (64, 16, torch.bfloat16, 2),
+    (64, 32, torch.bfloat16, 4),  # swapped: wgmma needs the four warps of a warpgroup
+    (1, 32, torch.float32, 4), (32, 64, torch.float32, 4),  # fp32 not measured at 2
+])
+def test_the_heuristic_runs_two_warps_for_16_bit_slices_unswapped(m, block_size, dtype, warps):
+    # H200 sweeps at 4d956ce (warps44): 2 warps 2-9 % faster than 4 at one row, b 32-128, none slower
+    cfg = bsmm_small.small_config(m, block_size, dtype)
+    assert cfg.num_warps == warps and cfg.swap == (warps == 4 and dtype != torch.float32)
+
+
 def test_which_kernel_runs_without_a_measured_config():
     use = kernels.use_small_kernel
     assert all(use(64, b, dt) for b in (16, 32, 64, 128) for dt in (torch.float32, torch.bfloat16))

@@ -253,8 +253,8 @@ def dds(
                          "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
     if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density,
                                                                 block_rows * block_cols * b * b):
-        if not isinstance(config, bsmm_small.SmallConfig):  # (the table's panel, say)
-            config = bsmm_small.small_config(m, b, a.dtype, shared_memory_bytes(a.device))
+        # (the table's entries were tuned on row-major activations: K-major takes its own config)
+        config = bsmm_kmajor.kmajor_config(m, b, a.dtype, shared_memory_bytes(a.device))
         a = bsmm_kmajor.as_kmajor(a)
     if isinstance(config, bsmm_resident.ResidentConfig):
         why = bsmm_resident.resident_supported(a, values, c, trans, config)

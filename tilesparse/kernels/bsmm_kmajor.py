@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import torch
 
+from . import bsmm_small
 from ._device import capability_major
 from .transpose import transpose_contiguous
 
-__all__ = ["is_kmajor", "as_kmajor", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS", "MEASURED_WEIGHT_ELEMENTS"]
+__all__ = ["is_kmajor", "as_kmajor", "kmajor_config", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS",
+           "MEASURED_WEIGHT_ELEMENTS"]
 
 # (op, block size) -> {rows: (lowest density, highest density)} where the dispatcher's small kernel on
 # K-major activations, the tiled transposing copy included (2.5-4 µs at W 12288²), beat its row-major
@@ -74,3 +76,13 @@ def kmajor_pays(op: str, a: torch.Tensor, block_size: int, density: float, weigh
     return (a.is_cuda and torch.version.hip is None and a.dtype in _DTYPES and a.dim() == 2
             and kmajor_wins(op, block_size, a.shape[0], density) and capability_major(a.device) == 9
             and (is_kmajor(a) or weight_elements >= MEASURED_WEIGHT_ELEMENTS))
+
+
+def kmajor_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int) -> bsmm_small.SmallConfig:
+    """The small kernel's config on K-major activations: the heuristic's, not the tuned table's (whose
+    entries were measured on row-major activations). On the H200 (forty-fourth session, W 12288², b 16,
+    activations already K-major, same run, ``...-small-kmajor44-b16-40de382.json``) the table's configs
+    were no faster than the heuristic's and up to 12 % slower; and the heuristic's 2 warps (16-bit, not
+    swapped) beat 4 at all 24 points, by 5-28 % (fprop density 0.1, M 64 22.2 -> 19.3 µs; bprop density
+    0.25, M 16 34.4 -> 24.7), 1 warp within 0-4 % of 2 (``...-small-warps44-b16-4d956ce.json``)."""
+    return bsmm_small.small_config(m, block_size, dtype, smem_bytes)
