@@ -29,8 +29,9 @@ def test_is_kmajor_and_as_kmajor_on_the_cpu():
     ("fprop", 16, 48, 0.1, True),
     ("fprop", 16, 48, 0.25, False), ("fprop", 16, 32, 0.03, False), ("fprop", 16, 16, 0.1, True),
     ("fprop", 16, 64, 0.5, False), ("fprop", 16, 8, 0.1, False), ("fprop", 16, 40, 0.1, False),
-    ("fprop", 16, 128, 0.1, False), ("bprop", 16, 16, 0.25, False), ("bprop", 16, 32, 0.25, True),
-    ("bprop", 16, 64, 0.25, False), ("fprop", 32, 64, 0.5, True), ("fprop", 32, 64, 0.25, False),
+    ("fprop", 16, 128, 0.1, False), ("bprop", 16, 16, 0.25, True), ("bprop", 16, 16, 0.1, False),
+    ("bprop", 16, 32, 0.25, True), ("bprop", 16, 64, 0.25, True), ("bprop", 16, 64, 0.5, False),
+    ("fprop", 16, 16, 0.5, True), ("fprop", 16, 32, 0.5, False), ("fprop", 32, 64, 0.5, True), ("fprop", 32, 64, 0.25, False),
     ("fprop", 32, 32, 0.5, False), ("fprop", 64, 64, 0.25, False), ("fprop", 128, 64, 0.1, False),
 ])
 def test_kmajor_wins_reads_the_measured_table(op, block_size, m, density, expected):
