@@ -109,7 +109,11 @@ def main() -> None:
                         elif fields[0] in ("heuristic", "auto"):
                             cfg = S.small_config(m, b, dt, K.shared_memory_bytes(dev)) if fields[0] == "heuristic" \
                                 else dispatched_small_config(op, m, b, layout.nnz / (R * C), dev, R, C)
-                            if fields[1] in ("stages", "warps"):
+                            if fields[1] == "kwarps":  # the deep panel's / FMA kernel's warps
+                                if not isinstance(cfg, (P.PanelConfig, GV.GemvConfig)):
+                                    continue  # (the small kernel's: "warps")
+                                cfg = dataclasses.replace(cfg, num_warps=fields[2])
+                            elif fields[1] in ("stages", "warps"):
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, **{"num_" + fields[1]: fields[2]})

@@ -365,6 +365,8 @@ ALL_VARIANTS = {
     # small kernel had only ever run 4 or 8): the dispatcher's / heuristic's config row-major, and K-major
     "autoW1": ("auto", "warps", 1), "autoW2": ("auto", "warps", 2),
     "defaultW1": ("heuristic", "warps", 1), "defaultW2": ("heuristic", "warps", 2),
+    # ... and the dispatcher's deep panel / FMA kernel at 1 / 2 / 8 warps (same argument: few rows per program)
+    "autoKW1": ("auto", "kwarps", 1), "autoKW2": ("auto", "kwarps", 2), "autoKW8": ("auto", "kwarps", 8),
     "defaultKmajorW1": ("heuristic", "kmajor", {"num_warps": 1}),
     "defaultKmajorW2St12": ("heuristic", "kmajor", {"num_warps": 2, "num_stages": 12}),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
