@@ -127,7 +127,8 @@
 #            (auto) against itself with K-major off (autoRowMajor) and the small kernel behind the tiled copy
 #            (defaultKmajorTT) / on K-major inputs (defaultKmajor), b 16 at 16-64 rows, b 32 at 16-64
 #   warps45 - the deep panel and the FMA kernel at 1 / 2 / 8 warps (b 16, 2-8 rows); the small kernel at 1 / 2
-#            warps where warps44 did not reach (b 32-128 at 8 rows, density 0.05)
+#            warps where warps44 did not reach (b 32-128 at 8 rows, density 0.05); b 32-128 at 48-64 rows unswapped
+#            at 2 / 4 warps and as two 32-row programs per slice (the swapped wgmma tile needs 4 warps)
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -379,7 +380,10 @@ for step in ${STEPS:-large dtypes graph}; do
               --ms 2 4 8 --variants autoKW1 autoKW2 autoKW8 autoW1 autoW2 --auto \
               --out "$OUT/warps45-b16.json" > "$OUT/warps45-b16.log" 2>&1
             timeout 80 python3 scripts/probes/small_threshold.py --blocks 32 64 128 --densities 0.05 --ms 8 16 32 \
-              --variants autoW1 autoW2 --auto --out "$OUT/warps45-d005.json" > "$OUT/warps45-d005.log" 2>&1 ;;
+              --variants autoW1 autoW2 --auto --out "$OUT/warps45-d005.json" > "$OUT/warps45-d005.log" 2>&1
+            timeout 100 python3 scripts/probes/small_threshold.py --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 48 64 \
+              --variants defaultNoSwapW2 defaultNoSwapW4 defaultM32W2 --auto \
+              --out "$OUT/warps45-m64.json" > "$OUT/warps45-m64.log" 2>&1 ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \
               32x4096x4096 64x4096x4096 --out "$OUT/small-4096-a" --no-plot > "$OUT/bench-small-4096-a.log" 2>&1
             timeout 290 python3 -m tilesparse bench --suite small --shape 128x4096x4096 256x4096x4096 \

@@ -117,6 +117,10 @@ def main() -> None:
                                 if not isinstance(cfg, S.SmallConfig):
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, **{"num_" + fields[1]: fields[2]})
+                            elif fields[1] == "set":  # the heuristic's config with fields replaced, row-major
+                                if not isinstance(cfg, S.SmallConfig) or fields[2].get("block_m", 0) > max(m, 16):
+                                    continue
+                                cfg = dataclasses.replace(cfg, **fields[2])
                             elif fields[1] == "rowmajor":
                                 cfg = None  # the dispatcher itself, with KMAJOR_SMALL off
                             elif fields[1] in ("kmajor", "kmajorT", "kmajorTT"):

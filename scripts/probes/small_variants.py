@@ -367,6 +367,11 @@ ALL_VARIANTS = {
     "defaultW1": ("heuristic", "warps", 1), "defaultW2": ("heuristic", "warps", 2),
     # ... and the dispatcher's deep panel / FMA kernel at 1 / 2 / 8 warps (same argument: few rows per program)
     "autoKW1": ("auto", "kwarps", 1), "autoKW2": ("auto", "kwarps", 2), "autoKW8": ("auto", "kwarps", 8),
+    # ... and at 33-64 rows, b >= 32, where the swapped wgmma tile keeps 4 warps: unswapped 32-wide slices at
+    # 2 / 4 warps, or two 32-row programs per slice run together (each at 2 warps)
+    "defaultNoSwapW2": ("heuristic", "set", {"swap": False, "num_warps": 2}),
+    "defaultNoSwapW4": ("heuristic", "set", {"swap": False, "num_warps": 4}),
+    "defaultM32W2": ("heuristic", "set", {"swap": False, "num_warps": 2, "block_m": 32, "m_inner": True}),
     "defaultKmajorW1": ("heuristic", "kmajor", {"num_warps": 1}),
     "defaultKmajorW2St12": ("heuristic", "kmajor", {"num_warps": 2, "num_stages": 12}),
     # two warpgroups (64 features each as the wgmma's M side) and 2-3 splits at 32-64 rows (forty-second
