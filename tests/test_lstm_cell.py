@@ -93,10 +93,16 @@ def test_cell_kernels_write_into_strided_buffers_and_stay_in_bounds_interpreter(
     sentinel = 7.0
     big = {name: torch.full((B + 2, width + 8), sentinel) for name, width in
            (("h", H), ("c", H), ("acts", 4 * H), ("dgates", 4 * H), ("dc", H))}
+    big_ht = torch.full((H + 2, B + 8), sentinel)  # h^T [H, B], row stride B + 8
     view = {name: t[1:B + 1, 4:t.shape[1] - 4] for name, t in big.items()}
     gates_strided = torch.zeros(B, 8 * H)[:, :4 * H].copy_(inp["gates"])  # row stride 8H
     lstm_cell.lstm_cell_forward_triton(gates_strided, inp["c_prev"], gates_add=inp["gates_add"],
-                                       h_out=view["h"], c_out=view["c"], acts_out=view["acts"])
+                                       h_out=view["h"], c_out=view["c"], acts_out=view["acts"],
+                                       ht_out=big_ht[1:H + 1, 4:4 + B])
+    assert torch.equal(big_ht[1:H + 1, 4:4 + B], view["h"].t())  # the same values, transposed
+    outside_ht = big_ht.clone()
+    outside_ht[1:H + 1, 4:4 + B] = sentinel
+    assert torch.all(outside_ht == sentinel), "ht: the kernel wrote outside its slice"
     lstm_cell.lstm_cell_backward_triton(inp["dh"], inp["dc_next"], view["acts"], view["c"], inp["c_prev"],
                                         dgates_out=view["dgates"], dc_prev_out=view["dc"])
     ref_h, ref_c, ref_acts = lstm_cell.lstm_cell_forward_reference(_f64(inp["gates"]), _f64(inp["c_prev"]),
@@ -123,6 +129,15 @@ def test_cell_launcher_argument_errors():
         lstm_cell.lstm_cell_forward_triton(g.double())
     with pytest.raises(ValueError, match="h_out must be a \\(2, 4\\) buffer"):
         lstm_cell.lstm_cell_forward_triton(g, h_out=torch.empty(4, 2).t())
+    with pytest.raises(ValueError, match="ht_out must be a \\(4, 2\\) buffer"):
+        lstm_cell.lstm_cell_forward_triton(g, ht_out=torch.empty(2, 4))
+
+
+def test_cell_reference_dispatch_writes_h_transposed():
+    inp = _cell_inputs(3, 8, torch.float32)
+    ht = torch.full((8, 3), float("nan"))
+    h, _, _ = lstm_cell.lstm_cell_forward(inp["gates"], inp["c_prev"], ht_out=ht)
+    assert torch.equal(ht, h.t())
 
 
 @pytest.mark.gpu
@@ -131,7 +146,9 @@ def test_cell_launcher_argument_errors():
 def test_cell_kernels_gpu(dtype, batch, hidden):
     """The dispatching entry points pick the compiled Triton kernels on CUDA."""
     inp = _cell_inputs(batch, hidden, dtype, "cuda")
-    h, c, acts = lstm_cell.lstm_cell_forward(inp["gates"], inp["c_prev"], gates_add=inp["gates_add"])
+    ht = torch.full((hidden, batch), float("nan"), device="cuda", dtype=dtype)
+    h, c, acts = lstm_cell.lstm_cell_forward(inp["gates"], inp["c_prev"], gates_add=inp["gates_add"], ht_out=ht)
+    assert torch.equal(ht, h.t())  # h^T for a K-major recurrent product: the same values
     ref_h, ref_c, ref_acts = lstm_cell.lstm_cell_forward_reference(_f64(inp["gates"]), _f64(inp["c_prev"]),
                                                                    gates_add=_f64(inp["gates_add"]))
     assert h.device.type == "cuda"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tilesparse import BlockLayout, BlockSparseLSTM, layouts
-from tilesparse.kernels import lstm_cell
+from tilesparse.kernels import bsmm_kmajor, lstm_cell
 from tilesparse.ops import bsmm
 from tilesparse.ops.lstm import lstm_sequence
 
@@ -236,3 +236,50 @@ def test_sequence_with_triton_cells_matches_dense_interpreter(monkeypatch, batch
         assert_close(module.weight_ih.grad, dense.weight_ih_l0.grad, torch.float32, "grad W_ih")
         module.zero_grad()
         dense.zero_grad()
+
+
+def _recurrent_inputs(monkeypatch):
+    """Spy on the forward's recurrent products: whether each one's activations came K-major."""
+    seen = []
+    real = bsmm._dds_impl
+    monkeypatch.setattr(bsmm, "_dds_impl", lambda a, *rest: (seen.append(bsmm_kmajor.is_kmajor(a)), real(a, *rest))[1]
+                        if rest[-1] else real(a, *rest))  # (trans: the forward's h W_hh^T; bprop not counted)
+    return seen
+
+
+@pytest.mark.parametrize("states", ["", "h0+c0"], ids=["none", "both"])
+def test_the_cell_hands_the_next_product_h_transposed_where_k_major_pays(monkeypatch, states):
+    # Where bsmm_kmajor says K-major activations pay (b 16 on Hopper; forced here), the cell writes h^T
+    # and every recurrent product but one on the caller's h0 reads it, no copy; the values and every
+    # gradient are those of the dense recurrence (the cell reference writes h^T on the CPU).
+    monkeypatch.setattr(bsmm_kmajor, "kmajor_inputs_pay", lambda *args: True)
+    seen = _recurrent_inputs(monkeypatch)
+    layout, xproj, values, h0, c0 = _sequence_case(5, 16, 32, 16, states)
+    out, h_n, c_n = lstm_sequence(xproj, values, layout, h0, c0)
+    assert seen == ([False] if h0 is not None else []) + [True] * 4
+    ref_out, ref_h, ref_c = _dense_recurrence(xproj.detach(), layout.to_dense(values.detach()),
+                                              None if h0 is None else h0.detach(), None if c0 is None else c0.detach())
+    for name, a, b in (("output", out, ref_out), ("h_n", h_n, ref_h), ("c_n", c_n, ref_c)):
+        assert_close(a, b, F64, name)
+    leaves = [t for t in (xproj, values, h0, c0) if t is not None]
+    grads = torch.autograd.grad(out.square().sum() + c_n.sum(), leaves)
+    monkeypatch.setattr(bsmm_kmajor, "kmajor_inputs_pay", lambda *args: False)  # the row-major run
+    seen.clear()
+    out_rm, _, c_rm = lstm_sequence(xproj, values, layout, h0, c0)
+    assert not any(seen)
+    for g, g_rm in zip(grads, torch.autograd.grad(out_rm.square().sum() + c_rm.sum(), leaves)):
+        assert_close(g, g_rm, F64, "gradient, K-major against row-major products")
+
+
+def test_no_transposed_h_for_one_step_or_with_k_major_off(monkeypatch):
+    monkeypatch.setattr(bsmm_kmajor, "kmajor_inputs_pay", lambda *args: True)
+    seen = _recurrent_inputs(monkeypatch)
+    layout, xproj, values, h0, _ = _sequence_case(1, 16, 32, 16, "h0")
+    lstm_sequence(xproj, values, layout, h0)
+    assert seen == [False]  # one step: the only product reads h0
+    from tilesparse.kernels import bsmm as kernels
+    monkeypatch.setattr(kernels, "KMAJOR_SMALL", False)
+    seen.clear()
+    layout, xproj, values, _, _ = _sequence_case(3, 16, 32, 16, "")
+    lstm_sequence(xproj, values, layout)
+    assert seen == [False, False]

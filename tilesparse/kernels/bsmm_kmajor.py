@@ -24,8 +24,8 @@ from . import bsmm_small
 from ._device import capability_major
 from .transpose import transpose_contiguous
 
-__all__ = ["is_kmajor", "as_kmajor", "kmajor_config", "kmajor_wins", "kmajor_pays", "KMAJOR_WINS",
-           "MEASURED_WEIGHT_ELEMENTS"]
+__all__ = ["is_kmajor", "as_kmajor", "kmajor_config", "kmajor_wins", "kmajor_pays", "kmajor_inputs_pay",
+           "KMAJOR_WINS", "MEASURED_WEIGHT_ELEMENTS"]
 
 # (op, block size) -> {rows: (lowest density, highest density)} where the dispatcher's small kernel on
 # K-major activations, the tiled transposing copy included (2.5-4 µs at W 12288²), beat its row-major
@@ -76,9 +76,17 @@ def kmajor_pays(op: str, a: torch.Tensor, block_size: int, density: float, weigh
     measured on the H200; NVIDIA, compute capability 9), 16-bit, ``kmajor_wins``, and either ``a``
     K-major already or a weight (``weight_elements`` = N x K) at least as large as the one measured
     (``MEASURED_WEIGHT_ELEMENTS``), where the gain outweighs the copy."""
-    return (a.is_cuda and torch.version.hip is None and a.dtype in _DTYPES and a.dim() == 2
-            and kmajor_wins(op, block_size, a.shape[0], density) and capability_major(a.device) == 9
+    return (a.dim() == 2 and kmajor_inputs_pay(op, a.device, a.dtype, a.shape[0], block_size, density)
             and (is_kmajor(a) or weight_elements >= MEASURED_WEIGHT_ELEMENTS))
+
+
+def kmajor_inputs_pay(op: str, device: torch.device, dtype: torch.dtype, m: int, block_size: int,
+                      density: float) -> bool:
+    """Whether ``op`` on ``m`` rows of activations handed over K-major (no copy) runs faster than on
+    row-major ones: a Hopper GPU (NVIDIA, compute capability 9), 16-bit, and ``kmajor_wins``. For a
+    producer that can write its output transposed as cheaply as not (the LSTM cell's h)."""
+    return (device.type == "cuda" and torch.version.hip is None and dtype in _DTYPES
+            and kmajor_wins(op, block_size, m, density) and capability_major(device) == 9)
 
 
 def kmajor_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int) -> bsmm_small.SmallConfig:

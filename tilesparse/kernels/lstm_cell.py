@@ -106,15 +106,16 @@ def _store_gates(ptr, H, mask, i, f, g, o):
 
 @triton.jit
 def _lstm_cell_fwd_kernel(
-    g_ptr, g2_ptr, cp_ptr, h_ptr, c_ptr, acts_ptr,
+    g_ptr, g2_ptr, cp_ptr, h_ptr, c_ptr, acts_ptr, ht_ptr,
     B, H,
-    stride_g, stride_g2, stride_cp, stride_h, stride_c, stride_acts,
-    HAS_G2: tl.constexpr, HAS_C_PREV: tl.constexpr, SAVE_ACTS: tl.constexpr,
+    stride_g, stride_g2, stride_cp, stride_h, stride_c, stride_acts, stride_ht,
+    HAS_G2: tl.constexpr, HAS_C_PREV: tl.constexpr, SAVE_ACTS: tl.constexpr, WRITE_HT: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     """Program (pid_b, pid_h) does rows [pid_b*BLOCK_B, +BLOCK_B) and hidden units
     [pid_h*BLOCK_H, +BLOCK_H) of one step. Every tensor is [rows, cols] with the given
-    row stride and unit column stride; gate k of unit j is column k*H + j. PDL: the
+    row stride and unit column stride; gate k of unit j is column k*H + j; ``ht`` (WRITE_HT)
+    is h transposed, [H, B] with row stride ``stride_ht`` (unit j's row). PDL: the
     programmatic-dependent-launch mode (``tilesparse.kernels._pdl``; no main loop here,
     so mode 2 never signals early)."""
     wait_for_previous_kernel(PDL)
@@ -140,6 +141,8 @@ def _lstm_cell_fwd_kernel(
 
     tl.store(c_ptr + r * stride_c + j, c.to(c_ptr.dtype.element_ty), mask=mask)
     tl.store(h_ptr + r * stride_h + j, h.to(h_ptr.dtype.element_ty), mask=mask)
+    if WRITE_HT:  # h^T: the next step's recurrent product reads it K-major (bsmm_kmajor)
+        tl.store(ht_ptr + j.to(tl.int64) * stride_ht + r, h.to(ht_ptr.dtype.element_ty), mask=mask)
     if SAVE_ACTS:
         _store_gates(acts_ptr + r * stride_acts + j, H, mask, i, f, gg, o)
 
@@ -237,11 +240,13 @@ def lstm_cell_forward_triton(
     c_out: torch.Tensor | None = None,
     acts_out: torch.Tensor | None = None,
     save_acts: bool = True,
+    ht_out: torch.Tensor | None = None,
 ):
     """Launch the forward kernel: returns (h [B, H], c [B, H], acts [B, 4H] or None).
 
     ``gates`` [B, 4H] pre-activations (+ ``gates_add`` of the same shape); ``c_prev``
-    [B, H] or None for a zero state. All operands share one dtype (fp16/bf16/fp32)."""
+    [B, H] or None for a zero state. All operands share one dtype (fp16/bf16/fp32).
+    ``ht_out`` [H, B]: also write h transposed there (for a K-major recurrent product)."""
     batch, hidden = _check_gates(gates)
     gates = _operand(gates, "gates", batch, 4 * hidden)
     gates_add = _operand(gates_add, "gates_add", batch, 4 * hidden, gates.dtype)
@@ -250,18 +255,19 @@ def lstm_cell_forward_triton(
     c = _out(c_out, "c_out", batch, hidden, gates)
     save_acts = save_acts or acts_out is not None
     acts = _out(acts_out, "acts_out", batch, 4 * hidden, gates) if save_acts else None
+    ht = _out(ht_out, "ht_out", hidden, batch, gates) if ht_out is not None else None
     if batch == 0 or hidden == 0:
         return h, c, acts
     block_b, block_h, grid = _tiles(batch, hidden)
     launch(_lstm_cell_fwd_kernel, grid,
         gates, gates if gates_add is None else gates_add, gates if c_prev is None else c_prev,
-        h, c, h if acts is None else acts,
+        h, c, h if acts is None else acts, h if ht is None else ht,
         batch, hidden,
         gates.stride(0), 0 if gates_add is None else gates_add.stride(0),
         0 if c_prev is None else c_prev.stride(0), h.stride(0), c.stride(0),
-        0 if acts is None else acts.stride(0),
+        0 if acts is None else acts.stride(0), 0 if ht is None else ht.stride(0),
         HAS_G2=gates_add is not None, HAS_C_PREV=c_prev is not None, SAVE_ACTS=acts is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h),
+        WRITE_HT=ht is not None, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h),
     )
     return h, c, acts
 
@@ -386,16 +392,18 @@ def _into(out: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor 
 
 
 def lstm_cell_forward(
-    gates, c_prev=None, *, gates_add=None, h_out=None, c_out=None, acts_out=None, save_acts=True,
+    gates, c_prev=None, *, gates_add=None, h_out=None, c_out=None, acts_out=None, save_acts=True, ht_out=None,
 ):
     """One step of the cell forward: the Triton kernel on CUDA (fp16/bf16/fp32), the
     PyTorch reference on the CPU and for float64. Returns (h, c, acts or None), written
-    into ``h_out`` / ``c_out`` / ``acts_out`` when given."""
+    into ``h_out`` / ``c_out`` / ``acts_out`` when given; with ``ht_out`` [H, B], h^T too."""
     if _use_triton(gates):
         return lstm_cell_forward_triton(gates, c_prev, gates_add=gates_add, h_out=h_out, c_out=c_out,
-                                        acts_out=acts_out, save_acts=save_acts)
+                                        acts_out=acts_out, save_acts=save_acts, ht_out=ht_out)
     save_acts = save_acts or acts_out is not None
     h, c, acts = lstm_cell_forward_reference(gates, c_prev, gates_add=gates_add, save_acts=save_acts)
+    if ht_out is not None:
+        _into(_out(ht_out, "ht_out", h.shape[1], h.shape[0], h), h.t())
     return _into(h_out, h), _into(c_out, c), _into(acts_out, acts)
 
 

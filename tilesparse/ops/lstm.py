@@ -7,7 +7,9 @@ gradients. This Function instead
 
 * forward, t = 0..T-1: gates_t = xproj_t + h_{t-1} W_hh^T (one ``dds`` per step; the
   input projection xproj [T, B, 4H] of all steps is computed before, in one large
-  product) and the fused cell (one launch per step), saving the outputs (whose rows
+  product; where the product runs faster on K-major activations, b 16 on Hopper, the cell
+  also writes h^T and the next step's product reads that, with no transposing copy)
+  and the fused cell (one launch per step), saving the outputs (whose rows
   are h_{t-1} of the next steps, so H_prev_all is a [T*B, H] view of them, or one copy
   with h0 in front when h0 is given), the cell states and the activated gates;
 * backward, t = T-1..0: the fused cell backward gives dgates_t, written into one
@@ -29,6 +31,8 @@ import torch
 
 from .. import _checks
 from ..kernels._alloc import new_output
+from ..kernels import bsmm as _kernels  # (its KMAJOR_SMALL switch, read at call time)
+from ..kernels import bsmm_kmajor
 from ..kernels.lstm_cell import lstm_cell_backward, lstm_cell_forward
 from ..layout import BlockLayout
 from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
@@ -42,6 +46,18 @@ def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
     return new_output(*shape, dtype=like.dtype, device=like.device)
 
 
+def _transposed_h(xproj, weight, rows, cols):
+    """A [H, B] buffer for the cell to write each step's h^T into, where the recurrent product runs
+    faster on K-major activations (``bsmm_kmajor.kmajor_inputs_pay``: b 16 at 16-64 rows on Hopper,
+    16-bit; the cell writes h^T for the cost of a second small store, no transposing copy); else None."""
+    steps, batch, gates_width = xproj.shape
+    density = weight.shape[0] / max(1, rows * cols)
+    if steps < 2 or not _kernels.KMAJOR_SMALL or not bsmm_kmajor.kmajor_inputs_pay(
+            "fprop", xproj.device, xproj.dtype, batch, weight.shape[-1], density):
+        return None
+    return _buffer(xproj, gates_width // 4, batch)
+
+
 def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
     """The time loop. Returns (out [T, B, H], cbuf, acts): out[t] is step t's h; with
     ``save``, cbuf [T+1, B, H] holds c0 (zeros when absent) then every step's c, and acts
@@ -49,6 +65,7 @@ def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
     steps, batch, gates_width = xproj.shape
     hidden = gates_width // 4
     out = _buffer(xproj, steps, batch, hidden)
+    ht = _transposed_h(xproj, weight, rows, cols)  # one buffer: step t + 1's product reads it before the cell rewrites it
     if save:
         cbuf = _buffer(xproj, steps + 1, batch, hidden)
         cbuf[0] = 0 if c0 is None else c0
@@ -60,12 +77,14 @@ def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
         if h is None:  # h_{-1} = 0: no recurrent product
             gates, gates_add = xproj[0], None
         else:
-            gates = _bsmm._dds_impl(h, weight, meta, None, rows, cols, True)
+            h_in = ht.t() if ht is not None and t > 0 else h  # (h0 is the caller's, row-major)
+            gates = _bsmm._dds_impl(h_in, weight, meta, None, rows, cols, True)
             gates_add = xproj[t]
         c_prev = None if c is None else (cbuf[t] if save else c)
         h, c, _ = lstm_cell_forward(
             gates, c_prev, gates_add=gates_add, h_out=out[t],
             c_out=cbuf[t + 1] if save else None, acts_out=acts[t] if save else None, save_acts=save,
+            ht_out=ht if t < steps - 1 else None,
         )
     if not save:
         cbuf = c.unsqueeze(0)
