@@ -135,3 +135,16 @@ def test_gpu_kmajor_leaves_a_callers_config_other_rows_and_small_weights_alone(m
     monkeypatch.setattr(bsmm_kmajor, "MEASURED_WEIGHT_ELEMENTS", 768 * 640)
     kernels.dds(a64, values, meta, None, 48, 40, True)
     assert copies == [(64, 640)]
+
+
+@pytest.mark.parametrize("value, expected", [("off", False), (None, True)])
+def test_tilesparse_kmajor_environment_sets_the_switch_at_import(value, expected):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TILESPARSE_KMAJOR"}
+    if value is not None:
+        env["TILESPARSE_KMAJOR"] = value
+    code = "import tilesparse.kernels.bsmm as b; print(b.KMAJOR_SMALL)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(expected)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import torch
 import triton
@@ -161,8 +162,9 @@ TILED_TF32_COPIES = True
 # The small kernel on K-major activations where bsmm_kmajor.KMAJOR_WINS measured it faster than the
 # row-major choice, the transposing copy included (b 16 / 32, 16-64 rows, 16-bit, CUDA, weights at least
 # 12288² unless the activations are K-major already; only where the dispatcher chooses the config).
-# False: the row-major dispatch (the sweeps' baseline).
-KMAJOR_SMALL = True
+# False: the row-major dispatch (the sweeps' baseline); the environment's TILESPARSE_KMAJOR=off (read at
+# import) sets it, for A/B runs of whole suites (the LSTM's h^T written by its cell follows it too).
+KMAJOR_SMALL = os.environ.get("TILESPARSE_KMAJOR", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
 def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:
