@@ -3,7 +3,7 @@
 A sweep of ``scripts/probes/small_threshold.py`` with the variants ``autoW1`` / ``autoW2`` times the
 dispatcher's own config (``auto``) and the same config at 1 / 2 warps, in one run. For every row where
 the dispatcher ran a shipped ``small`` entry on row-major activations (the row's ``autoW*_config`` is
-that entry with its warps replaced), the entry takes the fastest warp count when it beat the entry's
+that entry with its warps replaced, and ``auto`` did not take the K-major path), the entry takes the fastest warp count when it beat the entry's
 own time by more than ``--margin`` (noise); its ``small_ms`` becomes the measured time and ``source``
 names the sweep. Entries the sweep did not reach are left alone.
 
@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from tilesparse.kernels import tuned
+from tilesparse.kernels import bsmm_kmajor, tuned
 
 TABLE = Path(__file__).resolve().parents[1] / "tilesparse" / "kernels" / "tuned" / "nvidia-h200.json"
 
@@ -29,7 +29,7 @@ def _keys(gpu: str, op: str, block: int, m: int, density: float, weight: str) ->
 
 
 def _without_warps(config: dict):
-    """The config a JSON object names, its warps set to 0 (so configs differing in warps only compare equal)."""
+    """The config a JSON object names, its warps set to 1 (so configs differing in warps only compare equal)."""
     return dataclasses.replace(tuned.from_json(config), num_warps=1) if config else None
 
 
@@ -40,6 +40,10 @@ def adopt(rows: list[dict], weight: str, entries: dict, source: str, margin: flo
         key = next((k for k in _keys(gpu, row["op"], row["block"], row["M"], row["density"], weight)
                     if k in entries), None)
         if key is None or "auto" not in row:
+            continue
+        # ``auto`` on K-major activations ran another config than the entry's (sweeps before the row said so:
+        # the table of today decides, which skips at least what the sweep's did)
+        if row.get("auto_kmajor", bsmm_kmajor.kmajor_wins(row["op"], row["block"], row["M"], row["density"])):
             continue
         entry = entries[key]
         if entry["config"].get("kind") != "small":

@@ -130,8 +130,8 @@
 #            warps where warps44 did not reach (b 32-128 at 8 rows, density 0.05); b 32-128 at 48-64 rows unswapped
 #            at 2 / 4 warps and as two 32-row programs per slice (the swapped wgmma tile needs 4 warps)
 #   lstm-kmajor - BlockSparseLSTM at b 16 with the cell writing h^T for a K-major recurrent product, against
-#            TILESPARSE_KMAJOR=off (row-major products), batch 32, hidden 2048 / 4096, density 0.25 / 0.1;
-#            run the LSTM GPU tests first (tests/test_lstm*.py -m gpu)
+#            TILESPARSE_KMAJOR=off (row-major products), batch 32, hidden 2048 / 4096, density 0.25 / 0.1,
+#            after the LSTM GPU tests ($OUT/gpu-tests-lstm.log)
 #   small-4096-suite - the small suite on W 4096² (M 1-64, then 128-512, merged into
 #            $OUT/small-4096-m1-512.csv): the base for gen_small_speedups.py's w4096x4096.py
 #   small-stages2 - b 32-128 at 4 / 6 / 16 / 24 stages (density 0.03-0.5, M 1-64), b 16 at 4 / 6
@@ -387,7 +387,9 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 100 python3 scripts/probes/small_threshold.py --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 48 64 \
               --variants defaultNoSwapW2 defaultNoSwapW4 defaultM32W2 --auto \
               --out "$OUT/warps45-m64.json" > "$OUT/warps45-m64.log" 2>&1 ;;
-    lstm-kmajor) for km in on off; do TILESPARSE_KMAJOR=$km timeout 150 python3 -m tilesparse bench --suite lstm \
+    lstm-kmajor) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lstm.py tests/test_lstm_cell.py \
+              tests/test_lstm_sequence.py > "$OUT/gpu-tests-lstm.log" 2>&1; tail -n 1 "$OUT/gpu-tests-lstm.log"
+            for km in on off; do TILESPARSE_KMAJOR=$km timeout 150 python3 -m tilesparse bench --suite lstm \
               --block 16 --density 0.25 0.1 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
               --out "$OUT/lstm-kmajor-$km" > "$OUT/bench-lstm-kmajor-$km.log" 2>&1; done ;;
     small-4096-suite) timeout 290 python3 -m tilesparse bench --suite small --shape 1x4096x4096 8x4096x4096 \

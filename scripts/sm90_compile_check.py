@@ -42,6 +42,7 @@ from tilesparse.kernels import bsmm_resident, bsmm_resident_columns  # noqa: E40
 from tilesparse.kernels import bsmm_sdd_group  # noqa: E402
 from tilesparse.kernels import bsmm_sdd_tile  # noqa: E402
 from tilesparse.kernels import bsmm_small  # noqa: E402
+from tilesparse.kernels import lstm_cell  # noqa: E402
 from tilesparse.kernels import bsmm_ws  # noqa: E402
 from tilesparse.kernels import bsmm_ws_group  # noqa: E402
 from tilesparse.kernels import bsmm_ws_sdd_group  # noqa: E402
@@ -162,6 +163,20 @@ def bf16_signature(fn, const: dict, tables: tuple[str, ...], aligned_ints: tuple
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
                if name.endswith("_ptr") or name in aligned_ints}
     return sig, aligned
+
+
+def lstm_cell_cases(quick: bool):
+    """The LSTM cell's forward (with the gates' second operand, the previous state and the saved gates;
+    with and without h^T for a K-major recurrent product) and backward kernels, bf16, PDL off and on."""
+    fwd, bwd = lstm_cell._lstm_cell_fwd_kernel, lstm_cell._lstm_cell_bwd_kernel
+    for write_ht, pdl in ((True, 0),) if quick else ((True, 0), (False, 0), (True, 2)):
+        const = dict(HAS_G2=True, HAS_C_PREV=True, SAVE_ACTS=True, WRITE_HT=write_ht, BLOCK_B=8, BLOCK_H=128,
+                     PDL=pdl)
+        yield ("lstm cell fwd" + (" ht" if write_ht else "") + (f" (pdl mode {pdl})" if pdl else ""), fwd, signature(fwd, const),
+               const, 4, 1, None)
+    if not quick:
+        const = dict(HAS_DH2=True, HAS_DC=True, HAS_C_PREV=True, WRITE_DC_PREV=True, BLOCK_B=8, BLOCK_H=128, PDL=0)
+        yield "lstm cell bwd", bwd, signature(bwd, const), const, 4, 1, None
 
 
 def gemv_cases(quick: bool):
@@ -431,6 +446,7 @@ def main() -> int:
     failures = 0
     for label, fn, sig, constexprs, warps, stages, *extra in (
             *attention_cases(args.quick), *semi24_cases(args.quick), *small_cases(args.quick), *gemv_cases(args.quick), *panel_cases(args.quick),
+            *lstm_cell_cases(args.quick),
             *sdd_group_cases(args.quick),
             *sdd_tile_cases(args.quick),
             *ws_cases(args.quick), *ws_group_cases(args.quick), *resident_cases(args.quick), *ws_sdd_group_cases(args.quick),

@@ -47,9 +47,19 @@ def test_the_fastest_warps_past_the_margin_are_adopted(adopt):
     _row(0.0133, 0.0131, 0.0130),  # within the margin: noise
     _row(0.0133, 0.0100, 0.0100, cfg=SmallConfig(16, 64, 16, 4, 8)),  # the dispatcher ran another config
     _row(0.0133, 0.0100, 0.0100, m=64),  # a row-count bucket without an entry
+    dict(_row(0.0133, 0.0100, 0.0100), auto_kmajor=True),  # auto ran K-major: another config than the entry's
 ])
 def test_rows_that_do_not_measure_the_entry_change_nothing(adopt, row):
     key, entries = _entries()
     before = copy.deepcopy(entries)
     assert adopt([row], "12288x12288", entries, "warps44", 0.03, GPU) == []
     assert entries == before
+
+
+def test_sweeps_without_the_k_major_flag_skip_the_points_the_k_major_table_covers(adopt, monkeypatch):
+    key, entries = _entries()
+    from tilesparse.kernels import bsmm_kmajor
+    monkeypatch.setitem(bsmm_kmajor.KMAJOR_WINS, ("fprop", 32), {16: (0.05, 0.2)})
+    assert adopt([_row(0.0133, 0.0100, 0.0100)], "12288x12288", entries, "warps44", 0.03, GPU) == []
+    monkeypatch.setitem(bsmm_kmajor.KMAJOR_WINS, ("fprop", 32), {})
+    assert len(adopt([_row(0.0133, 0.0100, 0.0100)], "12288x12288", entries, "warps44", 0.03, GPU)) == 1

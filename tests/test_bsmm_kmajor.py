@@ -38,13 +38,29 @@ def test_kmajor_wins_reads_the_measured_table(op, block_size, m, density, expect
     assert bsmm_kmajor.kmajor_wins(op, block_size, m, density) is expected
 
 
-@pytest.mark.parametrize("m, block_size", [(16, 16), (32, 16), (48, 16), (64, 16), (64, 32)])
-def test_kmajor_config_is_the_heuristics_not_the_tables(monkeypatch, m, block_size):
-    # the table's entries were tuned row-major; K-major runs the heuristic's tile (2 warps unswapped)
-    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kw: pytest.fail("K-major asked the table"))
-    cfg = bsmm_kmajor.kmajor_config(m, block_size, torch.bfloat16, 228 << 10)
-    assert cfg == bsmm_small.small_config(m, block_size, torch.bfloat16, 228 << 10)
-    assert cfg.num_warps == (4 if cfg.swap else 2)
+@pytest.mark.parametrize("m, block_size", [(16, 16), (64, 16), (64, 32)])
+@pytest.mark.interpreter
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+def test_interpreter_kmajor_path_runs_the_heuristics_config_not_the_tables(monkeypatch, m, block_size):
+    # the table's entries were tuned on row-major activations: where K-major pays (forced here; on the CPU it
+    # never does), dds runs the heuristic's config (2 warps unswapped) on the K-major copy, whatever the table says
+    table_entry = bsmm_small.SmallConfig(16, 16, 16, 4, 2)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args, **kw: table_entry)
+    monkeypatch.setattr(bsmm_kmajor, "kmajor_pays", lambda *args: True)
+    ran = []
+    launch = bsmm_small.launch_dds_small
+    monkeypatch.setattr(bsmm_small, "launch_dds_small",
+                        lambda a_in, *rest: ran.append((bsmm_kmajor.is_kmajor(a_in), rest[-1])) or launch(a_in, *rest))
+    layout = _random_layout(6, 5, block_size, 0.5, seed=m)
+    rows, cols = layout.shape
+    a = torch.randn(m, cols, dtype=torch.float16)
+    values = random_values(layout, torch.float16)
+    out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True)
+    expected = bsmm_kmajor.kmajor_config(m, block_size, torch.float16, 1 << 30)
+    assert ran == [(True, expected)] and expected != table_entry
+    assert expected == bsmm_small.small_config(m, block_size, torch.float16, 1 << 30)
+    assert expected.num_warps == (4 if expected.swap else 2)
+    assert_close(out, a.double() @ dense_of(values, layout).t(), torch.float16, "dds K-major")
 
 
 BIG = bsmm_kmajor.MEASURED_WEIGHT_ELEMENTS

@@ -283,3 +283,26 @@ def test_no_transposed_h_for_one_step_or_with_k_major_off(monkeypatch):
     layout, xproj, values, _, _ = _sequence_case(3, 16, 32, 16, "")
     lstm_sequence(xproj, values, layout)
     assert seen == [False, False]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_products_read_the_cells_h_transposed_and_match_float64(monkeypatch, dtype):
+    # b 16, batch 32, density 0.25: on Hopper a K-major point (bsmm_kmajor.KMAJOR_WINS), so every product
+    # after the one on h0 reads the cell kernel's h^T; values and gradients against the float64 recurrence
+    seen = _recurrent_inputs(monkeypatch)
+    layout, xproj, values, h0, c0 = _sequence_case(6, 32, 256, 16, "h0+c0", layout=layouts.random(1024, 256, 16, 0.25))
+    leaves = [xproj, values, h0, c0]
+    cuda = [t.detach().to("cuda", dtype).requires_grad_() for t in leaves]
+    out, h_n, c_n = lstm_sequence(cuda[0], cuda[1], layout.to("cuda"), cuda[2], cuda[3])
+    pays = bsmm_kmajor.kmajor_inputs_pay("fprop", out.device, dtype, 32, 16, layout.nnz / (64 * 16))
+    assert seen == [False] + [pays] * 5
+    ref_out, ref_h, ref_c = _dense_recurrence(xproj, layout.to_dense(values), h0, c0)
+    for name, a, b in (("output", out, ref_out), ("h_n", h_n, ref_h), ("c_n", c_n, ref_c)):
+        assert_close(a, b, dtype, name)
+    weights = [torch.randn_like(t, dtype=F64) for t in (ref_out, ref_h, ref_c)]
+    grads = torch.autograd.grad([out, h_n, c_n], cuda, [w.to("cuda", dtype) for w in weights])
+    ref_grads = torch.autograd.grad([ref_out, ref_h, ref_c], leaves, weights)
+    for leaf, g, rg in zip(leaves, grads, ref_grads):
+        assert_close(g, rg, dtype, f"grad of a {tuple(leaf.shape)} input")

@@ -167,7 +167,8 @@ def main() -> None:
                         # (PyTorch's copy / the library's tiled copy)
                         copy_of = {"kmajorT": lambda: a.t().contiguous().t(), "kmajorTT": lambda: KM.as_kmajor(a)}
                         as_called = copy_of.get(fields[1] if kmajor else None, lambda: x_in)
-                        K.KMAJOR_SMALL = not (per_problem and fields[1] == "rowmajor")
+                        kmajor_switch = K.KMAJOR_SMALL  # (TILESPARSE_KMAJOR may have set it off)
+                        K.KMAJOR_SMALL = kmajor_switch and not (per_problem and fields[1] == "rowmajor")
                         try:
                             try:
                                 out = K.dds(x_in, values, meta, None, R, C, trans, cfg).float()
@@ -185,10 +186,12 @@ def main() -> None:
                             row[name] = kernel_ms(lambda: [K.dds(as_called(), v, meta, None, R, C, trans, cfg)
                                                            for v in all_values], copies)
                         finally:
-                            K.KMAJOR_SMALL = True
+                            K.KMAJOR_SMALL = kmajor_switch
                         if per_problem and not kmajor and cfg is not None:  # resolved here (kmajor: a change of
                             row[name + "_config"] = tuned.to_json(cfg)  # input, not of config: nothing to adopt)
                     if args.auto:
+                        # whether the dispatcher's own run took the K-major path (its config is then not the table's)
+                        row["auto_kmajor"] = K.KMAJOR_SMALL and KM.kmajor_pays(op, a, b, layout.nnz / (R * C), n * k)
                         out = K.dds(a, values, meta, None, R, C, trans).float()
                         row["auto_err"] = ((out - ref).norm() / ref.norm()).item()
                         if not row["auto_err"] < 1e-2:

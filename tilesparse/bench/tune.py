@@ -60,8 +60,8 @@ def dds_space(m: int, block: int, fp32: bool) -> Iterator:
                     yield SmallConfig(sub, bk, block_m, 4, stages, splits, chunks, longest_first=True)
                 if splits == 1 and chunks == 1:  # each step's index and activation tile loaded ahead
                     yield SmallConfig(sub, bk, block_m, 4, stages, prefetch=True)
-                if not fp32 and splits == 1 and chunks == 1:  # 1-2 warps (forty-fourth session: 2-22 % faster
-                    # than 4 at most points of <= 32 rows, b 16-128, H200)
+                if not fp32 and splits == 1 and chunks == 1:  # 1-2 warps (forty-fourth session: 1-22 % faster
+                    # than 4 at most points of <= 32 rows, b 16-128, H200; tried here at every row count)
                     yield SmallConfig(sub, bk, block_m, 2, stages)
                     yield SmallConfig(sub, bk, block_m, 1, stages)
                 if block_m == 64 and sub < 64 and chunks == 1:  # activation rows as the MMA's M (wgmma)

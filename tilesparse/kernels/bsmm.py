@@ -164,7 +164,14 @@ TILED_TF32_COPIES = True
 # 12288² unless the activations are K-major already; only where the dispatcher chooses the config).
 # False: the row-major dispatch (the sweeps' baseline); the environment's TILESPARSE_KMAJOR=off (read at
 # import) sets it, for A/B runs of whole suites (the LSTM's h^T written by its cell follows it too).
-KMAJOR_SMALL = os.environ.get("TILESPARSE_KMAJOR", "on").strip().lower() not in ("off", "0", "false", "no")
+def _kmajor_setting() -> bool:
+    setting = os.environ.get("TILESPARSE_KMAJOR", "on").strip().lower()
+    if setting not in ("on", "1", "true", "yes", "off", "0", "false", "no"):
+        raise ValueError(f"TILESPARSE_KMAJOR must be on / 1 / true / yes or off / 0 / false / no, got {setting!r}")
+    return setting in ("on", "1", "true", "yes")
+
+
+KMAJOR_SMALL = _kmajor_setting()
 
 
 def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:

@@ -94,6 +94,6 @@ def kmajor_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int) 
     entries were measured on row-major activations). On the H200 (forty-fourth session, W 12288², b 16,
     activations already K-major, same run, ``...-small-kmajor44-b16-40de382.json``) the table's configs
     were no faster than the heuristic's and up to 12 % slower; and the heuristic's 2 warps (16-bit, not
-    swapped) beat 4 at all 24 points, by 5-28 % (fprop density 0.1, M 64 22.2 -> 19.3 µs; bprop density
-    0.25, M 16 34.4 -> 24.7), 1 warp within 0-4 % of 2 (``...-small-warps44-b16-4d956ce.json``)."""
+    swapped) beat 4 at all 24 points, by 3-28 % (fprop density 0.1, M 64 22.2 -> 19.3 µs; bprop density
+    0.25, M 16 34.4 -> 24.7), 1 warp within 5 % of 2 either way (``...-small-warps44-b16-4d956ce.json``)."""
     return bsmm_small.small_config(m, block_size, dtype, smem_bytes)

@@ -408,9 +408,10 @@ def small_config(m: int, block_size: int, dtype: torch.dtype, smem_bytes: int = 
         # (b = 64 bprop at 0.25: 2 %). At M 32 (block_m 32) it was equal for fprop and
         # 50-77 % slower for bprop; at b = 16 slower.
         sub, block_k, stages, swap = 32, min(tile, 64), 12, True
-    # 2 warps for 16-bit slices as the MMA's M side (wgmma needs the 4 of a warpgroup): H200, W 12288²
-    # (`...-small-warps44-*-4d956ce.json`, same run), b 32-128 at one row 2-9 % faster than 4 warps at 11
-    # of 12 forward points (b 32, density 0.25: 24.4 -> 22.4 µs), none slower; b 16 at 8 rows up to 22 %.
+    # 2 warps for 16-bit slices not swapped onto wgmma (which needs the 4 of a warpgroup): H200, W 12288²
+    # (`...-small-warps44-*-4d956ce.json`, same run), b 32-128 at one row 1-10 % faster than 4 warps at all
+    # 12 forward points (b 32, density 0.25: 24.4 -> 22.4 µs); b 16 at 8 rows up to 22 %. Measured on the
+    # H200 only (bf16); the reason (a 16-32-wide tile is too little work for 4 warps) is not Hopper's.
     warps, m_inner = (2 if dtype != torch.float32 and not swap else 4), False
     if swap and m > 64 and block_size >= 64:  # (b 33-63 on 64-wide tiles: not timed)
         # M 65-512, b >= 64: 64-wide slices with a slice's row tiles run together (sharing it

@@ -7,7 +7,8 @@ gradients. This Function instead
 
 * forward, t = 0..T-1: gates_t = xproj_t + h_{t-1} W_hh^T (one ``dds`` per step; the
   input projection xproj [T, B, 4H] of all steps is computed before, in one large
-  product; where the product runs faster on K-major activations, b 16 on Hopper, the cell
+  product; where the product runs faster on K-major activations, b 16 on Hopper (b 32 at 64
+  rows and density >= 0.35), the cell
   also writes h^T and the next step's product reads that, with no transposing copy)
   and the fused cell (one launch per step), saving the outputs (whose rows
   are h_{t-1} of the next steps, so H_prev_all is a [T*B, H] view of them, or one copy
@@ -49,7 +50,8 @@ def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
 def _transposed_h(xproj, weight, rows, cols):
     """A [H, B] buffer for the cell to write each step's h^T into, where the recurrent product runs
     faster on K-major activations (``bsmm_kmajor.kmajor_inputs_pay``: b 16 at 16-64 rows on Hopper,
-    16-bit; the cell writes h^T for the cost of a second small store, no transposing copy); else None."""
+    16-bit, b 32 at 64 rows and density 0.35-0.71; the cell writes h^T for the cost of a second small
+    store, no transposing copy); else None."""
     steps, batch, gates_width = xproj.shape
     density = weight.shape[0] / max(1, rows * cols)
     if steps < 2 or not _kernels.KMAJOR_SMALL or not bsmm_kmajor.kmajor_inputs_pay(
