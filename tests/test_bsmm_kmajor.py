@@ -164,3 +164,13 @@ def test_tilesparse_kmajor_environment_sets_the_switch_at_import(value, expected
     code = "import tilesparse.kernels.bsmm as b; print(b.KMAJOR_SMALL)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(expected)
+
+
+def test_a_tilesparse_kmajor_value_it_does_not_know_is_an_error_naming_it():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TILESPARSE_KMAJOR="maybe")
+    out = subprocess.run([sys.executable, "-c", "import tilesparse.kernels.bsmm"], env=env, capture_output=True,
+                         text=True)
+    assert out.returncode != 0 and "TILESPARSE_KMAJOR must be" in out.stderr and "'maybe'" in out.stderr
