@@ -17,6 +17,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import torch
+
 from tilesparse.kernels import bsmm_kmajor, tuned
 
 TABLE = Path(__file__).resolve().parents[1] / "tilesparse" / "kernels" / "tuned" / "nvidia-h200.json"
@@ -24,8 +26,8 @@ TABLE = Path(__file__).resolve().parents[1] / "tilesparse" / "kernels" / "tuned"
 
 def _keys(gpu: str, op: str, block: int, m: int, density: float, weight: str) -> list[str]:
     """The table keys the dispatcher tries for this problem, shape-specific first (bf16)."""
-    general = f"{gpu}|{op}|bf16|{block}|{tuned.m_bucket(m)}|{tuned.density_bucket(density):g}"
-    return [f"{general}|w{weight}", general]
+    shape = tuple(int(n) for n in weight.split("x"))
+    return [tuned.key(gpu, op, torch.bfloat16, block, m, density, w) for w in (shape, None)]
 
 
 def _without_warps(config: dict):
@@ -50,7 +52,7 @@ def adopt(rows: list[dict], weight: str, entries: dict, source: str, margin: flo
             continue
         timed = {w: row[f"autoW{w}"] for w in (1, 2) if f"autoW{w}" in row
                  and _without_warps(row.get(f"autoW{w}_config", {})) == _without_warps(entry["config"])}
-        if not timed:  # the dispatcher ran another config here (e.g. K-major activations)
+        if not timed:  # the dispatcher ran another config than this entry (e.g. a shape-specific one)
             continue
         warps = min(timed, key=timed.get)
         if timed[warps] < row["auto"] * (1 - margin):
