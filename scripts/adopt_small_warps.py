@@ -55,7 +55,7 @@ def adopt(rows: list[dict], weight: str, entries: dict, source: str, margin: flo
         if not timed:  # the dispatcher ran another config than this entry (e.g. a shape-specific one)
             continue
         warps = min(timed, key=timed.get)
-        if timed[warps] < row["auto"] * (1 - margin):
+        if warps != entry["config"]["num_warps"] and timed[warps] < row["auto"] * (1 - margin):
             old = entry["config"]["num_warps"]
             entry["config"]["num_warps"] = warps
             entry["small_ms"] = round(timed[warps], 5)

@@ -41,6 +41,9 @@ def test_the_fastest_warps_past_the_margin_are_adopted(adopt):
     assert entries[key]["config"]["num_warps"] == 2 and entries[key]["small_ms"] == 0.0121
     assert entries[key]["source"] == "small-crossover+warps44" and len(lines) == 1
     assert tuned.from_json(entries[key]["config"]) == SmallConfig(32, 64, 16, 2, 8)
+    adopted = copy.deepcopy(entries)  # the same sweep again: the entry already runs those warps
+    assert adopt([_row(0.0133, 0.0124, 0.0121)], "12288x12288", entries, "warps44", 0.03, GPU) == []
+    assert entries == adopted
 
 
 @pytest.mark.parametrize("row", [
