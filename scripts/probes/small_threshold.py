@@ -48,6 +48,14 @@ def dispatched_small_config(op: str, m: int, b: int, density: float, dev, rows: 
     return found if isinstance(found, (S.SmallConfig, GV.GemvConfig, P.PanelConfig)) else None
 
 
+def with_fields(cfg, fields: dict, m: int) -> S.SmallConfig | None:
+    """A small-kernel config with ``fields`` replaced, or None where ``cfg`` is another kernel's or
+    the row tiles asked for are taller than the M rows (16 at least)."""
+    if not isinstance(cfg, S.SmallConfig) or fields.get("block_m", 0) > max(m, 16):
+        return None
+    return dataclasses.replace(cfg, **fields)
+
+
 def kernel_ms(fn, copies: int = 1) -> float:
     """Kernel time of one of the ``copies`` calls ``fn`` makes (CUDA-graph replay)."""
     return bench_ms(fn, cuda=True, graph=True, rep_ms=20) / copies
@@ -118,19 +126,16 @@ def main() -> None:
                                     continue  # another kernel (panels: their own variants; the FMA kernel has no ring)
                                 cfg = dataclasses.replace(cfg, **{"num_" + fields[1]: fields[2]})
                             elif fields[1] == "set":  # the heuristic's config with fields replaced, row-major
-                                if not isinstance(cfg, S.SmallConfig) or fields[2].get("block_m", 0) > max(m, 16):
+                                cfg = with_fields(cfg, fields[2], m)
+                                if cfg is None:
                                     continue
-                                cfg = dataclasses.replace(cfg, **fields[2])
                             elif fields[1] == "rowmajor":
                                 cfg = None  # the dispatcher itself, with KMAJOR_SMALL off
                             elif fields[1] in ("kmajor", "kmajorT", "kmajorTT"):
-                                if not isinstance(cfg, S.SmallConfig):
-                                    continue  # the small kernel's gather only (other kernels read A row-major)
-                                if len(fields) > 2:  # a stage count, or a dict of fields to replace
-                                    more = fields[2] if isinstance(fields[2], dict) else {"num_stages": fields[2]}
-                                    if more.get("block_m", 0) > m:
-                                        continue  # row tiles taller than the rows
-                                    cfg = dataclasses.replace(cfg, **more)
+                                more = fields[2] if len(fields) > 2 else {}  # a stage count, or fields to replace
+                                cfg = with_fields(cfg, more if isinstance(more, dict) else {"num_stages": more}, m)
+                                if cfg is None:
+                                    continue  # (the small kernel's gather only: other kernels read A row-major)
                             elif fields[1] == "spread":
                                 if not (isinstance(cfg, S.SmallConfig) and cfg.block_k > tile_for(b)):
                                     continue  # another kernel, or steps within one block: nothing to spread
