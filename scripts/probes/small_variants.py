@@ -364,6 +364,9 @@ ALL_VARIANTS = {
     # fewer warps per program (forty-fourth session: 2 warps beat 4 at every b 16 K-major point, 5-28 %; the
     # small kernel had only ever run 4 or 8): the dispatcher's / heuristic's config row-major, and K-major
     "autoW1": ("auto", "warps", 1), "autoW2": ("auto", "warps", 2),
+    # ... and at 4 again, for weights smaller than the 12288² the 1-2 warp entries were measured on (forty-fifth
+    # session: at 4096², 128 programs at b >= 32, some points ran 10-20 % slower than at 4 warps)
+    "autoW4": ("auto", "warps", 4),
     "defaultW1": ("heuristic", "warps", 1), "defaultW2": ("heuristic", "warps", 2),
     # ... and the dispatcher's deep panel / FMA kernel at 1 / 2 / 8 warps (same argument: few rows per program)
     "autoKW1": ("auto", "kwarps", 1), "autoKW2": ("auto", "kwarps", 2), "autoKW8": ("auto", "kwarps", 8),
