@@ -3,6 +3,8 @@ when a layout's tables are built, the chunks rule for skewed layouts
 (``bsmm_small.auto_chunks``), and the config that reaches the kernel (run under the
 Triton interpreter on CPU tensors, against a float64 dense reference)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -219,6 +221,49 @@ def test_the_heuristic_runs_two_warps_for_16_bit_slices_unswapped(m, block_size,
     # H200 sweeps at 4d956ce (warps44): 2 warps 1-10 % faster than 4 at one row, b 32-128, every forward point
     cfg = bsmm_small.small_config(m, block_size, dtype)
     assert cfg.num_warps == warps and cfg.swap == (warps == 4 and dtype != torch.float32)
+
+
+def test_one_wave_or_less_runs_four_warps():
+    # H200 (warps46, 4096²: 128 programs at b >= 32): 4 warps 3-22 % faster there; with several programs
+    # per SM (12288², 8192²) the measured 1-2 warps stay
+    two = bsmm_small.small_config(8, 32, torch.bfloat16)
+    assert two.num_warps == 2
+    assert bsmm_small.warps_for_grid(two, 132, 132).num_warps == 4
+    assert bsmm_small.warps_for_grid(two, 1, 132) == dataclasses.replace(two, num_warps=4)
+    assert bsmm_small.warps_for_grid(two, 133, 132) is two
+    one = dataclasses.replace(two, num_warps=1)
+    assert bsmm_small.warps_for_grid(one, 100, 132).num_warps == 4
+    swapped = bsmm_small.small_config(64, 32, torch.bfloat16)
+    assert bsmm_small.warps_for_grid(swapped, 10, 132) is swapped  # 4 already
+    wide = bsmm_small.small_config(256, 64, torch.bfloat16)
+    assert wide.num_warps == 8 and bsmm_small.warps_for_grid(wide, 10, 132) is wide
+
+
+@pytest.mark.parametrize("m, block_size, splits", [(3, 32, 1), (40, 64, 1), (9, 16, 2)])
+def test_small_grid_is_the_launchs_grid(monkeypatch, m, block_size, splits):
+    grids = []
+    monkeypatch.setattr(bsmm_small, "launch", lambda kernel, grid, *args, **kw: grids.append(grid))
+    layout = BlockLayout(torch.rand(5, 3, generator=torch.Generator().manual_seed(1)) < 0.7, block_size)
+    cfg = dataclasses.replace(bsmm_small.small_config(m, block_size, torch.float16), splits=splits, m_inner=False)
+    kernels.dds(torch.randn(m, layout.shape[1]).half(), random_values(layout, torch.float16), layout.meta, None,
+                5, 3, True, config=cfg)
+    assert grids == [bsmm_small.small_grid(5, block_size, m, cfg)]
+
+
+@pytest.mark.parametrize("sms, warps", [(1, 2), (10, 2), (11, 4), (132, 4)])
+def test_dds_gives_a_grid_of_one_wave_four_warps(monkeypatch, sms, warps):
+    seen = []
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(kernels, "sm_count", lambda device: sms)
+    monkeypatch.setenv("TILESPARSE_TUNED", "off")
+    layout = BlockLayout(torch.ones(11, 4, dtype=torch.bool), 32)  # fprop: 11 slices of 32 features, one row tile
+    a = torch.randn(8, layout.shape[1]).half()
+    values = random_values(layout, torch.float16)
+    kernels.dds(a, values, layout.meta, None, 11, 4, True)
+    assert seen[-1] == dataclasses.replace(bsmm_small.small_config(8, 32, torch.float16), num_warps=warps)
+    forced = bsmm_small.small_config(8, 32, torch.float16)
+    kernels.dds(a, values, layout.meta, None, 11, 4, True, config=forced)
+    assert seen[-1] is forced  # a caller's config is never changed
 
 
 def test_which_kernel_runs_without_a_measured_config():

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from math import prod
 
 import torch
 import triton
@@ -311,6 +312,9 @@ def dds(
                                             small_cfg.sub, a.dtype)
             if chunks > 1:
                 small_cfg = _with_chunks(small_cfg, chunks)
+        if chosen_here:  # (1-2 warp configs were measured where each SM ran several programs)
+            small_cfg = bsmm_small.warps_for_grid(small_cfg, prod(bsmm_small.small_grid(n_out, b, m, small_cfg)),
+                                                  sm_count(a.device))
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster

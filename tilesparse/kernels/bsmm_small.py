@@ -22,7 +22,7 @@ reduction order) as :mod:`tilesparse.kernels.bsmm`.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -449,6 +449,24 @@ def auto_chunks(longest: int | None, nnz: int, n_out: int, block_size: int, sub:
     return 2 if longest >= CHUNK_SKEW * mean and per_program >= CHUNK_MIN_BYTES else 1
 
 
+def small_grid(n_out: int, block_size: int, m: int, cfg: SmallConfig) -> tuple[int, int, int]:
+    """The small kernel's grid (slices, row tiles, splits or chunks) before ``m_inner`` swaps its axes."""
+    return n_out * (tile_for(block_size) // cfg.sub), cdiv(m, cfg.block_m), max(cfg.splits, cfg.chunks)
+
+
+def warps_for_grid(cfg: SmallConfig, programs: int, sms: int) -> SmallConfig:
+    """``cfg`` at 4 warps where its grid is one wave or less (``programs`` <= ``sms``): then a program
+    has its SM to itself, and 1-2 warps issue too few loads to keep the stream going. The 1-2 warp
+    configs (heuristic and table) were measured on W 12288² (384 programs at b >= 32); on the H200 at
+    4096² (128 programs, ``...-small-warps46-4096-d8cc2cb.json``, same run) 4 warps were faster at
+    b 128 by 3-18 % at most points and at b 32 / 64 fprop with 32 rows by 10-22 % (b 64, density 0.5:
+    12.6 -> 9.8 µs); at 8192² (256 programs, ``...-warps46-8192-*``) and for b 16 at 4096² (256)
+    2 warps stayed ahead (M 1: 3-12 %). Other configs are returned as they are."""
+    if cfg.num_warps >= 4 or programs > sms:
+        return cfg
+    return replace(cfg, num_warps=4)
+
+
 def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
     """The tables of ``ptr`` ordered by run length, longest first (stable), int32; built on
     ptr's device without a host sync and remembered on the ptr tensor (layout tables are
@@ -466,7 +484,7 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
     m = a.shape[0]
     out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
-    grid = (n_out * (tile // cfg.sub), cdiv(m, cfg.block_m), max(cfg.splits, cfg.chunks))
+    grid = small_grid(n_out, b, m, cfg)
     m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
     if m_inner:
         grid = (grid[1], grid[0], grid[2])
