@@ -8,13 +8,13 @@ instead of passing by luck on recycled memory.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from .._env import switch
 
 
 def poison_enabled() -> bool:
-    return os.environ.get("TILESPARSE_POISON") == "1"
+    return switch("TILESPARSE_POISON", False)
 
 
 def new_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

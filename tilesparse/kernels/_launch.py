@@ -36,6 +36,8 @@ from triton.runtime.jit import JITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._env import switch
+
 _INT32 = (-(1 << 31), 1 << 31)
 _DESCRIPTORS = (TensorDescriptor, GluonTensorDescriptor)  # host-built TMA descriptors (Triton's, Gluon's)
 _COMPILED: dict = {}  # key -> CompiledKernel
@@ -46,7 +48,7 @@ _OPTIONS = frozenset(("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_
 def enabled() -> bool:
     """On unless TILESPARSE_FAST_LAUNCH=0, under the interpreter, or on ROCm (whose backend
     also specializes tensors on their size, which the key here does not cover)."""
-    return (os.environ.get("TILESPARSE_FAST_LAUNCH", "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+    return (switch("TILESPARSE_FAST_LAUNCH", True) and os.environ.get("TRITON_INTERPRET") != "1"
             and torch.version.hip is None)
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import torch
 
+from .._env import switch
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
 from . import attention_stored_ds, attention_ws, attention_ws_dq
@@ -56,7 +56,7 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
 # The deterministic backward's warp-specialized dQ kernel reads nothing the dK/dV kernel writes:
 # with CONCURRENT_DQ it runs on a side stream beside it (joined before the backward returns),
 # so the GPU starts dQ's programs as dK/dV's last ones leave SMs free. Off until measured.
-CONCURRENT_DQ = os.environ.get("TILESPARSE_ATTENTION_CONCURRENT_DQ", "0") == "1"
+CONCURRENT_DQ = switch("TILESPARSE_ATTENTION_CONCURRENT_DQ", False)
 _SIDE_STREAMS: dict = {}
 
 

@@ -24,13 +24,13 @@ recomputing kernels.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .._env import ON, switch
 from ..attention.layout import attention_table_views
 from ._device import cached_table
 from .attention_kernels import _query_tile
@@ -42,7 +42,6 @@ __all__ = ["MODE", "MAX_WORKSPACE_BYTES", "ACTIVATION_FACTOR", "FREE_FRACTION", 
 # TILESPARSE_STORED_DS (on / 1 / true / yes, or off / 0 / false / no) overrides. Off until
 # timed on the GPU (docs/performance.md).
 MODE = "off"
-_ON = frozenset(("on", "1", "true", "yes"))
 # The workspace's budget (budget_bytes): at most this many bytes, ACTIVATION_FACTOR times
 # one [B, H, S, D] activation, and on CUDA FREE_FRACTION of the device memory free at the
 # call. A backward whose workspace is larger runs in chunks of heads (plan); where one
@@ -64,7 +63,7 @@ def workspace_bytes(batch: int, heads: int, layout_heads: int, nnz: int, block_s
 
 def enabled() -> bool:
     """MODE, or TILESPARSE_STORED_DS where set, is on."""
-    return os.environ.get("TILESPARSE_STORED_DS", MODE).strip().lower() in _ON
+    return switch("TILESPARSE_STORED_DS", MODE.strip().lower() in ON)
 
 
 def budget_bytes(activation_bytes: int, device: torch.device | None = None) -> int:

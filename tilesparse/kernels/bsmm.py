@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from math import prod
 
 import torch
@@ -31,6 +30,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..layout import longest_runs, table_views
+from .._env import switch
 from . import (bsmm_gemv, bsmm_kmajor, bsmm_panel, bsmm_resident, bsmm_sdd_group, bsmm_sdd_tile, bsmm_small,
                bsmm_tma, bsmm_ws, bsmm_ws_group, bsmm_ws_sdd, bsmm_ws_sdd_group, bsmm_ws_sdd_rows, tuned, ws_schedule)
 from .bsmm_config import KernelConfig, _input_precision, dds_config, sdd_config, use_small_kernel
@@ -165,14 +165,7 @@ TILED_TF32_COPIES = True
 # 12288² unless the activations are K-major already; only where the dispatcher chooses the config).
 # False: the row-major dispatch (the sweeps' baseline); the environment's TILESPARSE_KMAJOR=off (read at
 # import) sets it, for A/B runs of whole suites (the LSTM's h^T written by its cell follows it too).
-def _kmajor_setting() -> bool:
-    setting = os.environ.get("TILESPARSE_KMAJOR", "on").strip().lower()
-    if setting not in ("on", "1", "true", "yes", "off", "0", "false", "no"):
-        raise ValueError(f"TILESPARSE_KMAJOR must be on / 1 / true / yes or off / 0 / false / no, got {setting!r}")
-    return setting in ("on", "1", "true", "yes")
-
-
-KMAJOR_SMALL = _kmajor_setting()
+KMAJOR_SMALL = switch("TILESPARSE_KMAJOR", True)
 
 
 def _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, cfg: bsmm_ws.WsConfig, trans_v, meta, trans) -> None:

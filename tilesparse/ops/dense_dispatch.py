@@ -43,11 +43,11 @@ import contextlib
 import contextvars
 import functools
 import math
-import os
 import warnings
 
 import torch
 
+from .._env import switch
 from ..kernels import block_scatter
 from ..kernels.tuned import gpu_slug
 from .small_speedups import nearest_table
@@ -136,15 +136,13 @@ def crossover_density(points: tuple) -> float:
     return hi
 
 
-_OFF = frozenset(("0", "off", "false", "no"))
 _KERNELS_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("tilesparse_kernels_only", default=False)
 
 
 def enabled() -> bool:
     """Whether measured-slower calls run as dense: unless ``TILESPARSE_DENSE_DISPATCH`` is
     0 / off / false / no, outside :func:`kernels_only`."""
-    setting = os.environ.get("TILESPARSE_DENSE_DISPATCH", "1").strip().lower()
-    return not _KERNELS_ONLY.get() and setting not in _OFF
+    return not _KERNELS_ONLY.get() and switch("TILESPARSE_DENSE_DISPATCH", True)
 
 
 @contextlib.contextmanager

@@ -4,12 +4,13 @@ weight. The layer (:mod:`tilesparse.semi24.linear`) decides between this and den
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from .._env import switch
 
 __all__ = ["cslt_algorithm", "cslt_product", "sparse_unavailable_reason"]
 
@@ -50,7 +51,7 @@ def cslt_algorithm(packed: torch.Tensor, dense_b: torch.Tensor, bias: Optional[t
     the H200 (torch 2.11) every fp16 search failed with an internal cuSPARSELt error that
     left the CUDA context unusable, while the default algorithm ran
     (scripts/probes/cslt_cases.py)."""
-    if os.environ.get("TILESPARSE_CSLT_SEARCH", "1") == "0" or dense_b.dtype == torch.float16:
+    if not switch("TILESPARSE_CSLT_SEARCH", True) or dense_b.dtype == torch.float16:
         return 0
     key = (tuple(packed.shape), tuple(dense_b.shape), dense_b.dtype, bias is not None, str(packed.device))
     alg = _ALG_IDS.get(key)

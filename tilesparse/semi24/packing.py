@@ -21,11 +21,16 @@ each, and a mismatch (or a failure of the tile kernel) warns once and keeps
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Optional
 
 import torch
+
+from .._env import choice
+
+# TILESPARSE_SEMI24_PACKER: the value-map repacker (default; :mod:`~tilesparse.semi24.value_map`), cuSPARSELt's
+# compress every time, or the tile packer
+PACKERS = ("map", "cslt", "tile")
 
 _TILE_OK: dict[tuple, bool] = {}
 
@@ -60,7 +65,7 @@ def compress_pair(wm: torch.Tensor, *, transposable: bool, want_t: bool) -> tupl
     ``wm`` is the masked weight on a CUDA device; ``transposable`` says its mask is 2:4
     in rows and in columns of every 4x4 tile (the tile packer needs that); ``want_t``
     asks for the transpose's packing too (bprop)."""
-    if not transposable or os.environ.get("TILESPARSE_SEMI24_PACKER", "cslt") != "tile":
+    if not transposable or choice("TILESPARSE_SEMI24_PACKER", "cslt", PACKERS) != "tile":
         return _cslt_pair(wm, want_t)
     key = (tuple(wm.shape), wm.dtype, str(wm.device))
     ok = _TILE_OK.get(key)

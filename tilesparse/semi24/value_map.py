@@ -43,6 +43,9 @@ from typing import Optional
 
 import torch
 
+from .._env import choice
+from .packing import PACKERS
+
 _BITS = 14  # code bits per pass
 _DIGIT = (1 << _BITS) - 1
 _OFFSET = 0x0400  # codes are OFFSET + digit: normal, positive, finite in fp16 and bf16 alike (up to 0x43FF)
@@ -50,7 +53,7 @@ _OFFSET = 0x0400  # codes are OFFSET + digit: normal, positive, finite in fp16 a
 
 def use_value_maps() -> bool:
     """On unless ``TILESPARSE_SEMI24_PACKER`` names another packer (``cslt``, ``tile``)."""
-    return os.environ.get("TILESPARSE_SEMI24_PACKER", "map") == "map"
+    return choice("TILESPARSE_SEMI24_PACKER", "map", PACKERS) == "map"
 
 
 @dataclass
