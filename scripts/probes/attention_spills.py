@@ -45,7 +45,8 @@ import triton  # noqa: E402
 from triton.backends.nvidia import compiler as nv_compiler  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sm90_compile_check import TARGET, _attention_signature, _ptxas_log  # noqa: E402
+from sm90_attention_cases import _attention_signature  # noqa: E402
+from sm90_compile_check import TARGET, _ptxas_log  # noqa: E402
 from tilesparse.kernels import attention as attn  # noqa: E402
 
 KERNELS = {"fwd": attn._fwd_kernel, "dkdv": attn._bwd_dkdv_kernel, "dq": attn._bwd_dq_kernel}

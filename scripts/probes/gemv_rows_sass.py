@@ -18,6 +18,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sm90_compile_check as check  # noqa: E402  (the scripts folder's)
+from sm90_cases import TARGET, bf16_signature  # noqa: E402
 from ptxas_report import loop_report  # noqa: E402
 from tilesparse.kernels import bsmm_gemv  # noqa: E402
 
@@ -61,8 +62,8 @@ def _dds_gemv_rows_kernel(a_ptr, v_ptr, c_ptr, ptr_ptr, idx_ptr, M, stride_am, s
 
 
 def _loop(fn, const: dict) -> str:
-    sig, aligned = check.bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr"))
-    compiled = triton.compile(ASTSource(fn, sig, const, aligned), target=check.TARGET,
+    sig, aligned = bf16_signature(fn, const, ("ptr_ptr", "idx_ptr", "slot_ptr"))
+    compiled = triton.compile(ASTSource(fn, sig, const, aligned), target=TARGET,
                               options={"num_warps": 4, "num_stages": 1})
     return loop_report(check._sass(compiled.asm["cubin"]))
 
