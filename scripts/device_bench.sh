@@ -131,6 +131,8 @@
 #            at 2 / 4 warps and as two 32-row programs per slice (the swapped wgmma tile needs 4 warps)
 #   warps46 - the dispatcher's 1-2 warp configs against 4 warps on smaller weights (4096², 8192²: fewer programs
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
+#   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
+#            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
 #   lstm-kmajor - BlockSparseLSTM at b 16 with the cell writing h^T for a K-major recurrent product, against
 #            TILESPARSE_KMAJOR=off (row-major products), batch 32, hidden 2048 / 4096, density 0.25 / 0.1,
 #            after the LSTM GPU tests ($OUT/gpu-tests-lstm.log)
@@ -395,6 +397,9 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 120 python3 scripts/probes/small_threshold.py --weight 8192x8192 --blocks 32 64 128 \
               --densities 0.5 0.1 --ms 1 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps46-8192.json" > "$OUT/warps46-8192.log" 2>&1 ;;
+    warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
+              --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
+              --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
     lstm-kmajor) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lstm.py tests/test_lstm_cell.py \
               tests/test_lstm_sequence.py > "$OUT/gpu-tests-lstm.log" 2>&1; tail -n 1 "$OUT/gpu-tests-lstm.log"
             for km in on off; do TILESPARSE_KMAJOR=$km timeout 150 python3 -m tilesparse bench --suite lstm \
