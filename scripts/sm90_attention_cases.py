@@ -48,6 +48,7 @@ def _aligned(fn, sig: dict) -> dict:
 def attention_cases(quick: bool):
     shapes = ((128, 128), (16, 32)) if quick else ((128, 128), (128, 96), (64, 64), (32, 64), (16, 32))
     flags = ((True, True),) if quick else ((False, False), (True, False), (False, True), (True, True))
+    preprocessed = set()
     for block, head_dim in shapes:
         d_tile = max(16, triton.next_power_of_2(head_dim))
         # tensor-descriptor (TMA) loads where D fills the box
@@ -79,9 +80,11 @@ def attention_cases(quick: bool):
             fn = attention_stored_ds._bwd_dq_from_ds_kernel
             yield (f"attention dq from stored dS b{block} D{head_dim}", fn, _attention_signature(fn, "bf16", const),
                    const, cfg.num_warps, cfg.num_stages)
-        const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
-        fn = attn._bwd_preprocess_kernel
-        yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
+        if head_dim not in preprocessed:  # (its constants do not depend on the block: one case per head dim)
+            preprocessed.add(head_dim)
+            const = dict(D=head_dim, D_TILE=d_tile, BLOCK_M=64)
+            fn = attn._bwd_preprocess_kernel
+            yield f"attention preprocess D{head_dim}", fn, _attention_signature(fn, "bf16", const), const, 4, 2
     if not quick:  # the two-pass dK/dV kernel at other tiles than the measured config's (b 128, D 128)
         fn = attn._bwd_dkdv_kernel
         for block_m, block_n, warps in ((64, 128, 4), (128, 128, 8), (64, 64, 4), (64, 64, 8)):

@@ -239,15 +239,18 @@ def test_one_wave_or_less_runs_four_warps():
     assert wide.num_warps == 8 and bsmm_small.warps_for_grid(wide, 10, 132) is wide
 
 
-@pytest.mark.parametrize("m, block_size, splits", [(3, 32, 1), (40, 64, 1), (9, 16, 2)])
-def test_small_grid_is_the_launchs_grid(monkeypatch, m, block_size, splits):
+@pytest.mark.parametrize("m, block_size, splits, chunks, m_inner", [
+    (3, 32, 1, 1, False), (40, 64, 1, 1, False), (9, 16, 2, 1, False), (9, 16, 1, 2, False), (100, 64, 1, 1, True)])
+def test_small_grid_is_the_launchs_grid(monkeypatch, m, block_size, splits, chunks, m_inner):
     grids = []
     monkeypatch.setattr(bsmm_small, "launch", lambda kernel, grid, *args, **kw: grids.append(grid))
     layout = BlockLayout(torch.rand(5, 3, generator=torch.Generator().manual_seed(1)) < 0.7, block_size)
-    cfg = dataclasses.replace(bsmm_small.small_config(m, block_size, torch.float16), splits=splits, m_inner=False)
+    cfg = dataclasses.replace(bsmm_small.small_config(m, block_size, torch.float16), splits=splits, chunks=chunks,
+                              m_inner=m_inner)
     kernels.dds(torch.randn(m, layout.shape[1]).half(), random_values(layout, torch.float16), layout.meta, None,
                 5, 3, True, config=cfg)
-    assert grids == [bsmm_small.small_grid(5, block_size, m, cfg)]
+    grid = bsmm_small.small_grid(5, block_size, m, cfg)
+    assert grids == [(grid[1], grid[0], grid[2]) if m_inner else grid]  # (m_inner: the row tiles on x)
 
 
 @pytest.mark.parametrize("sms, warps", [(1, 2), (10, 2), (11, 4), (132, 4)])
@@ -264,6 +267,21 @@ def test_dds_gives_a_grid_of_one_wave_four_warps(monkeypatch, sms, warps):
     forced = bsmm_small.small_config(8, 32, torch.float16)
     kernels.dds(a, values, layout.meta, None, 11, 4, True, config=forced)
     assert seen[-1] is forced  # a caller's config is never changed
+
+
+@pytest.mark.parametrize("for_this_shape, warps", [(True, 2), (False, 4)])
+def test_a_table_entry_for_this_weight_shape_keeps_its_warps(monkeypatch, for_this_shape, warps):
+    # `tilesparse tune` measures 1-2 warps on the shape itself: such an entry is left as measured
+    seen = []
+    entry = bsmm_small.small_config(8, 32, torch.float16)
+    monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]))
+    monkeypatch.setattr(kernels, "sm_count", lambda device: 132)
+    monkeypatch.setattr(kernels.tuned, "lookup", lambda *args: entry)
+    monkeypatch.setattr(kernels.tuned, "lookup_entry", lambda *args: (entry, for_this_shape))
+    layout = BlockLayout(torch.ones(11, 4, dtype=torch.bool), 32)
+    kernels.dds(torch.randn(8, layout.shape[1]).half(), random_values(layout, torch.float16), layout.meta, None,
+                11, 4, True)
+    assert entry.num_warps == 2 and seen[-1] == dataclasses.replace(entry, num_warps=warps)
 
 
 def test_which_kernel_runs_without_a_measured_config():

@@ -146,6 +146,22 @@ def test_cuda_lookups_find_entries_and_are_remembered(table_file, monkeypatch):
     assert tuned.lookup("fprop", torch.bfloat16, 128, 8000, 0.47, cuda0) is None
 
 
+def test_lookup_entry_says_whether_the_entry_is_this_weight_shapes(table_file, monkeypatch):
+    # (the dispatcher leaves an entry measured on this very shape alone: bsmm_small.warps_for_grid)
+    fake_gpu(monkeypatch)
+    cuda0 = torch.device("cuda", 0)
+    free = tuned.key("fake-gpu", "fprop", torch.bfloat16, 64, 32, 0.5)
+    shaped = tuned.key("fake-gpu", "fprop", torch.bfloat16, 64, 32, 0.5, (4096, 4096))
+    tuned.record({free: kernels.KernelConfig(64, 64, 4, 3), shaped: kernels.KernelConfig(128, 64, 8, 3)}, table_file)
+    args = ("fprop", torch.bfloat16, 64, 32, 0.5, cuda0)
+    assert tuned.lookup_entry(*args, (4096, 4096)) == (kernels.KernelConfig(128, 64, 8, 3), True)
+    assert tuned.lookup_entry(*args, (8192, 4096)) == (kernels.KernelConfig(64, 64, 4, 3), False)
+    assert tuned.lookup_entry(*args) == (kernels.KernelConfig(64, 64, 4, 3), False)
+    assert tuned.lookup_entry("bprop", *args[1:], (4096, 4096)) == (None, False)
+    monkeypatch.setenv("TILESPARSE_TUNED", " OFF ")  # any case, as the other switches
+    assert tuned.lookup_entry(*args, (4096, 4096)) == (None, False) and tuned.user_path() is None
+
+
 def test_fp16_falls_back_to_bf16_entries_after_its_own(table_file, monkeypatch):
     fake_gpu(monkeypatch)
     cuda0 = torch.device("cuda", 0)

@@ -254,10 +254,11 @@ def dds(
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
                          "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
+    from_table = chosen_here and config is not None
     if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density,
                                                                 block_rows * block_cols * b * b):
         # (the table's entries were tuned on row-major activations: K-major takes its own config)
-        config = bsmm_kmajor.kmajor_config(m, b, a.dtype, shared_memory_bytes(a.device))
+        config, from_table = bsmm_kmajor.kmajor_config(m, b, a.dtype, shared_memory_bytes(a.device)), False
         a = bsmm_kmajor.as_kmajor(a)
     if isinstance(config, bsmm_resident.ResidentConfig):
         why = bsmm_resident.resident_supported(a, values, c, trans, config)
@@ -305,9 +306,14 @@ def dds(
                                             small_cfg.sub, a.dtype)
             if chunks > 1:
                 small_cfg = _with_chunks(small_cfg, chunks)
-        if chosen_here:  # (1-2 warp configs were measured where each SM ran several programs)
-            small_cfg = bsmm_small.warps_for_grid(small_cfg, prod(bsmm_small.small_grid(n_out, b, m, small_cfg)),
-                                                  sm_count(a.device))
+        if chosen_here:  # 1-2 warps were measured where each SM ran several programs: 4 on one wave or less,
+            # unless the table's entry is for this very weight shape (then it was measured on this grid)
+            four = bsmm_small.warps_for_grid(small_cfg, prod(bsmm_small.small_grid(n_out, b, m, small_cfg)),
+                                             sm_count(a.device))
+            if four is not small_cfg and not (from_table and tuned.lookup_entry(
+                    "fprop" if trans else "bprop", a.dtype, b, m, density, a.device,
+                    tuned.weight_shape(block_rows, block_cols, b))[1]):
+                small_cfg = four
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c
     if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster

@@ -460,11 +460,18 @@ def warps_for_grid(cfg: SmallConfig, programs: int, sms: int) -> SmallConfig:
     configs (heuristic and table) were measured on W 12288² (384 programs at b >= 32); on the H200 at
     4096² (128 programs, ``...-small-warps46-4096-d8cc2cb.json``, same run) 4 warps were faster at
     b 128 by 3-18 % at most points and at b 32 / 64 fprop with 32 rows by 10-22 % (b 64, density 0.5:
-    12.6 -> 9.8 µs); at 8192² (256 programs, ``...-warps46-8192-*``) and for b 16 at 4096² (256)
-    2 warps stayed ahead (M 1: 3-12 %). Other configs are returned as they are."""
+    12.6 -> 9.8 µs; 4 warps lost 3-8 % at b 32 fprop and b 64 bprop at 1-8 rows); at 8192² (256 programs,
+    ``...-warps46-8192-*``) 2 warps stayed ahead at b 32 / 64 with one row (3-12 %), and for b 16 at 4096²
+    (256 programs) at 8 rows (4-5 %). Other configs are returned as they are. (The dispatcher applies it
+    to its heuristic's configs and to table entries not measured on the weight's own shape.)"""
     if cfg.num_warps >= 4 or programs > sms:
         return cfg
-    return replace(cfg, num_warps=4)
+    return _at_four_warps(cfg)
+
+
+@functools.lru_cache(maxsize=256)
+def _at_four_warps(cfg: SmallConfig) -> SmallConfig:
+    return replace(cfg, num_warps=4)  # (remembered: replace re-validates the config, ~5 µs of host per call)
 
 
 def _longest_first(ptr: torch.Tensor) -> torch.Tensor:

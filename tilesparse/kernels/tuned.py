@@ -90,7 +90,7 @@ def weight_shape(block_rows: int, block_cols: int, block: int) -> tuple[int, int
 def user_path() -> Path | None:
     """The user's tuned-config file, or None when lookups are off."""
     setting = os.environ.get("TILESPARSE_TUNED")
-    if setting == "off":
+    if _lookups_off():
         return None
     if setting:
         return Path(setting)
@@ -232,11 +232,24 @@ def lookup(op: str, dtype: torch.dtype, block: int, m: int, density: float, devi
     neither, the shipped entry of a GPU of the same chip (see the module docstring).
     Every launch asks, so answers are remembered per problem (building a key costs
     several microseconds of host time)."""
-    if device.type != "cuda" or os.environ.get("TILESPARSE_TUNED") == "off":
-        return None
+    return lookup_entry(op, dtype, block, m, density, device, weight)[0]
+
+
+def lookup_entry(op: str, dtype: torch.dtype, block: int, m: int, density: float, device: torch.device,
+                 weight: tuple[int, int] | None = None) -> tuple[object, bool]:
+    """(:func:`lookup`'s config, whether it is an entry for this weight shape): such an entry was
+    measured on this very grid (``tilesparse tune`` records one per shape), so the dispatcher's
+    adjustments for grids unlike the measured one leave it alone."""
+    if device.type != "cuda" or _lookups_off():
+        return None, False
     index = device.index if device.index is not None else torch.cuda.current_device()
     precision = torch.get_float32_matmul_precision() if dtype == torch.float32 else ""
     return _lookup_cached(op, dtype, block, m, density, index, precision, weight)
+
+
+def _lookups_off() -> bool:
+    setting = os.environ.get("TILESPARSE_TUNED")
+    return setting is not None and setting.strip().lower() == "off"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -252,13 +265,13 @@ def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
         for k in own:
             found = table.get(k)
             if found is not None:
-                return found
+                return found, k.rsplit("|", 1)[-1].startswith("w")
     for sibling in same_chip_slugs(gpu, _device_chip(index)):
         for k in _keys(sibling, op, dtype, block, m, density, weight):
             found = shipped.get(k)
             if found is not None:
-                return found
-    return None
+                return found, k.rsplit("|", 1)[-1].startswith("w")
+    return None, False
 
 
 def _keys(gpu, op, dtype, block, m, density, weight) -> list[str]:

@@ -31,6 +31,7 @@ from .._env import choice
 # TILESPARSE_SEMI24_PACKER: the value-map repacker (default; :mod:`~tilesparse.semi24.value_map`), cuSPARSELt's
 # compress every time, or the tile packer
 PACKERS = ("map", "cslt", "tile")
+DEFAULT_PACKER = "map"
 
 _TILE_OK: dict[tuple, bool] = {}
 
@@ -65,7 +66,7 @@ def compress_pair(wm: torch.Tensor, *, transposable: bool, want_t: bool) -> tupl
     ``wm`` is the masked weight on a CUDA device; ``transposable`` says its mask is 2:4
     in rows and in columns of every 4x4 tile (the tile packer needs that); ``want_t``
     asks for the transpose's packing too (bprop)."""
-    if not transposable or choice("TILESPARSE_SEMI24_PACKER", "cslt", PACKERS) != "tile":
+    if not transposable or choice("TILESPARSE_SEMI24_PACKER", DEFAULT_PACKER, PACKERS) != "tile":
         return _cslt_pair(wm, want_t)
     key = (tuple(wm.shape), wm.dtype, str(wm.device))
     ok = _TILE_OK.get(key)

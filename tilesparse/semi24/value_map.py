@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 
 from .._env import choice
-from .packing import PACKERS
+from .packing import DEFAULT_PACKER, PACKERS
 
 _BITS = 14  # code bits per pass
 _DIGIT = (1 << _BITS) - 1
@@ -53,7 +53,7 @@ _OFFSET = 0x0400  # codes are OFFSET + digit: normal, positive, finite in fp16 a
 
 def use_value_maps() -> bool:
     """On unless ``TILESPARSE_SEMI24_PACKER`` names another packer (``cslt``, ``tile``)."""
-    return choice("TILESPARSE_SEMI24_PACKER", "map", PACKERS) == "map"
+    return choice("TILESPARSE_SEMI24_PACKER", DEFAULT_PACKER, PACKERS) == "map"
 
 
 @dataclass
