@@ -71,10 +71,26 @@ def table_from_probe(path: Path) -> tuple[str, str, dict]:
         for r in data["rows"] if "auto" in r and r.get("auto_err", 1.0) < 1e-2)
 
 
-def update_from_probe(table: dict, gpu: str, weight: str, path: Path) -> int:
+# How far a sweep's dense time may be from the base's at the same (op, M) for its speedups to replace the
+# base's: the sweep and the suite time dense alike at 12288² (75-80 µs both), but at 4096² the sweep's read
+# 9.9-10.3 µs against the suite's 12.5-14.2 (its operand copies leave part of the 34 MB weight in L2), and
+# speedups over differently timed dense runs do not mix.
+DENSE_TOLERANCE = 0.10
+
+
+def dense_ms(path: Path) -> dict:
+    """{(op, M): dense ms} of a small-suite CSV (its ``dense`` rows) or a ``small_threshold.py`` sweep."""
+    if path.suffix == ".csv":
+        return {(r["op"], int(r["M"])): float(r["ms"]) for r in csv.DictReader(path.open()) if r["method"] == "dense"}
+    return {(r["op"], r["M"]): r["dense_ms"] for r in json.loads(path.read_text())["rows"]}
+
+
+def update_from_probe(table: dict, gpu: str, weight: str, path: Path, base_dense: dict | None = None) -> int:
     """Replace the points a later sweep (``scripts/probes/small_threshold.py --auto``, the
     same GPU and weight) timed, at the dispatcher's time after its winners were adopted
-    (``measure_small_crossover.py --adopt``; :func:`_dispatched_ms`). Returns the points replaced."""
+    (``measure_small_crossover.py --adopt``; :func:`_dispatched_ms`). Returns the points replaced.
+    With ``base_dense`` (:func:`dense_ms` of the base), a sweep whose dense time at a point is more than
+    ``DENSE_TOLERANCE`` from the base's is refused."""
     data = json.loads(path.read_text())
     if gpu_slug(data["gpu"]) != gpu or data["weight"] != weight:
         raise SystemExit(f"{path}: {data['gpu']} W {data['weight']}, not {gpu} W {weight}")
@@ -83,6 +99,10 @@ def update_from_probe(table: dict, gpu: str, weight: str, path: Path) -> int:
         points = table.get(r["op"], {}).get(r["block"], {}).get(r["M"])
         if points is None or "auto" not in r or not r.get("auto_err", 1.0) < 1e-2:
             continue
+        base = (base_dense or {}).get((r["op"], r["M"]))
+        if base is not None and abs(r["dense_ms"] / base - 1) > DENSE_TOLERANCE:
+            raise SystemExit(f"{path}: dense {r['op']} at M {r['M']} timed {r['dense_ms'] * 1e3:.1f} µs against the "
+                             f"base's {base * 1e3:.1f}: speedups over differently timed dense runs do not mix")
         speedup = round(r["dense_ms"] / _dispatched_ms(r), 3)
         new = tuple((d, speedup if d == r["density"] else s) for d, s in points)
         replaced += new != points
@@ -163,8 +183,12 @@ def main() -> None:
     gpu, weight, table = (table_from_csv if args.base.suffix == ".csv" else table_from_probe)(args.base)
     root = TARGETS.parents[2]
     updates = []
+    base_dense = dense_ms(args.base)
     for path in args.update_from:
-        n = (update_from_csv if path.suffix == ".csv" else update_from_probe)(table, gpu, weight, path)
+        if path.suffix == ".csv":
+            n = update_from_csv(table, gpu, weight, path)
+        else:
+            n = update_from_probe(table, gpu, weight, path, base_dense)
         updates.append(path.resolve().relative_to(root).as_posix())
         print(f"{path}: {n} points replaced")
     source = args.base.resolve().relative_to(root).as_posix()

@@ -37,6 +37,22 @@ def test_each_table_is_the_generators_output_for_its_results(weight):
     assert text == gen.target(weight).read_text() == Path(module.__file__).read_text()
 
 
+def test_a_sweep_whose_dense_was_timed_unlike_the_bases_is_refused():
+    # at 4096² the sweep's dense (9.9-10.3 µs, partly from L2) is not the suite's (12.5-14.2): its speedups
+    # would understate every point; at 12288² the two time dense alike and the sweep's points replace the base's
+    gen = _generator()
+    results = ROOT / "bench" / "results"
+    base = results / "2026-12-03-nvidia-h200-small-4096-m1-512-9ce3f72.csv"
+    gpu, weight, table = gen.table_from_csv(base)
+    sweep = results / "2026-12-03-nvidia-h200-small-warps46-check-4096-a1a4c5e.json"
+    with pytest.raises(SystemExit, match="differently timed dense"):
+        gen.update_from_probe(table, gpu, weight, sweep, gen.dense_ms(base))
+    base = results / "2026-12-03-nvidia-h200-small-m1-512-fcfebea.csv"
+    gpu, weight, table = gen.table_from_csv(base)
+    sweep = results / "2026-12-03-nvidia-h200-small-warps45-m64-e69771e.json"
+    assert gen.update_from_probe(table, gpu, weight, sweep, gen.dense_ms(base)) == 18
+
+
 def test_the_tables_cover_what_they_measured():
     for op in ("fprop", "bprop"):  # every block size 16-128; 12288²: M 1-512, densities 0.03-0.5
         assert sorted(H200[op]) == sorted(H200_4096[op]) == [16, 32, 64, 128]
