@@ -164,3 +164,52 @@ def test_environment_records_host_launch_time_on_gpus_only():
     else:
         assert env.host_launch_us() is None
         assert "host_launch_us" not in env.environment(bandwidth=False)
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_a_merged_small_suite_csv_again(tmp_path, capsys):
+    # a committed merge of three runs (scripts/merge_results.py): the small suite's bandwidth plot, on the CPU
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "bench" / "results" / "2026-12-03-nvidia-h200-small-m1-512-fcfebea.csv"
+    out = tmp_path / "small.png"
+    assert main(["plot", str(src), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU reference suite runs only without a GPU")
+def test_plot_of_a_bench_csv_defaults_to_its_png(tmp_path):
+    assert main(["bench", "--out", str(tmp_path), "--no-plot"] + SMALL) == 0
+    (path,) = tmp_path.glob("*-cpu-cpu-reference.csv")
+    assert not path.with_suffix(".png").exists()
+    assert main(["plot", str(path)]) == 0
+    assert path.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_read_csv_types_the_cells_again(tmp_path):
+    from tilesparse.bench import report
+
+    rows = [{"suite": "small", "op": "fprop", "method": "tilesparse", "dtype": "bf16", "M": 8, "N": 64, "K": 32,
+             "block": 16, "density": 0.25, "ms": 0.0125, "commit": "1234567", "note": "", "rel_err": None}]
+    path = report.write_csv(rows, tmp_path / "r.csv")
+    (back,) = report.read_csv(path)
+    assert back["M"] == 8 and isinstance(back["M"], int) and back["density"] == 0.25 and back["ms"] == 0.0125
+    assert back["commit"] == "1234567" and back["dtype"] == "bf16"  # text columns stay text
+    assert back["rel_err"] is None and back["note"] is None
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("a,b\n1,2\n", "not a suite CSV"),
+    ("suite,op,method\nsmall,fprop,dense\nlarge,fprop,dense\n", "expected rows of one suite"),
+    ("suite,op,method\nnope,fprop,dense\n", "unknown suite 'nope'"),
+])
+def test_plot_refuses_what_is_not_one_suites_csv(tmp_path, capsys, content, message):
+    path = tmp_path / "x.csv"
+    if content is not None:
+        path.write_text(content)
+    assert main(["plot", str(path)]) == 2
+    assert message in capsys.readouterr().out

@@ -8,6 +8,7 @@
     tilesparse bench --suite small           # batch 1..512: achieved bandwidth (gbps, bw_fraction), graph-timed
     tilesparse bench --block 64 --density 0.1 --shape 8192x4096x4096 --ops fprop --out /tmp/b
     tilesparse tune --block 128 64 --density 0.5 0.1   # measured configs for the kernels (GPU)
+    tilesparse plot bench/results/<file>.csv            # a suite CSV's plot again (CPU)
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", type=Path, default=None,
                    help="tuned-config file to update (default: $TILESPARSE_TUNED or ~/.cache/tilesparse/tuned.json)")
     t.add_argument("--dry-run", action="store_true", help="measure and report, write nothing")
+    pl = sub.add_parser("plot", help="draw a suite CSV's plot again (runs merged with scripts/merge_results.py)",
+                        description="The plot `tilesparse bench` draws for the CSV's suite (CPU, no GPU needed).")
+    pl.add_argument("csv", type=Path, help="a suite CSV (bench/results/...csv)")
+    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: the CSV's, ending .png)")
+    pl.add_argument("--title", default=None, help="default: the suite, GPU and commits of the rows")
     g = sub.add_parser("goals", help="check large-suite CSVs against the large-batch issue's goals",
                        description="Point by point: b 128 fprop and step speedups, the rate goals at b 64 / 32 / 16 "
                        "and TF32, bprop and updat against fprop, and the peers (tilesparse/bench/large_goals.py).")
@@ -147,6 +153,32 @@ def cmd_goals(args, console) -> int:
         console.print(f"## {path}\n")
         console.print(large_goals.format_table(large_goals.check_rows(large_goals.load(path)), args.failed),
                       markup=False)
+    return 0
+
+
+def cmd_plot(args, console) -> int:
+    from .bench import report, suite_of_label
+
+    if not args.csv.is_file():
+        console.print(f"[bold red]plot: no such file: {args.csv}[/]")
+        return 2
+    try:
+        rows = report.read_csv(args.csv)
+        labels = sorted({str(r["suite"]) for r in rows})
+        if len(labels) != 1:
+            raise ValueError(f"{args.csv}: expected rows of one suite, got {labels or 'none'}")
+        suite = suite_of_label(labels[0])
+    except (ValueError, KeyError) as exc:
+        console.print(f"[bold red]plot: {exc}[/]")
+        return 2
+    gpus = sorted({str(r["gpu"]) for r in rows if r.get("gpu")})
+    commits = sorted({str(r["commit"]) for r in rows if r.get("commit")})
+    title = args.title or f"{labels[0]} on {', '.join(gpus) or 'unknown GPU'} ({' / '.join(commits)})"
+    out = args.out or args.csv.with_suffix(".png")
+    if not (suite.plot or report.plot)(rows, out, title=title):
+        console.print(f"[bold red]plot: nothing to draw in {args.csv}[/]")
+        return 1
+    console.print(f"wrote {out}")
     return 0
 
 
@@ -352,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_tune(args, parser, console)
     if args.command == "goals":
         return cmd_goals(args, console)
+    if args.command == "plot":
+        return cmd_plot(args, console)
     return cmd_bench(args, parser, console, argv)
 
 

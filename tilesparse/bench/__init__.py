@@ -21,7 +21,7 @@ from typing import Callable
 
 __all__ = [
     "COLUMNS", "EXTRA_COLUMNS", "BANDWIDTH_COLUMNS", "SUITES", "Suite",
-    "register", "get_suite", "suite_names", "load_cases", "case_table", "base_row",
+    "register", "get_suite", "suite_of_label", "suite_names", "load_cases", "case_table", "base_row",
 ]
 
 # The CSV's leading columns, in this order; extras follow.
@@ -73,6 +73,16 @@ def get_suite(name: str) -> Suite:
     if name not in SUITES:
         raise KeyError(f"unknown suite {name!r}; known: {', '.join(sorted(SUITES))}")
     return SUITES[name]
+
+
+def suite_of_label(label: str) -> Suite:
+    """The suite a result's ``suite`` column names: its label less the run's suffixes
+    (``-quick``, ``-graph``, ``-1thread``)."""
+    _load_builtin_suites()
+    name = label
+    while name not in SUITES and name.rsplit("-", 1)[-1] in ("quick", "graph", "1thread"):
+        name = name.rsplit("-", 1)[0]
+    return get_suite(name)
 
 
 def suite_names() -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from . import BANDWIDTH_COLUMNS, COLUMNS, EXTRA_COLUMNS
 
-__all__ = ["write_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
+__all__ = ["write_csv", "read_csv", "write_json", "print_table", "plot", "plot_bandwidth"]
 
 PEER_ORDER = ("tilesparse", "tilesparse_t", "tilesparse_kmajor", "torch_bsr", "stk", "flex", "tilesparse_auto", "tilesparse_act24",
               "tilesparse_atomic", "copy", "read")
@@ -47,6 +47,35 @@ def write_csv(rows: list[dict], path: Path) -> Path:
             writer.writerow({k: _cell(row.get(k)) for k in COLUMNS + extras})
     tmp.replace(path)  # a checkpoint never leaves a half-written file behind
     return path
+
+
+# Columns that hold text even where a value looks like a number (a commit of digits only, say).
+TEXT_COLUMNS = frozenset(("suite", "op", "method", "dtype", "gpu", "torch", "triton", "commit", "note", "baseline",
+                          "layout"))
+
+
+def _value(column: str, text: str):
+    if text == "":
+        return None
+    if column in TEXT_COLUMNS:
+        return text
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows :func:`write_csv` wrote, typed again (numbers as int / float, empty cells None), e.g. to
+    draw the plot of runs merged with ``scripts/merge_results.py``."""
+    with Path(path).open(newline="") as f:
+        rows = [{k: _value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    missing = [c for c in ("suite", "op", "method") if rows and c not in rows[0]]
+    if missing:
+        raise ValueError(f"{path}: not a suite CSV (no {', '.join(missing)} column)")
+    return rows
 
 
 def write_json(info: dict, path: Path) -> Path:
