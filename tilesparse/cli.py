@@ -135,24 +135,36 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("csv", type=Path, help="a suite CSV (bench/results/...csv)")
     pl.add_argument("--out", type=Path, default=None, help="PNG path (default: the CSV's, ending .png)")
     pl.add_argument("--title", default=None, help="default: the suite, GPU and commits of the rows")
-    g = sub.add_parser("goals", help="check large-suite CSVs against the large-batch issue's goals",
-                       description="Point by point: b 128 fprop and step speedups, the rate goals at b 64 / 32 / 16 "
-                       "and TF32, bprop and updat against fprop, and the peers (tilesparse/bench/large_goals.py).")
-    g.add_argument("csv", nargs="+", type=Path, help="suite CSVs (bench/results/...-large*.csv)")
+    g = sub.add_parser("goals", help="check large- or small-suite CSVs against their issue's goals",
+                       description="Point by point. Large suite: b 128 fprop and step speedups, the rate goals at "
+                       "b 64 / 32 / 16 and TF32, bprop and updat against fprop, and the peers "
+                       "(tilesparse/bench/large_goals.py). Small suite: the share of the copy bandwidth at 1-64 rows "
+                       "(75 %, b 16 60 %) beside a bare read's, and never slower than dense at 1-512 rows "
+                       "(tilesparse/bench/small_goals.py).")
+    g.add_argument("csv", nargs="+", type=Path, help="suite CSVs (bench/results/...-large*.csv, ...-small*.csv)")
     g.add_argument("--failed", action="store_true", help="list only the checks not met")
     return parser
 
 
 def cmd_goals(args, console) -> int:
-    from .bench import large_goals
+    from .bench import large_goals, small_goals
 
     for path in args.csv:
         if not path.is_file():
             console.print(f"[bold red]goals: no such file: {path}[/]")
             return 2
+        rows = large_goals.load(path)
+        suites = {r.get("suite", "").split("-")[0] for r in rows}
         console.print(f"## {path}\n")
-        console.print(large_goals.format_table(large_goals.check_rows(large_goals.load(path)), args.failed),
-                      markup=False)
+        if suites == {"small"}:
+            table = small_goals.format_table(small_goals.check_rows(rows), args.failed, small_goals.read_ceiling(rows))
+        elif suites == {"large"}:
+            table = large_goals.format_table(large_goals.check_rows(rows), args.failed)
+        else:
+            console.print(f"[bold red]goals: {path} holds suite(s) {sorted(suites)}; goals exist for large and "
+                          "small[/]")
+            return 2
+        console.print(table, markup=False)
     return 0
 
 
