@@ -306,8 +306,9 @@ def dds(
                                             small_cfg.sub, a.dtype)
             if chunks > 1:
                 small_cfg = _with_chunks(small_cfg, chunks)
-        if chosen_here:  # 1-2 warps were measured where each SM ran several programs: 4 on one wave or less,
-            # unless the table's entry is for this very weight shape (then it was measured on this grid)
+        if chosen_here and small_cfg.num_warps < 4:  # 1-2 warps were measured where each SM ran several
+            # programs: 4 on one wave or less, unless the table's entry is for this very weight shape (then it
+            # was measured on this grid)
             four = bsmm_small.warps_for_grid(small_cfg, prod(bsmm_small.small_grid(n_out, b, m, small_cfg)),
                                              sm_count(a.device))
             if four is not small_cfg and not (from_table and tuned.lookup_entry(
