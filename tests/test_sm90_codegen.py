@@ -34,6 +34,20 @@ def test_attention_2_4_small_batch_and_ws_kernels_compile_for_sm90():
     assert {("a_from_registers=True" in line) for line in grouped} == {True, False}
 
 
+def test_every_compile_case_has_a_label_of_its_own():
+    # the PTX fingerprints are keyed by label: a repeated one would hide a case (the attention preprocess
+    # kernel was listed once per block size with the same constants)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import collections; from sm90_cases import all_cases; "
+            "labels = [case[0] for case in all_cases(False)]; "
+            "print(len(labels), [k for k, n in collections.Counter(labels).items() if n > 1])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=SCRIPT.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    count, repeated = result.stdout.split(" ", 1)
+    assert int(count) > 500 and repeated.strip() == "[]"
+
+
 def test_ptx_fingerprint_ignores_debug_information_only():
     # scripts/sm90_ptx_fingerprints.py: a refactor that moves lines or adds helper functions
     # changes .loc lines, inlined-scope labels and the DWARF sections, not the fingerprint;
