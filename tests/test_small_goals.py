@@ -71,7 +71,7 @@ def test_goals_command_refuses_a_suite_without_goals(tmp_path, capsys):
     path = tmp_path / "lstm.csv"
     path.write_text("suite,op,method\nlstm,lstm_step,cudnn\n")
     assert main(["goals", str(path)]) == 2
-    assert "goals exist for large and small" in capsys.readouterr().out
+    assert "goals exist for large, small and attention" in capsys.readouterr().out
 
 
 def test_the_committed_suite_is_checked_at_every_point():

@@ -135,19 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("csv", type=Path, help="a suite CSV (bench/results/...csv)")
     pl.add_argument("--out", type=Path, default=None, help="PNG path (default: the CSV's, ending .png)")
     pl.add_argument("--title", default=None, help="default: the suite, GPU and commits of the rows")
-    g = sub.add_parser("goals", help="check large- or small-suite CSVs against their issue's goals",
+    g = sub.add_parser("goals", help="check large-, small- or attention-suite CSVs against their issue's goals",
                        description="Point by point. Large suite: b 128 fprop and step speedups, the rate goals at "
                        "b 64 / 32 / 16 and TF32, bprop and updat against fprop, and the peers "
                        "(tilesparse/bench/large_goals.py). Small suite: the share of the copy bandwidth at 1-64 rows "
                        "(75 %, b 16 60 %) beside a bare read's, and never slower than dense at 1-512 rows "
-                       "(tilesparse/bench/small_goals.py).")
-    g.add_argument("csv", nargs="+", type=Path, help="suite CSVs (bench/results/...-large*.csv, ...-small*.csv)")
+                       "(tilesparse/bench/small_goals.py). Attention suite: local 1024's times, the speedups over "
+                       "FlexAttention and causal against SDPA (tilesparse/bench/attention_goals.py).")
+    g.add_argument("csv", nargs="+", type=Path,
+                   help="suite CSVs (bench/results/...-large*.csv, ...-small*.csv, ...-attention*.csv)")
     g.add_argument("--failed", action="store_true", help="list only the checks not met")
     return parser
 
 
 def cmd_goals(args, console) -> int:
-    from .bench import large_goals, small_goals
+    from .bench import attention_goals, large_goals, small_goals
 
     for path in args.csv:
         if not path.is_file():
@@ -160,9 +162,11 @@ def cmd_goals(args, console) -> int:
             table = small_goals.format_table(small_goals.check_rows(rows), args.failed, small_goals.read_ceiling(rows))
         elif suites == {"large"}:
             table = large_goals.format_table(large_goals.check_rows(rows), args.failed)
+        elif suites == {"attention"}:
+            table = attention_goals.format_table(attention_goals.check_rows(rows), args.failed)
         else:
-            console.print(f"[bold red]goals: {path} holds suite(s) {sorted(suites)}; goals exist for large and "
-                          "small[/]")
+            console.print(f"[bold red]goals: {path} holds suite(s) {sorted(suites)}; goals exist for large, "
+                          "small and attention[/]")
             return 2
         console.print(table, markup=False)
     return 0
