@@ -133,6 +133,8 @@
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
 #   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
 #            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
+#   next46 - the forty-fifth session's open checks in one call (7 files): warps47, the probe's dense rotation at
+#            4096² (its dense_ms against the suite's 12.5-14.2 µs) and the GPU tests of the small dispatch
 #   lstm-kmajor - BlockSparseLSTM at b 16 with the cell writing h^T for a K-major recurrent product, against
 #            TILESPARSE_KMAJOR=off (row-major products), batch 32, hidden 2048 / 4096, density 0.25 / 0.1,
 #            after the LSTM GPU tests ($OUT/gpu-tests-lstm.log)
@@ -398,6 +400,14 @@ for step in ${STEPS:-large dtypes graph}; do
               --densities 0.5 0.1 --ms 1 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps46-8192.json" > "$OUT/warps46-8192.log" 2>&1 ;;
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
+              --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
+              --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    next46) timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bsmm_small_dispatch.py \
+              tests/test_bsmm_kmajor.py tests/test_lstm_sequence.py > "$OUT/gpu-tests-next46.log" 2>&1
+            tail -n 1 "$OUT/gpu-tests-next46.log"
+            timeout 60 python3 scripts/probes/small_threshold.py --weight 4096x4096 --blocks 64 --densities 0.5 \
+              --ms 1 32 --variants autoW2 --auto --out "$OUT/dense-rotation-4096.json" > "$OUT/dense-rotation-4096.log" 2>&1
+            for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
     lstm-kmajor) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_lstm.py tests/test_lstm_cell.py \
