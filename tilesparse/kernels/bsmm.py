@@ -246,17 +246,17 @@ def dds(
         return c
     chosen_here = config is None  # not the caller's: the layout's skew may still adjust it
     density = _density(meta, block_rows, block_cols)
+    op = "fprop" if trans else "bprop"
+    problem = (op, a.dtype, b, m, density, a.device, tuned.weight_shape(block_rows, block_cols, b))  # table key
     if config is None:  # a measured config for this problem, if `tilesparse tune` found one
-        config = tuned.lookup("fprop" if trans else "bprop", a.dtype, b, m, density, a.device,
-                              tuned.weight_shape(block_rows, block_cols, b))
+        config = tuned.lookup(*problem)
         if isinstance(config, bsmm_sdd_group.SddGroupConfig):  # another op's kind (a hand-edited table)
             config = None
     elif isinstance(config, bsmm_sdd_group.SddGroupConfig):
         raise ValueError(f"config={config}: an sdd (updat) config; dds takes KernelConfig, SmallConfig, "
                          "PanelConfig, WsConfig, WsGroupConfig, ResidentConfig or GemvConfig")
     from_table = chosen_here and config is not None
-    if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays("fprop" if trans else "bprop", a, b, density,
-                                                                block_rows * block_cols * b * b):
+    if chosen_here and KMAJOR_SMALL and bsmm_kmajor.kmajor_pays(op, a, b, density, block_rows * block_cols * b * b):
         # (the table's entries were tuned on row-major activations: K-major takes its own config)
         config, from_table = bsmm_kmajor.kmajor_config(m, b, a.dtype, shared_memory_bytes(a.device)), False
         a = bsmm_kmajor.as_kmajor(a)
@@ -311,9 +311,7 @@ def dds(
             # was measured on this grid)
             four = bsmm_small.warps_for_grid(small_cfg, prod(bsmm_small.small_grid(n_out, b, m, small_cfg)),
                                              sm_count(a.device))
-            if four is not small_cfg and not (from_table and tuned.lookup_entry(
-                    "fprop" if trans else "bprop", a.dtype, b, m, density, a.device,
-                    tuned.weight_shape(block_rows, block_cols, b))[1]):
+            if four is not small_cfg and not (from_table and tuned.lookup_entry(*problem)[1]):
                 small_cfg = four
         bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
         return c

@@ -47,8 +47,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup", "record",
-           "reload", "same_chip_slugs", "user_path", "weight_shape"]
+from .._env import normalized
+
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup",
+           "lookup_entry", "record", "reload", "same_chip_slugs", "user_path", "weight_shape"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
 OPS = ("fprop", "bprop", "updat")
@@ -248,8 +250,7 @@ def lookup_entry(op: str, dtype: torch.dtype, block: int, m: int, density: float
 
 
 def _lookups_off() -> bool:
-    setting = os.environ.get("TILESPARSE_TUNED")
-    return setting is not None and setting.strip().lower() == "off"
+    return normalized("TILESPARSE_TUNED") == "off"
 
 
 @functools.lru_cache(maxsize=4096)
