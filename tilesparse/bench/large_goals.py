@@ -101,13 +101,19 @@ def check_rows(rows: list[dict]) -> list[Check]:
     return checks
 
 
-def format_table(checks: list[Check], failed_only: bool = False) -> str:
-    """A markdown table of the checks (goal, point, measured, wanted, met), then a count."""
-    lines = ["| goal | shape | dtype | b | density | measured | wanted | met |", "|---|---|---|---|---|---|---|---|"]
+def format_table(checks: list[Check], failed_only: bool = False, column=None, kinds: tuple[str, ...] = ()) -> str:
+    """A markdown table of the checks (goal, point, measured, wanted, met), then a count: of all checks, or
+    with ``kinds`` one per kind (the checks whose goal names it). ``column`` (header, check -> text) adds a
+    column before 'met' (the small suite's bare-read share)."""
+    header, cell = column or (None, None)
+    extra = f" {header} |" if header else ""
+    lines = [f"| goal | shape | dtype | b | density | measured | wanted |{extra} met |",
+             "|---|---|---|---|---|---|---|" + ("---|" if header else "") + "---|"]
     shown = [c for c in checks if not (failed_only and c.met)]
     for c in shown:
         lines.append(f"| {c.goal} | {c.shape} | {c.dtype} | {c.block} | {c.density:g} | {c.measured:.2f} | "
-                     f"{c.wanted:g} | {'yes' if c.met else 'NO'} |")
-    met = sum(c.met for c in checks)
-    lines.append(f"\n{met} of {len(checks)} checks met")
+                     f"{c.wanted:g} |" + (f" {cell(c)} |" if header else "") + f" {'yes' if c.met else 'NO'} |")
+    groups = [(f"{k} checks", [c for c in checks if k in c.goal]) for k in kinds] or [("checks", checks)]
+    for kind, some in groups:
+        lines.append(f"\n{sum(c.met for c in some)} of {len(some)} {kind} met")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ are the ceiling a point's bandwidth check is measured against in practice; :func
 
 from __future__ import annotations
 
+from . import large_goals
 from .large_goals import Check, load
 
 __all__ = ["BANDWIDTH_AT_LEAST", "B16_BANDWIDTH_AT_LEAST", "MAX_ROWS_BANDWIDTH", "MAX_ROWS_DENSE", "check_rows",
@@ -59,19 +60,13 @@ def read_ceiling(rows: list[dict]) -> dict:
             if r["method"] == "read" and r.get("bw_fraction") not in (None, "")}
 
 
+
 def format_table(checks: list[Check], failed_only: bool = False, ceiling: dict | None = None) -> str:
-    """A markdown table of the checks (goal, point, measured, wanted, met; for bandwidth checks the bare
-    read's fraction at the same point, from ``ceiling``), then a count per goal kind."""
-    lines = ["| goal | shape | dtype | b | density | measured | wanted | read | met |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for c in checks:
-        if failed_only and c.met:
-            continue
-        op = c.goal.split()[0]
-        read = (ceiling or {}).get((c.shape, c.dtype, op, c.block, c.density)) if "bandwidth" in c.goal else None
-        lines.append(f"| {c.goal} | {c.shape} | {c.dtype} | {c.block} | {c.density:g} | {c.measured:.2f} | "
-                     f"{c.wanted:g} | {'-' if read is None else f'{read:.2f}'} | {'yes' if c.met else 'NO'} |")
-    for kind in ("bandwidth", "not slower than dense"):
-        some = [c for c in checks if kind in c.goal]
-        lines.append(f"\n{sum(c.met for c in some)} of {len(some)} {kind} checks met")
-    return "\n".join(lines)
+    """:func:`large_goals.format_table` with the bare read's share at each bandwidth check's point (from
+    ``ceiling``: :func:`read_ceiling`) and a count per goal kind."""
+    def read(c: Check) -> str:
+        share = (ceiling or {}).get((c.shape, c.dtype, c.goal.split()[0], c.block, c.density)) \
+            if "bandwidth" in c.goal else None
+        return "-" if share is None else f"{share:.2f}"
+
+    return large_goals.format_table(checks, failed_only, ("read", read), ("bandwidth", "not slower than dense"))
