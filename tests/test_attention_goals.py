@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
+from suite_csv import write_suite_csv
 from tilesparse.bench import attention_goals
 from tilesparse.cli import main
 
@@ -52,11 +52,7 @@ def test_each_goal_is_checked_where_it_applies():
 
 
 def test_goals_command_reads_an_attention_csv(tmp_path, capsys):
-    path = tmp_path / "attention.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(_rows())
+    path = write_suite_csv(tmp_path / "attention.csv", COLUMNS, _rows())
     assert main(["goals", str(path), "--failed"]) == 0
     out = capsys.readouterr().out
     assert "fwd_bwd ms at most, local1024" in out and "fwd ms at most, local1024" not in out.replace("fwd_bwd", "")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 
 import pytest
 
+from suite_csv import write_suite_csv
 from tilesparse.bench import large_goals
 from tilesparse.cli import main
 
@@ -53,11 +53,7 @@ def test_each_goal_is_checked_where_it_applies():
 
 
 def test_goals_command_prints_the_failed_checks(tmp_path, capsys):
-    path = tmp_path / "large.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(_rows())
+    path = write_suite_csv(tmp_path / "large.csv", COLUMNS, _rows())
     assert main(["goals", str(path), "--failed"]) == 0
     out = capsys.readouterr().out
     assert "b128 fprop speedup" in out and "| NO |" in out

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
+from suite_csv import write_suite_csv
 from tilesparse.bench import small_goals
 from tilesparse.cli import main
 
@@ -55,11 +55,7 @@ def test_each_goal_is_checked_where_it_applies():
 
 
 def test_goals_command_reads_a_small_suite_csv(tmp_path, capsys):
-    path = tmp_path / "small.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(_rows())
+    path = write_suite_csv(tmp_path / "small.csv", COLUMNS, _rows())
     assert main(["goals", str(path), "--failed"]) == 0
     out = capsys.readouterr().out
     assert "| fprop bandwidth, M 32 | 32x12288x12288 | bf16 | 32 | 0.25 | 0.67 | 0.75 | 0.96 | NO |" in out
