@@ -133,6 +133,10 @@
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
 #   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
 #            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
+#   plans46 - GPU tests of the per-sequence step plans (DdsPlan, CellSteps, PreparedLaunch) and what they touch,
+#            then the eager LSTM suite (b 16, density 0.25, H 2048 / 4096) with TILESPARSE_STEP_PLANS off / on
+#   swap64 - b 64 / 128 at 32-64 rows, density 0.25 / 0.5: 64-wide swapped slices, whole runs and split in 2
+#            (small_variants' s64k64st8Sx2 and kin), against the dispatcher's choice
 #   next46 - the forty-fifth session's open checks in one call (7 files): warps47, the probe's dense rotation at
 #            4096² (its dense_ms against the suite's 12.5-14.2 µs) and the GPU tests of the small dispatch
 #   lstm-kmajor - BlockSparseLSTM at b 16 with the cell writing h^T for a K-major recurrent product, against
@@ -402,6 +406,17 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    plans46) timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_dds_plan.py tests/test_lstm.py \
+              tests/test_lstm_cell.py tests/test_lstm_sequence.py tests/test_launch.py tests/test_pdl.py \
+              tests/test_bsmm_small_dispatch.py tests/test_bsmm_kmajor.py > "$OUT/gpu-tests-plans46.log" 2>&1
+            tail -n 1 "$OUT/gpu-tests-plans46.log"
+            for plans in off on; do TILESPARSE_STEP_PLANS=$plans timeout 130 python3 -m tilesparse bench --suite lstm \
+              --block 16 --density 0.25 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
+              --out "$OUT/lstm-plans-$plans" > "$OUT/bench-lstm-plans-$plans.log" 2>&1
+              cp "$OUT"/lstm-plans-$plans/*-lstm.csv "$OUT/lstm-eager-plans-$plans.csv"; rm -rf "$OUT/lstm-plans-$plans"; done ;;
+    swap64) timeout 200 python3 scripts/probes/small_threshold.py --blocks 64 128 --densities 0.25 0.5 \
+              --ms 32 64 --variants s64k64st8S s64k64st8Sx2 s64k64st8SIx2 s64k64st12Sx2 s64k128st6Sx2 --auto \
+              --out "$OUT/swap64.json" > "$OUT/swap64.log" 2>&1 ;;
     next46) timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bsmm_small_dispatch.py \
               tests/test_bsmm_kmajor.py tests/test_lstm_sequence.py > "$OUT/gpu-tests-next46.log" 2>&1
             tail -n 1 "$OUT/gpu-tests-next46.log"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tilesparse import BlockLayout, BlockSparseLSTM, layouts
-from tilesparse.kernels import bsmm_kmajor, lstm_cell
+from tilesparse.kernels import bsmm as kernels_bsmm, bsmm_kmajor, lstm_cell
 from tilesparse.ops import bsmm
 from tilesparse.ops.lstm import lstm_sequence
 
@@ -239,11 +239,14 @@ def test_sequence_with_triton_cells_matches_dense_interpreter(monkeypatch, batch
 
 
 def _recurrent_inputs(monkeypatch):
-    """Spy on the forward's recurrent products: whether each one's activations came K-major."""
+    """Spy on the forward's recurrent products: whether each one's activations came K-major (through
+    the dispatching impl on the CPU, through the kernels' DdsPlan on CUDA)."""
     seen = []
-    real = bsmm._dds_impl
+    real, real_plan = bsmm._dds_impl, kernels_bsmm.DdsPlan.__call__
     monkeypatch.setattr(bsmm, "_dds_impl", lambda a, *rest: (seen.append(bsmm_kmajor.is_kmajor(a)), real(a, *rest))[1]
                         if rest[-1] else real(a, *rest))  # (trans: the forward's h W_hh^T; bprop not counted)
+    monkeypatch.setattr(kernels_bsmm.DdsPlan, "__call__", lambda self, a, out=None: (
+        seen.append(bsmm_kmajor.is_kmajor(a)) if self.trans else None, real_plan(self, a, out))[1])
     return seen
 
 

@@ -98,6 +98,12 @@ ALL_VARIANTS = {
     "s128k64st4Sw8m128I": (128, 64, 4, 8, 1, 1, False, True, True, 128),
     "s128k64st4Sw8m128Ix2": (128, 64, 4, 8, 2, 1, False, True, True, 128),
     "s16k64st8I": (16, 64, 8, 4, 1, 1, False, False, True),
+    # b 64 / 128 at 32-64 rows (forty-sixth session): 64-wide swapped slices read the activations once per
+    # 64 features (ratio 1 against 32-wide slices' 2); every run split in 2 to keep ~384 programs
+    "s64k64st8Sx2": (64, 64, 8, 4, 2, 1, False, True),
+    "s64k64st8SIx2": (64, 64, 8, 4, 2, 1, False, True, True),
+    "s64k64st12Sx2": (64, 64, 12, 4, 2, 1, False, True),
+    "s64k128st6Sx2": (64, 128, 6, 4, 2, 1, False, True),
     # 'P' (11th field, prefetch): each step's block index two steps ahead and its
     # activation tile one step ahead (the TTGIR showed both as synchronous loads in the
     # loop, the weight tile alone pipelined; thirteenth session)

@@ -225,6 +225,11 @@ def dds(
     trans=True:  C [M, block_rows*b] = A [M, block_cols*b] @ S^T   (fprop)
     trans=False: C [M, block_cols*b] = A [M, block_rows*b] @ S     (bprop)
     """
+    return _dds(a, values, meta, bias, block_rows, block_cols, trans, config)[0]
+
+
+def _dds(a, values, meta, bias, block_rows, block_cols, trans, config=None):
+    """:func:`dds`: (C, the ``bsmm_small.SmallLaunch`` that ran it, or None for the other kernels)."""
     b = values.shape[-1]
     values = values.contiguous()  # the kernels address blocks as slot * b * b
     bias = bias.contiguous() if bias is not None else None  # and bias as bias_ptr + column
@@ -243,7 +248,7 @@ def dds(
     m = a.shape[0]
     c = new_output(m, n_out * b, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
-        return c
+        return c, None
     chosen_here = config is None  # not the caller's: the layout's skew may still adjust it
     density = _density(meta, block_rows, block_cols)
     op = "fprop" if trans else "bprop"
@@ -263,7 +268,7 @@ def dds(
     if isinstance(config, bsmm_resident.ResidentConfig):
         why = bsmm_resident.resident_supported(a, values, c, trans, config)
         if why is None and bsmm_resident.launch_dds_resident(a, values, c, bias, meta, block_rows, block_cols, config):
-            return c
+            return c, None
         why = why or "has no chunk table for this layout (columns out of order, or first asked for in a graph capture)"
         config = _fall_back(config, why, "resident-activation kernel", chosen_here)
     if isinstance(config, bsmm_ws_group.WsGroupConfig):
@@ -272,19 +277,19 @@ def dds(
             why = f"is not used below density {bsmm_ws_group.MIN_DENSITY} (measured slower)"  # a tuned bucket's low end
         if why is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, config)
-            return c
+            return c, None
         config = _fall_back(config, why, "grouped warp-specialized kernel", chosen_here)
     if isinstance(config, bsmm_ws.WsConfig):
         why = bsmm_ws.ws_supported(a, values, c, config)
         if why is None:
             _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, config, trans_v, meta, trans)
-            return c
+            return c, None
         config = _fall_back(config, why, "warp-specialized kernel", chosen_here)  # (a strided view, say)
     if isinstance(config, bsmm_gemv.GemvConfig):
         why = bsmm_gemv.gemv_supported(m, a.dtype)
         if why is None:
             bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
-            return c
+            return c, None
         config = _fall_back(config, why, "FMA kernel", chosen_here)
     if isinstance(config, bsmm_panel.PanelConfig):
         why = bsmm_panel.panel_refusal(meta, block_rows, block_cols, trans, b, config)
@@ -292,7 +297,7 @@ def dds(
             try:
                 bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
                                             precision, config)
-                return c
+                return c, None
             except OutOfResources as exc:  # found at its first compile, before anything ran
                 why = f"needs more shared memory than this GPU has ({exc})"
         config = _fall_back(config, why, "panel kernel", chosen_here)
@@ -313,24 +318,23 @@ def dds(
                                              sm_count(a.device))
             if four is not small_cfg and not (from_table and tuned.lookup_entry(*problem)[1]):
                 small_cfg = four
-        bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
-        return c
+        return c, bsmm_small.launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, small_cfg)
     if config is None:  # on Hopper, the warp-specialized kernels where they were measured faster
         group_cfg = bsmm_ws_group.default_config(a, b, density)
         if group_cfg is not None and bsmm_ws_group.dds_refusal(a, values, c, meta, block_rows, block_cols, trans,
                                                                group_cfg) is None:
             bsmm_ws_group.launch_dds_ws_group(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
                                               group_cfg)
-            return c
+            return c, None
         ws_cfg = bsmm_ws.default_config(a, b, density)
         if ws_cfg is not None and bsmm_ws.ws_supported(a, values, c, ws_cfg) is None:
             _launch_ws(a, values, c, bias, ptr, idx, slot, n_out, ws_cfg, trans_v, meta, trans)
-            return c
+            return c, None
     cfg = config or dds_config(m, b, a.dtype)
     check_fits_tile(cfg, tile_for(b), "block_k")
     if _use_tma(cfg, b, a, values, c):  # the bias is read through pointers
         bsmm_tma.launch_dds_device_desc(a, values, c, bias, ptr, idx, slot, n_out, cfg, trans_v, precision)
-        return c
+        return c, None
     launch(_dds_kernel, (cdiv(m, cfg.block_m) * n_out,),
         a, values, bias if bias is not None else c, c,
         ptr, idx, slot if slot is not None else ptr,
@@ -341,7 +345,41 @@ def dds(
         GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    return c
+    return c, None
+
+
+class DdsPlan:
+    """:func:`dds` of one weight, many times, on activations of one shape and strides (a recurrence's
+    timesteps): the first call dispatches as :func:`dds` does; where that chose the small kernel, the
+    later calls launch it again with no dispatch (on the H200's host ~35 µs per eager call, a large
+    part of an eager LSTM timestep). Activations of another shape, strides, dtype or device, and the
+    other kernels, take :func:`dds` each call."""
+
+    def __init__(self, values, meta, bias, block_rows: int, block_cols: int, trans: bool):
+        self.values, self.meta, self.bias = values, meta, bias
+        self.block_rows, self.block_cols, self.trans = block_rows, block_cols, trans
+        self.run = self.signature = None
+        self.kmajor = False
+        b = values.shape[-1]
+        self.width = (block_rows if trans else block_cols) * b
+
+    def __call__(self, a: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """C = A @ op(S) (+ bias); ``out``: a contiguous [M, width] buffer C is written into where the
+        plan's remembered launch runs (the first call and :func:`dds`'s return a new tensor)."""
+        if out is not None and (out.shape != (a.shape[0], self.width) or not out.is_contiguous()
+                                or out.dtype != a.dtype or out.device != a.device):
+            raise ValueError(f"out must be a contiguous ({a.shape[0]}, {self.width}) {a.dtype} tensor on {a.device}, "
+                             f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+        run = self.run
+        if run is not None and (a.shape, a.stride(), a.dtype, a.device) == self.signature:
+            c = new_output(a.shape[0], self.width, dtype=a.dtype, device=a.device) if out is None else out
+            run(bsmm_kmajor.as_kmajor(a) if self.kmajor else a, c)
+            return c
+        c, run = _dds(a, self.values, self.meta, self.bias, self.block_rows, self.block_cols, self.trans)
+        if run is not None and self.run is None:
+            self.run, self.signature = run, (a.shape, a.stride(), a.dtype, a.device)
+            self.kmajor = run.strides != a.stride()  # the dispatcher made them K-major
+        return c
 
 
 def sdd(

@@ -32,7 +32,7 @@ from ._alloc import arrival_counters, new_output
 from ._device import cached_table
 from ._l2_prefetch import (MAX_L2_AHEAD, check_reach, l2_prefetch_on, prefetch_block_slices, prefetch_l2_bytes,
                            prefetch_l2_bytes_each)
-from ._launch import launch
+from ._launch import PreparedLaunch, launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import (MAX_GRID_Y, cdiv, check_bools, check_fits_tile, check_power_of_two, next_power_of_2, swappable_dot,
                      tile_for)
@@ -484,42 +484,65 @@ def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
 
 
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
-    """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds."""
-    b = values.shape[-1]
-    tile = tile_for(b)
-    cfg = config
-    check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
-    m = a.shape[0]
-    out = c if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device)
-    grid = small_grid(n_out, b, m, cfg)
-    m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
-    if m_inner:
-        grid = (grid[1], grid[0], grid[2])
-    ws = sem = ptr  # placeholders: only the chunked mode reads them
-    chunk_len = 0
-    if cfg.chunks > 1:
-        tiles = grid[0] * grid[1]
-        chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
-        # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
-        # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
-        ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
-        sem = arrival_counters(c.device, tiles)
-    launch(_dds_small_kernel, grid,
-        a, values, bias if bias is not None else c, out,
-        ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
-        m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
-        a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
-        B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
-        TRANS_V=trans_v, HAS_SLOT=slot is not None,
-        HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-        L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
-        else 0,
-        SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c),
-    )
-    if cfg.splits > 1:  # fixed-order sum of the partials: deterministic
-        total = out.sum(dim=0)
-        if bias is not None:
-            total += bias.float()
+    """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds. Returns the
+    :class:`SmallLaunch` it ran, for more products of activations shaped and strided as ``a``."""
+    run = SmallLaunch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config)
+    run(a, c)
+    return run
+
+
+class SmallLaunch:
+    """The small kernel's launch for one weight and activations of one shape and strides, built once:
+    calling it with such activations ``a`` and an output ``c`` (shaped and strided as the first ones)
+    runs the product, workspaces kept between calls (launches on one stream never overlap)."""
+
+    def __init__(self, a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
+        b = values.shape[-1]
+        tile = tile_for(b)
+        cfg = self.config = config
+        check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
+        m = a.shape[0]
+        self.bias, self.strides = bias, a.stride()
+        # the splits' fp32 partials, summed after the launch
+        self.out = None if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32,
+                                                           device=c.device)
+        out = c if self.out is None else self.out
+        grid = small_grid(n_out, b, m, cfg)
+        m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
+        if m_inner:
+            grid = (grid[1], grid[0], grid[2])
+        ws = sem = ptr  # placeholders: only the chunked mode reads them
+        chunk_len = 0
+        if cfg.chunks > 1:
+            tiles = grid[0] * grid[1]
+            chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
+            # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
+            # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
+            ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
+            sem = arrival_counters(c.device, tiles)
+        # a, the bias's placeholder and the output vary per call (the placeholder is the output)
+        self.varying = (0, 2, 3) if bias is None and self.out is None else (0, 3) if self.out is None else (0,)
+        self.launch = PreparedLaunch(_dds_small_kernel, grid, (
+            a, values, bias if bias is not None else out, out,
+            ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
+            m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
+            a.stride(0), a.stride(1), out.stride(-2), out.stride(-1)), dict(
+            B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
+            CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
+            TRANS_V=trans_v, HAS_SLOT=slot is not None,
+            HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+            L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
+            else 0,
+            SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c)), self.varying,
+            lambda *args, **kwargs: launch(*args, **kwargs))  # (this module's launch, as tests replace it)
+
+    def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
+        if self.out is None:
+            self.launch(a, c, c) if len(self.varying) == 3 else self.launch(a, c)
+            return
+        self.launch(a)
+        total = self.out.sum(dim=0)  # fixed-order sum of the partials: deterministic
+        if self.bias is not None:
+            total += self.bias.float()
         c.copy_(total)

@@ -44,14 +44,14 @@ import triton
 import triton.language as tl
 
 from ._alloc import new_output
-from ._launch import launch
+from ._launch import PreparedLaunch, launch
 from ._pdl import pdl_options, wait_for_previous_kernel
 from ._tiles import cdiv, next_power_of_2
 
 __all__ = [
     "lstm_cell_forward", "lstm_cell_backward",
     "lstm_cell_forward_triton", "lstm_cell_backward_triton",
-    "lstm_cell_forward_reference", "lstm_cell_backward_reference",
+    "lstm_cell_forward_reference", "lstm_cell_backward_reference", "CellSteps",
 ]
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -247,6 +247,16 @@ def lstm_cell_forward_triton(
     ``gates`` [B, 4H] pre-activations (+ ``gates_add`` of the same shape); ``c_prev``
     [B, H] or None for a zero state. All operands share one dtype (fp16/bf16/fp32).
     ``ht_out`` [H, B]: also write h transposed there (for a K-major recurrent product)."""
+    h, c, acts, call = _forward_launch(gates, c_prev, gates_add, h_out, c_out, acts_out, save_acts, ht_out)
+    if call is not None:
+        kernel, grid, args, kwargs = call
+        launch(kernel, grid, *args, **kwargs)
+    return h, c, acts
+
+
+def _forward_launch(gates, c_prev, gates_add, h_out, c_out, acts_out, save_acts, ht_out):
+    """The forward's checked operands: (h, c, acts, (kernel, grid, args, kwargs), or None where
+    there is nothing to compute); its first 7 arguments are the tensors (placeholders included)."""
     batch, hidden = _check_gates(gates)
     gates = _operand(gates, "gates", batch, 4 * hidden)
     gates_add = _operand(gates_add, "gates_add", batch, 4 * hidden, gates.dtype)
@@ -257,19 +267,22 @@ def lstm_cell_forward_triton(
     acts = _out(acts_out, "acts_out", batch, 4 * hidden, gates) if save_acts else None
     ht = _out(ht_out, "ht_out", hidden, batch, gates) if ht_out is not None else None
     if batch == 0 or hidden == 0:
-        return h, c, acts
+        return h, c, acts, None
     block_b, block_h, grid = _tiles(batch, hidden)
-    launch(_lstm_cell_fwd_kernel, grid,
-        gates, gates if gates_add is None else gates_add, gates if c_prev is None else c_prev,
-        h, c, h if acts is None else acts, h if ht is None else ht,
+    return h, c, acts, (_lstm_cell_fwd_kernel, grid, (
+        *_forward_tensors(gates, gates_add, c_prev, h, c, acts, ht),
         batch, hidden,
         gates.stride(0), 0 if gates_add is None else gates_add.stride(0),
         0 if c_prev is None else c_prev.stride(0), h.stride(0), c.stride(0),
-        0 if acts is None else acts.stride(0), 0 if ht is None else ht.stride(0),
+        0 if acts is None else acts.stride(0), 0 if ht is None else ht.stride(0)), dict(
         HAS_G2=gates_add is not None, HAS_C_PREV=c_prev is not None, SAVE_ACTS=acts is not None,
-        WRITE_HT=ht is not None, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h),
-    )
-    return h, c, acts
+        WRITE_HT=ht is not None, BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(h)))
+
+
+def _forward_tensors(gates, gates_add, c_prev, h, c, acts, ht) -> tuple:
+    """The forward kernel's tensor arguments, absent ones replaced by placeholders it never reads."""
+    return (gates, gates if gates_add is None else gates_add, gates if c_prev is None else c_prev,
+            h, c, h if acts is None else acts, h if ht is None else ht)
 
 
 def lstm_cell_backward_triton(
@@ -289,6 +302,17 @@ def lstm_cell_backward_triton(
     ``dh`` [B, H] (+ ``dh_add``) is the gradient of h, ``dc_next`` [B, H] (or None: zero)
     the gradient of c arriving from the next step; ``acts``, ``c``, ``c_prev`` are what
     the forward saved / read (``c_prev`` None: the zero initial state)."""
+    dgates, dc_prev, call = _backward_launch(dh, dc_next, acts, c, c_prev, dh_add, dgates_out, dc_prev_out,
+                                             need_dc_prev)
+    if call is not None:
+        kernel, grid, args, kwargs = call
+        launch(kernel, grid, *args, **kwargs)
+    return dgates, dc_prev
+
+
+def _backward_launch(dh, dc_next, acts, c, c_prev, dh_add, dgates_out, dc_prev_out, need_dc_prev):
+    """The backward's checked operands: (dgates, dc_prev, (kernel, grid, args, kwargs), or None where
+    there is nothing to compute); its first 8 arguments are the tensors (placeholders included)."""
     batch, hidden = _check_gates(acts, "acts")
     acts = _operand(acts, "acts", batch, 4 * hidden)
     dh = _operand(dh, "dh", batch, hidden, acts.dtype)
@@ -300,20 +324,73 @@ def lstm_cell_backward_triton(
     need_dc_prev = need_dc_prev or dc_prev_out is not None
     dc_prev = _out(dc_prev_out, "dc_prev_out", batch, hidden, acts) if need_dc_prev else None
     if batch == 0 or hidden == 0:
-        return dgates, dc_prev
+        return dgates, dc_prev, None
     block_b, block_h, grid = _tiles(batch, hidden)
-    launch(_lstm_cell_bwd_kernel, grid,
-        dh, dh if dh_add is None else dh_add, dh if dc_next is None else dc_next,
-        acts, c, c if c_prev is None else c_prev, dgates, dgates if dc_prev is None else dc_prev,
+    return dgates, dc_prev, (_lstm_cell_bwd_kernel, grid, (
+        *_backward_tensors(dh, dh_add, dc_next, acts, c, c_prev, dgates, dc_prev),
         batch, hidden,
         dh.stride(0), 0 if dh_add is None else dh_add.stride(0), 0 if dc_next is None else dc_next.stride(0),
         acts.stride(0), c.stride(0), 0 if c_prev is None else c_prev.stride(0), dgates.stride(0),
-        0 if dc_prev is None else dc_prev.stride(0),
+        0 if dc_prev is None else dc_prev.stride(0)), dict(
         HAS_DH2=dh_add is not None, HAS_DC=dc_next is not None, HAS_C_PREV=c_prev is not None,
         WRITE_DC_PREV=dc_prev is not None,
-        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(dgates),
-    )
-    return dgates, dc_prev
+        BLOCK_B=block_b, BLOCK_H=block_h, num_warps=4, **pdl_options(dgates)))
+
+
+def _backward_tensors(dh, dh_add, dc_next, acts, c, c_prev, dgates, dc_prev) -> tuple:
+    """The backward kernel's tensor arguments, absent ones replaced by placeholders it never reads."""
+    return (dh, dh if dh_add is None else dh_add, dh if dc_next is None else dc_next,
+            acts, c, c if c_prev is None else c_prev, dgates, dgates if dc_prev is None else dc_prev)
+
+
+class CellSteps:
+    """One sequence's cell launches, forward (:meth:`forward`) or backward (:meth:`backward`), every
+    operand and output given: each kind of step (which operands are absent, the strides) is checked
+    and keyed once, and its later steps launch through a :class:`PreparedLaunch` (~25 µs of host per
+    call -> a few on this project's CPU). A kind whose first step copied an operand (one not unit-strided
+    along columns) keeps the checked path. Off CUDA the dispatching functions run; ``remember=False``:
+    every step takes the checked path (the A/B baseline). One sequence: one batch, hidden size, dtype."""
+
+    def __init__(self, remember: bool = True):
+        self.launches: dict = {}
+        self.remember = remember
+
+    def forward(self, gates, c_prev, gates_add, h_out, c_out, acts_out, ht_out):
+        """:func:`lstm_cell_forward` into the given buffers (``acts_out`` None: not saved)."""
+        given = (gates, gates_add, c_prev, h_out, c_out, acts_out, ht_out)
+        if not _use_triton(gates):
+            lstm_cell_forward(gates, c_prev, gates_add=gates_add, h_out=h_out, c_out=c_out, acts_out=acts_out,
+                              save_acts=acts_out is not None, ht_out=ht_out)
+            return
+        self._step("forward", given, lambda: _forward_launch(gates, c_prev, gates_add, h_out, c_out, acts_out,
+                                                             acts_out is not None, ht_out)[3], _forward_tensors)
+
+    def backward(self, dh, dc_next, acts, c, c_prev, dh_add, dgates_out, dc_prev_out):
+        """:func:`lstm_cell_backward` into the given buffers (``dc_prev_out`` None: not computed)."""
+        given = (dh, dh_add, dc_next, acts, c, c_prev, dgates_out, dc_prev_out)
+        if not _use_triton(acts):
+            lstm_cell_backward(dh, dc_next, acts, c, c_prev, dh_add=dh_add, dgates_out=dgates_out,
+                               dc_prev_out=dc_prev_out, need_dc_prev=dc_prev_out is not None)
+            return
+        self._step("backward", given, lambda: _backward_launch(dh, dc_next, acts, c, c_prev, dh_add, dgates_out,
+                                                               dc_prev_out, dc_prev_out is not None)[2],
+                   _backward_tensors)
+
+    def _step(self, kind, given, checked, tensors_of) -> None:
+        key = (kind, *[None if t is None else t.stride() for t in given])
+        prepared = self.launches.get(key)
+        if prepared is not None:
+            prepared(*tensors_of(*given))
+            return
+        call = checked()
+        if call is None:
+            return
+        kernel, grid, args, kwargs = call
+        tensors = tensors_of(*given)
+        launch(kernel, grid, *args, **kwargs)
+        if self.remember and all(a is t for a, t in zip(args, tensors)):  # no operand copied: the given strides
+            self.launches[key] = PreparedLaunch(kernel, grid, args, kwargs, tuple(range(len(tensors))),
+                                                lambda *a, **k: launch(*a, **k))
 
 
 # --------------------------------------------------------------------------- references

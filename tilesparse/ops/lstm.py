@@ -31,14 +31,21 @@ from typing import Optional
 import torch
 
 from .. import _checks
+from .._env import switch
 from ..kernels._alloc import new_output
 from ..kernels import bsmm as _kernels  # (its KMAJOR_SMALL switch, read at call time)
 from ..kernels import bsmm_kmajor
-from ..kernels.lstm_cell import lstm_cell_backward, lstm_cell_forward
+from ..kernels.lstm_cell import CellSteps
 from ..layout import BlockLayout
 from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
 
 __all__ = ["lstm_sequence"]
+
+# The time loops' per-step launches through plans made once per sequence (the recurrent product's
+# kernels.bsmm.DdsPlan, the cell's CellSteps): less host time per eager timestep. False (the
+# environment's TILESPARSE_STEP_PLANS=off, read at import): each step dispatches and checks in full,
+# for A/B runs.
+STEP_PLANS = switch("TILESPARSE_STEP_PLANS", True)
 
 
 def _buffer(like: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -63,7 +70,11 @@ def _transposed_h(xproj, weight, rows, cols):
 def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
     """The time loop. Returns (out [T, B, H], cbuf, acts): out[t] is step t's h; with
     ``save``, cbuf [T+1, B, H] holds c0 (zeros when absent) then every step's c, and acts
-    [T, B, 4H] the activated gates; without, cbuf [1, B, H] is the last c, acts None."""
+    [T, B, 4H] the activated gates; without, cbuf [1, B, H] is the last c, acts None.
+
+    Every step writes into buffers made once (the recurrent product into one [B, 4H] buffer, c
+    without ``save`` into two in turn), so the product's plan and the cell's launches, keyed on
+    the first steps, serve the rest with little host time (``DdsPlan``, ``CellSteps``)."""
     steps, batch, gates_width = xproj.shape
     hidden = gates_width // 4
     out = _buffer(xproj, steps, batch, hidden)
@@ -73,23 +84,26 @@ def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
         cbuf[0] = 0 if c0 is None else c0
         acts = _buffer(xproj, steps, batch, gates_width)
     else:
-        cbuf, acts = None, None
-    h, c = h0, c0
+        cbuf, acts = _buffer(xproj, 2, batch, hidden), None  # c of the last two steps, in turn
+    product = _bsmm._dds_plan(weight, meta, None, rows, cols, True, xproj, STEP_PLANS)
+    gates_buf = _buffer(xproj, batch, gates_width)
+    cell = CellSteps(remember=STEP_PLANS)
+    h = h0
     for t in range(steps):
         if h is None:  # h_{-1} = 0: no recurrent product
             gates, gates_add = xproj[0], None
         else:
             h_in = ht.t() if ht is not None and t > 0 else h  # (h0 is the caller's, row-major)
-            gates = _bsmm._dds_impl(h_in, weight, meta, None, rows, cols, True)
-            gates_add = xproj[t]
-        c_prev = None if c is None else (cbuf[t] if save else c)
-        h, c, _ = lstm_cell_forward(
-            gates, c_prev, gates_add=gates_add, h_out=out[t],
-            c_out=cbuf[t + 1] if save else None, acts_out=acts[t] if save else None, save_acts=save,
-            ht_out=ht if t < steps - 1 else None,
-        )
+            gates, gates_add = product(h_in, gates_buf), xproj[t]
+        if save:
+            c_prev, c_out = (None if t == 0 and c0 is None else cbuf[t]), cbuf[t + 1]
+        else:
+            c_prev, c_out = (c0 if t == 0 else cbuf[(t - 1) % 2]), cbuf[t % 2]
+        h = out[t]
+        cell.forward(gates, c_prev, gates_add, h, c_out, acts[t] if save else None,
+                     ht if t < steps - 1 else None)
     if not save:
-        cbuf = c.unsqueeze(0)
+        cbuf = cbuf[(steps - 1) % 2].unsqueeze(0)
     return out, cbuf, acts
 
 
@@ -128,15 +142,18 @@ def _run_backward(weight, meta, rows, cols, block_size, has_c0, h0, out, cbuf, a
     d_out, d_hn, d_cn = (g.to(dtype).contiguous() for g in (d_out, d_hn, d_cn))
 
     dgates = _buffer(acts, steps, batch, gates_width)
+    bprop = _bsmm._dds_plan(weight, meta, None, rows, cols, False, acts, STEP_PLANS)
+    dh_buf = _buffer(acts, batch, hidden)  # each step's dh_{t-1}, read by the next step's cell
+    dc_bufs = _buffer(acts, 2, batch, hidden)  # dc_{t-1} of the last two steps, in turn
+    cell = CellSteps(remember=STEP_PLANS)
     dh_rec, dc = d_hn, d_cn  # gradients arriving at step t from step t + 1
     for t in range(steps - 1, -1, -1):
         has_prev_c = t > 0 or has_c0
-        _, dc = lstm_cell_backward(
-            d_out[t], dc, acts[t], cbuf[t + 1], cbuf[t] if has_prev_c else None,
-            dh_add=dh_rec, dgates_out=dgates[t], need_dc_prev=t > 0 or need_c0,
-        )
+        dc_out = dc_bufs[t % 2] if t > 0 or need_c0 else None
+        cell.backward(d_out[t], dc, acts[t], cbuf[t + 1], cbuf[t] if has_prev_c else None, dh_rec, dgates[t], dc_out)
+        dc = dc_out
         if t > 0 or (h0 is not None and need_h0):  # bprop: dh_{t-1} = dgates_t W_hh
-            dh_rec = _bsmm._dds_impl(dgates[t], weight, meta, None, rows, cols, False)
+            dh_rec = bprop(dgates[t], dh_buf)
 
     grad_w = None
     if need_w:  # updat, once for the whole sequence: dW = dgates_all^T H_prev_all
