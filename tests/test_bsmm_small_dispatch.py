@@ -12,7 +12,7 @@ from bsmm_cases import dense_of, random_values
 import tilesparse
 from tilesparse import BlockLayout
 from tilesparse.kernels import bsmm as kernels
-from tilesparse.kernels import bsmm_small
+from tilesparse.kernels import bsmm_small, bsmm_small_config
 from tilesparse.layout import longest_runs
 from tolerances import assert_close
 
@@ -84,7 +84,7 @@ def hub_column_mask():
 
 @pytest.mark.parametrize("trans, expected", [(True, 1), (False, 2)], ids=["fprop", "bprop"])
 def test_the_rule_reads_the_runs_of_the_products_direction(monkeypatch, trans, expected):
-    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(bsmm_small_config, "CHUNK_MIN_BYTES", 0)
     seen = []
     monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]))
     layout = BlockLayout(hub_column_mask(), 16)
@@ -100,7 +100,7 @@ def test_dds_cuts_a_skewed_layouts_runs_in_chunks(monkeypatch, trans):
     # The byte threshold is lowered so that an interpreter-sized problem qualifies; the
     # skew test is the real one. The config reaching the kernel must carry 2 chunks and
     # the product must still be right; a caller's own config is never changed.
-    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(bsmm_small_config, "CHUNK_MIN_BYTES", 0)
     seen = []
     launch = bsmm_small.launch_dds_small
     monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
@@ -123,7 +123,7 @@ def test_dds_cuts_a_skewed_layouts_runs_in_chunks(monkeypatch, trans):
 
 @pytest.mark.interpreter
 def test_dds_leaves_a_balanced_layout_whole(monkeypatch):
-    monkeypatch.setattr(bsmm_small, "CHUNK_MIN_BYTES", 0)
+    monkeypatch.setattr(bsmm_small_config, "CHUNK_MIN_BYTES", 0)
     seen = []
     launch = bsmm_small.launch_dds_small
     monkeypatch.setattr(bsmm_small, "launch_dds_small", lambda *args: seen.append(args[-1]) or launch(*args))
