@@ -60,3 +60,12 @@ def test_goals_command_prints_the_failed_checks(tmp_path, capsys):
     assert "fprop faster than torch_bsr" not in out  # met: not listed with --failed
     assert "3 of 6 checks met" in out
     assert main(["goals", str(tmp_path / "missing.csv")]) == 2
+
+
+@pytest.mark.parametrize("label, known", [("large-quick", True), ("large-quick-graph", True), ("large-extra", False)])
+def test_goals_command_reads_the_suite_a_label_names(tmp_path, capsys, label, known):
+    # a run's suffixes (-quick, -graph, -1thread) name the same suite; another suffix is another suite
+    path = write_suite_csv(tmp_path / "large.csv", COLUMNS, [r | {"suite": label} for r in _rows()])
+    assert main(["goals", str(path)]) == (0 if known else 2)
+    out = capsys.readouterr().out
+    assert ("3 of 6 checks met" in out) == known

@@ -149,14 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_goals(args, console) -> int:
-    from .bench import attention_goals, large_goals, small_goals
+    from .bench import attention_goals, large_goals, small_goals, suite_of_label
+
+    def suite_name(label: str) -> str:  # the suite a row's label names (less -quick, -graph, ...), else the label
+        try:
+            return suite_of_label(label).name
+        except KeyError:
+            return label
 
     for path in args.csv:
         if not path.is_file():
             console.print(f"[bold red]goals: no such file: {path}[/]")
             return 2
         rows = large_goals.load(path)
-        suites = {r.get("suite", "").split("-")[0] for r in rows}
+        suites = {suite_name(r.get("suite", "")) for r in rows}
         console.print(f"## {path}\n")
         if suites == {"small"}:
             table = small_goals.format_table(small_goals.check_rows(rows), args.failed, small_goals.read_ceiling(rows))
