@@ -330,14 +330,18 @@ def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precisi
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds. Returns the
     :class:`SmallLaunch` it ran, for more products of activations shaped and strided as ``a``."""
     run = SmallLaunch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config)
-    run(a, c)
+    launch(_dds_small_kernel, run.grid, *run.args, **run.kwargs)  # (no prepared launch for a one-off call)
+    run.sum_splits(c)
     return run
 
 
 class SmallLaunch:
     """The small kernel's launch for one weight and activations of one shape and strides, built once:
     calling it with such activations ``a`` and an output ``c`` (shaped and strided as the first ones)
-    runs the product, workspaces kept between calls (launches on one stream never overlap)."""
+    runs the product, workspaces kept between calls (launches on one stream never overlap); from the
+    second call on through a :class:`PreparedLaunch`."""
+
+    __slots__ = ("config", "bias", "out", "grid", "args", "kwargs", "prepared")
 
     def __init__(self, a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
         b = values.shape[-1]
@@ -345,7 +349,7 @@ class SmallLaunch:
         cfg = self.config = config
         check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
         m = a.shape[0]
-        self.bias, self.strides = bias, a.stride()
+        self.bias = bias
         # the splits' fp32 partials, summed after the launch
         self.out = None if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32,
                                                            device=c.device)
@@ -363,13 +367,13 @@ class SmallLaunch:
             # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
             ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
             sem = arrival_counters(c.device, tiles)
-        # a, the bias's placeholder and the output vary per call (the placeholder is the output)
-        self.varying = (0, 2, 3) if bias is None and self.out is None else (0, 3) if self.out is None else (0,)
-        self.launch = PreparedLaunch(_dds_small_kernel, grid, (
+        self.grid, self.prepared = grid, None
+        self.args = (
             a, values, bias if bias is not None else out, out,
             ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
             m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
-            a.stride(0), a.stride(1), out.stride(-2), out.stride(-1)), dict(
+            a.stride(0), a.stride(1), out.stride(-2), out.stride(-1))
+        self.kwargs = dict(
             B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
             CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
             TRANS_V=trans_v, HAS_SLOT=slot is not None,
@@ -377,15 +381,33 @@ class SmallLaunch:
             L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
             else 0,
             SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c)), self.varying,
-            lambda *args, **kwargs: launch(*args, **kwargs))  # (this module's launch, as tests replace it)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c))
 
     def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
+        prepared = self.prepared
+        if prepared is None:  # a, the bias's placeholder (the output) and the output vary per call
+            varying = (0,) if self.out is not None else (0, 3) if self.bias is not None else (0, 2, 3)
+            prepared = self.prepared = PreparedLaunch(_dds_small_kernel, self.grid, self.args, self.kwargs, varying,
+                                                      lambda *args, **kwargs: launch(*args, **kwargs))
+            # (the fallback: this module's launch, which tests replace)
+        if self.out is not None:
+            prepared(a)
+            self.sum_splits(c)
+        elif self.bias is not None:
+            prepared(a, c)
+        else:
+            prepared(a, c, c)
+
+    @property
+    def strides(self) -> tuple[int, int]:
+        """The activations' strides it was built for."""
+        return self.args[13], self.args[14]
+
+    def sum_splits(self, c: torch.Tensor) -> None:
+        """With splits, c = the fixed-order sum of the launch's partials (+ bias): deterministic."""
         if self.out is None:
-            self.launch(a, c, c) if len(self.varying) == 3 else self.launch(a, c)
             return
-        self.launch(a)
-        total = self.out.sum(dim=0)  # fixed-order sum of the partials: deterministic
+        total = self.out.sum(dim=0)
         if self.bias is not None:
             total += self.bias.float()
         c.copy_(total)
