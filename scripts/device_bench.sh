@@ -413,7 +413,7 @@ for step in ${STEPS:-large dtypes graph}; do
             for plans in off on; do TILESPARSE_STEP_PLANS=$plans timeout 130 python3 -m tilesparse bench --suite lstm \
               --block 16 --density 0.25 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
               --out "$OUT/lstm-plans-$plans" > "$OUT/bench-lstm-plans-$plans.log" 2>&1
-              cp "$OUT"/lstm-plans-$plans/*-lstm.csv "$OUT/lstm-eager-plans-$plans.csv"; rm -rf "$OUT/lstm-plans-$plans"; done ;;
+              cp "$OUT"/lstm-plans-$plans/*-lstm*.csv "$OUT/lstm-eager-plans-$plans.csv"; rm -rf "$OUT/lstm-plans-$plans"; done ;;
     swap64) timeout 200 python3 scripts/probes/small_threshold.py --blocks 64 128 --densities 0.25 0.5 \
               --ms 32 64 --variants s64k64st8S s64k64st8Sx2 s64k64st8SIx2 s64k64st12Sx2 s64k128st6Sx2 --auto \
               --out "$OUT/swap64.json" > "$OUT/swap64.log" 2>&1 ;;
