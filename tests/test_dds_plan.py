@@ -32,23 +32,26 @@ def _layout(block_size=16, seed=0):
 
 @pytest.mark.parametrize("mark", [pytest.param(None, marks=INTERPRETER_MARKS)], ids=[""])
 @pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
-@pytest.mark.parametrize("setting", ["default", "splits", "chunks"])
+@pytest.mark.parametrize("setting", ["default", "bias", "splits", "chunks"])
 def test_plan_matches_float64_on_every_call(monkeypatch, trans, setting, mark):
     layout = _layout()
     values = random_values(layout, torch.float32)
     width_in = layout.shape[1] if trans else layout.shape[0]
-    if setting != "default":  # the small kernel's workspaces, made once and kept between calls
+    if setting in ("splits", "chunks"):  # the small kernel's workspaces, made once and kept between calls
         real = bsmm_small.small_config
         extra = {"splits": 2} if setting == "splits" else {"chunks": 2}
         monkeypatch.setattr(bsmm_small, "small_config",
                             lambda *args, **kw: dataclasses.replace(real(*args, **kw), **extra))
-    plan = kernels.DdsPlan(values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
+    width_out = layout.shape[0] if trans else layout.shape[1]
+    bias = torch.randn(width_out) if setting == "bias" else None
+    plan = kernels.DdsPlan(values, layout.meta, bias, layout.block_rows, layout.block_cols, trans)
     out = torch.full((5, plan.width), float("nan"))
     for step in range(3):
         a = torch.randn(5, width_in)
         got = plan(a, out if step == 2 else None)
         assert plan.run is not None  # the small kernel, remembered from the first call
-        assert_close(got, _expected(a, values, layout, trans), torch.float32, f"step {step}")
+        expected = _expected(a, values, layout, trans) + (0 if bias is None else bias.double())
+        assert_close(got, expected, torch.float32, f"step {step}")
     assert got is out
 
 

@@ -213,7 +213,7 @@ class PreparedLaunch:
         for position, tensor in zip(self.varying, tensors):
             args[position] = tensor
         compiled = self.compiled
-        if (compiled is not None and tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors]) == self.specs
+        if (compiled is not None and tuple(map(arg_spec, tensors)) == self.specs
                 and torch.cuda.current_device() == self.device and self.knobs == _compile_knobs()
                 and not _hooks_set()):
             _run(compiled, self.grid, self.device, args, self.tail)
@@ -224,5 +224,5 @@ class PreparedLaunch:
         found = _launch_current(self.kernel, self.grid, self.device, tuple(args), self.kwargs)
         if found is not None:
             self.compiled, self.tail = found
-            self.specs = tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors])
+            self.specs = tuple(map(arg_spec, tensors))
             self.knobs = _compile_knobs()

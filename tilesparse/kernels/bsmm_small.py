@@ -341,12 +341,12 @@ class SmallLaunch:
     runs the product, workspaces kept between calls (launches on one stream never overlap); from the
     second call on through a :class:`PreparedLaunch`."""
 
-    __slots__ = ("config", "bias", "out", "grid", "args", "kwargs", "prepared")
+    __slots__ = ("bias", "out", "grid", "args", "kwargs", "prepared")
 
     def __init__(self, a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
         b = values.shape[-1]
         tile = tile_for(b)
-        cfg = self.config = config
+        cfg = config
         check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
         m = a.shape[0]
         self.bias = bias
@@ -385,18 +385,16 @@ class SmallLaunch:
 
     def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
         prepared = self.prepared
-        if prepared is None:  # a, the bias's placeholder (the output) and the output vary per call
-            varying = (0,) if self.out is not None else (0, 3) if self.bias is not None else (0, 2, 3)
-            prepared = self.prepared = PreparedLaunch(_dds_small_kernel, self.grid, self.args, self.kwargs, varying,
+        if prepared is None:  # a varies per call, and without splits the bias (or its placeholder, c) and c
+            prepared = self.prepared = PreparedLaunch(_dds_small_kernel, self.grid, self.args, self.kwargs,
+                                                      (0,) if self.out is not None else (0, 2, 3),
                                                       lambda *args, **kwargs: launch(*args, **kwargs))
             # (the fallback: this module's launch, which tests replace)
         if self.out is not None:
             prepared(a)
             self.sum_splits(c)
-        elif self.bias is not None:
-            prepared(a, c)
         else:
-            prepared(a, c, c)
+            prepared(a, c if self.bias is None else self.bias, c)
 
     @property
     def strides(self) -> tuple[int, int]:

@@ -44,7 +44,6 @@ def _sdd_impl(a, b, meta, block_size, block_rows, block_cols):
     return kernels.sdd(a, b, meta, block_size, block_rows, block_cols)
 
 
-
 def _dds_plan(values, meta, bias, block_rows, block_cols, trans, like: torch.Tensor, plan: bool = True):
     """C = A @ op(S) (+ bias) for many A shaped like ``like`` (a recurrence's steps): a callable
     ``(a, out=None) -> C`` (``out``: a buffer C may be written into); on CUDA (not fp64, ``plan``)
@@ -52,6 +51,7 @@ def _dds_plan(values, meta, bias, block_rows, block_cols, trans, like: torch.Ten
     if plan and like.device.type == "cuda" and like.dtype != torch.float64:
         return kernels.DdsPlan(values, meta, bias, block_rows, block_cols, trans)
     return lambda a, out=None: _dds_impl(a, values, meta, bias, block_rows, block_cols, trans)
+
 
 # --------------------------------------------------------------------------- registered ops
 # What torch.compile sees: opaque ops with fakes, so fullgraph tracing never breaks.
