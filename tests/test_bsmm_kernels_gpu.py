@@ -203,7 +203,7 @@ def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_de
     # both at 65-512; density 0.25: bprop at 17-64 rows): the dispatcher runs the panel kernel;
     # at density 0.25 and 5-16 rows bprop runs the small kernel (forty-first session); inside a
     # capture on a layout whose panel tables are not built yet it runs another kernel rather than raising
-    from tilesparse.kernels import bsmm_panel, tuned
+    from tilesparse.kernels import bsmm_kmajor, bsmm_panel, tuned
 
     if tuned.gpu_slug(torch.cuda.get_device_name()) != "nvidia-h200":
         pytest.skip("the entries are in the H200's table")
@@ -220,10 +220,15 @@ def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_de
         out = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
         assert calls == [1]
         assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
-    # density 0.25, bprop: the panel at 32 rows (a 6-stage entry of the fortieth session), the
-    # small kernel with spread_index at 16 (35.5 against the panel's 41.3 µs)
+    # density 0.25, bprop, row-major activations (the table's own choice): the panel at 32 rows (a
+    # 6-stage entry of the fortieth session), the small kernel with spread_index at 16 (35.5 against the
+    # panel's 41.3 µs). With K-major on (the default) both go to the small kernel on K-major activations
+    # instead (bsmm_kmajor.KMAJOR_WINS, measured faster in the forty-fourth session).
     quarter = tilesparse.layouts.random(12288, 12288, 16, 0.25, seed=5, device=DEVICE)
     quarter_values = random_values(quarter, torch.bfloat16, DEVICE)
+    kmajor_copies, as_kmajor = [], bsmm_kmajor.as_kmajor
+    monkeypatch.setattr(bsmm_kmajor, "as_kmajor", lambda a: kmajor_copies.append(a.shape[0]) or as_kmajor(a))
+    monkeypatch.setattr(kernels, "KMAJOR_SMALL", False)
     for m, panel_calls in ((32, [1]), (16, [])):
         a = torch.randn(m, 12288, device=DEVICE, dtype=torch.bfloat16)
         reference = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False,
@@ -232,6 +237,13 @@ def test_the_h200_table_sends_b16_half_dense_products_at_5_to_512_rows_to_the_de
         out = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False)
         assert calls == panel_calls, m
         assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+        monkeypatch.setattr(kernels, "KMAJOR_SMALL", True)
+        calls.clear()
+        out = kernels.dds(a, quarter_values, quarter.meta, None, quarter.block_rows, quarter.block_cols, False)
+        assert calls == [] and kmajor_copies == [m], m  # the small kernel on a K-major copy
+        kmajor_copies.clear()
+        assert ((out.float() - reference).norm() / reference.norm()).item() < 1e-2
+        monkeypatch.setattr(kernels, "KMAJOR_SMALL", False)
     fresh = tilesparse.layouts.random(12288, 12288, 16, 0.5, seed=4, device=DEVICE)
     fresh_values = random_values(fresh, torch.bfloat16, DEVICE)
     a = torch.randn(8, 12288, device=DEVICE, dtype=torch.bfloat16)
