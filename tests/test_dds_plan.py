@@ -13,7 +13,8 @@ from triton.runtime.jit import JITFunction
 from bsmm_cases import INTERPRETER_MARKS, dense_of, random_values
 from tilesparse import BlockLayout, layouts
 from tilesparse.kernels import bsmm as kernels
-from tilesparse.kernels import bsmm_small
+from tilesparse.kernels import bsmm_gemv, bsmm_panel, bsmm_small, tuned
+from tilesparse.kernels._launch import launch
 from tolerances import assert_close
 
 F64 = torch.float64
@@ -30,9 +31,19 @@ def _layout(block_size=16, seed=0):
     return BlockLayout(mask, block_size)
 
 
+# the dispatcher's kernel for the plan, as a tuned entry would name it (the FMA and panel kernels)
+TABLE_CONFIGS = {
+    "gemv": bsmm_gemv.GemvConfig(8, 32),
+    "gemv-bias": bsmm_gemv.GemvConfig(8, 32),
+    "panel": bsmm_panel.PanelConfig(2, block_m=16),
+    "panel-splits-bias": bsmm_panel.PanelConfig(2, block_m=16, splits=3),  # partials summed after the kernel
+    "panel-fused": bsmm_panel.PanelConfig(4, block_m=16, splits=2, entries=2, swap=True, fused_sum=True),
+}
+
+
 @pytest.mark.parametrize("mark", [pytest.param(None, marks=INTERPRETER_MARKS)], ids=[""])
 @pytest.mark.parametrize("trans", [True, False], ids=["fprop", "bprop"])
-@pytest.mark.parametrize("setting", ["default", "bias", "splits", "chunks"])
+@pytest.mark.parametrize("setting", ["default", "bias", "splits", "chunks", *TABLE_CONFIGS])
 def test_plan_matches_float64_on_every_call(monkeypatch, trans, setting, mark):
     layout = _layout()
     values = random_values(layout, torch.float32)
@@ -42,8 +53,13 @@ def test_plan_matches_float64_on_every_call(monkeypatch, trans, setting, mark):
         extra = {"splits": 2} if setting == "splits" else {"chunks": 2}
         monkeypatch.setattr(bsmm_small, "small_config",
                             lambda *args, **kw: dataclasses.replace(real(*args, **kw), **extra))
+    kernel = {"gemv": bsmm_gemv, "panel": bsmm_panel}.get(setting.split("-")[0], bsmm_small)
+    if setting in TABLE_CONFIGS:
+        monkeypatch.setattr(tuned, "lookup", lambda *args: TABLE_CONFIGS[setting])
+    launched = []
+    monkeypatch.setattr(kernel, "launch", lambda fn, *args, **kw: launched.append(fn) or launch(fn, *args, **kw))
     width_out = layout.shape[0] if trans else layout.shape[1]
-    bias = torch.randn(width_out) if setting == "bias" else None
+    bias = torch.randn(width_out) if "bias" in setting else None
     plan = kernels.DdsPlan(values, layout.meta, bias, layout.block_rows, layout.block_cols, trans)
     out = torch.full((5, plan.width), float("nan"))
     for step in range(3):
@@ -53,6 +69,7 @@ def test_plan_matches_float64_on_every_call(monkeypatch, trans, setting, mark):
         expected = _expected(a, values, layout, trans) + (0 if bias is None else bias.double())
         assert_close(got, expected, torch.float32, f"step {step}")
     assert got is out
+    assert len(launched) == 3 and launched[0].fn.__module__ == kernel.__name__  # the kernel chosen, every call
 
 
 @pytest.mark.parametrize("mark", [pytest.param(None, marks=INTERPRETER_MARKS)], ids=[""])
@@ -117,6 +134,37 @@ def test_gpu_plan_is_bitwise_dds_and_skips_tritons_launch(monkeypatch, dtype, bl
             a = torch.randn(512, batch, device="cuda", dtype=dtype).t()
             expected = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, True)
             assert torch.equal(plan(a), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("setting", list(TABLE_CONFIGS))
+def test_gpu_plan_of_the_fma_and_panel_kernels_is_bitwise_dds(monkeypatch, setting, dtype):
+    # the FMA (1-8 rows) and panel kernels as a tuned entry names them: the plan's later calls skip
+    # Triton's launch and give dds's bits (the panel's partials and fused-sum workspaces reused)
+    layout = layouts.random(1024, 512, 16, 0.5, seed=2, device="cuda")
+    values = random_values(layout, dtype, device="cuda")
+    cfg = TABLE_CONFIGS[setting]
+    batch = 8 if setting.startswith("gemv") else 24
+    for trans, width_in, width_out in ((True, 512, 1024), (False, 1024, 512)):
+        bias = torch.randn(width_out, device="cuda", dtype=dtype) if "bias" in setting else None
+        monkeypatch.setattr(tuned, "lookup", lambda *args: cfg)
+        plan = kernels.DdsPlan(values, layout.meta, bias, layout.block_rows, layout.block_cols, trans)
+        inputs = [torch.randn(batch, width_in, device="cuda", dtype=dtype) for _ in range(4)]
+        plan(inputs[0])
+        plan(inputs[1])
+        assert plan.run is not None
+        seen = _count_triton_runs(monkeypatch)
+        for a in inputs:
+            expected = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans,
+                                   config=cfg)
+            out = torch.full_like(expected, float("nan"))
+            seen.clear()
+            assert plan(a, out) is out
+            assert seen == [], seen
+            assert torch.equal(out, expected)
+        monkeypatch.undo()
 
 
 @pytest.mark.gpu

@@ -229,7 +229,8 @@ def dds(
 
 
 def _dds(a, values, meta, bias, block_rows, block_cols, trans, config=None):
-    """:func:`dds`: (C, the ``bsmm_small.SmallLaunch`` that ran it, or None for the other kernels)."""
+    """:func:`dds`: (C, the ``dds_launch.DdsLaunch`` that ran it (the small, FMA and panel kernels),
+    or None for the other kernels)."""
     b = values.shape[-1]
     values = values.contiguous()  # the kernels address blocks as slot * b * b
     bias = bias.contiguous() if bias is not None else None  # and bias as bias_ptr + column
@@ -288,16 +289,14 @@ def _dds(a, values, meta, bias, block_rows, block_cols, trans, config=None):
     if isinstance(config, bsmm_gemv.GemvConfig):
         why = bsmm_gemv.gemv_supported(m, a.dtype)
         if why is None:
-            bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
-            return c, None
+            return c, bsmm_gemv.launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config)
         config = _fall_back(config, why, "FMA kernel", chosen_here)
     if isinstance(config, bsmm_panel.PanelConfig):
         why = bsmm_panel.panel_refusal(meta, block_rows, block_cols, trans, b, config)
         if why is None:
             try:
-                bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v,
-                                            precision, config)
-                return c, None
+                return c, bsmm_panel.launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans,
+                                                      trans_v, precision, config)
             except OutOfResources as exc:  # found at its first compile, before anything ran
                 why = f"needs more shared memory than this GPU has ({exc})"
         config = _fall_back(config, why, "panel kernel", chosen_here)
@@ -350,10 +349,10 @@ def _dds(a, values, meta, bias, block_rows, block_cols, trans, config=None):
 
 class DdsPlan:
     """:func:`dds` of one weight, many times, on activations of one shape and strides (a recurrence's
-    timesteps): the first call dispatches as :func:`dds` does; where that chose the small kernel, the
-    later calls launch it again with no dispatch (on the H200's host ~35 µs per eager call, a large
-    part of an eager LSTM timestep). Activations of another shape, strides, dtype or device, and the
-    other kernels, take :func:`dds` each call."""
+    timesteps): the first call dispatches as :func:`dds` does; where that chose the small, FMA or panel
+    kernel, the later calls launch it again with no dispatch (on the H200's host ~35 µs per eager call,
+    a large part of an eager LSTM timestep). Activations of another shape, strides, dtype or device, and
+    the other kernels, take :func:`dds` each call."""
 
     def __init__(self, values, meta, bias, block_rows: int, block_cols: int, trans: bool):
         self.values, self.meta, self.bias = values, meta, bias

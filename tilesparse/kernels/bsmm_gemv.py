@@ -30,6 +30,7 @@ from ._l2_prefetch import check_reach, l2_prefetch_on, prefetch_block_slices
 from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import check_bools, check_fits_tile, check_power_of_two, next_power_of_2, tile_for
+from .dds_launch import DdsLaunch
 
 MAX_ROWS = 8  # activation rows this kernel takes (M_PAD FMAs per weight element)
 
@@ -206,18 +207,29 @@ def gemv_supported(m: int, dtype: torch.dtype) -> str | None:
     return None
 
 
-def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: GemvConfig):
+def launch_dds_gemv(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: GemvConfig) -> DdsLaunch:
     """C = A @ op(S) (+ bias) for 1-8 rows of A (bsmm.dds has checked them:
-    :func:`gemv_supported`); arguments as prepared by bsmm.dds."""
+    :func:`gemv_supported`); arguments as prepared by bsmm.dds. Returns the launch it ran, for
+    more products of activations shaped and strided as ``a``."""
+    return gemv_launch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config).first(c)
+
+
+def gemv_launch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, config: GemvConfig) -> DdsLaunch:
+    """The FMA kernel's launch for one weight and activations shaped and strided as ``a``, not run."""
     b = values.shape[-1]
     tile = tile_for(b)
     check_fits_tile(config, tile, "sub")
     m = a.shape[0]
-    launch(_dds_gemv_kernel, (n_out * (tile // config.sub),),
-           a, values, bias if bias is not None else c, c, ptr, idx, slot if slot is not None else ptr,
-           m, a.stride(0), a.stride(1), c.stride(0), c.stride(1),
-           B=b, TILE_B=tile, SUB=config.sub, BLOCK_K=config.block_k, M_PAD=next_power_of_2(m),
-           TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
-           REDUCE_EACH_STEP=config.reduce_each_step,
-           L2_AHEAD=config.l2_ahead if config.l2_ahead and slot is None and l2_prefetch_on(values) else 0,
-           num_warps=config.num_warps, num_stages=1, **pdl_options(c))  # nothing for Triton's pipeliner
+    args = (a, values, bias if bias is not None else c, c, ptr, idx, slot if slot is not None else ptr,
+            m, a.stride(0), a.stride(1), c.stride(0), c.stride(1))
+    kwargs = dict(B=b, TILE_B=tile, SUB=config.sub, BLOCK_K=config.block_k, M_PAD=next_power_of_2(m),
+                  TRANS_V=trans_v, HAS_SLOT=slot is not None, HAS_BIAS=bias is not None,
+                  REDUCE_EACH_STEP=config.reduce_each_step,
+                  L2_AHEAD=config.l2_ahead if config.l2_ahead and slot is None and l2_prefetch_on(values) else 0,
+                  num_warps=config.num_warps, num_stages=1, **pdl_options(c))  # nothing for Triton's pipeliner
+    return DdsLaunch(_dds_gemv_kernel, (n_out * (tile // config.sub),), args, kwargs, bias, None, _module_launch)
+
+
+def _module_launch(*args, **kwargs) -> None:
+    """This module's ``launch``, looked up at call time (tests replace it)."""
+    launch(*args, **kwargs)

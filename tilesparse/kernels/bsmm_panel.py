@@ -43,6 +43,7 @@ from ._alloc import arrival_counters, new_output
 from ._l2_prefetch import l2_prefetch_on, prefetch_l2_bytes_each
 from ._launch import launch
 from ._tiles import cdiv, check_bools, check_ints, check_power_of_two, grouped_tile, swappable_dot
+from .dds_launch import DdsLaunch
 
 
 @triton.jit
@@ -293,17 +294,28 @@ def _build_panel_tables(meta: torch.Tensor, block_rows: int, block_cols: int, tr
     return pptr, k_idx.to(torch.int32).contiguous(), pslots
 
 
-def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, cfg: PanelConfig):
+def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision,
+                     cfg: PanelConfig) -> DdsLaunch:
     """C = A @ op(S) (+ bias) with the panel kernel; ``trans`` picks the grouping (fprop
     groups S's block-rows), ``trans_v`` how stored blocks are read (see bsmm.dds, which
-    first asks :func:`panel_refusal` whether the kernel takes the call)."""
+    first asks :func:`panel_refusal` whether the kernel takes the call). Returns the launch it
+    ran, for more products of activations shaped and strided as ``a``."""
+    return panel_launch(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision, cfg).first(c)
+
+
+def panel_launch(a, values, c, bias, meta, block_rows, block_cols, trans, trans_v, precision,
+                 cfg: PanelConfig) -> DdsLaunch:
+    """The panel kernel's launch for one weight and activations shaped and strided as ``a``, built
+    (tables and workspaces made) but not run."""
     b = values.shape[-1]
     pptr, pk, pslots = panel_tables(meta, block_rows, block_cols, trans, cfg.group)
     n_groups = pptr.numel() - 1
     m = a.shape[0]
     fused = cfg.fused_sum and cfg.splits > 1
     split_out = cfg.splits > 1 and not fused
-    out = new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device) if split_out else c
+    # the splits' fp32 partials, summed after the launch (deterministic), unless summed in the kernel
+    partials = new_output(cfg.splits, m, c.shape[1], dtype=torch.float32, device=c.device) if split_out else None
+    out = c if partials is None else partials
     grid = (cdiv(m, cfg.block_m) * n_groups, cfg.splits)
     ws = sem = pptr  # placeholders: only the fused sum reads them
     if fused:
@@ -312,18 +324,18 @@ def launch_dds_panel(a, values, c, bias, meta, block_rows, block_cols, trans, tr
         # TILESPARSE_POISON=1, so a partial read unwritten shows)
         ws = new_output(tiles * cfg.splits * cfg.block_m * cfg.group * b, dtype=torch.float32, device=c.device)
         sem = arrival_counters(c.device, tiles)
-    launch(_dds_panel_kernel, grid,
-        a, values, bias if bias is not None else c, out,
-        pptr, pk, pslots, ws, sem,
-        m, c.shape[1], n_groups, out.stride(0) if split_out else 0,
-        a.stride(0), a.stride(1), out.stride(-2), out.stride(-1),
-        B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-        TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
-        ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused,
-        L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and l2_prefetch_on(values) else 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if split_out:  # fixed-order sum of the partials: deterministic
-        total = out.sum(dim=0)
-        if bias is not None:
-            total += bias.float()
-        c.copy_(total)
+    args = (a, values, bias if bias is not None else out, out,
+            pptr, pk, pslots, ws, sem,
+            m, c.shape[1], n_groups, out.stride(0) if split_out else 0,
+            a.stride(0), a.stride(1), out.stride(-2), out.stride(-1))
+    kwargs = dict(B=b, G=cfg.group, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
+                  TRANS_V=trans_v, HAS_BIAS=bias is not None, GROUP_M=cfg.group_m, INPUT_PRECISION=precision,
+                  ENTRIES=cfg.entries, SWAP=cfg.swap, FUSED_SUM=fused,
+                  L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and l2_prefetch_on(values) else 0,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return DdsLaunch(_dds_panel_kernel, grid, args, kwargs, bias, partials, _module_launch)
+
+
+def _module_launch(*args, **kwargs) -> None:
+    """This module's ``launch``, looked up at call time (tests replace it)."""
+    launch(*args, **kwargs)

@@ -31,11 +31,12 @@ from .bsmm_small_config import (CHUNK_MIN_BYTES, CHUNK_SKEW, MAX_CHUNKS, SmallCo
 from ._device import cached_table
 from ._l2_prefetch import (MAX_L2_AHEAD, l2_prefetch_on, prefetch_block_slices, prefetch_l2_bytes,
                            prefetch_l2_bytes_each)
-from ._launch import PreparedLaunch, launch
+from ._launch import launch
 from ._pdl import let_next_kernel_start, pdl_options, wait_for_previous_kernel
 from ._tiles import MAX_GRID_Y, check_fits_tile, swappable_dot, tile_for
+from .dds_launch import DdsLaunch
 
-__all__ = ["SmallLaunch", "launch_dds_small",
+__all__ = ["launch_dds_small", "small_launch",
            # the config and its rules, from bsmm_small_config (callers name them through this module)
            "CHUNK_MIN_BYTES", "CHUNK_SKEW", "MAX_CHUNKS", "SmallConfig", "auto_chunks", "rows_per_program",
            "small_config", "small_grid", "warps_for_grid"]
@@ -328,84 +329,53 @@ def _longest_first(ptr: torch.Tensor) -> torch.Tensor:
 
 def launch_dds_small(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
     """C = A @ op(S) (+ bias) for few rows of A; arguments as prepared by bsmm.dds. Returns the
-    :class:`SmallLaunch` it ran, for more products of activations shaped and strided as ``a``."""
-    run = SmallLaunch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config)
-    launch(_dds_small_kernel, run.grid, *run.args, **run.kwargs)  # (no prepared launch for a one-off call)
-    run.sum_splits(c)
-    return run
+    :class:`~tilesparse.kernels.dds_launch.DdsLaunch` it ran, for more products of activations
+    shaped and strided as ``a``."""
+    return small_launch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config).first(c)
 
 
-class SmallLaunch:
-    """The small kernel's launch for one weight and activations of one shape and strides, built once:
-    calling it with such activations ``a`` and an output ``c`` (shaped and strided as the first ones)
-    runs the product, workspaces kept between calls (launches on one stream never overlap); from the
-    second call on through a :class:`PreparedLaunch`."""
+def small_launch(a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig) -> DdsLaunch:
+    """The small kernel's launch for one weight and activations shaped and strided as ``a``, built
+    (workspaces made) but not run."""
+    b = values.shape[-1]
+    tile = tile_for(b)
+    cfg = config
+    check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
+    m = a.shape[0]
+    # the splits' fp32 partials, summed after the launch
+    partials = None if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32,
+                                                       device=c.device)
+    out = c if partials is None else partials
+    grid = small_grid(n_out, b, m, cfg)
+    m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
+    if m_inner:
+        grid = (grid[1], grid[0], grid[2])
+    ws = sem = ptr  # placeholders: only the chunked mode reads them
+    chunk_len = 0
+    if cfg.chunks > 1:
+        tiles = grid[0] * grid[1]
+        chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
+        # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
+        # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
+        ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
+        sem = arrival_counters(c.device, tiles)
+    args = (
+        a, values, bias if bias is not None else out, out,
+        ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
+        m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
+        a.stride(0), a.stride(1), out.stride(-2), out.stride(-1))
+    kwargs = dict(
+        B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
+        CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
+        TRANS_V=trans_v, HAS_SLOT=slot is not None,
+        HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
+        L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
+        else 0,
+        SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c))
+    return DdsLaunch(_dds_small_kernel, grid, args, kwargs, bias, partials, _module_launch)
 
-    __slots__ = ("bias", "out", "grid", "args", "kwargs", "prepared")
 
-    def __init__(self, a, values, c, bias, ptr, idx, slot, n_out, trans_v, precision, config: SmallConfig):
-        b = values.shape[-1]
-        tile = tile_for(b)
-        cfg = config
-        check_fits_tile(cfg, tile, "sub")  # block_k may span several blocks
-        m = a.shape[0]
-        self.bias = bias
-        # the splits' fp32 partials, summed after the launch
-        self.out = None if cfg.splits == 1 else new_output(cfg.splits, m, c.shape[1], dtype=torch.float32,
-                                                           device=c.device)
-        out = c if self.out is None else self.out
-        grid = small_grid(n_out, b, m, cfg)
-        m_inner = cfg.m_inner and grid[0] <= MAX_GRID_Y  # the slices on the grid's y axis only where they fit
-        if m_inner:
-            grid = (grid[1], grid[0], grid[2])
-        ws = sem = ptr  # placeholders: only the chunked mode reads them
-        chunk_len = 0
-        if cfg.chunks > 1:
-            tiles = grid[0] * grid[1]
-            chunk_len = max(1, -(-idx.numel() // max(n_out, 1)))  # the mean run, rounded up
-            # one [sub, block_m] fp32 partial per chunk of every tile (only split runs write
-            # theirs; NaN-poisoned under TILESPARSE_POISON=1, so a partial read unwritten shows)
-            ws = new_output(tiles * cfg.chunks * cfg.sub * cfg.block_m, dtype=torch.float32, device=c.device)
-            sem = arrival_counters(c.device, tiles)
-        self.grid, self.prepared = grid, None
-        self.args = (
-            a, values, bias if bias is not None else out, out,
-            ptr, idx, slot if slot is not None else ptr, ws, sem, _longest_first(ptr) if cfg.longest_first else ptr,
-            m, out.stride(0) if cfg.splits > 1 else 0, chunk_len,
-            a.stride(0), a.stride(1), out.stride(-2), out.stride(-1))
-        self.kwargs = dict(
-            B=b, TILE_B=tile, SUB=cfg.sub, BLOCK_K=cfg.block_k, BLOCK_M=cfg.block_m, SPLITS=cfg.splits,
-            CHUNKS=cfg.chunks, LONGEST_FIRST=cfg.longest_first, SWAP=cfg.swap, M_INNER=m_inner, PREFETCH=cfg.prefetch,
-            TRANS_V=trans_v, HAS_SLOT=slot is not None,
-            HAS_BIAS=bias is not None, INPUT_PRECISION=precision,
-            L2_AHEAD=cfg.l2_ahead if cfg.l2_ahead and (slot is None or cfg.block_k <= tile) and l2_prefetch_on(values)
-            else 0,
-            SPREAD_INDEX=cfg.spread_index and cfg.block_k > tile,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_options(c))
-
-    def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
-        prepared = self.prepared
-        if prepared is None:  # a varies per call, and without splits the bias (or its placeholder, c) and c
-            prepared = self.prepared = PreparedLaunch(_dds_small_kernel, self.grid, self.args, self.kwargs,
-                                                      (0,) if self.out is not None else (0, 2, 3),
-                                                      lambda *args, **kwargs: launch(*args, **kwargs))
-            # (the fallback: this module's launch, which tests replace)
-        if self.out is not None:
-            prepared(a)
-            self.sum_splits(c)
-        else:
-            prepared(a, c if self.bias is None else self.bias, c)
-
-    @property
-    def strides(self) -> tuple[int, int]:
-        """The activations' strides it was built for."""
-        return self.args[13], self.args[14]
-
-    def sum_splits(self, c: torch.Tensor) -> None:
-        """With splits, c = the fixed-order sum of the launch's partials (+ bias): deterministic."""
-        if self.out is None:
-            return
-        total = self.out.sum(dim=0)
-        if self.bias is not None:
-            total += self.bias.float()
-        c.copy_(total)
+def _module_launch(*args, **kwargs) -> None:
+    """This module's ``launch``, looked up at call time (tests replace it)."""
+    launch(*args, **kwargs)
