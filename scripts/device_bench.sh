@@ -133,6 +133,9 @@
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
 #   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
 #            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
+#   plans47 - the eager LSTM at batch 4 (b 16, density 0.25, H 2048 / 4096: the FMA kernel's table rows, now
+#            relaunched by DdsPlan) with TILESPARSE_STEP_PLANS off / on; then scripts/probes/lstm_step_profile.py
+#            (batch 32, H 2048 / 4096 / 2048: wall against kernel time per timestep, the host's busiest ops)
 #   plans46 - GPU tests of the per-sequence step plans (DdsPlan, CellSteps, PreparedLaunch) and what they touch,
 #            then the eager LSTM suite (b 16, density 0.25, H 2048 / 4096) with TILESPARSE_STEP_PLANS off / on
 #   swap64 - b 64 / 128 at 32-64 rows, density 0.25 / 0.5: 64-wide swapped slices, whole runs and split in 2
@@ -406,6 +409,12 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    plans47) for plans in off on; do TILESPARSE_STEP_PLANS=$plans timeout 120 python3 -m tilesparse bench --suite lstm \
+              --block 16 --density 0.25 --shape 128x8192x2048 128x16384x4096 --dtype bf16 --no-plot \
+              --out "$OUT/lstm-b4-plans-$plans" > "$OUT/bench-lstm-b4-plans-$plans.log" 2>&1
+              cp "$OUT"/lstm-b4-plans-$plans/*-lstm*.csv "$OUT/lstm-b4-plans-$plans.csv"; rm -rf "$OUT/lstm-b4-plans-$plans"; done
+            timeout 150 python3 scripts/probes/lstm_step_profile.py --hidden 2048 4096 2048 --batch 32 --block 16 \
+              --density 0.25 --out "$OUT/lstm-step-profile.json" > "$OUT/lstm-step-profile.log" 2>&1 ;;
     plans46) timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_dds_plan.py tests/test_lstm.py \
               tests/test_lstm_cell.py tests/test_lstm_sequence.py tests/test_launch.py tests/test_pdl.py \
               tests/test_bsmm_small_dispatch.py tests/test_bsmm_kmajor.py > "$OUT/gpu-tests-plans46.log" 2>&1
