@@ -133,6 +133,9 @@
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
 #   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
 #            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
+#   graphs47 - the eager LSTM with its time loops replayed from CUDA graphs (ops/lstm_graphs.py):
+#            b 16, density 0.25, batch 32, H 2048 / 4096 with TILESPARSE_LSTM_GRAPHS off / on, batch 4 on,
+#            then the quick LSTM suite (graphs on; $OUT/lstm-quick.csv)
 #   plans47 - the eager LSTM at batch 4 (b 16, density 0.25, H 2048 / 4096: the FMA kernel's table rows, now
 #            relaunched by DdsPlan) with TILESPARSE_STEP_PLANS off / on; then scripts/probes/lstm_step_profile.py
 #            (batch 32, H 2048 / 4096 / 2048: wall against kernel time per timestep, the host's busiest ops)
@@ -409,6 +412,16 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    graphs47) for graphs in off on; do TILESPARSE_LSTM_GRAPHS=$graphs timeout 120 python3 -m tilesparse bench \
+              --suite lstm --block 16 --density 0.25 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
+              --out "$OUT/lstm-graphs-$graphs" > "$OUT/bench-lstm-graphs-$graphs.log" 2>&1
+              cp "$OUT"/lstm-graphs-$graphs/*-lstm*.csv "$OUT/lstm-graphs-$graphs.csv"; rm -rf "$OUT/lstm-graphs-$graphs"; done
+            timeout 100 python3 -m tilesparse bench --suite lstm --block 16 --density 0.25 --shape 128x8192x2048 \
+              128x16384x4096 --dtype bf16 --no-plot --out "$OUT/lstm-b4" > "$OUT/bench-lstm-b4-graphs-on.log" 2>&1
+            rm -rf "$OUT/lstm-b4"
+            timeout 200 python3 -m tilesparse bench --suite lstm --quick --no-plot --out "$OUT/lstm-quick" \
+              > "$OUT/bench-lstm-quick.log" 2>&1
+            cp "$OUT"/lstm-quick/*-lstm*.csv "$OUT/lstm-quick.csv"; rm -rf "$OUT/lstm-quick" ;;
     plans47) for plans in off on; do TILESPARSE_STEP_PLANS=$plans timeout 120 python3 -m tilesparse bench --suite lstm \
               --block 16 --density 0.25 --shape 128x8192x2048 128x16384x4096 --dtype bf16 --no-plot \
               --out "$OUT/lstm-b4-plans-$plans" > "$OUT/bench-lstm-b4-plans-$plans.log" 2>&1

@@ -38,6 +38,7 @@ from ..kernels import bsmm_kmajor
 from ..kernels.lstm_cell import CellSteps
 from ..layout import BlockLayout
 from . import bsmm as _bsmm  # attribute access at call time, so tests can count the calls
+from . import lstm_graphs
 
 __all__ = ["lstm_sequence"]
 
@@ -107,6 +108,23 @@ def _run_forward(xproj, weight, meta, rows, cols, h0, c0, save: bool):
     return out, cbuf, acts
 
 
+def _forward_loop(xproj, weight, meta, rows, cols, h0, c0, save: bool):
+    """:func:`_run_forward`, replayed from a CUDA graph where ``lstm_graphs.run`` says."""
+    return lstm_graphs.run(lambda x, h, c: _run_forward(x, weight, meta, rows, cols, h, c, save), (xproj, h0, c0),
+                           weight, meta, ("forward", save, rows, cols, STEP_PLANS, _kernels.KMAJOR_SMALL),
+                           xproj.shape[0])
+
+
+def _backward_loop(weight, meta, rows, cols, block_size, has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
+                   need_x, need_w, need_h0, need_c0):
+    """:func:`_run_backward`, replayed from a CUDA graph where ``lstm_graphs.run`` says."""
+    needs = (need_x, need_w, need_h0, need_c0)
+    return lstm_graphs.run(
+        lambda *tensors: _run_backward(weight, meta, rows, cols, block_size, has_c0, *tensors, *needs),
+        (h0, out, cbuf, acts, d_out, d_hn, d_cn), weight, meta,
+        ("backward", has_c0, needs, rows, cols, block_size, STEP_PLANS, _kernels.KMAJOR_SMALL), out.shape[0])
+
+
 class _LSTMSequence(torch.autograd.Function):
     """(xproj [T, B, 4H], W_hh values [nnz, b, b], h0 [B, H] or None, c0 [B, H] or None,
     layout) -> (output [T, B, H], h_n [B, H], c_n [B, H]). See the module docstring.
@@ -117,7 +135,7 @@ class _LSTMSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xproj, weight, h0, c0, layout):
         meta = layout.meta_on(xproj.device)
-        out, cbuf, acts = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=True)
+        out, cbuf, acts = _forward_loop(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=True)
         ctx.save_for_backward(weight, h0, out, cbuf, acts)
         ctx.tables = (meta, layout.block_rows, layout.block_cols, layout.block_size)
         ctx.has_c0 = c0 is not None
@@ -128,8 +146,8 @@ class _LSTMSequence(torch.autograd.Function):
     def backward(ctx, d_out, d_hn, d_cn):
         weight, h0, out, cbuf, acts = ctx.saved_tensors
         need_x, need_w, need_h0, need_c0, _ = ctx.needs_input_grad
-        return _run_backward(weight, *ctx.tables, ctx.has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
-                             need_x, need_w, need_h0, need_c0) + (None,)
+        return _backward_loop(weight, *ctx.tables, ctx.has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
+                              need_x, need_w, need_h0, need_c0) + (None,)
 
 
 def _run_backward(weight, meta, rows, cols, block_size, has_c0, h0, out, cbuf, acts, d_out, d_hn, d_cn,
@@ -298,5 +316,5 @@ def lstm_sequence(
         output, h_n, c_n = _LSTMSequence.apply(xproj, weight, h0, c0, layout)
         return output, h_n, c_n
     meta = layout.meta_on(xproj.device)
-    out, cbuf, _ = _run_forward(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=False)
+    out, cbuf, _ = _forward_loop(xproj, weight, meta, layout.block_rows, layout.block_cols, h0, c0, save=False)
     return out, out[-1].clone(), cbuf[-1]

@@ -1,0 +1,181 @@
+"""tilesparse.ops.lstm_graphs: the LSTM time loops replayed from CUDA graphs. On the CPU, the
+cache's rules with a stand-in for the graph (first call eager, second captured, later ones replayed;
+a key per shape, options and weight; at most MAX_LOOPS; a failed capture warns and stays eager; one
+timestep and the switch stay eager), every call against the float64 dense recurrence. On the GPU,
+bitwise the eager loop's values and gradients over calls with fresh inputs and an updated weight."""
+
+import math
+
+import pytest
+import torch
+
+from tilesparse import BlockSparseLSTM, layouts
+from tilesparse.ops import lstm_graphs
+from tilesparse.ops.lstm import lstm_sequence
+
+from test_lstm_sequence import _dense_recurrence
+from tolerances import assert_close
+
+F64 = torch.float64
+
+
+class _StandIn:
+    """A captured loop without CUDA: static inputs copied in, the loop run on them at each replay."""
+
+    def __init__(self, fn, inputs, log):
+        self.fn, self.log = fn, log
+        self.inputs = tuple(None if t is None else t.clone() for t in inputs)
+        log.append("capture")
+
+    def __call__(self, inputs):
+        self.log.append("replay")
+        for static, t in zip(self.inputs, inputs):
+            if static is not None:
+                static.copy_(t)
+        return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in self.fn(*self.inputs))
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    log = []
+    monkeypatch.setattr(lstm_graphs, "_replayable", lambda meta, steps: lstm_graphs.GRAPHS and steps > 1)
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: _StandIn(fn, inputs, log))
+    return log
+
+
+def _case(steps=4, batch=3, hidden=16, block=8, seed=0):
+    layout = layouts.random(4 * hidden, hidden, block, 0.5, seed=seed)
+    values = (torch.randn(layout.nnz, block, block, dtype=F64) / math.sqrt(hidden)).requires_grad_()
+    return layout, values
+
+
+def _inputs(steps, batch, hidden, with_states):
+    xproj = torch.randn(steps, batch, 4 * hidden, dtype=F64, requires_grad=True)
+    states = [torch.randn(batch, hidden, dtype=F64, requires_grad=True) if with_states else None for _ in range(2)]
+    return xproj, *states
+
+
+def _check_against_dense(layout, values, xproj, h0, c0):
+    out, h_n, c_n = lstm_sequence(xproj, values, layout, h0, c0)
+    d_out = torch.randn_like(out)
+    leaves = [t for t in (xproj, values, h0, c0) if t is not None]
+    grads = torch.autograd.grad((out * d_out).sum() + h_n.sum() + c_n.sum(), leaves)
+    refs = [t.detach().clone().requires_grad_() for t in leaves]
+    ref_h0 = refs[2] if h0 is not None else None
+    ref_c0 = refs[3] if c0 is not None else None
+    ref_out, ref_h, ref_c = _dense_recurrence(refs[0], layout.to_dense(refs[1]), ref_h0, ref_c0)
+    ref_grads = torch.autograd.grad((ref_out * d_out).sum() + ref_h.sum() + ref_c.sum(), refs)
+    for got, want, name in zip((out, h_n, c_n, *grads), (ref_out, ref_h, ref_c, *ref_grads),
+                               ("out", "h_n", "c_n", "d xproj", "d W_hh", "d h0", "d c0")):
+        assert_close(got, want, F64, name)
+
+
+@pytest.mark.parametrize("with_states", [False, True], ids=["zero-states", "h0+c0"])
+def test_first_call_eager_second_captured_then_replayed(stand_in, with_states):
+    layout, values = _case()
+    for _ in range(4):  # fresh inputs every call: the static copies must be refilled
+        _check_against_dense(layout, values, *_inputs(4, 3, 16, with_states))
+    # forward and backward keys: eager, then captured and replayed, then replayed twice
+    assert stand_in == ["capture", "replay"] * 2 + ["replay"] * 4
+    with torch.no_grad():  # the no-grad forward (no activations saved) is a key of its own
+        for _ in range(3):
+            xproj = torch.randn(4, 3, 64, dtype=F64)
+            out, _, _ = lstm_sequence(xproj, values, layout)
+            assert_close(out, _dense_recurrence(xproj, layout.to_dense(values), None, None)[0], F64, "no grad")
+    assert stand_in[8:] == ["capture", "replay", "replay"]
+
+
+def test_the_weight_is_read_in_place_at_replay(stand_in):
+    # an optimizer's in-place update between calls: the replay computes with the new values
+    layout, values = _case()
+    for _ in range(4):
+        with torch.no_grad():
+            values.mul_(0.9)
+        _check_against_dense(layout, values, *_inputs(4, 3, 16, False))
+    assert stand_in.count("capture") == 2
+
+
+def test_a_key_per_shape_and_weight_at_most_max_loops(stand_in, monkeypatch):
+    monkeypatch.setattr(lstm_graphs, "MAX_LOOPS", 2)
+    layout, values = _case()
+    other = values.detach().clone()  # another weight tensor: another address, another graph
+    with torch.no_grad():
+        for w, steps in ((values, 3), (values, 3), (other, 3), (other, 3), (values, 5), (values, 5), (values, 3)):
+            xproj = torch.randn(steps, 2, 64, dtype=F64)
+            out, _, _ = lstm_sequence(xproj, w, layout)
+            assert_close(out, _dense_recurrence(xproj, layout.to_dense(w), None, None)[0], F64, f"T {steps}")
+    # (values, 3) was evicted by (other, 3) and (values, 5): its last call is eager again
+    assert stand_in == ["capture", "replay", "capture", "replay", "capture", "replay"]
+    assert len(layout.meta.__dict__[lstm_graphs._CACHE]) == 2
+
+
+def test_one_timestep_and_the_switch_stay_eager(stand_in, monkeypatch):
+    layout, values = _case()
+    with torch.no_grad():
+        for _ in range(3):
+            lstm_sequence(torch.randn(1, 2, 64, dtype=F64), values, layout)
+        monkeypatch.setattr(lstm_graphs, "GRAPHS", False)
+        for _ in range(3):
+            lstm_sequence(torch.randn(4, 2, 64, dtype=F64), values, layout)
+    assert stand_in == []
+
+
+def test_a_failed_capture_warns_once_and_stays_eager(monkeypatch):
+    monkeypatch.setattr(lstm_graphs, "_replayable", lambda meta, steps: True)
+    tries = []
+
+    def refuse(fn, inputs):
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(lstm_graphs, "_capture", refuse)
+    layout, values = _case()
+    with torch.no_grad():
+        xproj = torch.randn(4, 2, 64, dtype=F64)
+        expected = _dense_recurrence(xproj, layout.to_dense(values), None, None)[0]
+        assert_close(lstm_sequence(xproj, values, layout)[0], expected, F64, "eager")
+        with pytest.warns(RuntimeWarning, match="could not be captured"):
+            assert_close(lstm_sequence(xproj, values, layout)[0], expected, F64, "fallback")
+        assert_close(lstm_sequence(xproj, values, layout)[0], expected, F64, "eager after")
+    assert tries == [1]
+
+
+# --------------------------------------------------------------------------- GPU: real graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("block, batch, dtype", [(16, 32, torch.bfloat16), (32, 4, torch.float16),
+                                                 (16, 3, torch.float32)], ids=["b16-B32-bf16", "b32-B4-fp16",
+                                                                                "b16-B3-fp32"])
+def test_gpu_replays_are_bitwise_the_eager_loop(monkeypatch, block, batch, dtype):
+    torch.manual_seed(0)
+    hidden, steps = 128, 6
+    model = BlockSparseLSTM(hidden, hidden, block_size=block, density=0.25, sparse_input=True,
+                            input_density=0.25).to("cuda", dtype)
+    monkeypatch.setattr(lstm_graphs, "MAX_LOOPS", 6)  # room for all six keys below
+    captures = []
+    capture = lstm_graphs._capture
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: captures.append(1) or capture(fn, inputs))
+
+    def run(x, states):
+        out, (h_n, c_n) = model(x, states)
+        grads = torch.autograd.grad((out.float() ** 2).sum() + h_n.float().sum(), [x, *model.parameters()])
+        return (out, h_n, c_n, *grads)
+
+    for call in range(4):
+        x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype, requires_grad=True)
+        states = None if call % 2 else tuple(torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+                                             for _ in range(2))
+        with torch.no_grad():
+            model.hh.weight.mul_(0.95)  # read in place at replay
+        got = run(x, states)
+        monkeypatch.setattr(lstm_graphs, "GRAPHS", False)
+        expected = run(x, states)
+        monkeypatch.setattr(lstm_graphs, "GRAPHS", True)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert torch.equal(g, e), (call, i)
+        with torch.no_grad():
+            assert torch.equal(model(x, states)[0], expected[0])
+    # with and without states are keys of their own: forward, backward, no-grad forward each
+    assert len(captures) == 6
