@@ -16,7 +16,8 @@ input size I unchanged; a sparse row's ``speedup_vs_equal_params`` compares to i
 
 Columns: M = batch * steps, N = 4H, K = H (the recurrent weight [4H, H]); extras
 ``hidden``, ``input_size``, ``batch``, ``steps``, ``params`` (stored weight elements),
-``baseline``, ``ms_per_step``, ``speedup_vs_equal_params``, ``rel_err`` (the sparse
+``baseline``, ``ms_per_step``, ``speedup_vs_equal_params``, ``time_loops`` (how the sparse model's time
+loops ran: its own CUDA graphs by default on a GPU), ``rel_err`` (the sparse
 model's forward output against its own dense copy, ``to_dense_lstm``, run by nn.LSTM in
 fp32) and ``note``. ``tflops_nnz`` counts 2 flops per stored weight element per row of
 M (x3 for a training step: fprop, bprop, updat); the cell's pointwise math is not
@@ -33,6 +34,7 @@ from torch import nn
 
 from .. import layouts
 from ..nn import BlockSparseLSTM
+from ..ops import lstm as ops_lstm, lstm_graphs
 from . import base_row, case_table, register
 from .matmul import (DTYPES, SUSPECT_REL_ERR, RunContext, _float32_precision, check_dtypes_ops_densities,
                      positive_int, rel_err, time_call)
@@ -152,6 +154,19 @@ def _row(suite, op, method, dtype_name, batch, steps, hidden, input_size, block,
     return row
 
 
+def _time_loops(ctx: RunContext) -> str:
+    """How the sparse model's time loops ran (the ``time_loops`` column): 'suite graph' (--cuda-graph),
+    'loop graphs' (eager, the op's own CUDA graphs: ops/lstm_graphs.py), 'step plans' (eager, each step
+    launched by the per-sequence plans), 'per-step dispatch', or 'cpu'."""
+    if not ctx.cuda:
+        return "cpu"
+    if ctx.graph:
+        return "suite graph"
+    if lstm_graphs.GRAPHS:
+        return "loop graphs"
+    return "step plans" if ops_lstm.STEP_PLANS else "per-step dispatch"
+
+
 def _progress(row: dict) -> str:
     what = f"  {row['op']:9} {row['method']:10} H={row['hidden']:<5} b={row['block']:<3} d={row['density']:<5}"
     if row["ms"] is None:
@@ -261,7 +276,7 @@ def _run_hidden(suite: str, table: dict, dtype_name: str, hidden: int, ctx: RunC
                 eq_ms = (equal.get(op) or {}).get("ms")
                 row = _row(suite, op, "tilesparse", dtype_name, batch, steps, hidden, input_size, block, density,
                            params, {"ms": result["ms"], "note": note}, dense_ms.get(op), ctx,
-                           baseline="", rel_err=err,
+                           baseline="", rel_err=err, time_loops=_time_loops(ctx),
                            speedup_vs_equal_params=eq_ms / result["ms"] if eq_ms and result["ms"] else None)
                 rows.append(row)
                 ctx.log(_progress(row))
