@@ -179,3 +179,35 @@ def test_gpu_replays_are_bitwise_the_eager_loop(monkeypatch, block, batch, dtype
             assert torch.equal(model(x, states)[0], expected[0])
     # with and without states are keys of their own: forward, backward, no-grad forward each
     assert len(captures) == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
+    # torch.compile without CUDA graphs of its own: the registered ops' loops replay from ours, and the
+    # values and gradients match the eager module's
+    import copy
+
+    from tolerances import REL_TOL, rel_error
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = BlockSparseLSTM(64, 128, block_size=16, density=0.25).to("cuda", torch.bfloat16)
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    captures = []
+    capture = lstm_graphs._capture
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: captures.append(1) or capture(fn, inputs))
+    for step in range(4):
+        x = torch.randn(10, 8, 64, device="cuda", dtype=torch.bfloat16)
+        for m in (eager, compiled_model):
+            m.zero_grad(set_to_none=True)
+        out_e, _ = eager(x)
+        out_c, _ = compiled(x)
+        out_e.float().square().sum().backward()
+        out_c.float().square().sum().backward()
+        assert rel_error(out_c, out_e) <= REL_TOL[torch.bfloat16], f"step {step}"
+        for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+            assert rel_error(p_c.grad, p_e.grad) <= REL_TOL[torch.bfloat16], f"step {step}: {name}"
+    assert len(captures) == 4  # forward and backward, for the eager and the compiled module's weights
+    torch._dynamo.reset()

@@ -207,7 +207,7 @@ def _lstm_forward_op(
     c0: Optional[torch.Tensor], block_rows: int, block_cols: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output [T, B, H], cell states [T+1, B, H] with c0 first, activated gates [T, B, 4H])."""
-    return _run_forward(xproj, weight, meta, block_rows, block_cols, h0, c0, save=True)
+    return _forward_loop(xproj, weight, meta, block_rows, block_cols, h0, c0, save=True)
 
 
 @_lstm_forward_op.register_fake
@@ -225,8 +225,8 @@ def _lstm_backward_op(
     block_size: int, has_c0: bool, need_h0: bool, need_c0: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(d xproj, d W_hh, d h0 or empty, d c0 or empty); h_n's gradient arrives in d_out[-1]."""
-    grads = _run_backward(weight, meta, block_rows, block_cols, block_size, has_c0, h0, out, cbuf, acts,
-                          d_out, torch.zeros_like(d_cn), d_cn, True, True, need_h0, need_c0)
+    grads = _backward_loop(weight, meta, block_rows, block_cols, block_size, has_c0, h0, out, cbuf, acts,
+                           d_out, torch.zeros_like(d_cn), d_cn, True, True, need_h0, need_c0)
     return tuple(g if g is not None else weight.new_empty(0) for g in grads)  # distinct: outputs may not alias
 
 

@@ -16,8 +16,9 @@ loop's: the same kernels run on the same inputs.
 The graph reads the weight and the layout's tables where they were at capture; the key holds the
 weight's address, so a call with another weight tensor gets its own graph, and the graphs live on
 the layout's table tensor (``meta``), at most :data:`MAX_LOOPS` per table, least recently used
-first out. Not used while a CUDA graph is being captured already (``torch.compile``'s
-reduce-overhead mode, ``make_graphed_callables``), on the CPU, for one timestep, or with
+first out. The eager Function and the ops ``torch.compile`` traces both run their loops here; not used
+while a CUDA graph is being captured already (``torch.compile``'s reduce-overhead mode records the loop
+into its own graph, as ``make_graphed_callables`` does), on the CPU, for one timestep, or with
 ``TILESPARSE_LSTM_GRAPHS=off`` (read at import; ``GRAPHS`` at call time). A loop whose capture
 fails runs eagerly from then on, with a warning.
 """
