@@ -133,6 +133,8 @@
 #            per SM than the 12288² they were measured on), b 16-128, M 1 / 8 / 32
 #   warps47 - the one-wave warps rule between 132 and 256 programs: W 6144² (192 programs at b >= 32) and
 #            W 5120² (160), 2 against 4 warps, b 32-128, M 1 / 8 / 32
+#   graphs47b - the paper's LSTM suite (lstm-paper: H 6144 / 12288 / 18432, density 0.03) and the quick LSTM suite,
+#            eager with the loops from CUDA graphs ($OUT/lstm-paper.csv, $OUT/lstm-quick.csv)
 #   graphs47 - the eager LSTM with its time loops replayed from CUDA graphs (ops/lstm_graphs.py):
 #            b 16, density 0.25, batch 32, H 2048 / 4096 with TILESPARSE_LSTM_GRAPHS off / on, batch 4 on,
 #            then the quick LSTM suite (graphs on; $OUT/lstm-quick.csv)
@@ -412,6 +414,12 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    graphs47b) timeout 260 python3 -m tilesparse bench --suite lstm-paper --no-plot --out "$OUT/lstm-paper" \
+              > "$OUT/bench-lstm-paper.log" 2>&1
+            cp "$OUT"/lstm-paper/*-lstm*.csv "$OUT/lstm-paper.csv"; rm -rf "$OUT/lstm-paper"
+            timeout 200 python3 -m tilesparse bench --suite lstm --quick --no-plot --out "$OUT/lstm-quick" \
+              > "$OUT/bench-lstm-quick.log" 2>&1
+            cp "$OUT"/lstm-quick/*-lstm*.csv "$OUT/lstm-quick.csv"; rm -rf "$OUT/lstm-quick" ;;
     graphs47) for graphs in off on; do TILESPARSE_LSTM_GRAPHS=$graphs timeout 120 python3 -m tilesparse bench \
               --suite lstm --block 16 --density 0.25 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
               --out "$OUT/lstm-graphs-$graphs" > "$OUT/bench-lstm-graphs-$graphs.log" 2>&1
