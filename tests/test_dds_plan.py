@@ -38,6 +38,7 @@ TABLE_CONFIGS = {
     "panel": bsmm_panel.PanelConfig(2, block_m=16),
     "panel-splits-bias": bsmm_panel.PanelConfig(2, block_m=16, splits=3),  # partials summed after the kernel
     "panel-fused": bsmm_panel.PanelConfig(4, block_m=16, splits=2, entries=2, swap=True, fused_sum=True),
+    "panel-fused-bias": bsmm_panel.PanelConfig(4, block_m=16, splits=2, entries=2, swap=True, fused_sum=True),
 }
 
 
@@ -86,6 +87,13 @@ def test_other_strides_or_shapes_go_back_to_dds(monkeypatch, mark):
     assert len(calls) == 4  # the first call, then each new stride / shape
     plan(torch.randn(4, layout.shape[1]))
     assert len(calls) == 4  # the first one's shape again: the remembered launch
+    for x in (torch.randn(layout.shape[1], 4).t(), torch.randn(7, layout.shape[1]), torch.randn(3, layout.shape[1])):
+        assert_close(plan(x), _expected(x, values, layout, True), torch.float32, f"again {tuple(x.shape)}")
+    assert len(calls) == 4  # each of the four remembered (an LSTM's h0, then the cell's h^T)
+    for _ in range(2):
+        x = torch.randn(9, layout.shape[1])
+        assert_close(plan(x), _expected(x, values, layout, True), torch.float32, "a fifth")
+    assert len(calls) == 6  # past MAX_SIGNATURES: dispatched each call
 
 
 def test_out_must_be_a_contiguous_buffer_of_the_products_shape():
@@ -150,11 +158,15 @@ def test_gpu_plan_of_the_fma_and_panel_kernels_is_bitwise_dds(monkeypatch, setti
     for trans, width_in, width_out in ((True, 512, 1024), (False, 1024, 512)):
         bias = torch.randn(width_out, device="cuda", dtype=dtype) if "bias" in setting else None
         monkeypatch.setattr(tuned, "lookup", lambda *args: cfg)
+        kernel = bsmm_gemv if setting.startswith("gemv") else bsmm_panel
+        launched = []
+        monkeypatch.setattr(kernel, "launch", lambda fn, *args, **kw: launched.append(fn) or launch(fn, *args, **kw))
         plan = kernels.DdsPlan(values, layout.meta, bias, layout.block_rows, layout.block_cols, trans)
         inputs = [torch.randn(batch, width_in, device="cuda", dtype=dtype) for _ in range(4)]
         plan(inputs[0])
         plan(inputs[1])
-        assert plan.run is not None
+        assert plan.run is not None and launched[0].fn.__module__ == kernel.__name__  # the table's kernel
+        assert [kmajor for _, kmajor in plan.runs.values()] == [False]
         seen = _count_triton_runs(monkeypatch)
         for a in inputs:
             expected = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans,

@@ -20,11 +20,12 @@ F64 = torch.float64
 
 
 class _StandIn:
-    """A captured loop without CUDA: static inputs copied in, the loop run on them at each replay."""
+    """A captured loop without CUDA: static inputs made as the real one makes them, copied in, the loop
+    run on them at each replay."""
 
     def __init__(self, fn, inputs, log):
         self.fn, self.log = fn, log
-        self.inputs = tuple(None if t is None else t.clone() for t in inputs)
+        self.inputs = lstm_graphs.static_copies(inputs)
         log.append("capture")
 
     def __call__(self, inputs):
@@ -39,7 +40,7 @@ class _StandIn:
 def stand_in(monkeypatch):
     log = []
     monkeypatch.setattr(lstm_graphs, "_replayable", lambda meta, steps: lstm_graphs.GRAPHS and steps > 1)
-    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: _StandIn(fn, inputs, log))
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs, device: _StandIn(fn, inputs, log))
     return log
 
 
@@ -106,7 +107,7 @@ def test_a_key_per_shape_and_weight_at_most_max_loops(stand_in, monkeypatch):
             assert_close(out, _dense_recurrence(xproj, layout.to_dense(w), None, None)[0], F64, f"T {steps}")
     # (values, 3) was evicted by (other, 3) and (values, 5): its last call is eager again
     assert stand_in == ["capture", "replay", "capture", "replay", "capture", "replay"]
-    assert len(layout.meta.__dict__[lstm_graphs._CACHE]) == 2
+    assert len(lstm_graphs._CACHE[layout.meta].graphs) == 2
 
 
 def test_one_timestep_and_the_switch_stay_eager(stand_in, monkeypatch):
@@ -120,11 +121,47 @@ def test_one_timestep_and_the_switch_stay_eager(stand_in, monkeypatch):
     assert stand_in == []
 
 
+def test_loops_captured_in_inference_mode_serve_calls_outside_it(stand_in):
+    # the static buffers are ordinary tensors: a later call outside inference mode may copy into them
+    layout, values = _case()
+    xs = [torch.randn(4, 2, 64, dtype=F64) for _ in range(4)]
+    with torch.inference_mode():
+        for x in xs[:2]:
+            lstm_sequence(x, values.detach(), layout)
+    with torch.no_grad():
+        for x in xs[2:]:
+            out, _, _ = lstm_sequence(x, values.detach(), layout)
+            assert_close(out, _dense_recurrence(x, layout.to_dense(values.detach()), None, None)[0], F64, "no grad")
+    assert stand_in == ["capture", "replay", "replay", "replay"]
+
+
+def test_copies_of_a_module_do_not_share_or_copy_its_loops(stand_in):
+    # the loops are kept beside the layout's tables, not on them: deepcopy (an EMA or best-model snapshot)
+    # and pickling see no graphs, and each copy gets its own
+    import copy
+    import io
+
+    torch.manual_seed(0)
+    model = BlockSparseLSTM(16, 16, block_size=8, density=0.5, dtype=F64)
+    x = torch.randn(4, 2, 16, dtype=F64)
+    with torch.no_grad():
+        for _ in range(3):
+            expected = model(x)[0]
+        twin = copy.deepcopy(model)
+        torch.save(model, io.BytesIO())
+        for _ in range(3):
+            assert torch.equal(twin(x)[0], expected)
+            assert torch.equal(model(x)[0], expected)
+    assert stand_in.count("capture") == 2
+    lstm_graphs.clear()
+    assert len(lstm_graphs._CACHE) == 0
+
+
 def test_a_failed_capture_warns_once_and_stays_eager(monkeypatch):
     monkeypatch.setattr(lstm_graphs, "_replayable", lambda meta, steps: True)
     tries = []
 
-    def refuse(fn, inputs):
+    def refuse(fn, inputs, device):
         tries.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -156,16 +193,17 @@ def test_gpu_replays_are_bitwise_the_eager_loop(monkeypatch, block, batch, dtype
     monkeypatch.setattr(lstm_graphs, "MAX_LOOPS", 6)  # room for all six keys below
     captures = []
     capture = lstm_graphs._capture
-    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: captures.append(1) or capture(fn, inputs))
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs, device: captures.append(1) or capture(
+        fn, inputs, device))
 
     def run(x, states):
         out, (h_n, c_n) = model(x, states)
         grads = torch.autograd.grad((out.float() ** 2).sum() + h_n.float().sum(), [x, *model.parameters()])
         return (out, h_n, c_n, *grads)
 
-    for call in range(4):
+    for call in range(8):  # without states 4 calls, then with them 4: eager, captured, replayed twice
         x = torch.randn(steps, batch, hidden, device="cuda", dtype=dtype, requires_grad=True)
-        states = None if call % 2 else tuple(torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
+        states = None if call < 4 else tuple(torch.randn(1, batch, hidden, device="cuda", dtype=dtype)
                                              for _ in range(2))
         with torch.no_grad():
             model.hh.weight.mul_(0.95)  # read in place at replay
@@ -179,6 +217,35 @@ def test_gpu_replays_are_bitwise_the_eager_loop(monkeypatch, block, batch, dtype
             assert torch.equal(model(x, states)[0], expected[0])
     # with and without states are keys of their own: forward, backward, no-grad forward each
     assert len(captures) == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_a_capture_the_loop_breaks_leaves_the_callers_stream_and_runs_eagerly(monkeypatch):
+    # a host sync inside the loop invalidates the capture: the call warns, runs the Python loop on the
+    # caller's stream (which stays current) and gives its result; later calls stay eager, without warning
+    torch.manual_seed(0)
+    layout = layouts.random(256, 64, 16, 0.25, seed=1, device="cuda")
+    values = torch.randn(layout.nnz, 16, 16, device="cuda", dtype=torch.bfloat16) / 8
+    capture = lstm_graphs._capture
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs, device: capture(
+        lambda *a: (torch.cuda.synchronize(), fn(*a))[1], inputs, device))
+    caller = torch.cuda.Stream()
+    with torch.cuda.stream(caller), torch.no_grad():
+        for call in range(4):
+            x = torch.randn(5, 4, 256, device="cuda", dtype=torch.bfloat16)
+            monkeypatch.setattr(lstm_graphs, "GRAPHS", False)
+            expected = lstm_sequence(x, values, layout)[0]
+            monkeypatch.setattr(lstm_graphs, "GRAPHS", True)
+            if call == 1:
+                with pytest.warns(RuntimeWarning, match="could not be captured"):
+                    got = lstm_sequence(x, values, layout)[0]
+            else:
+                got = lstm_sequence(x, values, layout)[0]
+            assert torch.cuda.current_stream() == caller
+            assert torch.equal(got, expected), call
+    torch.cuda.synchronize()
+    assert not torch.cuda.is_current_stream_capturing()
 
 
 @pytest.mark.gpu
@@ -197,7 +264,8 @@ def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
     compiled = torch.compile(compiled_model, fullgraph=True)
     captures = []
     capture = lstm_graphs._capture
-    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs: captures.append(1) or capture(fn, inputs))
+    monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs, device: captures.append(1) or capture(
+        fn, inputs, device))
     for step in range(4):
         x = torch.randn(10, 8, 64, device="cuda", dtype=torch.bfloat16)
         for m in (eager, compiled_model):

@@ -348,17 +348,20 @@ def _dds(a, values, meta, bias, block_rows, block_cols, trans, config=None):
 
 
 class DdsPlan:
-    """:func:`dds` of one weight, many times, on activations of one shape and strides (a recurrence's
-    timesteps): the first call dispatches as :func:`dds` does; where that chose the small, FMA or panel
-    kernel, the later calls launch it again with no dispatch (on the H200's host ~35 µs per eager call,
-    a large part of an eager LSTM timestep). Activations of another shape, strides, dtype or device, and
-    the other kernels, take :func:`dds` each call."""
+    """:func:`dds` of one weight, many times, on activations of a few shapes and strides (a recurrence's
+    timesteps: the caller's h0, then the cell's h or h^T): the first call with a shape, strides, dtype and
+    device dispatches as :func:`dds` does; where that chose the small, FMA or panel kernel, later calls
+    with the same launch it again with no dispatch (on the H200's host ~35 µs per eager call, a large
+    part of an eager LSTM timestep). The other kernels take :func:`dds` each call. For one sequence:
+    the launches hold what the dispatch made of the weight (a transposed copy for TF32 bprop, a
+    contiguous one of a strided weight), which an in-place update of the weight would leave stale."""
+
+    MAX_SIGNATURES = 4
 
     def __init__(self, values, meta, bias, block_rows: int, block_cols: int, trans: bool):
         self.values, self.meta, self.bias = values, meta, bias
         self.block_rows, self.block_cols, self.trans = block_rows, block_cols, trans
-        self.run = self.signature = None
-        self.kmajor = False
+        self.runs: dict = {}  # (shape, strides, dtype, device) -> (launch, whether it takes a K-major copy)
         b = values.shape[-1]
         self.width = (block_rows if trans else block_cols) * b
 
@@ -369,16 +372,22 @@ class DdsPlan:
                                 or out.dtype != a.dtype or out.device != a.device):
             raise ValueError(f"out must be a contiguous ({a.shape[0]}, {self.width}) {a.dtype} tensor on {a.device}, "
                              f"got {tuple(out.shape)} {out.dtype} on {out.device}")
-        run = self.run
-        if run is not None and (a.shape, a.stride(), a.dtype, a.device) == self.signature:
+        signature = (a.shape, a.stride(), a.dtype, a.device)
+        found = self.runs.get(signature)
+        if found is not None:
+            run, kmajor = found
             c = new_output(a.shape[0], self.width, dtype=a.dtype, device=a.device) if out is None else out
-            run(bsmm_kmajor.as_kmajor(a) if self.kmajor else a, c)
+            run(bsmm_kmajor.as_kmajor(a) if kmajor else a, c)
             return c
         c, run = _dds(a, self.values, self.meta, self.bias, self.block_rows, self.block_cols, self.trans)
-        if run is not None and self.run is None:
-            self.run, self.signature = run, (a.shape, a.stride(), a.dtype, a.device)
-            self.kmajor = run.strides != a.stride()  # the dispatcher made them K-major
+        if run is not None and len(self.runs) < self.MAX_SIGNATURES:
+            self.runs[signature] = (run, run.strides != a.stride())  # (the dispatcher made them K-major)
         return c
+
+    @property
+    def run(self):
+        """The launch remembered first (None before one is), for tests and probes."""
+        return next(iter(self.runs.values()))[0] if self.runs else None
 
 
 def sdd(
