@@ -414,12 +414,12 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
-    graphs47b) timeout 260 python3 -m tilesparse bench --suite lstm-paper --no-plot --out "$OUT/lstm-paper" \
-              > "$OUT/bench-lstm-paper.log" 2>&1
-            cp "$OUT"/lstm-paper/*-lstm*.csv "$OUT/lstm-paper.csv"; rm -rf "$OUT/lstm-paper"
-            timeout 200 python3 -m tilesparse bench --suite lstm --quick --no-plot --out "$OUT/lstm-quick" \
+    graphs47b) timeout 150 python3 -m tilesparse bench --suite lstm --quick --no-plot --out "$OUT/lstm-quick" \
               > "$OUT/bench-lstm-quick.log" 2>&1
-            cp "$OUT"/lstm-quick/*-lstm*.csv "$OUT/lstm-quick.csv"; rm -rf "$OUT/lstm-quick" ;;
+            cp "$OUT"/lstm-quick/*-lstm*.csv "$OUT/lstm-quick.csv"; rm -rf "$OUT/lstm-quick"
+            timeout 200 python3 -m tilesparse bench --suite lstm-paper --no-plot --out "$OUT/lstm-paper" \
+              > "$OUT/bench-lstm-paper.log" 2>&1
+            cp "$OUT"/lstm-paper/*-lstm*.csv "$OUT/lstm-paper.csv"; rm -rf "$OUT/lstm-paper" ;;
     graphs47) for graphs in off on; do TILESPARSE_LSTM_GRAPHS=$graphs timeout 120 python3 -m tilesparse bench \
               --suite lstm --block 16 --density 0.25 --shape 1024x8192x2048 1024x16384x4096 --dtype bf16 --no-plot \
               --out "$OUT/lstm-graphs-$graphs" > "$OUT/bench-lstm-graphs-$graphs.log" 2>&1
