@@ -97,10 +97,19 @@ class _Loop:
             self.inputs = static_copies(inputs)  # on the side stream: not in a pool the caller's stream feeds
             # thread-local: autograd's worker thread captures the backward while the caller's thread waits
             self.graph.capture_begin(capture_error_mode="thread_local")
+            ended = False
             try:
                 self.outputs = fn(*self.inputs)
-            finally:
-                self.graph.capture_end()  # (raises too where the loop broke the capture)
+                ended = True
+                self.graph.capture_end()  # (raises where the loop broke the capture)
+            except BaseException:
+                if not ended:
+                    try:
+                        self.graph.capture_end()
+                    except Exception:
+                        pass  # (the capture is over either way)
+                _leave_generator_capture_mode(device)
+                raise
         caller.wait_stream(side)  # (the stream context restored the caller's stream, error or not)
 
     def __call__(self, inputs: tuple) -> tuple:
@@ -112,6 +121,17 @@ class _Loop:
                 static.copy_(t)
         self.graph.replay()
         return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in self.outputs)
+
+
+def _leave_generator_capture_mode(device: torch.device) -> None:
+    """After a capture that failed: ``capture_end`` raised before taking the CUDA random generators out of
+    capture mode (PyTorch 2.11), so the next random op outside a capture would raise ("Offset increment
+    outside graph capture encountered unexpectedly"). A one-op capture that ends cleanly takes them out."""
+    scratch = torch.zeros(1, device=device)
+    graph = torch.cuda.CUDAGraph()
+    graph.capture_begin(capture_error_mode="thread_local")
+    scratch.add_(1)
+    graph.capture_end()
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
