@@ -16,7 +16,7 @@ from torch import nn
 import tilesparse
 from tilesparse import BlockLayout, BlockSparseLSTM, layouts
 
-from lstm_cases import build_lstm
+from lstm_cases import build_lstm, check_training_steps_match
 from tolerances import REL_TOL, assert_close, rel_error
 
 F64 = torch.float64
@@ -401,17 +401,7 @@ def test_lstm_gpu_reduce_overhead_replays_match_eager():
     eager = BlockSparseLSTM(64, 128, block_size=32, density=0.25, batch_first=True).to("cuda", torch.bfloat16)
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, mode="reduce-overhead", fullgraph=True)
-    for step in range(4):
-        x = torch.randn(8, 12, 64, device="cuda", dtype=torch.bfloat16)
-        for m in (eager, compiled_model):
-            m.zero_grad(set_to_none=True)
-        out_e, _ = eager(x)
-        out_c, _ = compiled(x)
-        out_e.float().square().sum().backward()
-        out_c.float().square().sum().backward()
-        assert rel_error(out_c, out_e) <= REL_TOL[torch.bfloat16], f"step {step}"
-        for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
-            assert rel_error(p_c.grad, p_e.grad) <= REL_TOL[torch.bfloat16], f"step {step}: {name}"
+    check_training_steps_match(eager, compiled_model, compiled, (8, 12, 64))
     torch._dynamo.reset()
 
 

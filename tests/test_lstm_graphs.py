@@ -256,7 +256,7 @@ def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
     # values and gradients match the eager module's
     import copy
 
-    from tolerances import REL_TOL, rel_error
+    from lstm_cases import check_training_steps_match
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -267,16 +267,6 @@ def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
     capture = lstm_graphs._capture
     monkeypatch.setattr(lstm_graphs, "_capture", lambda fn, inputs, device: captures.append(1) or capture(
         fn, inputs, device))
-    for step in range(4):
-        x = torch.randn(10, 8, 64, device="cuda", dtype=torch.bfloat16)
-        for m in (eager, compiled_model):
-            m.zero_grad(set_to_none=True)
-        out_e, _ = eager(x)
-        out_c, _ = compiled(x)
-        out_e.float().square().sum().backward()
-        out_c.float().square().sum().backward()
-        assert rel_error(out_c, out_e) <= REL_TOL[torch.bfloat16], f"step {step}"
-        for (name, p_e), (_, p_c) in zip(eager.named_parameters(), compiled_model.named_parameters()):
-            assert rel_error(p_c.grad, p_e.grad) <= REL_TOL[torch.bfloat16], f"step {step}: {name}"
+    check_training_steps_match(eager, compiled_model, compiled, (10, 8, 64))
     assert len(captures) == 4  # forward and backward, for the eager and the compiled module's weights
     torch._dynamo.reset()
