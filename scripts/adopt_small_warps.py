@@ -27,7 +27,7 @@ TABLE = Path(__file__).resolve().parents[1] / "tilesparse" / "kernels" / "tuned"
 def _keys(gpu: str, op: str, block: int, m: int, density: float, weight: str) -> list[str]:
     """The table keys the dispatcher tries for this problem, shape-specific first (bf16)."""
     shape = tuple(int(n) for n in weight.split("x"))
-    return [tuned.key(gpu, op, torch.bfloat16, block, m, density, w) for w in (shape, None)]
+    return tuned.lookup_keys(gpu, op, torch.bfloat16, block, m, density, shape)
 
 
 def _without_warps(config: dict):

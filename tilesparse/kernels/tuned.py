@@ -49,7 +49,7 @@ import torch
 
 from .._env import normalized
 
-__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup",
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup_keys", "lookup",
            "lookup_entry", "record", "reload", "same_chip_slugs", "user_path", "weight_shape"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
@@ -261,21 +261,21 @@ def _lookup_cached(op, dtype, block, m, density, index, precision, weight):
     # chip comes from the device's properties)
     user, shipped = _tables()
     gpu = _gpu_slug(index)
-    own = _keys(gpu, op, dtype, block, m, density, weight)
+    own = lookup_keys(gpu, op, dtype, block, m, density, weight)
     for table in (user, shipped):
         for k in own:
             found = table.get(k)
             if found is not None:
                 return found, k.rsplit("|", 1)[-1].startswith("w")
     for sibling in same_chip_slugs(gpu, _device_chip(index)):
-        for k in _keys(sibling, op, dtype, block, m, density, weight):
+        for k in lookup_keys(sibling, op, dtype, block, m, density, weight):
             found = shipped.get(k)
             if found is not None:
                 return found, k.rsplit("|", 1)[-1].startswith("w")
     return None, False
 
 
-def _keys(gpu, op, dtype, block, m, density, weight) -> list[str]:
+def lookup_keys(gpu, op, dtype, block, m, density, weight) -> list[str]:
     """The keys a lookup tries, in order: fp16 without entries of its own takes bf16's (same
     element size, same tensor-core rate, every kernel kind runs both; the tables are tuned
     in bf16); the weight shape's entry before the shape-free one."""
