@@ -27,8 +27,10 @@ MODULES = [
     ("tilesparse.sparsity", "Sparsity recipes"),
     ("tilesparse.integrations.huggingface", "Hugging Face"),
     ("tilesparse.kernels.tuned", "Tuned launch configs"),
+    ("tilesparse.ops.lstm_graphs", "The LSTM's time loops from CUDA graphs"),
 ]
-SKIP = {"attention", "layouts", "semi24", "sparsity", "__version__"}  # submodules and constants documented elsewhere
+SKIP = {"attention", "layouts", "semi24", "sparsity", "__version__",  # submodules and constants documented elsewhere
+        "GRAPHS"}  # (read from the environment: the guide's table of switches gives it)
 
 
 def _signature(obj) -> str:
@@ -57,6 +59,9 @@ def render(undocumented: list | None = None) -> str:
             if name in SKIP:
                 continue
             obj = getattr(module, name)
+            if not callable(obj):  # a constant: its value (its meaning is in the module's docs)
+                lines += [f"### `{name} = {obj!r}`", "", "*constant*", ""]
+                continue
             kind = "class" if inspect.isclass(obj) else "function"
             if not _doc(obj):
                 undocumented.append(f"{module_name}.{name}")
