@@ -28,9 +28,10 @@ MODULES = [
     ("tilesparse.integrations.huggingface", "Hugging Face"),
     ("tilesparse.kernels.tuned", "Tuned launch configs"),
     ("tilesparse.ops.lstm_graphs", "The LSTM's time loops from CUDA graphs"),
+    ("tilesparse.ops.linear_plans", "A linear layer's forwards without autograd, dispatched once"),
 ]
 SKIP = {"attention", "layouts", "semi24", "sparsity", "__version__",  # submodules and constants documented elsewhere
-        "GRAPHS"}  # (read from the environment: the guide's table of switches gives it)
+        "GRAPHS", "PLANS"}  # (read from the environment: the guide's table of switches gives it)
 
 
 def _signature(obj) -> str:

@@ -270,3 +270,30 @@ def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
     check_training_steps_match(eager, compiled_model, compiled, (10, 8, 64))
     assert len(captures) == 4  # forward and backward, for the eager and the compiled module's weights
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_a_loop_evicted_by_another_streams_capture_keeps_its_statics_until_its_replay_ran(monkeypatch):
+    # two streams, one graph kept: each capture evicts the other stream's loop while that stream is held
+    # back (a sleep queued before its call), so its copy-in and replay are still pending when the capture
+    # on the side stream allocates statics of the same size. Freed statics must wait for the caller's work
+    torch.manual_seed(0)
+    layout = layouts.random(512, 128, 16, 0.25, seed=2, device="cuda")
+    values = torch.randn(layout.nnz, 16, 16, device="cuda", dtype=torch.bfloat16) / 8
+    monkeypatch.setattr(lstm_graphs, "MAX_LOOPS", 1)
+    lstm_graphs.clear()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    calls = []
+    with torch.no_grad():
+        for call in range(6):
+            for s in streams:
+                with torch.cuda.stream(s):
+                    x = torch.randn(16, 8, 512, device="cuda", dtype=torch.bfloat16)
+                    torch.cuda._sleep(20_000_000)  # ~10 ms: this stream's call waits while the host goes on
+                    calls.append((s, x, lstm_sequence(x, values, layout)[0]))
+        torch.cuda.synchronize()
+        monkeypatch.setattr(lstm_graphs, "GRAPHS", False)
+        for i, (s, x, got) in enumerate(calls):
+            assert torch.equal(got, lstm_sequence(x, values, layout)[0]), i
+    lstm_graphs.clear()

@@ -12,8 +12,9 @@ from tilesparse.kernels import bsmm as K
 
 def host_cases(device, dtype: torch.dtype, m: int = 256) -> dict:
     """name -> zero-argument call: the kernel wrappers (dds both ways, sdd, dds at M 16),
-    the public function with and without autograd, and the training step with and
-    without autograd's worker threads."""
+    the public function with and without autograd, the module without autograd at M 16 from its
+    plans and dispatched each call, and the training step with and without autograd's worker
+    threads."""
     layout = ts.layouts.random(1024, 1024, 128, 0.25, seed=0, device=device)
     w = torch.randn(layout.nnz, 128, 128, device=device, dtype=dtype, requires_grad=True)
     x = torch.randn(m, 1024, device=device, dtype=dtype, requires_grad=True)
@@ -21,6 +22,15 @@ def host_cases(device, dtype: torch.dtype, m: int = 256) -> dict:
     dy = torch.randn(m, 1024, device=device, dtype=dtype)
     meta, r, c = layout.meta, layout.block_rows, layout.block_cols
     xd, wd = x.detach(), w.detach()
+    module = ts.nn.BlockSparseLinear(1024, 1024, block_size=128, layout=layout.to("cpu"), device=device, dtype=dtype)
+
+    def module_no_grad():
+        with torch.no_grad():
+            return module(x16)
+
+    def module_no_grad_unplanned():
+        module._plans.clear()  # each call the first: checked and dispatched
+        return module_no_grad()
 
     def step():
         return torch.autograd.grad(ts.block_sparse_linear(x, w, layout), (x, w), dy)
@@ -36,6 +46,8 @@ def host_cases(device, dtype: torch.dtype, m: int = 256) -> dict:
         "kernels.dds, M 16": lambda: K.dds(x16, wd, meta, None, r, c, True),
         "block_sparse_linear, no grad": lambda: ts.block_sparse_linear(xd, wd, layout),
         "block_sparse_linear, grad": lambda: ts.block_sparse_linear(x, w, layout),
+        "BlockSparseLinear, no grad, M 16 (planned)": module_no_grad,
+        "BlockSparseLinear, no grad, M 16 (unplanned)": module_no_grad_unplanned,
         "training step": step,
         "training step, backward on the calling thread": step_one_thread,
     }

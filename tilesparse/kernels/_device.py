@@ -39,7 +39,19 @@ def capability_major(device: torch.device) -> int:
     return _cuda_facts(_index(device))[0] if device.type == "cuda" else 0
 
 
-_SIDE_STREAMS: dict = {}
+_SIDE_STREAMS: dict = {}  # (purpose, device index) -> stream
+
+
+def side_stream(device: torch.device, purpose: str, create: bool = True):
+    """The CUDA stream of ``device`` kept for ``purpose`` (e.g. ``"tables"``, ``"attention-dq"``,
+    ``"lstm-capture"``), made on first use. Each purpose has its own: work on one must neither queue
+    behind another's nor be recorded into a capture running there. With ``create=False``, None where
+    it is not made yet (callers that may run inside a CUDA-graph capture make none there)."""
+    key = (purpose, _index(device))
+    stream = _SIDE_STREAMS.get(key)
+    if stream is None and create:
+        stream = _SIDE_STREAMS.setdefault(key, torch.cuda.Stream(device=key[1]))
+    return stream
 
 
 def build_outside_graph_pools(device: torch.device, build):
@@ -55,9 +67,7 @@ def build_outside_graph_pools(device: torch.device, build):
     if device.type != "cuda":
         return build()
     current = torch.cuda.current_stream(device)
-    side = _SIDE_STREAMS.get(device)
-    if side is None:
-        side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    side = side_stream(device, "tables")
     side.wait_stream(current)
     with torch.cuda.stream(side):
         out = build()

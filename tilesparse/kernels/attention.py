@@ -17,6 +17,7 @@ import torch
 from .._env import switch
 from ..attention.layout import attention_table_views
 from ._alloc import new_output
+from ._device import side_stream
 from . import attention_stored_ds, attention_ws, attention_ws_dq
 from .attention_configs import AttentionConfig, _tma_ok, attention_config
 from .attention_ordered_dq import every_row_has_shares
@@ -57,15 +58,6 @@ def _kpm_bytes(key_padding_mask, ref: torch.Tensor) -> torch.Tensor:
 # with CONCURRENT_DQ it runs on a side stream beside it (joined before the backward returns),
 # so the GPU starts dQ's programs as dK/dV's last ones leave SMs free. Off until measured.
 CONCURRENT_DQ = switch("TILESPARSE_ATTENTION_CONCURRENT_DQ", False)
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device: torch.device):
-    """A stream per CUDA device for the dQ kernel run beside the dK/dV kernel."""
-    stream = _SIDE_STREAMS.get(device)
-    if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return stream
 
 
 # The default kernels and configs chosen for an operand signature, remembered (CUDA only):
@@ -288,9 +280,9 @@ def attention_backward(grad_out, q, k, v, out, lse, meta, key_padding_mask, layo
     side = None
     dq_ws = ws_q and dq_acc is None and not stored_ds  # the warp-specialized dQ kernel runs
     if dq_ws and CONCURRENT_DQ and q.is_cuda and (
-            q.device in _SIDE_STREAMS or not torch.cuda.is_current_stream_capturing()):
+            not torch.cuda.is_current_stream_capturing() or side_stream(q.device, "attention-dq", create=False) is not None):
         # dQ beside dK/dV, after delta (the side stream is made outside a CUDA graph capture)
-        main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
+        main, side = torch.cuda.current_stream(q.device), side_stream(q.device, "attention-dq")
     delta_in_dq = dq_ws and cfg_q.delta and side is None and attention_ws_dq.out_reason(out, q) is None
     if dq_ws and cfg_q.delta and not delta_in_dq:  # beside dK/dV (or O unreadable by TMA), dQ reads delta
         cfg_q = dataclasses.replace(cfg_q, delta=False)

@@ -49,8 +49,8 @@ import torch
 
 from .._env import normalized
 
-__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "gpu_slug", "m_bucket", "key", "lookup_keys", "lookup",
-           "lookup_entry", "record", "reload", "same_chip_slugs", "user_path", "weight_shape"]
+__all__ = ["DENSITY_BUCKETS", "density_bucket", "device_header", "generation", "gpu_slug", "m_bucket", "key",
+           "lookup_keys", "lookup", "lookup_entry", "record", "reload", "same_chip_slugs", "user_path", "weight_shape"]
 
 DENSITY_BUCKETS = (0.5, 0.25, 0.1, 0.05, 0.03, 0.01)
 OPS = ("fprop", "bprop", "updat")
@@ -220,8 +220,17 @@ def _table() -> dict:
     return {**shipped, **user}
 
 
+_GENERATION = [0]  # bumped by reload(): whoever remembers a dispatch made from the tables compares it
+
+
+def generation() -> int:
+    """How many times :func:`reload` ran: a remembered dispatch made at another generation is stale."""
+    return _GENERATION[0]
+
+
 def reload() -> None:
     """Forget the tables read so far (the next lookup reads the files again)."""
+    _GENERATION[0] += 1
     _tables.cache_clear()
     _shipped_chips.cache_clear()
     _lookup_cached.cache_clear()

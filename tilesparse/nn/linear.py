@@ -10,6 +10,7 @@ from .._counts import check_count
 from .._checks import check_loaded_mask
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
+from ..ops.linear_plans import LinearPlans
 
 
 class _BlockStoredLinear(nn.Module):
@@ -32,6 +33,7 @@ class _BlockStoredLinear(nn.Module):
         factory = {"device": device, "dtype": dtype}
         layout = layout.to(device if device is not None else "cpu")
         self._layout = layout
+        self._plans = LinearPlans()  # forwards without autograd, dispatched once per activation shape
         self.register_buffer(self.MASK_BUFFER, layout.mask.clone())
         b = layout.block_size
         self.weight = nn.Parameter(torch.empty(layout.nnz, b, b, **factory))
@@ -52,9 +54,22 @@ class _BlockStoredLinear(nn.Module):
         ``torch.compile(mode="reduce-overhead")`` graph, they would be CUDA-graph outputs
         that a later replay overwrites."""
         result = super()._apply(fn, recurse)
+        self._forget_plans()  # they hold the tensors before the move
         if getattr(self, self.MASK_BUFFER).device.type != "meta":  # a meta-device mask has no values to index
             self.layout.meta  # noqa: B018 (builds and caches the tables on the mask's device)
         return result
+
+    def _forget_plans(self) -> None:
+        plans = self.__dict__.get("_plans")
+        if plans is not None:
+            plans.clear()
+
+    def _forward(self, x: torch.Tensor, transposed_storage: bool) -> torch.Tensor:
+        """Y = X W^T + bias: from the layer's plans (``tilesparse.ops.linear_plans``) where they apply."""
+        plans = self.__dict__.get("_plans")  # (absent in a module pickled before they existed)
+        if plans is None:
+            return block_sparse_linear(x, self.weight, self.layout, self.bias, transposed_storage=transposed_storage)
+        return plans(x, self.weight, self.layout, self.bias, transposed_storage)
 
     def reset_parameters(self) -> None:
         """nn.Linear's init (uniform, bound 1/sqrt(fan_in)) with each output's actual fan-in
@@ -162,11 +177,12 @@ class BlockSparseLinear(_BlockStoredLinear):
             self.layout_mask.copy_(layout.mask.to(self.layout_mask.device))
         weight.grad = None
         self._layout = layout.to(self.layout_mask.device)
+        self._forget_plans()
 
     # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Y = X W^T + bias with W block-sparse; X [..., in_features]."""
-        return block_sparse_linear(x, self.weight, self.layout, self.bias)
+        return self._forward(x, False)
 
     # ----------------------------------------------------------------- conversions
     def to_dense(self) -> torch.Tensor:

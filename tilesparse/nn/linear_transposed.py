@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from ..layout import BlockLayout
-from ..ops.bsmm import block_sparse_linear
 from .linear import BlockSparseLinear, _BlockStoredLinear
 
 
@@ -88,7 +87,7 @@ class TransposedBlockSparseLinear(_BlockStoredLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Y = X Wᵀ + bias; X [..., in_features]."""
-        return block_sparse_linear(x, self.weight, self.layout, self.bias, transposed_storage=True)
+        return self._forward(x, True)
 
     def to_dense(self) -> torch.Tensor:
         """The dense [out_features, in_features] weight W (a copy, for inspection)."""

@@ -247,6 +247,21 @@ def block_sparse_linear(
     :class:`tilesparse.nn.TransposedBlockSparseLinear`). The forward then runs as X @ W^T
     on W^T's block-rows (as fast as the rows order since the fortieth session's deep-panel
     fix). Dense dispatch decides as for W stored by rows (the measurements are of that order)."""
+    rows, weight, meta, bias, out_features, training = linear_operands(x, weight, layout, bias, transposed_storage)
+    if dense_dispatch.run_dense(rows, layout.block_size, layout.density, training,
+                                (out_features, rows.shape[1])):
+        y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols,
+                                        transposed_storage)
+    else:
+        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, not transposed_storage)
+    # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
+
+
+def linear_operands(x, weight, layout, bias, transposed_storage: bool):
+    """:func:`block_sparse_linear`'s arguments checked (clear errors naming the argument) and cast
+    as autocast asks: (X as rows [-1, in], weight, the layout's tables on X's device, bias,
+    out_features, whether autograd records the call)."""
     _checks.check_layout(layout)
     _checks.check_tensor(x, "x", min_dim=1)
     _checks.check_values(weight, layout, "weight")
@@ -264,17 +279,10 @@ def block_sparse_linear(
     _checks.check_same(weight, "weight", x, "x")
     if bias is not None:
         _checks.check_same(bias, "bias", x, "x")
-    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    meta = layout.meta_on(x.device)
+    training = _needs_graph(x, weight, bias)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
     rows = x if x.dim() == 2 else x.reshape(-1, in_features)
-    if dense_dispatch.run_dense(x, layout.block_size, layout.density, training, (out_features, in_features)):
-        y = dense_dispatch.dense_linear(rows, weight, meta, bias, layout.block_rows, layout.block_cols,
-                                        transposed_storage)
-    else:
-        y = _dds(rows, weight, meta, bias, layout.block_rows, layout.block_cols, not transposed_storage)
-    # 2-D input: the product itself, not a view of it (FSDP2 warns about returned views)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
+    return rows, weight, layout.meta_on(x.device), bias, out_features, training
 
 
 def _check_sparse_operand(values, layout, ref, ref_name):

@@ -40,6 +40,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._env import switch
+from ..kernels._device import side_stream
 
 __all__ = ["GRAPHS", "MAX_LOOPS", "clear", "run"]
 
@@ -49,7 +50,6 @@ MAX_LOOPS = 6  # graphs kept per layout table: forward with and without saving a
 MAX_WARM = 16  # keys seen once per layout table (the next call with one captures it)
 
 _LOCK = threading.RLock()  # the caches, captures, and each call's copy-in / replay / copy-out
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}  # device index -> the captures' stream
 
 
 class _Loops:
@@ -89,9 +89,8 @@ class _Loop:
     def __init__(self, fn, inputs: tuple, device: torch.device):
         self.device = device
         caller = torch.cuda.current_stream(device)
-        side = _side_stream(device)
-        side.wait_stream(caller)
-        torch.cuda.synchronize(device)
+        side = side_stream(device, "lstm-capture")
+        side.wait_stream(caller)  # the inputs' producers before the static copies
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.stream(side), torch.inference_mode(False), torch.no_grad():
             self.inputs = static_copies(inputs)  # on the side stream: not in a pool the caller's stream feeds
@@ -111,6 +110,9 @@ class _Loop:
                 _leave_generator_capture_mode(device)
                 raise
         caller.wait_stream(side)  # (the stream context restored the caller's stream, error or not)
+        for t in (*self.inputs, *self.outputs):  # made on the side stream, used by replays on the caller's:
+            if isinstance(t, torch.Tensor):  # once dropped, not reused until the caller's work on them is done
+                t.record_stream(caller)
 
     def __call__(self, inputs: tuple) -> tuple:
         if torch.cuda.current_device() != self.device.index:
@@ -132,14 +134,6 @@ def _leave_generator_capture_mode(device: torch.device) -> None:
     graph.capture_begin(capture_error_mode="thread_local")
     scratch.add_(1)
     graph.capture_end()
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _SIDE_STREAMS.get(index)
-    if stream is None:
-        stream = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return stream
 
 
 def _spec(t) -> tuple | None:

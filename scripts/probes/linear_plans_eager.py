@@ -1,0 +1,90 @@
+"""An eager BlockSparseLinear forward without autograd (decoding), with and without the layer's plans
+(tilesparse.ops.linear_plans), against the same call replayed from a CUDA graph (the kernels alone).
+
+Each case runs ``calls`` forwards back to back (the GPU synchronized before and after) and reports
+the wall time per call: where the host is slower than the kernel, that is the host's time. Plans on
+and off alternate round by round, so the shared host's drifts fall on both; medians over the rounds.
+
+    python scripts/probes/linear_plans_eager.py --out linear_plans_eager.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import tilesparse as ts
+from tilesparse.ops import linear_plans
+
+CASES = [  # (N = K, block, density, M)
+    (4096, 32, 0.25, 1), (4096, 64, 0.25, 16), (4096, 128, 0.1, 64),
+    (12288, 32, 0.1, 1), (12288, 64, 0.25, 16), (12288, 128, 0.1, 32), (12288, 16, 0.25, 8),
+]
+
+
+def wall_us(fn, calls: int) -> float:
+    """Wall microseconds per call of ``calls`` back-to-back calls, synchronized before and after."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def graph_us(fn, calls: int) -> float:
+    """Microseconds per call replayed from a CUDA graph of ``calls`` calls (no host in between)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", default="linear_plans_eager.json")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    rows = []
+    for n, block, density, m in CASES:
+        module = ts.nn.BlockSparseLinear(n, n, block_size=block, density=density, seed=0).to("cuda", torch.bfloat16)
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        samples = {"plans": [], "no_plans": []}
+        for _ in range(args.rounds):
+            for mode, on in (("plans", True), ("no_plans", False), ("no_plans", False), ("plans", True)):
+                linear_plans.PLANS = on
+                module(x)  # (the first call of a key plans it)
+                samples[mode].append(wall_us(lambda: module(x), args.calls))
+        linear_plans.PLANS = True
+        kernels = graph_us(lambda: module(x), args.calls)
+        row = {"n": n, "block": block, "density": density, "m": m, "kernel_us": kernels,
+               **{f"{mode}_us": statistics.median(v) for mode, v in samples.items()}}
+        rows.append(row)
+        print(f"N=K {n:5d} b {block:3d} d {density:4.2f} M {m:3d}: eager with plans {row['plans_us']:6.1f} us, "
+              f"without {row['no_plans_us']:6.1f} us, graph replay {kernels:6.1f} us", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "rounds": args.rounds, "calls": args.calls,
+                   "torch": torch.__version__, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
