@@ -137,6 +137,7 @@
 #            statics: the eviction test also run with record_stream made a no-op, where it should fail) and the
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
+#   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
 #   graphs47b - the paper's LSTM suite (lstm-paper: H 6144 / 12288 / 18432, density 0.03) and the quick LSTM suite,
 #            eager with the loops from CUDA graphs ($OUT/lstm-paper.csv, $OUT/lstm-quick.csv)
 #   graphs47 - the eager LSTM with its time loops replayed from CUDA graphs (ops/lstm_graphs.py):
@@ -418,7 +419,7 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
-    plans48) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
+    plans48|plans48b) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
               tests/test_lstm_graphs.py tests/test_dds_plan.py tests/test_linear_module.py \
               "tests/test_attention.py::test_gpu_concurrent_dq_gives_the_same_bits" \
               "tests/test_bsmm_kernels_gpu.py::test_small_kernel_chunks_on_a_side_stream_and_in_a_cuda_graph" \
@@ -426,8 +427,13 @@ for step in ${STEPS:-large dtypes graph}; do
             timeout 90 python3 -c "import sys, torch, pytest; torch.Tensor.record_stream = lambda self, s: None; \
 sys.exit(pytest.main(['-q', '-m', 'gpu', '-p', 'no:cacheprovider', '-k', 'evicted', 'tests/test_lstm_graphs.py']))" \
               > "$OUT/race-without-record-stream.log" 2>&1; tail -n 1 "$OUT/race-without-record-stream.log"
-            timeout 200 python3 scripts/probes/linear_plans_eager.py --out "$OUT/linear-plans-eager.json" \
-              > "$OUT/linear-plans-eager.log" 2>&1; cat "$OUT/linear-plans-eager.log" ;;
+            if [ "$step" = plans48b ]; then
+              timeout 100 python3 scripts/probes/linear_plans_eager.py --profile > "$OUT/linear-plans-profile.txt" 2>&1
+              head -n 45 "$OUT/linear-plans-profile.txt"
+            else
+              timeout 200 python3 scripts/probes/linear_plans_eager.py --out "$OUT/linear-plans-eager.json" \
+                > "$OUT/linear-plans-eager.log" 2>&1; cat "$OUT/linear-plans-eager.log"
+            fi ;;
     graphs47b) timeout 150 python3 -m tilesparse bench --suite lstm --quick --no-plot --out "$OUT/lstm-quick" \
               > "$OUT/bench-lstm-quick.log" 2>&1
             cp "$OUT"/lstm-quick/*-lstm*.csv "$OUT/lstm-quick.csv"; rm -rf "$OUT/lstm-quick"

@@ -21,7 +21,13 @@ from tilesparse.ops import block_sparse_linear, dense_dispatch, linear_plans
 from tolerances import assert_close
 
 F64 = torch.float64
-pytestmark = INTERPRETER_MARKS
+
+
+def cpu(test):
+    """A test of the plans on the interpreter's CPU tensors."""
+    for mark in INTERPRETER_MARKS:
+        test = mark(test)
+    return test
 
 
 @pytest.fixture
@@ -45,6 +51,7 @@ def _expected(module, x):
     return y if module.bias is None else y + module.bias.double()
 
 
+@cpu
 @pytest.mark.parametrize("cls, dtype", [(BlockSparseLinear, torch.float32), (BlockSparseLinear, torch.float16),
                                         (TransposedBlockSparseLinear, torch.float16),
                                         (TransposedBlockSparseLinear, torch.float32)],
@@ -64,6 +71,7 @@ def test_no_grad_calls_dispatch_once_per_shape_and_match_float64(on_cpu, cls, dt
     assert len(module._plans) == 2 * planned
 
 
+@cpu
 def test_in_place_weight_updates_are_seen(on_cpu):
     module = _module()
     with torch.no_grad():
@@ -75,6 +83,7 @@ def test_in_place_weight_updates_are_seen(on_cpu):
     assert on_cpu == [4]
 
 
+@cpu
 def test_a_new_layout_weight_or_device_move_drops_the_plans(on_cpu):
     module = _module()
     x = torch.randn(4, 64)
@@ -92,6 +101,7 @@ def test_a_new_layout_weight_or_device_move_drops_the_plans(on_cpu):
     assert on_cpu == [4, 4, 4]
 
 
+@cpu
 def test_settings_the_dispatch_read_make_a_new_plan(on_cpu, monkeypatch):
     module = _module()
     x = torch.randn(3, 64)
@@ -108,6 +118,7 @@ def test_settings_the_dispatch_read_make_a_new_plan(on_cpu, monkeypatch):
     assert on_cpu == [3, 3, 3, 3]
 
 
+@cpu
 def test_where_dense_dispatch_decides_dense_the_plan_runs_dense(on_cpu, monkeypatch):
     module = _module()
     decisions, dense_calls = [], []
@@ -121,6 +132,7 @@ def test_where_dense_dispatch_decides_dense_the_plan_runs_dense(on_cpu, monkeypa
     assert (len(decisions), len(dense_calls), on_cpu) == (1, 3, [])
 
 
+@cpu
 def test_autograd_autocast_and_the_switch_are_not_planned(on_cpu, monkeypatch):
     module = _module()
     x = torch.randn(4, 64, requires_grad=True)
@@ -136,6 +148,7 @@ def test_autograd_autocast_and_the_switch_are_not_planned(on_cpu, monkeypatch):
     assert len(module._plans) == 0
 
 
+@cpu
 def test_bad_input_still_names_the_argument(on_cpu):
     module = _module()
     with torch.no_grad():
@@ -146,6 +159,7 @@ def test_bad_input_still_names_the_argument(on_cpu):
             module(torch.randn(4, 64, dtype=F64))  # a new key: checked, the dtype mismatch named
 
 
+@cpu
 def test_at_most_max_plans_least_recently_used_out(on_cpu, monkeypatch):
     monkeypatch.setattr(linear_plans.LinearPlans, "MAX_PLANS", 2)
     module = _module()
@@ -156,6 +170,7 @@ def test_at_most_max_plans_least_recently_used_out(on_cpu, monkeypatch):
     assert len(module._plans) == 2
 
 
+@cpu
 def test_copies_of_a_module_start_without_plans(on_cpu):
     module = _module()
     x = torch.randn(4, 64)
@@ -168,6 +183,7 @@ def test_copies_of_a_module_start_without_plans(on_cpu):
             assert_close(module(x), _expected(module, x), torch.float32, "original")
 
 
+@cpu
 def test_the_functional_call_is_unchanged(on_cpu):
     module = _module()
     x = torch.randn(4, 64)

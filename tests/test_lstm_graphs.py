@@ -274,24 +274,37 @@ def test_gpu_torch_compile_default_mode_runs_the_loops_from_graphs(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_a_loop_evicted_by_another_streams_capture_keeps_its_statics_until_its_replay_ran(monkeypatch):
-    # two streams, one graph kept: each capture evicts the other stream's loop while that stream is held
-    # back (a sleep queued before its call), so its copy-in and replay are still pending when the capture
-    # on the side stream allocates statics of the same size. Freed statics must wait for the caller's work
+def test_gpu_an_evicted_loops_statics_are_not_reused_before_its_replay_ran(monkeypatch):
+    # three streams, one graph kept. Stream A's captured loop is replayed behind a long sleep; B's capture
+    # evicts it (its statics freed, made on the side stream); C's capture then allocates statics of the same
+    # size on the side stream. Without the caller's stream recorded on them, the allocator would hand C
+    # A's input buffer while A's copy-in and replay are still pending, and C's static copy could land
+    # between them. Then every call's result is checked against the eager loop, bitwise
     torch.manual_seed(0)
     layout = layouts.random(512, 128, 16, 0.25, seed=2, device="cuda")
     values = torch.randn(layout.nnz, 16, 16, device="cuda", dtype=torch.bfloat16) / 8
     monkeypatch.setattr(lstm_graphs, "MAX_LOOPS", 1)
     lstm_graphs.clear()
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    calls = []
+    a, b, c = streams = [torch.cuda.Stream() for _ in range(3)]
+    calls, statics = [], {}
+
+    def call(s, sleep=False):
+        with torch.cuda.stream(s):
+            x = torch.randn(16, 8, 512, device="cuda", dtype=torch.bfloat16)
+            if sleep:
+                torch.cuda._sleep(200_000_000)  # ~0.1 s: this stream's work waits while the host goes on
+            calls.append((s, x, lstm_sequence(x, values, layout)[0]))
+        loops = lstm_graphs._CACHE.get(layout.meta)
+        for loop in (loops.graphs.values() if loops else ()):
+            statics[s] = loop.inputs[0].data_ptr()
+
     with torch.no_grad():
-        for call in range(6):
-            for s in streams:
-                with torch.cuda.stream(s):
-                    x = torch.randn(16, 8, 512, device="cuda", dtype=torch.bfloat16)
-                    torch.cuda._sleep(20_000_000)  # ~10 ms: this stream's call waits while the host goes on
-                    calls.append((s, x, lstm_sequence(x, values, layout)[0]))
+        for s in streams:
+            call(s)  # warm: eager on static copies
+        call(a, sleep=True)  # captured, copy-in and replay pending behind the sleep
+        call(b)  # captured: A's loop evicted
+        call(c)  # captured: statics allocated on the side stream while A's work is pending
+        assert statics[c] != statics[a]
         torch.cuda.synchronize()
         monkeypatch.setattr(lstm_graphs, "GRAPHS", False)
         for i, (s, x, got) in enumerate(calls):

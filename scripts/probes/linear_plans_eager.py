@@ -6,12 +6,16 @@ the wall time per call: where the host is slower than the kernel, that is the ho
 and off alternate round by round, so the shared host's drifts fall on both; medians over the rounds.
 
     python scripts/probes/linear_plans_eager.py --out linear_plans_eager.json
+    python scripts/probes/linear_plans_eager.py --profile  # and where a planned call's host time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import time
 
@@ -57,13 +61,41 @@ def graph_us(fn, calls: int) -> float:
     return start.elapsed_time(end) * 1e3 / calls
 
 
+def profile_planned(calls: int) -> str:
+    """cProfile of ``calls`` planned forwards (W 4096², b 32, d 0.25, M 1), and the host cost of the
+    CUDA calls a planned forward makes, each alone."""
+    module = ts.nn.BlockSparseLinear(4096, 4096, block_size=32, density=0.25).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    module(x)
+    lines = []
+    for name, fn in (("module(x), planned", lambda: module(x)),
+                     ("torch.cuda.current_stream(device)", lambda: torch.cuda.current_stream(x.device)),
+                     ("torch.cuda.is_current_stream_capturing()", torch.cuda.is_current_stream_capturing),
+                     ("torch.empty(1, 4096) on cuda", lambda: torch.empty(1, 4096, device=x.device, dtype=x.dtype)),
+                     ("torch.is_autocast_enabled('cuda')", lambda: torch.is_autocast_enabled("cuda")),
+                     ("torch.cuda.current_device()", torch.cuda.current_device)):
+        lines.append(f"{name:44s} {wall_us(fn, 2000):6.2f} us")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        module(x)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    return "\n".join(lines) + "\n" + text.getvalue()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--out", default="linear_plans_eager.json")
+    p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     torch.set_grad_enabled(False)
+    if args.profile:
+        print(profile_planned(2000))
+        return
     rows = []
     for n, block, density, m in CASES:
         module = ts.nn.BlockSparseLinear(n, n, block_size=block, density=density, seed=0).to("cuda", torch.bfloat16)
