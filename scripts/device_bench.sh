@@ -138,6 +138,8 @@
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
 #   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
+#   demo48 - scripts/probes/linear_plans_eager.py (after the raw-stream key), then the LSTM demo at density 0.1
+#            (W_hh sparse, H 2880; eager with the loop graphs): $OUT/demo-lstm-d0.1.{csv,json,log}
 #   graphs47b - the paper's LSTM suite (lstm-paper: H 6144 / 12288 / 18432, density 0.03) and the quick LSTM suite,
 #            eager with the loops from CUDA graphs ($OUT/lstm-paper.csv, $OUT/lstm-quick.csv)
 #   graphs47 - the eager LSTM with its time loops replayed from CUDA graphs (ops/lstm_graphs.py):
@@ -419,6 +421,11 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    demo48) timeout 200 python3 scripts/probes/linear_plans_eager.py --out "$OUT/linear-plans-eager.json" \
+              > "$OUT/linear-plans-eager.log" 2>&1; cat "$OUT/linear-plans-eager.log"
+            timeout 330 python3 -m tilesparse demo --model lstm --preset gpu --density 0.1 --no-plot --out "$OUT/demo" \
+              > "$OUT/demo-lstm-d0.1.log" 2>&1; tail -n 6 "$OUT/demo-lstm-d0.1.log"
+            for f in "$OUT"/demo/*; do cp "$f" "$OUT/demo-lstm-d0.1.${f##*.}"; done; rm -rf "$OUT/demo" ;;
     plans48|plans48b) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
               tests/test_lstm_graphs.py tests/test_dds_plan.py tests/test_linear_module.py \
               "tests/test_attention.py::test_gpu_concurrent_dq_gives_the_same_bits" \

@@ -30,6 +30,7 @@ import torch
 from .._env import switch
 from ..kernels import bsmm as kernels
 from ..kernels import tuned
+from ..kernels._device import current_stream_handle
 from . import dense_dispatch
 from .bsmm import block_sparse_linear, linear_operands
 
@@ -123,7 +124,8 @@ def _plannable(x: torch.Tensor, weight, bias, transposed_storage: bool) -> bool:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return False
-    if x.dtype == torch.float64 or (transposed_storage and x.dtype == torch.float32):
+    dtype = x.dtype
+    if dtype == torch.float64 or (transposed_storage and dtype == torch.float32):
         return False
     if torch.compiler.is_compiling() or torch.is_autocast_enabled(x.device.type):
         return False
@@ -131,7 +133,7 @@ def _plannable(x: torch.Tensor, weight, bias, transposed_storage: bool) -> bool:
 
 
 def _stream_of(x: torch.Tensor) -> int | None:
-    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
+    return current_stream_handle(x.device) if x.is_cuda else None
 
 
 def _settings(dtype: torch.dtype) -> tuple:

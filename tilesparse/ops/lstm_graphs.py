@@ -40,7 +40,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._env import switch
-from ..kernels._device import side_stream
+from ..kernels._device import current_stream_handle, side_stream
 
 __all__ = ["GRAPHS", "MAX_LOOPS", "clear", "run"]
 
@@ -184,7 +184,7 @@ def run(fn, inputs: tuple, weight: torch.Tensor, meta: torch.Tensor, options: tu
 
 def _stream_of(meta: torch.Tensor) -> int | None:
     """The caller's stream on ``meta``'s device (a graph's static buffers serve one stream)."""
-    return torch.cuda.current_stream(meta.device).cuda_stream if meta.is_cuda else None
+    return current_stream_handle(meta.device) if meta.is_cuda else None
 
 
 def _replayable(meta: torch.Tensor, steps: int) -> bool:
