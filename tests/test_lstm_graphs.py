@@ -292,7 +292,7 @@ def test_gpu_an_evicted_loops_statics_are_not_reused_before_its_replay_ran(monke
         with torch.cuda.stream(s):
             x = torch.randn(16, 8, 512, device="cuda", dtype=torch.bfloat16)
             if sleep:
-                torch.cuda._sleep(200_000_000)  # ~0.1 s: this stream's work waits while the host goes on
+                torch.cuda._sleep(1_000_000_000)  # ~0.5 s: this stream's work waits while the host goes on
             calls.append((s, x, lstm_sequence(x, values, layout)[0]))
         loops = lstm_graphs._CACHE.get(layout.meta)
         for loop in (loops.graphs.values() if loops else ()):

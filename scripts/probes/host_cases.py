@@ -8,6 +8,7 @@ import torch
 
 import tilesparse as ts
 from tilesparse.kernels import bsmm as K
+from tilesparse.ops import linear_plans
 
 
 def host_cases(device, dtype: torch.dtype, m: int = 256) -> dict:
@@ -29,8 +30,11 @@ def host_cases(device, dtype: torch.dtype, m: int = 256) -> dict:
             return module(x16)
 
     def module_no_grad_unplanned():
-        module._plans.clear()  # each call the first: checked and dispatched
-        return module_no_grad()
+        linear_plans.PLANS = False  # checked and dispatched every call
+        try:
+            return module_no_grad()
+        finally:
+            linear_plans.PLANS = True
 
     def step():
         return torch.autograd.grad(ts.block_sparse_linear(x, w, layout), (x, w), dy)

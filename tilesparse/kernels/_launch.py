@@ -206,12 +206,21 @@ class PreparedLaunch:
         self.fallback = fallback or launch
         self.args = list(args)
         self.device = _cuda_index(args[0]) if args else None
+        for position in varying:  # filled per call, held by the caller only
+            self.args[position] = None
         self.compiled = None
 
     def __call__(self, *tensors) -> None:
         args = self.args
         for position, tensor in zip(self.varying, tensors):
             args[position] = tensor
+        try:
+            self._launch(args, tensors)
+        finally:
+            for position in self.varying:  # the caller's tensors are not held past the call
+                args[position] = None
+
+    def _launch(self, args: list, tensors: tuple) -> None:
         compiled = self.compiled
         if (compiled is not None and tuple(map(arg_spec, tensors)) == self.specs
                 and torch.cuda.current_device() == self.device and self.knobs == _compile_knobs()

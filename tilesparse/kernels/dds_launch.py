@@ -26,7 +26,8 @@ class DdsLaunch:
     placeholder) and the output change per call; with them only the activations do. Workspaces in
     ``args`` (chunk partials, arrival counters that reset themselves) are kept between calls:
     launches on one stream never overlap. ``fallback``: the kernel module's own ``launch`` (tests
-    replace it), for the first run and for tensors the prepared launch does not take."""
+    replace it), for the first run and for tensors the prepared launch does not take. After the first
+    run only the prepared launch's fixed arguments are kept: no activations or outputs of any call."""
 
     __slots__ = ("kernel", "grid", "args", "kwargs", "bias", "partials", "strides", "fallback", "prepared")
 
@@ -44,15 +45,22 @@ class DdsLaunch:
         """Runs the launch as built (``c``: the output it was built with); returns itself."""
         self.fallback(self.kernel, self.grid, *self.args, **self.kwargs)
         self.sum_partials(c)
+        self._prepare()
         return self
 
-    def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
-        """C = A @ op(S) (+ bias) into ``c``, for activations shaped and strided as the first ones."""
+    def _prepare(self) -> PreparedLaunch:
+        """The prepared launch of the fixed arguments; the first call's tensors are let go."""
         prepared = self.prepared
         if prepared is None:
             prepared = self.prepared = PreparedLaunch(self.kernel, self.grid, self.args, self.kwargs,
                                                       (_A,) if self.partials is not None else (_A, _BIAS, _OUT),
                                                       self.fallback)
+            self.args = None
+        return prepared
+
+    def __call__(self, a: torch.Tensor, c: torch.Tensor) -> None:
+        """C = A @ op(S) (+ bias) into ``c``, for activations shaped and strided as the first ones."""
+        prepared = self._prepare()
         if self.partials is not None:
             prepared(a)
             self.sum_partials(c)

@@ -9,7 +9,6 @@ from .. import layouts as layout_generators
 from .._counts import check_count
 from .._checks import check_loaded_mask
 from ..layout import BlockLayout
-from ..ops.bsmm import block_sparse_linear
 from ..ops.linear_plans import LinearPlans
 
 
@@ -66,9 +65,9 @@ class _BlockStoredLinear(nn.Module):
 
     def _forward(self, x: torch.Tensor, transposed_storage: bool) -> torch.Tensor:
         """Y = X W^T + bias: from the layer's plans (``tilesparse.ops.linear_plans``) where they apply."""
-        plans = self.__dict__.get("_plans")  # (absent in a module pickled before they existed)
-        if plans is None:
-            return block_sparse_linear(x, self.weight, self.layout, self.bias, transposed_storage=transposed_storage)
+        plans = self.__dict__.get("_plans")
+        if plans is None:  # a module pickled before plans existed
+            plans = self._plans = LinearPlans()
         return plans(x, self.weight, self.layout, self.bias, transposed_storage)
 
     def reset_parameters(self) -> None:

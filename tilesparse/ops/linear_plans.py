@@ -12,12 +12,15 @@ Used where nothing the first call read can change unseen: CUDA, no autograd reco
 autocast (its casts are new tensors every call), not while torch.compile traces or a CUDA graph is
 captured, a contiguous weight and bias, and not TF32 with Wᵀ's storage (the dispatcher transposes a
 copy of the weight there). The key holds the activations' shape, strides, dtype and device, the
-caller's stream (a plan's workspaces serve one stream), and the settings the dispatch read (dense
-dispatch, deterministic algorithms, fp32 matmul precision, the K-major switch, the tuned tables'
-generation). The plans are for one weight, bias and layout: another one (``set_layout``, ``.to()``,
-a new Parameter) drops them all. The weight and bias are read in place, so in-place updates (an
-optimizer step between evaluations) are seen. ``TILESPARSE_LINEAR_PLANS=off`` (read at import;
-``PLANS`` at call time) turns them off.
+caller's stream (a plan's workspaces serve one stream), and the dispatch settings a program may
+change between calls (dense dispatch, deterministic algorithms, fp32 matmul precision, the K-major
+switch, the tuned tables' generation). Settings read from the environment by the launchers
+(``TILESPARSE_TUNED``, ``TILESPARSE_PDL``, ``TILESPARSE_POISON`` for workspaces) are those of a
+plan's first call; :meth:`LinearPlans.clear` makes new plans. The plans are for one weight, bias
+and layout (identity, address, shape and dtype): another one (``set_layout``, ``.to()``, a new
+Parameter or ``.data``) drops them all. The weight and bias are read in place, so in-place updates
+(an optimizer step between evaluations) are seen. Plans hold no activations or outputs between
+calls. ``TILESPARSE_LINEAR_PLANS=off`` (read at import; ``PLANS`` at call time) turns them off.
 """
 
 from __future__ import annotations
@@ -72,9 +75,13 @@ class LinearPlans:
         """``block_sparse_linear(x, weight, layout, bias, transposed_storage=...)``, from a plan where
         the module docstring says."""
         if not (PLANS and isinstance(x, torch.Tensor) and _plannable(x, weight, bias, transposed_storage)):
+            owner = self.owner
+            if owner is not None and (owner[0] is not weight or owner[1] is not bias or owner[2] is not layout):
+                self.clear()  # (a replaced weight is not held until the next call a plan serves)
             return block_sparse_linear(x, weight, layout, bias, transposed_storage=transposed_storage)
         key = (x.shape, x.stride(), x.dtype, x.device, _stream_of(x), _settings(x.dtype))
-        owner = (weight, bias, layout, weight.data_ptr(), None if bias is None else bias.data_ptr())
+        owner = (weight, bias, layout, weight.data_ptr(), weight.shape, weight.dtype,
+                 None if bias is None else (bias.data_ptr(), bias.shape, bias.dtype))
         with self.lock:
             if self.owner is None or not _same_owner(self.owner, owner):
                 self.plans.clear()
@@ -107,6 +114,7 @@ def _make_plan(rows, weight, meta, bias, layout, out_features: int, transposed_s
 
 
 def _same_owner(old: tuple, new: tuple) -> bool:
+    """The same weight, bias and layout objects, at the same addresses, shapes and dtypes."""
     return old[0] is new[0] and old[1] is new[1] and old[2] is new[2] and old[3:] == new[3:]
 
 
