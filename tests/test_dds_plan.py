@@ -8,9 +8,8 @@ import dataclasses
 
 import pytest
 import torch
-from triton.runtime.jit import JITFunction
 
-from bsmm_cases import INTERPRETER_MARKS, dense_of, random_values
+from bsmm_cases import INTERPRETER_MARKS, count_triton_runs, dense_of, random_values
 from tilesparse import BlockLayout, layouts
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import bsmm_gemv, bsmm_panel, bsmm_small, tuned
@@ -107,14 +106,6 @@ def test_out_must_be_a_contiguous_buffer_of_the_products_shape():
             plan(a, out)
 
 
-def _count_triton_runs(monkeypatch):
-    seen = []
-    original = JITFunction.run
-    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: seen.append(self.fn.__name__) or original(
-        self, *a, **k))
-    return seen
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
@@ -127,7 +118,7 @@ def test_gpu_plan_is_bitwise_dds_and_skips_tritons_launch(monkeypatch, dtype, bl
         inputs = [torch.randn(batch, width_in, device="cuda", dtype=dtype) for _ in range(4)]
         plan(inputs[0])  # compiles and remembers
         plan(inputs[1])
-        seen = _count_triton_runs(monkeypatch)
+        seen = count_triton_runs(monkeypatch)
         for a in inputs:
             expected = kernels.dds(a, values, layout.meta, None, layout.block_rows, layout.block_cols, trans)
             seen.clear()
@@ -167,7 +158,7 @@ def test_gpu_plan_of_the_fma_and_panel_kernels_is_bitwise_dds(monkeypatch, setti
         plan(inputs[1])
         assert plan.run is not None and launched[0].fn.__module__ == kernel.__name__  # the table's kernel
         assert [kmajor for _, kmajor in plan.runs.values()] == [False]
-        seen = _count_triton_runs(monkeypatch)
+        seen = count_triton_runs(monkeypatch)
         for a in inputs:
             expected = kernels.dds(a, values, layout.meta, bias, layout.block_rows, layout.block_cols, trans,
                                    config=cfg)

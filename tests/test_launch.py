@@ -8,6 +8,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from bsmm_cases import count_triton_runs
 from tilesparse.kernels import _launch
 from tilesparse.layouts import random as random_layout
 
@@ -159,18 +160,6 @@ def test_launch_enters_the_first_arguments_device_only_when_it_is_not_current(mo
 DEVICE = "cuda"
 
 
-def _count_triton_runs(monkeypatch):
-    seen = []
-    original = JITFunction.run
-
-    def run(self, *args, **kwargs):
-        seen.append(self.fn.__name__)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(JITFunction, "run", run)
-    return seen
-
-
 def _products(x, w, layout, dy, cfg):
     from tilesparse.kernels import bsmm as K
 
@@ -208,7 +197,7 @@ def test_gpu_direct_launch_matches_tritons_bitwise(monkeypatch, kind):
             got = _products(x, w, layout, dy, cfg)
             for e, g in zip(expected, got):
                 assert torch.equal(e, g)
-    seen = _count_triton_runs(monkeypatch)
+    seen = count_triton_runs(monkeypatch)
     _products(x, w, layout, dy, cfg)
     assert seen == []  # every product of a remembered specialization skipped Triton's launch
 
@@ -281,6 +270,6 @@ def test_gpu_persistent_attention_forward_launches_directly(monkeypatch):
     monkeypatch.setattr(_launch, "_ENABLED", True)
     for _ in range(2):
         assert all(map(torch.equal, forward(), expected))
-    seen = _count_triton_runs(monkeypatch)
+    seen = count_triton_runs(monkeypatch)
     forward()
     assert seen == []

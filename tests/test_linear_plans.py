@@ -10,9 +10,8 @@ import pickle
 
 import pytest
 import torch
-from triton.runtime.jit import JITFunction
 
-from bsmm_cases import INTERPRETER_MARKS
+from bsmm_cases import INTERPRETER_MARKS, count_triton_runs
 from tilesparse import layouts
 from tilesparse.kernels import bsmm as kernels
 from tilesparse.kernels import tuned
@@ -242,14 +241,6 @@ def test_the_functional_call_is_unchanged(on_cpu):
     assert len(module._plans) == 0
 
 
-def _count_triton_runs(monkeypatch):
-    seen = []
-    original = JITFunction.run
-    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **k: seen.append(self.fn.__name__) or original(
-        self, *a, **k))
-    return seen
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("cls", [BlockSparseLinear, TransposedBlockSparseLinear], ids=["rows", "transposed"])
@@ -269,7 +260,7 @@ def test_gpu_plans_are_bitwise_the_checked_call(monkeypatch, cls, dtype, block, 
         plan = next(iter(module._plans.plans.values()), None)
         if planned:
             assert isinstance(plan, kernels.DdsPlan) and (plan.run is not None) == (rows <= 64)
-        seen = _count_triton_runs(monkeypatch)
+        seen = count_triton_runs(monkeypatch)
         for i, x in enumerate(inputs):
             monkeypatch.setattr(linear_plans, "PLANS", False)
             expected = module(x)
