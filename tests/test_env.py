@@ -71,3 +71,22 @@ def test_a_choice_takes_its_values_in_any_case_and_refuses_others(monkeypatch):
     monkeypatch.setenv("TILESPARSE_SEMI24_PACKER", "mapp")  # was silently the cuSPARSELt packer
     with pytest.raises(ValueError, match="TILESPARSE_SEMI24_PACKER"):
         value_map.use_value_maps()
+
+
+@pytest.mark.parametrize("value", [None, "", "1", " Off ", "caf\u00e9"])
+def test_the_fast_read_sees_what_os_environ_holds(monkeypatch, value):
+    from tilesparse._env import _raw
+    if value is None:
+        monkeypatch.delenv(NAME, raising=False)
+    else:
+        monkeypatch.setenv(NAME, value)
+    assert _raw(NAME) == __import__("os").environ.get(NAME)
+
+
+def test_a_mapping_in_place_of_os_environ_is_read_plainly(monkeypatch):
+    import os
+
+    from tilesparse._env import _raw
+    monkeypatch.setattr(os, "environ", {NAME: "on"})  # e.g. a test's stand-in: no _data / encodekey
+    assert _raw(NAME) == "on" and switch(NAME, False) is True
+    assert _raw(NAME + "_UNSET") is None

@@ -282,3 +282,23 @@ def test_from_dense_on_a_given_layout():
         BlockSparseLinear.from_dense(linear, block_size=16)
     with pytest.raises(ValueError, match="exactly one of density or layout"):
         BlockSparseLinear.from_dense(linear, block_size=16, density=0.5, layout=layout)
+
+
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_a_parametrization_of_the_weight_or_bias_is_what_the_forward_uses(which):
+    """The forward reads the Parameters from their dict (faster than attribute access) only where
+    nothing else answers for the name: a parametrization's property does."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, t):
+            return 2 * t
+
+    m = BlockSparseLinear(64, 48, block_size=16, density=0.5, seed=2).double()
+    x = torch.randn(5, 64, dtype=torch.float64)
+    plain = m(x)
+    parametrize.register_parametrization(m, which, Doubled())
+    # weight doubled: 2 (Y - b) + b; bias doubled (m.bias now reads 2 b): Y + b
+    expected = 2 * plain - m.bias if which == "weight" else plain + m.bias / 2
+    assert_close(m(x), expected, torch.float64)
+

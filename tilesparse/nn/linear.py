@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -10,6 +12,13 @@ from .._counts import check_count
 from .._checks import check_loaded_mask
 from ..layout import BlockLayout
 from ..ops.linear_plans import LinearPlans
+
+
+@functools.lru_cache(maxsize=None)
+def _class_defines_parameters(cls: type) -> bool:
+    """Whether a class in ``cls``'s MRO defines ``weight`` or ``bias`` (a property would answer before
+    the Parameters' dict)."""
+    return any(name in klass.__dict__ for klass in cls.__mro__ for name in ("weight", "bias"))
 
 
 class _BlockStoredLinear(nn.Module):
@@ -42,8 +51,10 @@ class _BlockStoredLinear(nn.Module):
     @property
     def layout(self) -> BlockLayout:
         """The layout of the stored blocks, on the module's current device."""
-        mask = getattr(self, self.MASK_BUFFER)
-        if self._layout.device != mask.device:
+        mask = self._buffers.get(self.MASK_BUFFER)  # (nn.Module's __getattr__ costs ~1 µs a call)
+        if mask is None:
+            mask = getattr(self, self.MASK_BUFFER)
+        if self._layout.mask.device != mask.device:
             self._layout = self._layout.to(mask.device)
         return self._layout
 
@@ -68,7 +79,17 @@ class _BlockStoredLinear(nn.Module):
         plans = self.__dict__.get("_plans")
         if plans is None:  # a module pickled before plans existed
             plans = self._plans = LinearPlans()
-        return plans(x, self.weight, self.layout, self.bias, transposed_storage)
+        # the Parameters from their dict (nn.Module's __getattr__ costs ~1 µs each, per eager call), unless
+        # something else now answers for them (a parametrization's property, an attribute set in their place)
+        params = self._parameters
+        if _class_defines_parameters(type(self)):
+            weight, bias = self.weight, self.bias
+        else:
+            weight = params.get("weight")
+            if weight is None:  # (moved by a parametrization, or an attribute in its place)
+                weight = self.weight
+            bias = params["bias"] if "bias" in params else self.bias
+        return plans(x, weight, self.layout, bias, transposed_storage)
 
     def reset_parameters(self) -> None:
         """nn.Linear's init (uniform, bound 1/sqrt(fan_in)) with each output's actual fan-in

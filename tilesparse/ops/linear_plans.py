@@ -79,13 +79,14 @@ class LinearPlans:
             if owner is not None and (owner[0] is not weight or owner[1] is not bias or owner[2] is not layout):
                 self.clear()  # (a replaced weight is not held until the next call a plan serves)
             return block_sparse_linear(x, weight, layout, bias, transposed_storage=transposed_storage)
-        key = (x.shape, x.stride(), x.dtype, x.device, _stream_of(x), _settings(x.dtype))
-        owner = (weight, bias, layout, weight.data_ptr(), weight.shape, weight.dtype,
-                 None if bias is None else (bias.data_ptr(), bias.shape, bias.dtype))
+        dtype = x.dtype  # the key: the activations, the stream, then the dispatch settings a program may change
+        key = (x.shape, x.stride(), dtype, x.device, _stream_of(x), dense_dispatch.enabled(),
+               torch.are_deterministic_algorithms_enabled(), kernels.KMAJOR_SMALL, tuned.generation(),
+               torch.get_float32_matmul_precision() if dtype == torch.float32 else "")
         with self.lock:
-            if self.owner is None or not _same_owner(self.owner, owner):
+            if not _owns(self.owner, weight, bias, layout):
                 self.plans.clear()
-                self.owner = owner
+                self.owner = _owner(weight, bias, layout)
             plan = self.plans.get(key)
             if plan is not None:
                 self.plans.move_to_end(key)
@@ -113,9 +114,22 @@ def _make_plan(rows, weight, meta, bias, layout, out_features: int, transposed_s
     return kernels.DdsPlan(weight, meta, bias, block_rows, block_cols, not transposed_storage)
 
 
-def _same_owner(old: tuple, new: tuple) -> bool:
-    """The same weight, bias and layout objects, at the same addresses, shapes and dtypes."""
-    return old[0] is new[0] and old[1] is new[1] and old[2] is new[2] and old[3:] == new[3:]
+def _owner(weight: torch.Tensor, bias: torch.Tensor | None, layout) -> tuple:
+    """What plans are made for: the weight, bias and layout objects, the weight's and bias's addresses,
+    shapes and dtypes."""
+    return (weight, bias, layout, weight.data_ptr(), weight.shape, weight.dtype,
+            None if bias is None else (bias.data_ptr(), bias.shape, bias.dtype))
+
+
+def _owns(owner: tuple | None, weight: torch.Tensor, bias: torch.Tensor | None, layout) -> bool:
+    """Whether ``owner`` (see :func:`_owner`) is these weight, bias and layout, as they are now."""
+    return (owner is not None and owner[0] is weight and owner[1] is bias and owner[2] is layout
+            and owner[3] == weight.data_ptr() and owner[4] == weight.shape and owner[5] == weight.dtype
+            and (bias is None or owner[6] == (bias.data_ptr(), bias.shape, bias.dtype)))
+
+
+def _stream_of(x: torch.Tensor) -> int | None:
+    return current_stream_handle(x.device) if x.is_cuda else None
 
 
 def _on_device(x: torch.Tensor) -> bool:
@@ -140,11 +154,3 @@ def _plannable(x: torch.Tensor, weight, bias, transposed_storage: bool) -> bool:
     return not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _stream_of(x: torch.Tensor) -> int | None:
-    return current_stream_handle(x.device) if x.is_cuda else None
-
-
-def _settings(dtype: torch.dtype) -> tuple:
-    """What the first call's dispatch read that may change at run time."""
-    return (dense_dispatch.enabled(), torch.are_deterministic_algorithms_enabled(), kernels.KMAJOR_SMALL,
-            tuned.generation(), torch.get_float32_matmul_precision() if dtype == torch.float32 else "")
