@@ -138,6 +138,10 @@
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
 #   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
+#   host49 - GPU tests of the layers, plans, launches and switches after the host-time cuts (7d8f590), then
+#            scripts/probes/linear_plans_eager.py alternately on this tree and on $HOST49_BASE (a copy of an
+#            earlier commit's tilesparse/ and scripts/probes/, e.g. git archive 049ae56 | tar -x -C base49), 2 rounds
+#            each: $OUT/host49-{new,base}-{1,2}.log
 #   demo48 - scripts/probes/linear_plans_eager.py (after the raw-stream key), then the LSTM demo at density 0.1
 #            (W_hh sparse, H 2880; eager with the loop graphs): $OUT/demo-lstm-d0.1.{csv,json,log}
 #   graphs47b - the paper's LSTM suite (lstm-paper: H 6144 / 12288 / 18432, density 0.03) and the quick LSTM suite,
@@ -421,6 +425,18 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    host49) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
+              tests/test_linear_module.py tests/test_linear_transposed.py tests/test_launch.py tests/test_env.py \
+              tests/test_dds_plan.py tests/test_lstm_graphs.py > "$OUT/gpu-tests-host49.log" 2>&1
+            tail -n 1 "$OUT/gpu-tests-host49.log"
+            for round in 1 2; do
+              for tree in new base; do
+                root=$PWD; [ "$tree" = base ] && root=$PWD/${HOST49_BASE:-base49}
+                (cd "$root" && PYTHONPATH=$root timeout 100 python3 scripts/probes/linear_plans_eager.py \
+                  --out "$OUT/host49-$tree-$round.json" > "$OUT/host49-$tree-$round.log" 2>&1)
+                echo "$tree $round"; cat "$OUT/host49-$tree-$round.log"; rm -f "$OUT/host49-$tree-$round.json"
+              done
+            done ;;
     demo48) timeout 200 python3 scripts/probes/linear_plans_eager.py --out "$OUT/linear-plans-eager.json" \
               > "$OUT/linear-plans-eager.log" 2>&1; cat "$OUT/linear-plans-eager.log"
             timeout 330 python3 -m tilesparse demo --model lstm --preset gpu --density 0.1 --no-plot --out "$OUT/demo" \
