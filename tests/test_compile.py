@@ -67,6 +67,20 @@ def test_compiled_module_matches_eager():
         assert_matches_eager(p_comp.grad, p_eager.grad, msg=name)
 
 
+def test_compiling_a_layer_warns_nothing():
+    """Tracing the layer's forward raises no warning (review, 2026-12-04: an lru_cache-wrapped helper in
+    the forward made Dynamo warn on every compile, an error under ``-W error``)."""
+    import warnings
+
+    m = BlockSparseLinear(32, 64, block_size=16, density=0.5, seed=1)
+    x = torch.randn(3, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        with torch.no_grad():
+            y = torch.compile(m, fullgraph=True, backend="eager")(x)
+    assert_matches_eager(y, m(x))
+
+
 def test_compiled_functional_matches_eager():
     layout = tilesparse.layouts.random(48, 32, 16, 0.5, seed=int(torch.randint(1000, ())))
     weight = torch.randn(layout.nnz, 16, 16, requires_grad=True)

@@ -241,6 +241,23 @@ def test_the_functional_call_is_unchanged(on_cpu):
     assert len(module._plans) == 0
 
 
+@cpu
+def test_one_weight_read_in_both_storage_orders_gets_a_plan_for_each(on_cpu):
+    """LinearPlans called directly with one square weight as W and as Wᵀ (review, 2026-12-04: the storage
+    order was missing from the key, and the second call was served the first one's plan)."""
+    torch.manual_seed(0)
+    layout = layouts.random(64, 64, 16, 0.5, seed=1)
+    weight = (torch.randn(layout.nnz, 16, 16) / 8).half()  # (fp16: fp32 with Wᵀ's storage is not planned)
+    plans = linear_plans.LinearPlans()
+    x = torch.randn(3, 64).half()
+    with torch.no_grad():
+        for transposed in (False, True, False, True):
+            expected = block_sparse_linear(x, weight, layout, transposed_storage=transposed)
+            assert_close(plans(x, weight, layout, transposed_storage=transposed), expected, torch.float16,
+                         f"transposed_storage={transposed}")
+    assert len(plans) == 2
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("cls", [BlockSparseLinear, TransposedBlockSparseLinear], ids=["rows", "transposed"])

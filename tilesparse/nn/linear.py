@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
@@ -12,13 +10,6 @@ from .._counts import check_count
 from .._checks import check_loaded_mask
 from ..layout import BlockLayout
 from ..ops.linear_plans import LinearPlans
-
-
-@functools.lru_cache(maxsize=None)
-def _class_defines_parameters(cls: type) -> bool:
-    """Whether a class in ``cls``'s MRO defines ``weight`` or ``bias`` (a property would answer before
-    the Parameters' dict)."""
-    return any(name in klass.__dict__ for klass in cls.__mro__ for name in ("weight", "bias"))
 
 
 class _BlockStoredLinear(nn.Module):
@@ -82,7 +73,8 @@ class _BlockStoredLinear(nn.Module):
         # the Parameters from their dict (nn.Module's __getattr__ costs ~1 µs each, per eager call), unless
         # something else now answers for them (a parametrization's property, an attribute set in their place)
         params = self._parameters
-        if _class_defines_parameters(type(self)):
+        cls = type(self)
+        if getattr(cls, "weight", None) is not None or getattr(cls, "bias", None) is not None:  # (a property)
             weight, bias = self.weight, self.bias
         else:
             weight = params.get("weight")

@@ -12,8 +12,8 @@ Used where nothing the first call read can change unseen: CUDA, no autograd reco
 autocast (its casts are new tensors every call), not while torch.compile traces or a CUDA graph is
 captured, a contiguous weight and bias, and not TF32 with Wᵀ's storage (the dispatcher transposes a
 copy of the weight there). The key holds the activations' shape, strides, dtype and device, the
-caller's stream (a plan's workspaces serve one stream), and the dispatch settings a program may
-change between calls (dense dispatch, deterministic algorithms, fp32 matmul precision, the K-major
+weight's storage order (W or Wᵀ), the caller's stream (a plan's workspaces serve one stream), and the
+dispatch settings a program may change between calls (dense dispatch, deterministic algorithms, fp32 matmul precision, the K-major
 switch, the tuned tables' generation). Settings read from the environment by the launchers
 (``TILESPARSE_TUNED``, ``TILESPARSE_PDL``, ``TILESPARSE_POISON`` for workspaces) are those of a
 plan's first call; :meth:`LinearPlans.clear` makes new plans. The plans are for one weight, bias
@@ -79,8 +79,9 @@ class LinearPlans:
             if owner is not None and (owner[0] is not weight or owner[1] is not bias or owner[2] is not layout):
                 self.clear()  # (a replaced weight is not held until the next call a plan serves)
             return block_sparse_linear(x, weight, layout, bias, transposed_storage=transposed_storage)
-        dtype = x.dtype  # the key: the activations, the stream, then the dispatch settings a program may change
-        key = (x.shape, x.stride(), dtype, x.device, _stream_of(x), dense_dispatch.enabled(),
+        dtype = x.dtype  # the key: the activations, the storage order, the stream, then the dispatch settings a
+        key = (x.shape, x.stride(), dtype, x.device, transposed_storage, _stream_of(x), dense_dispatch.enabled(),
+               # program may change between calls
                torch.are_deterministic_algorithms_enabled(), kernels.KMAJOR_SMALL, tuned.generation(),
                torch.get_float32_matmul_precision() if dtype == torch.float32 else "")
         with self.lock:
