@@ -138,9 +138,6 @@
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
 #   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
-#   rows49 - GPU tests of the row-group small kernel (kernels/bsmm_small_rows.py), then
-#            scripts/probes/small_rows_ab.py (it against the dispatcher, a balanced layout and a bare read;
-#            ROWS_ARGS adds arguments): $OUT/gpu-tests-rows49.log, $OUT/small-rows-ab.{json,log}
 #   host49 - GPU tests of the layers, plans, launches and switches after the host-time cuts (7d8f590), then
 #            scripts/probes/linear_plans_eager.py alternately on this tree and on $HOST49_BASE (a copy of an
 #            earlier commit's tilesparse/ and scripts/probes/, e.g. git archive 049ae56 | tar -x -C base49), 2 rounds
@@ -428,10 +425,6 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
-    rows49) timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bsmm_small_rows.py \
-              > "$OUT/gpu-tests-rows49.log" 2>&1; tail -n 3 "$OUT/gpu-tests-rows49.log"
-            timeout "${ROWS_TIMEOUT:-330}" python3 scripts/probes/small_rows_ab.py ${ROWS_ARGS:-} \
-              --out "$OUT/small-rows-ab.json" > "$OUT/small-rows-ab.log" 2>&1; cat "$OUT/small-rows-ab.log" ;;
     host49) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
               tests/test_linear_module.py tests/test_linear_transposed.py tests/test_launch.py tests/test_env.py \
               tests/test_dds_plan.py tests/test_lstm_graphs.py > "$OUT/gpu-tests-host49.log" 2>&1
