@@ -117,6 +117,32 @@ def test_linear_zero_rows():
     assert torch.equal(weight.grad, torch.zeros_like(weight))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 0), (0,), (4, 0)])
+def test_linear_without_input_features_gives_the_bias(shape):
+    """A layout with no block-columns (in_features 0) at 1-D and 3-D inputs (review, 2026-12-04: the rows'
+    reshape(-1, 0) raised a raw error)."""
+    layout = BlockLayout(torch.ones(2, 0, dtype=torch.bool), 4)
+    bias = torch.randn(8, dtype=torch.float64)
+    y = tilesparse.block_sparse_linear(torch.randn(*shape, dtype=torch.float64),
+                                       torch.zeros(0, 4, 4, dtype=torch.float64), layout, bias)
+    assert y.shape == (*shape[:-1], 8)
+    assert torch.equal(y, bias.expand_as(y))
+
+
+@pytest.mark.parametrize("op", ["dds", "dsd", "sdd"])
+@pytest.mark.parametrize("flag", ["trans_a", "trans_b"])
+def test_transpose_flags_must_be_bools(op, flag):
+    # (review, 2026-12-04: trans_a="no" transposed)
+    layout = make_layout("random", *GRID, 8)
+    values = random_values(layout, torch.float64)
+    rows, cols = layout.shape
+    args = {"dds": (torch.randn(3, rows, dtype=torch.float64), values, layout),
+            "dsd": (values, layout, torch.randn(cols, 3, dtype=torch.float64)),
+            "sdd": (torch.randn(rows, 3, dtype=torch.float64), torch.randn(3, cols, dtype=torch.float64), layout)}[op]
+    with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+        getattr(tilesparse, op)(*args, **{flag: "no"})
+
+
 def test_linear_matches_nn_linear_for_full_layout():
     # With every block stored, the op is nn.functional.linear on the dense weight.
     layout = make_layout("full", 2, 3, 16)

@@ -145,6 +145,20 @@ class TestConstruction:
             BlockLayout.dense(rows, cols, 16)
 
 
+def test_a_layout_keeps_its_own_copy_of_the_mask():
+    """Editing the mask given after building a layout changes nothing in it (review, 2026-12-04: a bool,
+    contiguous mask was kept as given, so its count, coords and lazily built tables could disagree)."""
+    mask = torch.zeros(2, 2, dtype=torch.bool)
+    layouts_built = []
+    for i in range(2):
+        mask.zero_()
+        mask[i, i] = True
+        layouts_built.append(BlockLayout(mask, 4))
+    assert layouts_built[0].coords.tolist() == [[0, 0]] and layouts_built[1].coords.tolist() == [[1, 1]]
+    mask[0, 1] = True
+    assert layouts_built[1].nnz == 1 and layouts_built[1].tables.row_cols.tolist() == [1]
+
+
 class TestCountsAndCoords:
     @pytest.mark.parametrize("name", list(NAMED_MASKS), ids=list(NAMED_MASKS))
     def test_nnz_and_density(self, name):
@@ -279,6 +293,12 @@ class TestTransforms:
         assert torch.equal(layout.transposed_values(values), values[slot].transpose(1, 2))
         assert layout.transposed_values(values).is_contiguous()
         assert torch.equal(t.transposed_values(layout.transposed_values(values)), values)  # the round trip
+
+    @pytest.mark.parametrize("shape", [(4, 4, 4), (2, 4, 4), (3, 2, 2), (3, 4)])
+    def test_transposed_values_refuses_values_of_another_shape(self, shape):
+        layout = BlockLayout(torch.tensor([[True, False], [True, True]]), 4)  # 3 blocks of 4 x 4
+        with pytest.raises(ValueError, match=r"values must have shape \(3, 4, 4\)"):
+            layout.transposed_values(torch.randn(*shape))
 
     @pytest.mark.parametrize("name", ["empty", "full", "empty_rows_cols", "single_block"])
     def test_to_dense_brute_force(self, name):

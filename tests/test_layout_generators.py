@@ -416,6 +416,14 @@ class TestDensity:
         with pytest.raises(ValueError, match=r"density=.* is outside what .* reaches.*\[.*\]"):
             call()
 
+    def test_a_positive_density_closest_to_no_blocks_is_refused(self):
+        # 8 x 2 blocks: degree 0 gives 0, degree 2 gives 0.75-0.81; 0.3 is nearer 0 (review, 2026-12-04: the
+        # empty layout came back without a word, e.g. as an LSTM's recurrent weight)
+        with pytest.raises(ValueError, match=r"density=0.3 on a 8x2 block grid is closest to an empty small_world"):
+            layouts.small_world(8 * B, 2 * B, B, density=0.3)
+        assert layouts.small_world(8 * B, 2 * B, B, density=0.0).nnz == 0  # asked for: fine
+        assert layouts.small_world(8 * B, 2 * B, B, density=0.5).nnz > 0
+
     def test_just_outside_the_range_within_half_a_step_is_accepted(self):
         # 16 nodes: m = 1 gives 30/256 = 0.117, m = 2 gives 0.219; 0.1 is within half a step.
         assert layouts.barabasi_albert(16 * B, 16 * B, B, density=0.1).nnz == 30

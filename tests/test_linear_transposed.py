@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import tilesparse
-from tilesparse import BlockSparseLinear, layouts
+from tilesparse import BlockLayout, BlockSparseLinear, layouts
 from tilesparse.nn import TransposedBlockSparseLinear, store_transposed
 from tolerances import assert_close
 
@@ -150,6 +150,9 @@ def test_bad_arguments_are_named():
     layer = TransposedBlockSparseLinear.from_module(_layer())
     with pytest.raises(ValueError, match="in_features"):
         layer(torch.randn(2, 64, dtype=torch.float64))
+    for empty in (torch.zeros(0, 2, dtype=torch.bool), torch.zeros(2, 0, dtype=torch.bool)):  # as BlockSparseLinear
+        with pytest.raises(ValueError, match="features .* must be a positive int"):
+            TransposedBlockSparseLinear(BlockLayout(empty, 4))
 
 
 def test_compiled_layer_matches_eager():

@@ -200,6 +200,13 @@ def test_argument_errors(kwargs, match):
         BlockSparseLSTM(8, 16, **kwargs)
 
 
+@pytest.mark.parametrize("flag", ["batch_first", "sparse_input", "bias"])
+def test_flags_must_be_bools(flag):
+    # (review, 2026-12-04: batch_first="no" read as True)
+    with pytest.raises(TypeError, match=f"{flag} must be a bool, got str 'no'"):
+        BlockSparseLSTM(8, 16, block_size=8, density=0.5, **{flag: "no"})
+
+
 def test_layout_fn_and_seed():
     module = BlockSparseLSTM(8, 32, block_size=8, density=0.25, layout_fn=layouts.small_world, seed=4)
     assert module.layout == layouts.small_world(128, 32, 8, density=0.25, seed=4)

@@ -195,6 +195,42 @@ def test_state_dict_round_trip():
     assert "transposable=True" in repr(fresh) and "mask_every=2" in repr(fresh)
 
 
+def test_a_densified_checkpoint_loads_densified_and_other_masks_are_refused():
+    """(review, 2026-12-04) ``densified`` is not in the state_dict: a densified layer's all-ones mask loaded
+    into a fresh layer left it sparse with a mask that is not 2:4, which the GPU path would hand to
+    cuSPARSELt's compression. The all-ones mask now loads as densified; any other mask must be 2:4."""
+    dense = SemiSparseLinear(16, 16, mode="sparse")
+    dense.densify()
+    fresh = SemiSparseLinear(16, 16, mode="sparse")
+    fresh.load_state_dict(dense.state_dict())
+    assert fresh.densified and bool(fresh.mask.all())
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(fresh(x), dense(x))
+    sparse = SemiSparseLinear(16, 16, mode="sparse")
+    fresh.load_state_dict(sparse.state_dict())  # and back: a 2:4 mask undoes it
+    assert not fresh.densified and is_24(fresh.mask, True)
+    bad = sparse.state_dict()
+    bad["mask"] = bad["mask"].clone()
+    bad["mask"][0, :4] = True
+    with pytest.raises(ValueError, match="mask is not a transposable 2:4 mask"):
+        fresh.load_state_dict(bad)
+    bad["mask"] = sparse.mask.float()
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        fresh.load_state_dict(bad)
+    rows_only = SemiSparseLinear(16, 16, transposable=False)
+    row_mask = torch.zeros(16, 16, dtype=torch.bool)
+    row_mask[:, :2] = True  # 2:4 along rows, 16 of 16 down each column's 4x4 tiles: not transposable
+    row_mask[:, 4:6] = True
+    row_mask[:, 8:10] = True
+    row_mask[:, 12:14] = True
+    assert is_24(row_mask) and not is_24(row_mask, True)
+    state = rows_only.state_dict()
+    state["mask"] = row_mask
+    rows_only.load_state_dict(state)  # rows-only 2:4 is enough where the layer is not transposable
+    with pytest.raises(ValueError, match="not a transposable 2:4"):
+        SemiSparseLinear(16, 16).load_state_dict(state)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 

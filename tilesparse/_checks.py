@@ -85,3 +85,10 @@ def check_loaded_mask(state_dict, key: str, mask: torch.Tensor, what: str, layou
                 f"{tuple(loaded.shape)} vs {tuple(mask.shape)}); build the module "
                 f"with the checkpoint's layout ({layout_class}(mask, block_size)) before loading"
             )
+
+
+def check_flags(**flags) -> None:
+    """Each keyword must be a bool (a truthy string such as ``"no"`` would otherwise read as True)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")

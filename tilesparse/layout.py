@@ -179,7 +179,10 @@ class BlockLayout:
         if mask.dim() != 2:
             raise ValueError(f"mask must be 2-D [block_rows, block_cols], got shape {tuple(mask.shape)}")
         check_mask_values(mask)
-        self.mask = mask.to(torch.bool).contiguous()
+        # a copy: the layout's count, coords and tables are learned from the mask at different times, so a
+        # caller's later edit of its own tensor would leave them disagreeing (tables naming blocks that the
+        # values do not hold)
+        self.mask = mask.to(torch.bool, copy=True).contiguous()
         self.block_size = check_count("block_size", block_size, 1)
         self._meta_by_device: dict[torch.device, torch.Tensor] = {}
         self._coords: torch.Tensor | None = None
@@ -330,6 +333,10 @@ class BlockLayout:
     def transposed_values(self, values: torch.Tensor) -> torch.Tensor:
         """W^T's blocks in :meth:`transpose`'s storage order, from W's ``values`` [nnz, b, b]
         on this layout (each block transposed; a contiguous copy)."""
+        b = self.block_size
+        if not isinstance(values, torch.Tensor) or values.shape != (self.nnz, b, b):
+            raise ValueError(f"values must have shape {(self.nnz, b, b)}, got "
+                             f"{tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__}")
         return values[self.tables.col_slot.to(values.device).long()].transpose(1, 2).contiguous()
 
     def to_dense(self, values: torch.Tensor) -> torch.Tensor:

@@ -50,9 +50,10 @@ def small_world(
     diagonal=False)``; ``rewire_p=1`` is close to a random graph.
 
     Give exactly one of:
-        degree: neighbours per node, an even int in [0, n] (``degree == n`` is the
-            complete graph). On a square grid the layout has exactly ``n * degree``
-            blocks (rewiring moves edges, it never drops them), density ``degree / n``.
+        degree: neighbours per node, an even int in [0, n]. On a square grid and for
+            ``degree < n`` the layout has exactly ``n * degree`` blocks (rewiring moves edges,
+            it never drops them), density ``degree / n``; ``degree == n`` is the complete
+            graph, ``n * (n - 1)`` blocks (no self-loops; ``diagonal=True`` adds them).
         density: the target density; the even degree whose layout comes closest is used.
 
     Other args: ``rewire_p`` in [0, 1]; ``seed`` (int) seeds networkx, so the layout does
@@ -253,4 +254,9 @@ def _fit_density(
         else:
             lo = mid
     best = lo if target - density_at(lo) <= density_at(hi) - target else hi
+    if target > 0 and density_at(best) == 0:
+        # the closest fit to a positive density is no blocks at all: say so, not return an empty layout
+        raise ValueError(f"density={target} on a {grid[0]}x{grid[1]} block grid is closest to an empty {model} "
+                         f"layout ({param} {candidates[best]}); the next {param} ({candidates[hi]}) gives density "
+                         f"{density_at(hi):.4g}: ask for a larger density, a larger grid or a {param}")
     return masks[best]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._counts import check_count
 from ..layout import BlockLayout
 from .linear import BlockSparseLinear, _BlockStoredLinear
 
@@ -58,6 +59,8 @@ class TransposedBlockSparseLinear(_BlockStoredLinear):
         if not isinstance(layout, BlockLayout):
             raise TypeError(f"layout must be a tilesparse.BlockLayout (Wᵀ's), got {type(layout).__name__}")
         self.in_features, self.out_features = layout.shape
+        check_count("in_features (the layout's rows)", self.in_features, 1)  # as BlockSparseLinear's
+        check_count("out_features (the layout's columns)", self.out_features, 1)
         self.block_size = layout.block_size
         self._make_blocks(layout, bias, device, dtype)
 

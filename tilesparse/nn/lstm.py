@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import layouts as layout_generators
-from .._checks import check_module_input
+from .._checks import check_flags, check_module_input
 from .._counts import check_count
 from ..layout import BlockLayout
 from ..ops.bsmm import block_sparse_linear
@@ -90,6 +90,7 @@ class BlockSparseLSTM(nn.Module):
         input_size = check_count("input_size", input_size, 1)
         hidden_size = check_count("hidden_size", hidden_size, 1)
         block_size = check_count("block_size", block_size, 1)
+        check_flags(sparse_input=sparse_input, bias=bias, batch_first=batch_first)
         if hidden_size % block_size:
             raise ValueError(f"hidden_size={hidden_size} is not divisible by block_size={block_size}")
         if sparse_input and input_size % block_size:

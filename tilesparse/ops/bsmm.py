@@ -13,6 +13,8 @@ Names follow stk: the letters give the density of output, lhs and rhs
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -281,7 +283,7 @@ def linear_operands(x, weight, layout, bias, transposed_storage: bool):
         _checks.check_same(bias, "bias", x, "x")
     training = _needs_graph(x, weight, bias)
     # 2-D input as is: a reshape would still be a view op (and a node in the backward)
-    rows = x if x.dim() == 2 else x.reshape(-1, in_features)
+    rows = x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), in_features)  # (-1 fails at 0 features)
     return rows, weight, layout.meta_on(x.device), bias, out_features, training
 
 
@@ -300,6 +302,7 @@ def dds(
     trans_b: bool = False,
 ) -> torch.Tensor:
     """Dense = op(A) @ op(S), S = (values, layout) block-sparse."""
+    _checks.check_flags(trans_a=trans_a, trans_b=trans_b)
     _checks.check_tensor(a, "a", dim=2)
     _check_sparse_operand(values, layout, a, "a")
     a = a.t() if trans_a else a
@@ -318,6 +321,7 @@ def dsd(
 ) -> torch.Tensor:
     """Dense = op(S) @ op(B), S = (values, layout). Computed as (op(B)^T @ op(S)^T)^T on the
     dds kernel, so the result may be a transposed (column-major) view."""
+    _checks.check_flags(trans_a=trans_a, trans_b=trans_b)
     _checks.check_tensor(b, "b", dim=2)
     _check_sparse_operand(values, layout, b, "b")
     b = b.t() if trans_b else b
@@ -336,6 +340,7 @@ def sdd(
     trans_b: bool = False,
 ) -> torch.Tensor:
     """Block-sparse = op(A) @ op(B), computed only on the layout's blocks: values [nnz, b, b]."""
+    _checks.check_flags(trans_a=trans_a, trans_b=trans_b)
     _checks.check_layout(layout)
     _checks.check_tensor(a, "a", dim=2)
     _checks.check_tensor(b, "b", dim=2)

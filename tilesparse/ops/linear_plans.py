@@ -25,6 +25,7 @@ calls. ``TILESPARSE_LINEAR_PLANS=off`` (read at import; ``PLANS`` at call time) 
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 
@@ -91,7 +92,7 @@ class LinearPlans:
             plan = self.plans.get(key)
             if plan is not None:
                 self.plans.move_to_end(key)
-                rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+                rows = x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
                 y = plan(rows)
             else:
                 # the first call with this key: checked as block_sparse_linear checks (errors raise here)

@@ -179,6 +179,11 @@ def semi24_linear(
         raise TypeError(f"x has dtype {x.dtype} but weight has {weight.dtype}; they must match")
     if x.device != weight.device:
         raise ValueError(f"x is on {x.device} but weight is on {weight.device}; they must match")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (weight.shape[0],)
+                             or bias.dtype != weight.dtype or bias.device != weight.device):
+        raise ValueError(f"bias must be a ({weight.shape[0]},) tensor of weight's dtype and device ({weight.dtype}, "
+                         f"{weight.device}), got " + (f"{tuple(bias.shape)}, {bias.dtype}, {bias.device}"
+                                                     if isinstance(bias, torch.Tensor) else type(bias).__name__))
     if masked is not None and (masked.shape != weight.shape or masked.dtype != weight.dtype
                                or masked.device != weight.device):
         raise ValueError(f"masked must be W⊙M like weight ({tuple(weight.shape)}, {weight.dtype}, {weight.device}), "

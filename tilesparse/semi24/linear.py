@@ -417,10 +417,33 @@ class SemiSparseLinear(nn.Module):
         return module
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        mask = state_dict.get(prefix + "mask")
+        densified = self._check_loaded_mask(mask, prefix + "mask") if mask is not None else None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if densified is not None:
+            self.densified = densified  # a densified layer's checkpoint holds the all-ones mask, and nothing else
         self._forget_packs()  # the weight or mask may have changed in place
         if self.num_steps.device.type != "meta":
             self._steps = int(self.num_steps)
+
+    def _check_loaded_mask(self, mask, key: str) -> bool | None:
+        """A checkpoint's mask must be a bool 2:4 mask (transposable when the layer is) or all ones (a densified
+        layer's): anything else would reach cuSPARSELt's compression, which assumes 2:4 input. Returns whether
+        it is all ones; None where that cannot be told (a wrong shape, left to load_state_dict's own message;
+        a meta tensor)."""
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"{key} must be a bool tensor, got "
+                            f"{mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+        if tuple(mask.shape) != (self.out_features, self.in_features) or mask.device.type == "meta":
+            return None
+        if bool(mask.all()):
+            return True
+        from . import is_24
+        if not is_24(mask, self.transposable):
+            raise ValueError(f"{key} is not a {'transposable ' if self.transposable else ''}2:4 mask (at most 2 "
+                             f"kept of every 4 along rows{' and columns of each 4x4 tile' if self.transposable else ''}"
+                             f") nor all ones (a densified layer's)")
+        return False
 
     def extra_repr(self) -> str:
         """Sizes, mask settings and recipe options, for print(module)."""
