@@ -158,6 +158,47 @@ def test_rewire_ties_and_caps():
     assert rewire(m, torch.rand(4, 4), 100) == 16 - m.weight.shape[0]
 
 
+def test_rewire_with_nan_scores_grows_real_scores_first_and_never_an_active_block():
+    """(review, 2026-12-04) An overflowed step's NaN norms were mapped to the same floor as the active
+    blocks' after they were set: active blocks ranked above inactive NaN ones, were "grown", and the mask
+    came out short of nnz (an assert in from_mask_with_nnz)."""
+    m = layer(64, 64, 16, density=0.5)
+    inactive = [i for i in range(16) if not m.layout_mask.flatten()[i]]
+    scores = torch.full((16,), float("nan"))
+    scores[inactive[-1]] = 1.0  # one real score among NaNs
+    old = set(map(tuple, m.layout.coords.tolist()))
+    assert rewire(m, scores.view(4, 4), 3) == 3
+    new = set(map(tuple, m.layout.coords.tolist()))
+    assert m.layout.nnz == m.weight.shape[0] == 8 and len(new) == 8
+    assert divmod(inactive[-1], 4) in new - old and all(divmod(i, 4) in {divmod(j, 4) for j in inactive}
+                                                        for i in [r * 4 + c for r, c in new - old])
+
+
+def test_rewire_moves_adafactors_factored_state_with_the_blocks():
+    """(review, 2026-12-04) Only state of the weight's exact shape was moved: Adafactor's per-block
+    [nnz, b, 1] / [nnz, 1, b] variances stayed in the old storage order."""
+    if not hasattr(torch.optim, "Adafactor"):
+        pytest.skip("torch.optim.Adafactor needs torch >= 2.5")
+    torch.manual_seed(0)
+    m = BlockSparseLinear(16, 16, block_size=4, density=0.5, bias=False)
+    opt = torch.optim.Adafactor(m.parameters(), lr=1e-2)
+    m(torch.randn(8, 16)).pow(2).sum().backward()
+    opt.step()
+    state = opt.state[m.weight]
+    before = {tuple(c): (state["row_var"][i].clone(), state["col_var"][i].clone())
+              for i, c in enumerate(m.layout.coords.tolist())}
+    rewire(m, torch.rand(4, 4), 3, opt)
+    for i, c in enumerate(map(tuple, m.layout.coords.tolist())):
+        row, col = before.get(c, (torch.zeros(4, 1), torch.zeros(1, 4)))  # grown blocks start at zero
+        assert torch.equal(state["row_var"][i], row) and torch.equal(state["col_var"][i], col), c
+
+
+def test_rewire_refuses_gated_layers():
+    gated = GatedBlockSparseLinear(16, 16, block_size=4, density=0.5)
+    with pytest.raises(TypeError, match="GatedBlockSparseLinear"):
+        rewire(gated, torch.rand(4, 4), 2)
+
+
 # ----------------------------------------------------------------------------- controller
 
 

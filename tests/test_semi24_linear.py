@@ -153,10 +153,17 @@ def test_densify():
     linear = m.densify(as_linear=True)
     assert isinstance(linear, nn.Linear) and not m.densified  # as_linear leaves the module alone
     torch.testing.assert_close(linear(x), x @ m.weight.detach().t() + m.bias.detach())
+    saved = m.weight.detach().clone()
+    with torch.no_grad():
+        m.weight.copy_(torch.randn_like(saved))
+    m.step()  # a mask update that flips entries
+    assert m.flip_rate > 0
+    with torch.no_grad():
+        m.weight.copy_(saved)
     assert m.densify() is m and m.densified and m.mask.all()
     torch.testing.assert_close(m(x), linear(x))
-    m.step()
-    assert m.mask.all()  # no more updates once dense
+    assert not m.step() and not m.step()  # no more updates once dense (step says so: review, 2026-12-04)
+    assert m.mask.all() and m.flip_rate == 0
     x.requires_grad_()
     m(x).sum().backward()
     torch.testing.assert_close(x.grad, torch.ones(3, 8) @ m.weight.detach())

@@ -27,7 +27,7 @@ class Semi24Recipe:
         return [m for m in model.modules() if isinstance(m, SemiSparseLinear)]
 
     def after_backward(self, model: nn.Module, step: int) -> None:
-        """Masked decay while sparse (before clipping and the optimizer step)."""
+        """Masked decay while sparse (the training loop calls it after clipping, before the optimizer step)."""
         if step <= self.switch and self.decay:
             for layer in self.layers(model):
                 if layer.weight.grad is not None:

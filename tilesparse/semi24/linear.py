@@ -152,11 +152,11 @@ class SemiSparseLinear(nn.Module):
         self._forget_packs()
 
     def step(self) -> bool:
-        """Count a training step; recompute the mask every ``mask_every`` steps.
+        """Count a training step; recompute the mask every ``mask_every`` steps (never once densified).
         Returns whether the mask was recomputed."""
         self.num_steps += 1  # the buffer (checkpointed) and a host mirror: no device sync per step
         self._steps += 1
-        if self._steps % self.mask_every == 0:
+        if self._steps % self.mask_every == 0 and not self.densified:
             self.update_mask()
             return True
         return False
@@ -164,7 +164,7 @@ class SemiSparseLinear(nn.Module):
     @property
     def flip_rate(self) -> float:
         """Fraction of mask entries that changed at the last :meth:`update_mask`
-        (Hu et al. 2024's flip rate)."""
+        (Hu et al. 2024's flip rate; 0 once densified)."""
         return float(self._flip_rate)
 
     def masked_weight(self) -> torch.Tensor:
@@ -396,6 +396,7 @@ class SemiSparseLinear(nn.Module):
             return linear
         self.mask.fill_(True)
         self.densified = True
+        self._flip_rate.zero_()  # no mask updates from now on
         self._forget_packs()
         return self
 

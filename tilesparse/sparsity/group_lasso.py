@@ -1,8 +1,10 @@
 """Group lasso over blocks: the sum of the blocks' L2 norms.
 
-The penalty ``sum_i ||W_i||_2`` over blocks W_i drives whole blocks to zero (a block's
-subgradient at zero is any vector of norm <= 1, so small blocks stay at zero), which
-is what block pruning then removes. Two forms:
+The penalty ``sum_i ||W_i||_2`` over blocks W_i pulls whole blocks toward zero (its gradient
+``W_i / ||W_i||`` has norm 1 whatever the block's size, so weak blocks shrink at a constant rate).
+Trained with plain gradient steps, as here (autograd gives 0 at an exactly zero block; there is no
+proximal step), they settle near zero rather than at it, and block pruning then removes them. Two
+forms:
 
 * :func:`group_lasso` on the stored blocks of block-sparse weights (values [nnz, b, b],
   or every :class:`BlockSparseLinear` of a model);

@@ -8,12 +8,14 @@ Every ``every`` steps, for each :class:`~tilesparse.nn.BlockSparseLinear`:
    storage slot first);
 2. grow ``n`` blocks among those inactive *before* the rewire, where the Frobenius norm
    of the dense gradient's block (``block_grad_norms(dY, X)``, never a dense dW) is
-   largest (ties: lower row-major block index first). ``n`` is capped by the number of
+   largest (ties: lower row-major block index first; a NaN norm, from an overflowed step, ranks
+   below every real one). ``n`` is capped by the number of
    inactive blocks, so a dropped block is never regrown in the same rewire and every
    grown block is new;
-3. new blocks start at zero, and so does their optimizer state (every state tensor of
-   the weight's shape: Adam's ``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq``, SGD's
-   ``momentum_buffer``, ...); kept blocks keep their weights and state, moved to the new
+3. new blocks start at zero, and so does their optimizer state (every per-block state tensor:
+   the weight's shape, Adam's ``exp_avg``/``exp_avg_sq``/``max_exp_avg_sq``, SGD's
+   ``momentum_buffer``, ..., or another ``[nnz, ...]`` of its rank, Adafactor's factored
+   ``row_var``/``col_var``); kept blocks keep their weights and state, moved to the new
    storage order. The optimizer's state tensors are updated in place.
 
 ``f_t`` follows ``schedule``: ``'cosine'`` (RigL's: f/2 (1 + cos(pi t / total_steps))),
@@ -73,6 +75,8 @@ def rewire(
     Returns the number of blocks grown (= dropped): ``min(n, inactive blocks)``."""
     if not isinstance(module, BlockSparseLinear):
         raise TypeError(f"module must be a tilesparse.nn.BlockSparseLinear, got {type(module).__name__}")
+    if isinstance(module, GatedBlockSparseLinear):  # as RigL: its gates would stay in the old block order
+        raise TypeError("rewire does not take GatedBlockSparseLinear layers (their gates are per stored block)")
     n = check_count("n", n)
     mask = module.layout_mask
     weight = module.weight
@@ -94,10 +98,10 @@ def rewire(
         # Drop: smallest block norms; the stable sort breaks ties by storage slot.
         magnitude = block_norms(weight.detach())
         drop_slots = torch.argsort(magnitude, stable=True)[:n]
-        # Grow: largest gradient norms among the blocks inactive now; active ones rank last.
-        score = grad_norms.detach().to(device).flatten()
+        # Grow: largest gradient norms among the blocks inactive now; active ones rank last, below
+        # inactive ones whose norm is NaN (an overflowed step's: below every real norm, which is >= 0)
+        score = torch.nan_to_num(grad_norms.detach().to(device).flatten(), nan=-1.0)
         score = torch.where(mask.flatten().to(device), torch.full_like(score, -math.inf), score)
-        score = torch.nan_to_num(score, nan=-math.inf)
         grow_flat = torch.argsort(score, descending=True, stable=True)[:n]
 
         # index_fill_ with a Python scalar, not `t[idx] = False`: the latter copies the
@@ -119,9 +123,11 @@ def rewire(
             return torch.where(kept, t[source], torch.zeros((), dtype=t.dtype, device=t.device))
 
         if optimizer is not None:
+            # every per-block state tensor: the weight's shape (SGD's momentum, Adam's moments) or another
+            # [nnz, ...] of its rank (Adafactor's factored [nnz, b, 1] / [nnz, 1, b] variances)
             state = optimizer.state.get(weight, {})
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.shape == weight.shape:
+                if isinstance(value, torch.Tensor) and value.dim() == weight.dim() and value.shape[0] == nnz:
                     value.copy_(remap(value))
         module.set_layout(layout, remap(weight.detach()))
     return n
