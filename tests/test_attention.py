@@ -304,6 +304,14 @@ def test_bad_input_names_the_argument(mutate, exc, match):
         block_sparse_attention(q, k, v, layout, **kw)
 
 
+def test_a_numpy_float_scale_is_taken_as_a_float():
+    # (review, 2026-12-04: np.float32 was refused while np.float64, a float subclass, was taken)
+    import numpy as np
+    q, k, v, layout = _good()
+    assert torch.equal(block_sparse_attention(q, k, v, layout, scale=np.float32(0.25)),
+                       block_sparse_attention(q, k, v, layout, scale=0.25))
+
+
 # --------------------------------------------------------------------------- GPU
 # Block sizes 64/128 (the fast path), head dims 64, 128 and 96 (padded to a 128 tile),
 # S from 1000 (not a multiple of b) to 4096, causal and GQA, bf16 and fp16.

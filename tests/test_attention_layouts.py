@@ -212,3 +212,9 @@ def test_block_mask_attends_like_compiled_flex_attention():
     want = attention_reference(q, k, v, layout)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
+
+
+def test_longformer_global_token_count_past_the_sequence_is_named():
+    # (review, 2026-12-04: a count of 100 at S 64 was reported as "global_tokens holds 64")
+    with pytest.raises(ValueError, match=r"global_tokens must be a count of tokens in \[0, S=64\], got 100"):
+        layouts.longformer(64, 16, window=32, global_tokens=100)

@@ -76,3 +76,9 @@ def test_generators_are_exported():
 
     for name in ("small_world", "barabasi_albert", "banded", "block_diagonal", "plot", "random", "balanced", "from_dense"):
         assert isinstance(getattr(layouts, name), types.FunctionType), name
+
+
+def test_a_seed_past_torchs_generator_range_is_named():
+    # (review, 2026-12-04: a raw "Overflow when unpacking long long")
+    with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
+        layouts.random(64, 64, 16, 0.5, seed=2**70)

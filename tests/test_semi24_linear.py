@@ -269,6 +269,10 @@ def test_compile_inductor_forward():
 
 
 def test_errors_name_the_argument():
+    with pytest.raises(ValueError, match="srste_decay must be a real number"):
+        SemiSparseLinear(8, 8, srste_decay="a")
+    with pytest.raises(ValueError, match=r"mask must be a 2-D tensor \[N, K\], got shape \(8,\)"):
+        is_24(torch.zeros(8, dtype=torch.bool))
     with pytest.raises(ValueError, match="in_features=6"):
         SemiSparseLinear(6, 8)
     with pytest.raises(ValueError, match="out_features=6"):

@@ -478,7 +478,7 @@ def test_sparsify_2_4_converts_linears_to_semi_sparse():
     with pytest.warns(UserWarning, match="left 2 module"):
         report = tilesparse.sparsify(model, pattern="2:4", semi24_options={"mask_every": 5})
     assert list(report.converted) == ["0"] and set(report.skipped) == {"2", "3"}
-    assert "divisible by block_size=4" in report.skipped["2"]
+    assert "divisible by the 2:4 group size=4" in report.skipped["2"]
     layer = model[0]
     assert isinstance(layer, tilesparse.SemiSparseLinear) and layer.mask_every == 5
     assert report.weights_after * 2 == report.weights_before and report.converted["0"].density == 0.5

@@ -154,8 +154,8 @@ def longformer(S: int, b: int, *, window: int, global_tokens: int | Iterable[int
     if isinstance(global_tokens, bool):
         raise ValueError(f"global_tokens must be a count or token indices, got {global_tokens!r}")
     if isinstance(global_tokens, numbers.Integral):
-        if global_tokens < 0:
-            raise ValueError(f"global_tokens must be a non-negative count, got {global_tokens}")
+        if not 0 <= global_tokens <= S:
+            raise ValueError(f"global_tokens must be a count of tokens in [0, S={S}], got {global_tokens}")
         tokens = list(range(int(global_tokens)))
     else:
         tokens = []

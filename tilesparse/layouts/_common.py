@@ -53,4 +53,6 @@ def check_bool(name: str, value) -> bool:
 def check_seed(seed) -> int:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    if not -(1 << 63) <= seed < (1 << 64):  # what torch.Generator.manual_seed takes
+        raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
     return int(seed)

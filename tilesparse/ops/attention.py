@@ -15,6 +15,7 @@ error.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -315,8 +316,9 @@ def block_sparse_attention(
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    scale = float(scale)  # (numpy floats too)
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
     deterministic = deterministic or torch.are_deterministic_algorithms_enabled()

@@ -29,6 +29,7 @@ product, with a one-time warning saying why. The CPU runs the dense masked refer
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
@@ -96,8 +97,8 @@ class SemiSparseLinear(nn.Module):
         if method not in ("optimal", "greedy"):
             raise ValueError(f"method must be 'optimal' or 'greedy', got {method!r}")
         mask_every = check_count("mask_every", mask_every, 1)
-        if not srste_decay >= 0:
-            raise ValueError(f"srste_decay must be >= 0, got {srste_decay!r}")
+        if isinstance(srste_decay, bool) or not isinstance(srste_decay, numbers.Real) or not srste_decay >= 0:
+            raise ValueError(f"srste_decay must be a real number >= 0, got {srste_decay!r}")
         _dispatch.check_mode(mode)
         factory = {"device": device, "dtype": dtype}
         self.in_features = in_features

@@ -145,6 +145,9 @@ def apply_mask_and_transpose_reference(w: torch.Tensor, mask: torch.Tensor) -> t
 def is_24(mask: torch.Tensor, transposable: bool = False) -> bool:
     """Whether ``mask`` [N, K] keeps at most 2 of every 4 consecutive entries of each row
     (and, if ``transposable``, of each column within each 4x4 tile)."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        raise ValueError("mask must be a 2-D tensor [N, K], got "
+                         + (f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__))
     n, k = mask.shape
     if k % 4 or (transposable and n % 4):
         return False

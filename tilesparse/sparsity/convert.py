@@ -144,7 +144,8 @@ def _parameter_names(model: nn.Module) -> dict[int, list[str]]:
     return names
 
 
-def _skip_reason(site: _Site, block_size: int, param_names: dict[int, list[str]]) -> str | None:
+def _skip_reason(site: _Site, block_size: int, param_names: dict[int, list[str]],
+                 divisor_name: str = "block_size") -> str | None:
     """Why this module cannot be converted faithfully (None: it can)."""
     module = site.module
     for parent, _ in site.slots:
@@ -161,7 +162,7 @@ def _skip_reason(site: _Site, block_size: int, param_names: dict[int, list[str]]
     for dim_name in ("out_features", "in_features"):
         value = getattr(module, dim_name)
         if value % block_size:
-            return f"{dim_name}={value} is not divisible by block_size={block_size}"
+            return f"{dim_name}={value} is not divisible by {divisor_name}={block_size}"
     hooks = [
         kind
         for kind in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -185,7 +186,8 @@ def _skip_reason(site: _Site, block_size: int, param_names: dict[int, list[str]]
     return None
 
 
-def _select(model, block_size, filter_fn, skipped: dict, excluded: list) -> list[_Site]:
+def _select(model, block_size, filter_fn, skipped: dict, excluded: list,
+            divisor_name: str = "block_size") -> list[_Site]:
     """The convertible nn.Linear sites of ``model``; fills ``skipped`` and ``excluded``."""
     param_names = _parameter_names(model)
     sites = []
@@ -194,7 +196,7 @@ def _select(model, block_size, filter_fn, skipped: dict, excluded: list) -> list
         if filter_fn is not None and not filter_fn(name, site.module):
             excluded.append(name)
             continue
-        reason = _skip_reason(site, block_size, param_names)
+        reason = _skip_reason(site, block_size, param_names, divisor_name)
         if reason is not None:
             skipped[name] = reason
             continue
@@ -388,7 +390,7 @@ def _plan_24(model, block_size, density, layout, filter_fn, options):
     options = dict(options or {})
     report = SparsifyReport(block_size=4, density=0.5, layout="2:4")
     planned = []
-    for site in _select(model, 4, filter_fn, report.skipped, report.excluded):
+    for site in _select(model, 4, filter_fn, report.skipped, report.excluded, "the 2:4 group size"):
         if site.module.weight.dtype == torch.float64:  # the 2:4 masks and cuSPARSELt take 16/32-bit floats
             report.skipped[site.names[0]] = ("weight dtype torch.float64 is not supported by 2:4 "
                                              "(float16, bfloat16, float32)")
