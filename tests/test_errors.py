@@ -278,7 +278,8 @@ def test_layout_and_module_constructor_errors(call, exc, pattern):
 @pytest.mark.parametrize("call, pattern", [
     (lambda L: L.bigbird(256, 64, num_heads=0), "num_heads must be a positive int"),
     (lambda L: L.random(256, 64, 0.5, num_heads=2.0), "num_heads must be a positive int"),
-    (lambda L: L.longformer(256, 64, window=64, global_tokens=-3), "non-negative count"),
+    (lambda L: L.longformer(256, 64, window=64, global_tokens=-3),
+     r"global_tokens must be a count of tokens in \[0, S=256\], got -3"),
     (lambda L: L.longformer(256, 64, window=64, global_tokens=[1.7]), "int token indices"),
     (lambda L: L.longformer(256, 64, window=64, global_tokens=True), "count or token indices"),
 ], ids=["bigbird-heads-0", "random-heads-float", "longformer-negative", "longformer-float", "longformer-bool"])
