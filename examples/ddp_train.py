@@ -4,7 +4,8 @@ step, and the throughput gives the scaling efficiency.
 
     torchrun --nproc-per-node 2 examples/ddp_train.py --out ddp2.json        # 2 GPUs (NCCL)
     torchrun --nproc-per-node 1 examples/ddp_train.py --out ddp1.json        # 1 GPU, same global batch
-    torchrun --nproc-per-node 2 examples/ddp_train.py --device cpu --steps 5  # CPU, gloo (a smoke run)
+    torchrun --nproc-per-node 2 examples/ddp_train.py --device cpu --steps 5 --d-model 64 --layers 2 \
+        --context 64 --global-batch 8 --block 16   # CPU, gloo: a smoke run (seconds)
 
 Every rank draws the whole global batch from the same seeded generator and keeps its
 own slice, so N processes see exactly the batches one process sees. Rank 0 writes
@@ -41,6 +42,10 @@ def main() -> None:
     args = p.parse_args()
 
     cuda = args.device == "cuda"
+    if "RANK" not in os.environ:
+        raise SystemExit("run this under torchrun (see the module docstring): it sets RANK / WORLD_SIZE")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs CUDA (NCCL); on a CPU machine pass --device cpu (gloo)")
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world:

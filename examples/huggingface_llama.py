@@ -67,5 +67,8 @@ def main(steps: int = 30) -> dict:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, default=30)
-    main(p.parse_args().steps)
+    p.add_argument("--steps", type=int, default=30, help="training steps, at least 1 (default 30)")
+    steps = p.parse_args().steps
+    if steps < 1:
+        p.error(f"--steps must be at least 1 (the loss before and after is reported), got {steps}")
+    main(steps)

@@ -189,6 +189,49 @@ def test_plot_of_a_bench_csv_defaults_to_its_png(tmp_path):
     assert path.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_plot_into_a_folder_or_a_name_without_suffix_says_the_file_it_wrote(tmp_path, capsys):
+    # (review, 2026-12-04: "wrote plots" while matplotlib wrote plots.png)
+    assert main(["bench", "--out", str(tmp_path), "--no-plot"] + SMALL) == 0
+    (path,) = tmp_path.glob("*-cpu-cpu-reference.csv")
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    capsys.readouterr()
+    assert main(["plot", str(path), "--out", str(folder)]) == 0
+    assert f"wrote {folder / path.with_suffix('.png').name}" in capsys.readouterr().out.replace("\n", "")
+    assert main(["plot", str(path), "--out", str(tmp_path / "named")]) == 0
+    assert (tmp_path / "named.png").read_bytes()[:8] == PNG_MAGIC
+    assert main(["plot", str(path.with_suffix(".json"))]) == 2  # the run's JSON: named, no traceback
+    assert "is not a suite CSV" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["bench"], ["demo", "--steps", "1", "--no-plot"]])
+def test_an_out_path_that_is_a_file_is_an_argument_error(tmp_path, capsys, command):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in (afile, afile / "sub"):
+        with pytest.raises(SystemExit) as info:
+            main(command + ["--out", str(out)])
+        assert info.value.code == 2 and "must be a folder" in capsys.readouterr().err
+
+
+def test_the_cpu_smoke_suites_run_as_asked_on_a_cpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of the command")
+    assert main(["bench", "--suite", "attention-cpu", "--out", str(tmp_path), "--no-plot"]) == 0
+    assert list(tmp_path.glob("*-attention-cpu.csv")) and not list(tmp_path.glob("*cpu-reference*"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "--budget", "-5"], "--budget must be a finite number > 0"),
+    (["tune", "--min-gain", "-1"], "--min-gain must be a finite number >= 0"),
+    (["demo", "--model", "gpt24", "--density", "0.25", "--steps", "1"], "--density does not apply to --model gpt24"),
+])
+def test_more_argument_errors_name_the_argument(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_read_csv_types_the_cells_again(tmp_path):
     from tilesparse.bench import report
 

@@ -1,6 +1,7 @@
-"""The `tilesparse` command: `info` (versions, device, active paths), `bench`
-(timing suites against dense cuBLAS and other block-sparse libraries) and `demo`
-(dense vs wider block-sparse language model at equal parameters).
+"""The `tilesparse` command: `info` (versions, device, active paths), `bench` (timing suites against
+dense cuBLAS and other block-sparse libraries), `demo` (dense vs wider block-sparse language model at
+equal parameters), `tune` (measured kernel configs), `plot` and `goals` (a suite CSV's plot, its issue's
+goals).
 
     tilesparse info
     tilesparse bench                         # 'large' suite on a GPU; a CPU smoke run without one
@@ -60,11 +61,25 @@ def _positive_int(name: str, minimum: int = 1):
     return parse
 
 
+def _positive_float(name: str, allow_zero: bool = False):
+    """argparse type: a finite float > 0 (>= 0 with ``allow_zero``), the error naming ``--name``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{name} must be a number, got {text!r}") from None
+        if not (value >= 0 if allow_zero else value > 0) or value != value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"--{name} must be a finite number {'>= 0' if allow_zero else '> 0'}, "
+                                             f"got {text}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .bench import suite_names
     from .bench.matmul import DTYPES, OPS
 
-    parser = argparse.ArgumentParser(prog="tilesparse", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tilesparse", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, device and which compute paths are active")
     b = sub.add_parser("bench", help="time block-sparse matmuls against dense and peers",
@@ -118,8 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--density", nargs="+", type=_density, default=[0.5, 0.25, 0.1, 0.05])
     t.add_argument("--ops", nargs="+", choices=["fprop", "bprop", "updat"], default=["fprop", "bprop", "updat"])
     t.add_argument("--dtype", default="bf16", choices=list(DTYPES), help="fp32 is tuned with TF32")
-    t.add_argument("--budget", type=float, default=300.0, help="seconds in all, shared by the cases (default 300)")
-    t.add_argument("--min-gain", type=float, default=0.03, help="keep a config only if this much faster (default 0.03)")
+    t.add_argument("--budget", type=_positive_float("budget"), default=300.0,
+                   help="seconds in all, shared by the cases (default 300)")
+    t.add_argument("--min-gain", type=_positive_float("min-gain", allow_zero=True), default=0.03,
+                   help="keep a config only if this much faster (default 0.03)")
     t.add_argument("--confirm", type=_positive_int("confirm", minimum=0), default=5, metavar="ROUNDS",
                    help="time the winner and the current choice again in turn this many times each and keep the "
                         "winner only if its median is faster by --min-gain (default 5; 0 trusts the search's "
@@ -133,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="draw a suite CSV's plot again (runs merged with scripts/merge_results.py)",
                         description="The plot `tilesparse bench` draws for the CSV's suite (CPU, no GPU needed).")
     pl.add_argument("csv", type=Path, help="a suite CSV (bench/results/...csv)")
-    pl.add_argument("--out", type=Path, default=None, help="PNG path (default: the CSV's, ending .png)")
+    pl.add_argument("--out", type=Path, default=None,
+                    help="PNG path, or a folder for the CSV's name with .png (default: beside the CSV)")
     pl.add_argument("--title", default=None, help="default: the suite, GPU and commits of the rows")
     g = sub.add_parser("goals", help="check large-, small- or attention-suite CSVs against their issue's goals",
                        description="Point by point. Large suite: b 128 fprop and step speedups, the rate goals at "
@@ -178,11 +196,28 @@ def cmd_goals(args, console) -> int:
     return 0
 
 
+def _out_folder(parser, path: Path | None) -> None:
+    """``--out`` must be a folder or creatable as one: an existing file there (or above it) is named here,
+    not met as a traceback when the first result is written."""
+    if path is None:
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        parser.error(f"--out {path} must be a folder: {exc.strerror or exc} ({exc.filename or path})")
+    except OSError as exc:
+        parser.error(f"--out {path} cannot be made: {exc.strerror or exc}")
+
+
 def cmd_plot(args, console) -> int:
     from .bench import report, suite_of_label
 
     if not args.csv.is_file():
         console.print(f"[bold red]plot: no such file: {args.csv}[/]")
+        return 2
+    if args.csv.suffix.lower() != ".csv":
+        console.print(f"[bold red]plot: {args.csv} is not a suite CSV (the .json beside it holds the run's "
+                      f"environment; plot takes the .csv)[/]")
         return 2
     try:
         rows = report.read_csv(args.csv)
@@ -197,6 +232,10 @@ def cmd_plot(args, console) -> int:
     commits = sorted({str(r["commit"]) for r in rows if r.get("commit")})
     title = args.title or f"{labels[0]} on {', '.join(gpus) or 'unknown GPU'} ({' / '.join(commits)})"
     out = args.out or args.csv.with_suffix(".png")
+    if out.is_dir():  # a folder: the CSV's name there
+        out = out / args.csv.with_suffix(".png").name
+    elif not out.suffix:  # (matplotlib would add .png itself, and this would name a file it never wrote)
+        out = out.with_suffix(".png")
     if not (suite.plot or report.plot)(rows, out, title=title):
         console.print(f"[bold red]plot: nothing to draw in {args.csv}[/]")
         return 1
@@ -239,6 +278,7 @@ def cmd_demo(args, parser, console) -> int:
 
     if args.preset == "gpu" and not __import__("torch").cuda.is_available():
         parser.error("--preset gpu needs a CUDA device")
+    _out_folder(parser, args.out)
     try:
         run_demo(model=args.model, preset=args.preset, data=args.data, steps=args.steps, seed=args.seed,
                  density=args.density, out=args.out,
@@ -312,7 +352,8 @@ def cmd_bench(args, parser, console, argv: list[str] | None = None) -> int:
 
     cuda = env.has_cuda()
     suite_name = args.suite
-    if not cuda:
+    _out_folder(parser, args.out)
+    if not cuda and not suite_name.endswith("-cpu"):  # (the -cpu suites are CPU smoke tables: they run as asked)
         console.print(
             "[bold yellow]No CUDA device is present.[/] The table below is a small reference timing "
             "of the PyTorch reference path on the CPU (suite 'cpu-reference'); it says nothing "

@@ -122,6 +122,8 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
     console = console or Console()
     cfg = dict(PRESETS[preset])
     if density is not None:
+        if model == "gpt24":
+            raise ValueError("--density does not apply to --model gpt24 (2:4 keeps 2 of every 4 weights)")
         if not 0.0 < density < 1.0:
             raise ValueError(f"density must be in (0, 1), got {density}")
         cfg["density"] = density
@@ -159,7 +161,9 @@ def run_demo(*, model: str = "gpt", preset: str = "cpu", data: str | None = None
             if recipe is not None:
                 results[-1].update(dense_from_step=recipe.switch + 1, masked_decay=recipe.decay,
                                    flip_rates=recipe.flip_rates)
-    table = Table(title=f"demo {model} ({preset}): equal stored parameters, same steps and batches")
+    table = Table(title=f"demo {model} ({preset}): " + ("the same model, dense and with 2:4 MLP weights"
+                                                         if model == "gpt24" else "equal stored parameters")
+                  + ", same steps and batches")
     for name in ("variant", "hidden", "density", "block", "params", "nonzero_params", "val_bpc", "wall_s",
                  "tokens_per_s"):
         table.add_column(name, justify="right")
