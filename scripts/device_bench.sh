@@ -138,6 +138,8 @@
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
 #   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
+#   hostab49 - scripts/probes/linear_plans_eager.py --host-ab: planned calls with and without the host cuts
+#            (7d8f590), alternating round by round in one process: $OUT/host-ab.{json,log}
 #   host49 - GPU tests of the layers, plans, launches and switches after the host-time cuts (7d8f590), then
 #            scripts/probes/linear_plans_eager.py alternately on this tree and on $HOST49_BASE (a copy of an
 #            earlier commit's tilesparse/ and scripts/probes/, e.g. git archive 049ae56 | tar -x -C base49), 2 rounds
@@ -425,6 +427,8 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    hostab49) timeout 200 python3 scripts/probes/linear_plans_eager.py --host-ab --rounds 15 \
+              --out "$OUT/host-ab.json" > "$OUT/host-ab.log" 2>&1; cat "$OUT/host-ab.log" ;;
     host49) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
               tests/test_linear_module.py tests/test_linear_transposed.py tests/test_launch.py tests/test_env.py \
               tests/test_dds_plan.py tests/test_lstm_graphs.py > "$OUT/gpu-tests-host49.log" 2>&1

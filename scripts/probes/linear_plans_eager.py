@@ -85,16 +85,81 @@ def profile_planned(calls: int) -> str:
     return "\n".join(lines) + "\n" + text.getvalue()
 
 
+class BeforeHostCuts:
+    """The forty-ninth session's host-time cuts undone in this process (for ``--host-ab``): environment
+    switches read through ``os.environ.get``, the layer's weight, bias and mask through nn.Module's
+    attribute lookup (the owner check stays the new one)."""
+
+    def __enter__(self):
+        import os
+
+        from tilesparse import _env
+        from tilesparse.nn import linear
+
+        self.saved = (_env._raw, linear._BlockStoredLinear._forward, linear._BlockStoredLinear.layout)
+        _env._raw = lambda name: os.environ.get(name)
+
+        def forward(module, x, transposed_storage):
+            return module._plans(x, module.weight, module.layout, module.bias, transposed_storage)
+
+        def layout(module):
+            mask = getattr(module, module.MASK_BUFFER)
+            if module._layout.device != mask.device:
+                module._layout = module._layout.to(mask.device)
+            return module._layout
+
+        linear._BlockStoredLinear._forward = forward
+        linear._BlockStoredLinear.layout = property(layout)
+        return self
+
+    def __exit__(self, *exc):
+        from tilesparse import _env
+        from tilesparse.nn import linear
+
+        _env._raw, linear._BlockStoredLinear._forward, linear._BlockStoredLinear.layout = self.saved
+
+
+def host_ab(rounds: int, calls: int) -> list[dict]:
+    """Planned calls with the host cuts (``after``) and without (``before``, :class:`BeforeHostCuts`),
+    alternating round by round in this process; medians of wall µs per call."""
+    import contextlib
+
+    rows = []
+    for n, block, density, m in CASES:
+        module = ts.nn.BlockSparseLinear(n, n, block_size=block, density=density, seed=0).to("cuda", torch.bfloat16)
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        module(x)
+        samples = {"after": [], "before": []}
+        for _ in range(rounds):
+            for mode in ("after", "before", "before", "after"):
+                with BeforeHostCuts() if mode == "before" else contextlib.nullcontext():
+                    module(x)
+                    samples[mode].append(wall_us(lambda: module(x), calls))
+        row = {"n": n, "block": block, "density": density, "m": m,
+               **{f"{mode}_us": statistics.median(v) for mode, v in samples.items()}}
+        rows.append(row)
+        print(f"N=K {n:5d} b {block:3d} d {density:4.2f} M {m:3d}: planned call with the host cuts "
+              f"{row['after_us']:6.1f} us, without {row['before_us']:6.1f} us", flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--out", default="linear_plans_eager.json")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--host-ab", action="store_true", help="planned calls with and without the 49th session's host cuts")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     if args.profile:
         print(profile_planned(2000))
+        return
+    if args.host_ab:
+        rows = host_ab(args.rounds, args.calls)
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rounds": args.rounds, "calls": args.calls,
+                       "mode": "host-ab", "rows": rows}, f, indent=2)
         return
     rows = []
     for n, block, density, m in CASES:
