@@ -12,7 +12,12 @@ The issue's goals (H200, each ratio against dense in the same run):
 - faster than stk and torch BSR at every point where they run.
 
 Every shape in the CSV is checked (the issue names three). ``rate`` is tilesparse's
-TFLOP/s on the nonzero work over dense's for the same shape, dtype and op.
+TFLOP/s on the nonzero work over dense's for the same shape, dtype and op; "bprop and updat
+>= 80 % of fprop's rate" compares those dense-relative rates. Read as the kernels' plain
+TFLOP/s instead, it differs only where dense's own ops run at different rates: dense TF32
+updat runs at ~0.75 of dense TF32 fprop on the H200, so four TF32 updat points that pass here
+(0.81-0.97) are at 0.60-0.72 of fprop's plain TFLOP/s (042cf62's CSV; 2026-12-04 review).
+A tilesparse row without a time (the kernel failed) is a goal not met.
 """
 
 from __future__ import annotations
@@ -54,9 +59,12 @@ def load(path) -> list[dict]:
 
 def check_rows(rows: list[dict]) -> list[Check]:
     """Every goal at every point of ``rows`` (a suite CSV's rows) where it applies."""
-    dense, ours, peers = {}, {}, defaultdict(dict)
+    dense, ours, peers, failed = {}, {}, defaultdict(dict), []
     for r in rows:
         if not r.get("ms"):
+            if r["method"] == "tilesparse":  # the kernel failed here (the note says why): a goal not met
+                failed.append((f"{r['M']}x{r['N']}x{r['K']}", r["dtype"], r["op"], int(r["block"]),
+                               float(r["density"])))
             continue
         shape = f"{r['M']}x{r['N']}x{r['K']}"
         point = (shape, r["dtype"], r["op"])
@@ -78,8 +86,13 @@ def check_rows(rows: list[dict]) -> list[Check]:
         base = dense.get(key[:3])
         return float(ours[key]["tflops_nnz"]) / base if base else None
 
+    for key in failed:
+        add(f"{key[2]} ran", key, 0.0, 1.0)
     for key, r in sorted(ours.items()):
         shape, dtype, op, block, density = key
+        if r.get("speedup_vs_dense") in (None, ""):  # no dense row in this run: the dense-relative goals
+            add(f"{op} has a dense row to compare with", key, 0.0, 1.0)  # cannot be told
+            continue
         speedup = float(r["speedup_vs_dense"])
         sixteen = dtype in ("bf16", "fp16")
         if op == "fprop" and block == 128 and sixteen and density in FPROP_SPEEDUP:
