@@ -136,6 +136,8 @@ def test_argument_errors_exit_nonzero(argv, tmp_path, capsys):
         main(argv + (["--out", str(tmp_path)] if argv[:1] == ["bench"] else []))
     assert info.value.code not in (0, None)
     assert not list(tmp_path.iterdir())  # nothing written before the arguments are checked
+    if argv[:1] == ["bench"]:  # the subcommand's own usage, also for errors found after parsing
+        assert "tilesparse bench: error:" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])

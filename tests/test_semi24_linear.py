@@ -472,3 +472,7 @@ def test_squared_relu_ffn_dense_baseline_compile_and_errors():
         SquaredReLUFFN(8, 6)
     with pytest.raises(ValueError, match="dim=8"):
         ffn(torch.randn(2, 4))
+    with pytest.raises(ValueError, match=r"got shape \(\)"):  # (review, 2026-12-04: a raw IndexError)
+        ffn(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="x has dtype torch.float64"):  # (a raw matmul dtype error)
+        ffn(torch.randn(2, 8, dtype=torch.float64))

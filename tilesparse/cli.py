@@ -163,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("csv", nargs="+", type=Path,
                    help="suite CSVs (bench/results/...-large*.csv, ...-small*.csv, ...-attention*.csv)")
     g.add_argument("--failed", action="store_true", help="list only the checks not met")
+    parser.subcommands = {"bench": b, "demo": d, "tune": t, "plot": pl, "goals": g}  # for errors in their own usage
     return parser
 
 
@@ -442,14 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return cmd_info(console)
     if args.command == "demo":
-        return cmd_demo(args, parser, console)
+        return cmd_demo(args, parser.subcommands["demo"], console)
     if args.command == "tune":
-        return cmd_tune(args, parser, console)
+        return cmd_tune(args, parser.subcommands["tune"], console)
     if args.command == "goals":
         return cmd_goals(args, console)
     if args.command == "plot":
         return cmd_plot(args, console)
-    return cmd_bench(args, parser, console, argv)
+    return cmd_bench(args, parser.subcommands["bench"], console, argv)
 
 
 if __name__ == "__main__":

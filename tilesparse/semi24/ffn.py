@@ -91,8 +91,12 @@ class SquaredReLUFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., dim] -> [..., dim]: fc2(sparsify_24(relu(fc1(x))^2)) (2:4 only when sparse)."""
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"x.shape[-1] must be dim={self.dim}, got shape {tuple(x.shape)}")
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must be a [..., dim={self.dim}] tensor, got "
+                             + (f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__))
+        weight = self.fc1.weight
+        if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"x has dtype {x.dtype} but the layer's weights are {weight.dtype}; they must match")
         h = self.hidden_activation(x)
         if self.sparse:
             h = sparsify_24(h)
