@@ -138,6 +138,9 @@
 #            shared side streams (attention's concurrent dQ, the tables' side stream); then
 #            scripts/probes/linear_plans_eager.py (eager no-grad forwards with / without plans, against graph replay)
 #   plans48b - plans48's tests and race check, then the probe's --profile (where a planned call's host time goes)
+#   timeline49 - scripts/probes/small_timeline.py: per-program start / end / SM stamps of a copy of the small
+#            kernel's fprop loop, random against balanced layout (b 128 / 32, density 0.1 / 0.25, M 1):
+#            $OUT/small-timeline.{json,log}
 #   hostab49 - scripts/probes/linear_plans_eager.py --host-ab: planned calls with and without the host cuts
 #            (7d8f590), alternating round by round in one process: $OUT/host-ab.{json,log}
 #   host49 - GPU tests of the layers, plans, launches and switches after the host-time cuts (7d8f590), then
@@ -427,6 +430,9 @@ for step in ${STEPS:-large dtypes graph}; do
     warps47) for w in 6144 5120; do timeout 140 python3 scripts/probes/small_threshold.py --weight ${w}x${w} \
               --blocks 32 64 128 --densities 0.5 0.25 0.1 --ms 1 8 32 --variants autoW2 autoW4 --auto \
               --out "$OUT/warps47-$w.json" > "$OUT/warps47-$w.log" 2>&1; done ;;
+    timeline49) timeout 240 python3 scripts/probes/small_timeline.py --blocks 128 32 --densities 0.1 0.25 \
+              --configs 32,8,2 --out "$OUT/small-timeline.json" > "$OUT/small-timeline.log" 2>&1
+            cut -c1-900 "$OUT/small-timeline.log" ;;
     hostab49) timeout 200 python3 scripts/probes/linear_plans_eager.py --host-ab --rounds 15 \
               --out "$OUT/host-ab.json" > "$OUT/host-ab.log" 2>&1; cat "$OUT/host-ab.log" ;;
     host49) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_linear_plans.py \
