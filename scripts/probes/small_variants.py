@@ -48,6 +48,14 @@ ALL_VARIANTS = {
     "s64k64st6": (64, 64, 6, 4),
     "s32k32st8": (32, 32, 8, 4),
     "s32k32st12": (32, 32, 12, 4),
+    # b 128 at two blocks per step (256-deep steps, G = 2; fiftieth session): half the steps per
+    # block-row, for the random layout's long rows (the timeline: a program's time follows its
+    # steps, ~600 ns each in the tail whatever the ring's depth)
+    "s32k256st6w2": (32, 256, 6, 2),
+    "s32k256st8w2": (32, 256, 8, 2),
+    "s32k256st4w2": (32, 256, 4, 2),
+    "s16k256st8w2": (16, 256, 8, 2),
+    "s32k256st8": (32, 256, 8, 4),
     # only the block-rows longer than the mean cut in up to 2 or 3 chunks, summed in-kernel
     # (the 6th field: chunks)
     "s32k128st8c2": (32, 128, 8, 4, 1, 2),
