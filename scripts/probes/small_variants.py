@@ -56,6 +56,11 @@ ALL_VARIANTS = {
     "s32k256st4w2": (32, 256, 4, 2),
     "s16k256st8w2": (16, 256, 8, 2),
     "s32k256st8": (32, 256, 8, 4),
+    # b 128 one block per step with deeper rings that keep 3 programs per SM at M <= 16 (12 KB a stage;
+    # 10 / 12 / 14 stages keep 4 / 5 / 6 buffers: 48-72 KB; 16 and 24 stages had lost residency)
+    "s32k128st10w2": (32, 128, 10, 2),
+    "s32k128st12w2": (32, 128, 12, 2),
+    "s32k128st14w2": (32, 128, 14, 2),
     # only the block-rows longer than the mean cut in up to 2 or 3 chunks, summed in-kernel
     # (the 6th field: chunks)
     "s32k128st8c2": (32, 128, 8, 4, 1, 2),
