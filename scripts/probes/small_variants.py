@@ -61,6 +61,12 @@ ALL_VARIANTS = {
     "s32k128st10w2": (32, 128, 10, 2),
     "s32k128st12w2": (32, 128, 12, 2),
     "s32k128st14w2": (32, 128, 14, 2),
+    # b >= 64 at few rows on wgmma without the swap: 64-wide weight slices as the MMA's M side, the activation
+    # rows (padded to 16) as N (sm_90 compile: 8 wgmma per 128-deep step, no ldmatrix, 117 instructions per
+    # warp and step for 16 KB of weight where the shipped 32-wide mma.sync slice issues 122 for 8 KB)
+    "s64k128st6w4": (64, 128, 6, 4),
+    "s64k128st8w4": (64, 128, 8, 4),
+    "s64k64st8w4": (64, 64, 8, 4),
     # only the block-rows longer than the mean cut in up to 2 or 3 chunks, summed in-kernel
     # (the 6th field: chunks)
     "s32k128st8c2": (32, 128, 8, 4, 1, 2),
