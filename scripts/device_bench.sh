@@ -143,7 +143,8 @@
 #            $OUT/small-timeline.{json,log}
 #   wgmma50 - b 128 / 64 at 1-16 rows on wgmma without the swap (64-wide slices, 4 warps; the fiftieth
 #            session's ncu: the shipped kernel's time follows the SM clock), against the dispatcher, and the
-#            timeline probe's copy of the loop at 64-wide slices: $OUT/small-wgmma.*, small-timeline-wgmma.*
+#            timeline probe's copy of the loop at 64-wide slices, after their GPU tests: $OUT/small-wgmma.*,
+#            small-timeline-wgmma.*, gpu-tests-wgmma50.log
 #   hostab49 - scripts/probes/linear_plans_eager.py --host-ab: planned calls with and without the host cuts
 #            (7d8f590), alternating round by round in one process: $OUT/host-ab.{json,log}
 #   host49 - GPU tests of the layers, plans, launches and switches after the host-time cuts (7d8f590), then
@@ -436,7 +437,9 @@ for step in ${STEPS:-large dtypes graph}; do
     timeline49) timeout 240 python3 scripts/probes/small_timeline.py --blocks 128 32 --densities 0.1 0.25 \
               --configs 32,8,2 --out "$OUT/small-timeline.json" > "$OUT/small-timeline.log" 2>&1
             cut -c1-900 "$OUT/small-timeline.log" ;;
-    wgmma50) timeout 200 python3 scripts/probes/small_threshold.py --blocks 128 64 --densities 0.1 0.25 0.03 \
+    wgmma50) timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bsmm_kernels_gpu.py -k wgmma_slices \
+              > "$OUT/gpu-tests-wgmma50.log" 2>&1; tail -3 "$OUT/gpu-tests-wgmma50.log"
+            timeout 200 python3 scripts/probes/small_threshold.py --blocks 128 64 --densities 0.1 0.25 0.03 \
               --ms 1 8 16 --auto --variants s64k128st6w4 s64k128st8w4 s64k64st8w4 \
               --out "$OUT/small-wgmma.json" > "$OUT/small-wgmma.log" 2>&1
             timeout 150 python3 scripts/probes/small_timeline.py --blocks 128 --densities 0.1 \

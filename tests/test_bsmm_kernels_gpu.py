@@ -96,6 +96,22 @@ def test_dds_mid_m_configs(block_size, dtype, trans, m):
         assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {cfg}")
 
 
+@pytest.mark.parametrize("m", [1, 5, 16], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("trans", [True, False], ids=["T", "N"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [64, 128], ids=lambda b: f"b{b}")
+def test_dds_small_wgmma_slices(block_size, dtype, trans, m):
+    # 64-wide slices at few rows without the swap (wgmma on sm_90: the weight slice as the MMA's M
+    # side, the rows padded to 16 as N; the fiftieth session's candidates `s64k128st6w4` /
+    # `s64k64st8w4` of scripts/probes/small_variants.py), against float64, with bias
+    from tilesparse.kernels import bsmm_small
+
+    operands, expected = _dds_case(block_size, dtype, trans, m)
+    for cfg in (bsmm_small.SmallConfig(64, min(block_size, 128), 16, 4, 6),
+                bsmm_small.SmallConfig(64, 64, 16, 4, 8)):
+        assert_close(kernels.dds(*operands, config=cfg), expected, dtype, f"dds {cfg}")
+
+
 # --------------------------------------------------------------------------- panel kernel (small blocks)
 
 
